@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Install the Debian 12 packages kimi.cpp needs to build and test (idempotent).
+set -euo pipefail
+PKGS=(build-essential cmake ninja-build ccache pkg-config git
+      nlohmann-json3-dev libfmt-dev libcli11-dev libpcre2-dev libcpp-httplib-dev
+      libgtest-dev libgmock-dev googletest nodejs npm time)
+missing=()
+for p in "${PKGS[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  SUDO=""; [[ $(id -u) -ne 0 ]] && SUDO="sudo"
+  echo "setup: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+echo "setup: all packages present"

@@ -19,6 +19,8 @@ struct HfConfig {
   std::string top_architecture() const;  // architectures[0] of the root ("" if absent)
   bool has(const std::string& key) const;
   // Typed getters on the merged dict; throw "config.json: key 'K' missing" / "... expected integer".
+  // KEY may be a dotted path into nested objects ("linear_attn_config.head_dim"); a literal key
+  // wins. A JSON null counts as absent (has() false, *_or() returns the default).
   int64_t get_int(const std::string& key) const;
   double get_float(const std::string& key) const;
   bool get_bool(const std::string& key) const;

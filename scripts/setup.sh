@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install the Debian 12 packages kimi.cpp needs to build and test (idempotent).
 set -euo pipefail
+cd "$(dirname "$0")/.."
 PKGS=(build-essential cmake ninja-build ccache pkg-config git
       nlohmann-json3-dev libfmt-dev libcli11-dev libpcre2-dev libcpp-httplib-dev
       libgtest-dev libgmock-dev googletest nodejs npm time)
@@ -16,3 +17,7 @@ if ((${#missing[@]})); then
   $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 echo "setup: all packages present"
+# the real tiktoken (npm) for the tokenizer's golden tests and benchmark
+if [[ ! -d tools/tiktoken/node_modules/tiktoken ]]; then
+  npm ci --prefix tools/tiktoken --no-audit --no-fund --loglevel=error
+fi

@@ -107,6 +107,11 @@ class Reader {
   const TensorInfo* find_tensor(const std::string& name) const;  // nullptr when absent
   const TensorInfo& tensor(const std::string& name) const;        // throws naming the tensor
 
+  // Path of split file i (0-based, i < n_files()); for open_memory: the label.
+  const std::string& file_path(size_t i) const;
+  // The mapping of split file i (nullptr for open_memory), e.g. for madvise on tensor data.
+  const MappedFile* mapped_file(size_t i) const;
+
  private:
   Reader() = default;
   uint32_t version_ = 3;
@@ -144,7 +149,10 @@ class Writer {
   Writer(const Writer&) = delete;
   Writer& operator=(const Writer&) = delete;
 
-  void add_kv(const std::string& key, Value v);   // replaces an earlier value of the same key
+  // Replaces an earlier value of the same key. split.no/count/tensors.count are ignored (the writer
+  // writes its own); general.alignment must equal WriterOptions::alignment (it is written by the
+  // writer when != 32). Throws for an empty key, nested arrays, or integers out of their type's range.
+  void add_kv(const std::string& key, Value v);
   void add_tensor(const std::string& name, GgmlType type, std::vector<int64_t> ne);
   void begin();
   void write_tensor_data(const std::string& name, const void* data, size_t n);

@@ -1,0 +1,126 @@
+// kimi bench: prompt processing (pp) and token generation (tg) speed, optionally at a context
+// depth, mean +- sd over repetitions.
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "command.h"
+#include "model/model.h"
+#include "runtime/context.h"
+#include "runtime/engine_cli.h"
+#include "util/error.h"
+
+namespace {
+
+struct Stat {
+  double mean = 0, sd = 0;
+};
+Stat stats(const std::vector<double>& v) {
+  Stat s;
+  if (v.empty()) return s;
+  for (double x : v) s.mean += x;
+  s.mean /= double(v.size());
+  if (v.size() > 1) {
+    for (double x : v) s.sd += (x - s.mean) * (x - s.mean);
+    s.sd = std::sqrt(s.sd / double(v.size() - 1));
+  }
+  return s;
+}
+
+int cmd_bench(int argc, char** argv) {
+  CLI::App app{"Benchmark prompt processing (pp) and generation (tg) speed"};
+  kimi::cli::EngineArgs ea;
+  kimi::cli::add_engine_options(app, ea);
+  int n_prompt = 512, n_gen = 128, depth = 0, reps = 3, n_batch = 512;
+  bool json = false;
+  uint64_t seed = 1;
+  app.add_option("-p,--n-prompt", n_prompt, "prompt tokens (0 = skip pp)")->check(CLI::NonNegativeNumber);
+  app.add_option("-n,--n-gen", n_gen, "generated tokens (0 = skip tg)")->check(CLI::NonNegativeNumber);
+  app.add_option("-d,--depth", depth, "context depth to fill first (random tokens, batched prefill)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("-r,--repetitions", reps, "repetitions")->check(CLI::PositiveNumber);
+  app.add_option("-b,--batch", n_batch, "micro-batch size for prefill")->check(CLI::PositiveNumber);
+  app.add_option("--seed", seed, "seed of the random tokens");
+  app.add_flag("--json", json, "print JSON instead of a table");
+  CLI11_PARSE(app, argc, argv);
+
+  auto model = kimi::Model::load(ea.model, {ea.verbose});
+  const int n_ctx = depth + std::max(n_prompt, n_gen) + 1;
+  kimi::Context ctx(*model, kimi::cli::context_options(ea, n_ctx, std::max(1, std::min(n_batch, std::max(n_prompt, std::max(depth, 1))))));
+  if (ea.verbose) std::fprintf(stderr, "%s", ctx.memory_summary().c_str());
+  std::mt19937_64 rng(seed);
+  const int V = ctx.n_vocab();
+  auto rand_tokens = [&](int n) {
+    std::vector<int32_t> t(static_cast<size_t>(n));
+    for (auto& x : t) x = static_cast<int32_t>(rng() % static_cast<uint64_t>(V));
+    return t;
+  };
+  using clk = std::chrono::steady_clock;
+  std::vector<double> pp, tg;
+  kimi::Batch b;
+  for (int r = 0; r < reps; ++r) {
+    ctx.seq_clear(0);
+    if (depth > 0) {
+      b.clear();
+      b.add_sequence(rand_tokens(depth), 0, 0, false);
+      ctx.decode(b);
+    }
+    ctx.seq_snapshot(0);
+    if (n_prompt > 0) {
+      b.clear();
+      b.add_sequence(rand_tokens(n_prompt), 0, depth, true);
+      auto t0 = clk::now();
+      ctx.decode(b);
+      pp.push_back(n_prompt / std::chrono::duration<double>(clk::now() - t0).count());
+      ctx.seq_truncate(0, depth);
+    }
+    if (n_gen > 0) {
+      auto toks = rand_tokens(n_gen);
+      auto t0 = clk::now();
+      for (int i = 0; i < n_gen; ++i) {
+        b.clear();
+        b.add(toks[static_cast<size_t>(i)], 0, depth + i, true);
+        ctx.decode(b);
+      }
+      tg.push_back(n_gen / std::chrono::duration<double>(clk::now() - t0).count());
+    }
+  }
+  const std::string attn = ctx.effective_top_k() == 0 ? std::string("no-indexer") : ea.attn;
+  const Stat sp = stats(pp), sg = stats(tg);
+  if (json) {
+    nlohmann::ordered_json j;
+    j["model"] = ea.model;
+    j["threads"] = ctx.pool().size();
+    j["attn"] = attn;
+    j["top_k"] = ctx.effective_top_k();
+    j["precision"] = ea.precision;
+    j["depth"] = depth;
+    j["repetitions"] = reps;
+    if (n_prompt > 0) j["pp"] = {{"n", n_prompt}, {"tok_s", sp.mean}, {"sd", sp.sd}, {"samples", pp}};
+    if (n_gen > 0) j["tg"] = {{"n", n_gen}, {"tok_s", sg.mean}, {"sd", sg.sd}, {"samples", tg}};
+    std::printf("%s\n", j.dump(2).c_str());
+    return 0;
+  }
+  std::printf("| %-28s | %7s | %-10s | %-9s | %14s | %20s |\n", "model", "threads", "attn", "precision", "test",
+              "t/s");
+  std::printf("|%s|%s|%s|%s|%s|%s|\n", std::string(30, '-').c_str(), std::string(9, '-').c_str(),
+              std::string(12, '-').c_str(), std::string(11, '-').c_str(), std::string(16, '-').c_str(),
+              std::string(22, '-').c_str());
+  std::string name = ea.model;
+  if (name.size() > 28) name = "..." + name.substr(name.size() - 25);
+  auto row = [&](const char* kind, int n, const Stat& s) {
+    const std::string test = fmt::format("{}{}{}", kind, n, depth ? fmt::format(" @ d{}", depth) : "");
+    std::printf("| %-28s | %7d | %-10s | %-9s | %14s | %20s |\n", name.c_str(), ctx.pool().size(), attn.c_str(),
+                ea.precision.c_str(), test.c_str(), fmt::format("{:.2f} ± {:.2f}", s.mean, s.sd).c_str());
+  };
+  if (n_prompt > 0) row("pp", n_prompt, sp);
+  if (n_gen > 0) row("tg", n_gen, sg);
+  return 0;
+}
+
+kimi::app::Registrar reg("bench", "measure prompt and generation speed", cmd_bench);
+
+}  // namespace

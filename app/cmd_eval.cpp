@@ -1,0 +1,55 @@
+// kimi eval: logits of a token sequence as raw float32 [n_tokens x n_vocab] (or the last row).
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <filesystem>
+
+#include "command.h"
+#include "model/model.h"
+#include "runtime/context.h"
+#include "runtime/engine_cli.h"
+#include "util/error.h"
+
+namespace {
+
+int cmd_eval(int argc, char** argv) {
+  CLI::App app{"Evaluate a token sequence and write its logits (raw little-endian float32, row-major)"};
+  kimi::cli::EngineArgs ea;
+  kimi::cli::add_engine_options(app, ea);
+  std::string tokens, out;
+  bool all = false;
+  int n_batch = 512;
+  app.add_option("--tokens", tokens, "comma-separated token ids")->required();
+  app.add_option("--logits-out", out, "output file")->required();
+  app.add_flag("--all-logits", all, "write every position's logits (default: the last one only)");
+  app.add_option("-b,--batch", n_batch, "micro-batch size")->check(CLI::PositiveNumber);
+  CLI11_PARSE(app, argc, argv);
+
+  auto in = kimi::cli::parse_token_list(tokens);
+  kimi::check(!in.empty(), "--tokens is empty");
+  auto model = kimi::Model::load(ea.model, {ea.verbose});
+  const int n = static_cast<int>(in.size());
+  kimi::Context ctx(*model, kimi::cli::context_options(ea, n, std::min(n_batch, n)));
+  if (ea.verbose) std::fprintf(stderr, "%s", ctx.memory_summary().c_str());
+  kimi::Batch b;
+  b.add_sequence(in, 0, 0, true, all);
+  ctx.decode(b);
+
+  const std::string tmp = out + ".tmp";
+  FILE* f = std::fopen(tmp.c_str(), "wb");
+  kimi::check(f != nullptr, "{}: cannot open for writing", tmp);
+  const size_t V = static_cast<size_t>(ctx.n_vocab());
+  bool ok = true;
+  for (size_t i = all ? 0 : in.size() - 1; i < in.size(); ++i) ok &= std::fwrite(ctx.logits(i), 4, V, f) == V;
+  ok &= std::fclose(f) == 0;
+  if (!ok) {
+    std::filesystem::remove(tmp);
+    kimi::fail("{}: write failed", out);
+  }
+  std::filesystem::rename(tmp, out);
+  std::fprintf(stderr, "wrote %zu x %zu logits to %s\n", all ? in.size() : size_t(1), V, out.c_str());
+  return 0;
+}
+
+kimi::app::Registrar reg("eval", "write the logits of a token sequence to a file", cmd_eval);
+
+}  // namespace

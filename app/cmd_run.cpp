@@ -1,0 +1,99 @@
+// kimi run: generate tokens from a prompt (text through the GGUF tokenizer, or token ids).
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <optional>
+
+#include "command.h"
+#include "model/model.h"
+#include "runtime/context.h"
+#include "runtime/engine_cli.h"
+#include "runtime/sampling.h"
+#include "tokenizer/tokenizer.h"
+#include "util/error.h"
+
+namespace {
+
+int cmd_run(int argc, char** argv) {
+  CLI::App app{"Generate tokens with a kimi-k3 GGUF model"};
+  kimi::cli::EngineArgs ea;
+  kimi::cli::add_engine_options(app, ea);
+  std::string prompt, tokens;
+  int n_predict = 32;
+  bool ids = false, ignore_eos = false;
+  kimi::SamplerParams sp;
+  app.add_option("-p,--prompt", prompt, "prompt text (needs the tokenizer in the GGUF)");
+  app.add_option("--tokens", tokens, "prompt as comma-separated token ids");
+  app.add_option("-n,--n-predict", n_predict, "tokens to generate")->check(CLI::NonNegativeNumber);
+  app.add_option("--temp", sp.temp, "temperature (0 = greedy)");
+  app.add_option("--top-k", sp.top_k, "top-k sampling (0 = off)");
+  app.add_option("--top-p", sp.top_p, "top-p (nucleus) sampling (1 = off)");
+  app.add_option("--min-p", sp.min_p, "min-p sampling (0 = off)");
+  app.add_option("--repeat-penalty", sp.repeat_penalty, "repetition penalty (1 = off)");
+  app.add_option("--repeat-last-n", sp.repeat_last_n, "tokens the repetition penalty looks back (-1 = all)");
+  app.add_option("--seed", sp.seed, "random seed");
+  app.add_flag("--ids", ids, "print generated token ids instead of text");
+  app.add_flag("--ignore-eos", ignore_eos, "do not stop at end-of-generation tokens");
+  CLI11_PARSE(app, argc, argv);
+  kimi::check(prompt.empty() != tokens.empty(), "give exactly one of -p/--prompt and --tokens");
+
+  auto model = kimi::Model::load(ea.model, {ea.verbose});
+  std::optional<kimi::tok::Tokenizer> tok;
+  if (model->reader().has("tokenizer.ggml.tokens")) tok.emplace(kimi::tok::Tokenizer::from_gguf(model->reader()));
+  std::vector<int32_t> in;
+  if (!prompt.empty()) {
+    kimi::check(tok.has_value(), "{}: -p needs a tokenizer (tokenizer.ggml.tokens) in the GGUF; use --tokens",
+                ea.model);
+    in = tok->encode(prompt);
+  } else {
+    in = kimi::cli::parse_token_list(tokens);
+  }
+  kimi::check(!in.empty(), "the prompt is empty");
+  const bool text_out = tok.has_value() && !ids;
+
+  const int n_ctx = static_cast<int>(in.size()) + n_predict + 1;
+  kimi::Context ctx(*model, kimi::cli::context_options(ea, n_ctx, std::min<int>(512, static_cast<int>(in.size()))));
+  if (ea.verbose) std::fprintf(stderr, "%s", ctx.memory_summary().c_str());
+  kimi::Sampler sampler(sp, ctx.n_vocab());
+  for (int32_t t : in) sampler.accept(t);
+
+  using clk = std::chrono::steady_clock;
+  auto t0 = clk::now();
+  kimi::Batch b;
+  b.add_sequence(in, 0, 0, true);
+  ctx.decode(b);
+  auto t1 = clk::now();
+  int n_gen = 0;
+  const float* lg = ctx.logits(b.size() - 1);
+  for (int i = 0; i < n_predict; ++i) {
+    const int32_t next = sampler.sample(lg);
+    sampler.accept(next);
+    ++n_gen;
+    if (text_out) {
+      const std::string& piece = tok->token_to_piece(next);
+      std::fwrite(piece.data(), 1, piece.size(), stdout);
+    } else {
+      std::printf("%s%d", i ? " " : "", next);
+    }
+    std::fflush(stdout);
+    if (!ignore_eos && ((tok && tok->is_eog(next)) || next == model->hparams().eos_id)) break;
+    if (i + 1 == n_predict) break;
+    b.clear();
+    b.add(next, 0, ctx.seq_len(0), true);
+    ctx.decode(b);
+    lg = ctx.logits(0);
+  }
+  auto t2 = clk::now();
+  std::printf("\n");
+  const double pp_s = std::chrono::duration<double>(t1 - t0).count();
+  const double tg_s = std::chrono::duration<double>(t2 - t1).count();
+  std::fprintf(stderr, "prompt: %zu tokens in %.3f s (%.2f tok/s); generated %d tokens in %.3f s (%.2f tok/s)\n",
+               in.size(), pp_s, in.size() / std::max(pp_s, 1e-9), n_gen, tg_s,
+               n_gen > 1 ? (n_gen - 1) / std::max(tg_s, 1e-9) : 0.0);
+  return 0;
+}
+
+kimi::app::Registrar reg("run", "generate text/tokens from a prompt", cmd_run);
+
+}  // namespace

@@ -1,0 +1,64 @@
+// kimi synth: write a deterministic random-weight Kimi-K3.1 Hugging Face checkpoint.
+#include <CLI/CLI.hpp>
+#include <cstdio>
+
+#include "command.h"
+#include "convert/synth.h"
+#include "util/progress.h"
+
+namespace {
+
+int cmd_synth(int argc, char** argv) {
+  CLI::App app{"Write a synthetic Kimi-K3.1 Hugging Face checkpoint (random weights, real layout, learned BPE "
+               "vocabulary)",
+               "kimi synth"};
+  std::string preset_name = "tiny", out;
+  uint64_t seed = 1;
+  int64_t layers = 0, experts = 0;
+  bool no_indexer = false, bf16_experts = false, force = false, quiet = false;
+  app.add_option("--preset", preset_name, "tiny | small | k3-layers")
+      ->check(CLI::IsMember(kimi::synth::preset_names()))
+      ->capture_default_str();
+  app.add_option("--seed", seed, "random seed (weights depend only on seed and tensor name)")->capture_default_str();
+  app.add_option("--layers", layers, "number of layers (default: the preset's); keeps the first N layers");
+  app.add_option("--experts", experts, "number of routed experts (default: the preset's)");
+  app.add_flag("--no-indexer", no_indexer, "no DSA indexer (a plain K3 checkpoint)");
+  app.add_flag("--bf16-experts", bf16_experts, "routed experts as BF16 instead of MXFP4 (no quantization_config)");
+  app.add_option("-o,--output", out, "output directory (written as DIR.tmp, then renamed)")->required();
+  app.add_flag("--force", force, "replace an existing non-empty output directory");
+  app.add_flag("-q,--quiet", quiet, "no progress output");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+
+  auto cfg = kimi::synth::preset(preset_name);
+  cfg.seed = seed;
+  if (layers) kimi::synth::set_layers(cfg, layers);
+  if (app.count("--experts")) kimi::synth::set_experts(cfg, experts);
+  cfg.indexer = !no_indexer;
+  cfg.mxfp4_experts = !bf16_experts;
+
+  kimi::synth::WriteOptions opt;
+  opt.force = force;
+  opt.quiet = quiet;
+  auto s = kimi::synth::write_checkpoint(cfg, out, opt);
+  std::printf("synth: wrote %s (preset %s, seed %llu%s%s)\n", out.c_str(), preset_name.c_str(),
+              static_cast<unsigned long long>(seed), cfg.indexer ? "" : ", no indexer",
+              cfg.mxfp4_experts ? ", MXFP4 experts" : ", BF16 experts");
+  std::printf("  %zu tensors in %zu shards, %s of tensor data (%llu bytes)\n", s.tensors, s.shards,
+              kimi::format_bytes(s.tensor_bytes).c_str(), static_cast<unsigned long long>(s.tensor_bytes));
+  std::printf("  %llu parameters (%.3f B), %lld layers (%zu MLA), %lld routed experts top-%lld\n",
+              static_cast<unsigned long long>(s.parameters), double(s.parameters) * 1e-9,
+              static_cast<long long>(cfg.layers), cfg.full_attn_layers.size(), static_cast<long long>(cfg.experts),
+              static_cast<long long>(cfg.top_k));
+  std::printf("  vocabulary %lld (%lld BPE tokens learned from %zu bytes of text + 256 specials)\n",
+              static_cast<long long>(cfg.vocab), static_cast<long long>(cfg.vocab - 256), s.vocab_text_bytes);
+  return 0;
+}
+
+kimi::app::Registrar reg("synth", "write a synthetic Kimi-K3.1 HF checkpoint (random weights, real layout)",
+                         cmd_synth);
+
+}  // namespace

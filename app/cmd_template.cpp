@@ -1,0 +1,60 @@
+// kimi template render REQUEST.json: the Kimi-K3 chat prompt for an OpenAI-style request body.
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <iterator>
+#include <sstream>
+
+#include "command.h"
+#include "tokenizer/chat.h"
+#include "util/error.h"
+
+namespace {
+
+int cmd_template(int argc, char** argv) {
+  CLI::App app{"Kimi-K3 chat template", "kimi template"};
+  app.require_subcommand(1);
+  auto* render = app.add_subcommand("render",
+                                    "print the prompt for an OpenAI-style chat request body (messages, tools, "
+                                    "tool_choice, response_format, response_schema, thinking, thinking_effort, "
+                                    "add_generation_prompt; default true)");
+  std::string file;
+  bool newline = false;
+  render->add_option("REQUEST", file, "request JSON file ('-': stdin)")->required();
+  render->add_flag("--newline", newline, "end the output with a newline (the prompt itself has none)");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  std::string text;
+  if (file == "-") {
+    std::ostringstream ss;
+    ss << std::cin.rdbuf();
+    text = ss.str();
+  } else {
+    std::ifstream f(file, std::ios::binary);
+    kimi::check(f.good(), "cannot open request file '{}'", file);
+    text.assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+  }
+  kimi::tok::ojson body;
+  try {
+    body = kimi::tok::ojson::parse(text);
+  } catch (const std::exception& e) {
+    kimi::fail("{}: not valid JSON: {}", file, e.what());
+  }
+  std::string prompt;
+  try {
+    prompt = kimi::tok::render_chat_request(body);
+  } catch (const kimi::Error& e) {
+    kimi::fail("{}: {}", file, e.what());
+  }
+  if (newline) prompt += '\n';
+  std::fwrite(prompt.data(), 1, prompt.size(), stdout);
+  return 0;
+}
+
+kimi::app::Registrar reg("template", "render the Kimi-K3 chat prompt for an OpenAI-style request", cmd_template);
+
+}  // namespace

@@ -1,0 +1,92 @@
+// Synthetic Kimi-K3.1 Hugging Face checkpoints (`kimi synth`): the real directory layout
+// (config.json, sharded safetensors + index, tiktoken.model, tokenizer_config.json) with
+// deterministic random weights and a BPE vocabulary learned from generated text.
+//
+// Every tensor's values depend only on (seed, tensor name): the same seed gives identical bytes,
+// --no-indexer leaves the other tensors unchanged, --layers N reproduces the first N layers of a
+// deeper model. The vocabulary depends only on vocab_size.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "io/safetensors.h"
+
+namespace kimi::synth {
+
+struct Config {
+  std::string preset;
+  int64_t hidden = 0;
+  int64_t layers = 0;
+  std::vector<int64_t> full_attn_layers;  // 1-INDEXED (as in config.json)
+  int64_t heads = 0;                      // MLA and KDA heads
+  int64_t kda_head_dim = 0;
+  int64_t q_lora = 0, kv_lora = 0, nope = 0, rope = 0, v_dim = 0;
+  int64_t dense_width = 0;  // intermediate_size (layer 0)
+  int64_t experts = 0, top_k = 0, shared_experts = 2, moe_inter = 0, latent = 0;
+  int64_t res_block = 0;  // attn_res_block_size
+  int64_t index_heads = 0, index_dim = 0, index_topk = 0;
+  int64_t vocab = 0;
+  int64_t max_pos = 1048576;
+  double routed_scaling = 1.0;
+  bool indexer = true;        // DSA indexer tensors + index_* keys
+  bool mxfp4_experts = true;  // false: BF16 experts.E.wK.weight, no quantization_config
+  uint64_t seed = 0;
+
+  bool is_mla(int64_t layer0) const;  // 0-based layer index
+  int64_t conv_kernel() const { return 4; }
+  int64_t a_log_len() const { return heads > kda_head_dim ? heads : kda_head_dim; }
+};
+
+// "tiny", "small", "k3-layers" (shared decisions); throws kimi::Error for other names.
+Config preset(const std::string& name);
+const std::vector<std::string>& preset_names();
+// --layers N: keep the first N layers (full_attn_layers entries > N are dropped).
+void set_layers(Config& c, int64_t n);
+// --experts N: N routed experts (top_k clamped to N).
+void set_experts(Config& c, int64_t n);
+
+struct TensorInfo {
+  std::string name;
+  st::Dtype dtype;
+  std::vector<int64_t> shape;
+};
+// Every tensor of the checkpoint in file order (names with the language_model./vision_tower./
+// mm_projector. prefixes, shapes in PyTorch [out, in] order).
+std::vector<TensorInfo> tensor_list(const Config& c);
+
+// The float values behind a floating-point tensor (before rounding to its dtype), or, for a routed
+// expert, the logical weight "language_model.model.layers.L.block_sparse_moe.experts.E.wK.weight"
+// [out, in] that the MXFP4 pair (weight_packed, weight_scale) quantizes. Throws for unknown names.
+std::vector<float> tensor_values(const Config& c, const std::string& name);
+
+// MXFP4 quantization of one row of n (multiple of 32) floats, compressed-tensors layout:
+// packed[n/2] (byte i = code(2i) | code(2i+1) << 4), scales[n/32] (E8M0). The scale is the
+// smallest power of two with 6 * scale >= block amax (no clipping); codes are round-to-nearest.
+void mxfp4_quantize_row(const float* x, int64_t n, uint8_t* packed, uint8_t* scales);
+
+// Special token names at ids V-256 .. V-1 (shared decisions).
+std::string special_token(int64_t vocab, int64_t id);
+nlohmann::ordered_json config_json(const Config& c);
+nlohmann::ordered_json tokenizer_config_json(const Config& c);
+// The learned base vocabulary (V-256 tokens, rank order) and the size of its training text.
+std::vector<std::string> learn_vocab(int64_t vocab, size_t* text_bytes = nullptr);
+
+struct WriteOptions {
+  bool force = false;  // replace an existing non-empty output directory
+  bool quiet = false;  // no progress output
+  uint64_t shard_max_bytes = 4ull << 30;  // also: a new shard every 4 layers
+};
+struct Summary {
+  size_t tensors = 0;
+  size_t shards = 0;
+  uint64_t tensor_bytes = 0;  // sum of tensor data bytes (index.json total_size)
+  uint64_t parameters = 0;    // logical weights (an MXFP4 pair counts its unpacked elements)
+  size_t vocab_text_bytes = 0;
+};
+// Writes the whole directory into DIR.tmp, then renames it to DIR.
+Summary write_checkpoint(const Config& c, const std::string& dir, const WriteOptions& opt = {});
+
+}  // namespace kimi::synth

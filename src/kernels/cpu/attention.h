@@ -1,0 +1,27 @@
+// MLA (absorbed, NoPE) attention of one query token over cached latent rows, for a group of heads.
+// A cache row is [latent (r values) | pe]; width W = r + pe. The query of head h is the W-vector
+// [W_kb,h^T q_nope,h | q_pe,h]; score = q.row * scale; the read-out is the softmax-weighted sum of
+// the first r values of the rows (the latent), to be multiplied by W_vb,h afterwards.
+#pragma once
+#include <cstdint>
+
+namespace kimi::kern {
+
+struct LatentRows {
+  const void* data = nullptr;  // row s at data + s * W elements
+  bool f16 = true;             // element type: IEEE half or f32
+  int64_t W = 0;               // row width (r + pe)
+  int64_t r = 0;               // latent (value) width
+};
+
+// Sparse path: visits only rows idx[0..n_sel) (ascending; idx == nullptr means rows 0..n_sel-1),
+// online softmax. q: nh x W, z: nh x r. row_buf: W floats scratch.
+void mla_attend_sparse(const float* q, int64_t nh, const LatentRows& rows, const int32_t* idx, int64_t n_sel,
+                       float scale, float* z, float* row_buf);
+
+// Dense path: softmax over all rows 0..n-1 with -inf for rows whose sel[s] == 0 (sel == nullptr:
+// every row selected). scores: nh * n floats scratch, row_buf: W floats scratch.
+void mla_attend_dense(const float* q, int64_t nh, const LatentRows& rows, int64_t n, const uint8_t* sel,
+                      float scale, float* z, float* scores, float* row_buf);
+
+}  // namespace kimi::kern

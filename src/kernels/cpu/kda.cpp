@@ -1,0 +1,30 @@
+#include "kernels/cpu/kda.h"
+
+#include <cmath>
+
+#include "kernels/cpu/ops.h"
+
+namespace kimi::kern {
+
+void kda_step(float* S, const float* q, const float* k, const float* v, const float* g, float beta,
+              float scale, float* o, int64_t D, float* tmp) {
+  float* p = tmp;
+  for (int64_t j = 0; j < D; ++j) p[j] = 0.0f;
+  // decay, then predict with the decayed state
+  for (int64_t i = 0; i < D; ++i) {
+    float* Si = S + i * D;
+    scale_f32(std::exp(g[i]), Si, D);
+    axpy_f32(k[i], Si, p, D);
+  }
+  for (int64_t j = 0; j < D; ++j) p[j] = beta * (v[j] - p[j]);  // delta
+  for (int64_t j = 0; j < D; ++j) o[j] = 0.0f;
+  // update, then read out with the updated state
+  for (int64_t i = 0; i < D; ++i) {
+    float* Si = S + i * D;
+    axpy_f32(k[i], p, Si, D);
+    axpy_f32(q[i], Si, o, D);
+  }
+  for (int64_t j = 0; j < D; ++j) o[j] *= scale;
+}
+
+}  // namespace kimi::kern

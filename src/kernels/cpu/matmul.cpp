@@ -1,0 +1,137 @@
+// matmul driver: validation, kernel choice by ISA, activation preparation (once per call) and the
+// split of rows x token tiles over the thread pool.
+#include "kernels/cpu/matmul.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "kernels/cpu/dispatch.h"
+#include "kernels/cpu/vec.h"
+#include "tensor/quants.h"
+#include "util/error.h"
+
+namespace kimi::kern {
+
+namespace {
+
+bool matmul_type_supported(GgmlType t) {
+  switch (t) {
+    case GgmlType::F32: case GgmlType::F16: case GgmlType::BF16: case GgmlType::Q8_0: case GgmlType::Q4_0:
+    case GgmlType::MXFP4: case GgmlType::Q4_K: case GgmlType::Q5_K: case GgmlType::Q6_K:
+      return true;
+    default:
+      return false;
+  }
+}
+
+void validate(const MatView& W, const float* x, int64_t n_tokens, const float* y) {
+  check(matmul_type_supported(W.type), "matmul: weight type {} is not supported (F32, F16, BF16, Q8_0, Q4_0, "
+        "MXFP4, Q4_K, Q5_K, Q6_K are)", type_name(W.type));
+  check(W.rows >= 0 && W.cols > 0, "matmul: bad {} weight shape rows={} cols={}", type_name(W.type), W.rows, W.cols);
+  const auto& tr = traits(W.type);
+  check(W.cols % tr.block == 0, "matmul: {} weight has {} columns, not a multiple of the block size {}",
+        tr.name, W.cols, tr.block);
+  const uint64_t rb = row_bytes(W.type, static_cast<uint64_t>(W.cols));
+  check(W.row_bytes == rb, "matmul: {} weight with {} columns needs row_bytes {}, got {}", tr.name, W.cols, rb,
+        W.row_bytes);
+  check(n_tokens >= 0, "matmul: negative n_tokens {}", n_tokens);
+  if (W.rows > 0 && n_tokens > 0)
+    check(W.data != nullptr && x != nullptr && y != nullptr, "matmul: null weight/input/output pointer");
+}
+
+MatKernel pick_kernel(GgmlType type, Precision prec) {
+  MatKernel k;
+  Isa isa = current_isa();
+  if (isa == Isa::Avx512 && avx512_kernel(type, prec, &k)) return k;
+  if (isa >= Isa::Avx2 && avx2_kernel(type, prec, &k)) return k;
+  if (scalar_kernel(type, prec, &k)) return k;
+  fail("matmul: no kernel for weight type {}", type_name(type));
+}
+
+// Thread-local scratch that only grows (no allocation once warmed up).
+uint8_t* act_scratch(size_t bytes) {
+  thread_local std::vector<uint8_t> buf;
+  if (buf.size() < bytes) buf.resize(bytes + 64);
+  return buf.data();
+}
+
+struct Prepared {
+  const uint8_t* act;
+  size_t stride;
+};
+
+Prepared prepare(const MatKernel& k, const float* x, int64_t n_tokens, int64_t cols, ThreadPool* pool) {
+  if (!k.act_bytes) return {reinterpret_cast<const uint8_t*>(x), static_cast<size_t>(cols) * sizeof(float)};
+  const size_t stride = (k.act_bytes(cols) + 63) / 64 * 64;
+  uint8_t* buf = act_scratch(stride * static_cast<size_t>(n_tokens));
+  if (pool && pool->size() > 1 && n_tokens >= 8) {
+    pool->parallel_for(n_tokens, [&](int64_t t, int) { k.prep(x + t * cols, cols, buf + t * stride); });
+  } else {
+    for (int64_t t = 0; t < n_tokens; ++t) k.prep(x + t * cols, cols, buf + t * stride);
+  }
+  return {buf, stride};
+}
+
+}  // namespace
+
+float* f32_scratch(int64_t n, int slot) {
+  thread_local std::vector<float> bufs[4];
+  auto& b = bufs[slot & 3];
+  if (static_cast<int64_t>(b.size()) < n) b.resize(static_cast<size_t>(n) + 16);
+  return b.data();
+}
+
+void matmul(const MatView& W, const float* x, int64_t n_tokens, float* y, ThreadPool& pool, Precision prec) {
+  validate(W, x, n_tokens, y);
+  if (W.rows == 0 || n_tokens == 0) return;
+  const MatKernel k = pick_kernel(W.type, prec);
+  const Prepared a = prepare(k, x, n_tokens, W.cols, &pool);
+  const int nth = pool.size();
+  const double work = static_cast<double>(W.rows) * static_cast<double>(W.cols) * static_cast<double>(n_tokens);
+  if (nth <= 1 || work < 65536.0) {
+    k.run(W, a.act, a.stride, n_tokens, 0, W.rows, y, W.rows);
+    return;
+  }
+  // token tiles keep a slice of the activations cache-resident while rows stream by
+  const int64_t tok_tile = n_tokens <= 64 ? n_tokens : 64;
+  const int64_t n_tt = (n_tokens + tok_tile - 1) / tok_tile;
+  // row chunks: enough items for dynamic balance, multiples of 16 rows
+  int64_t target_items = static_cast<int64_t>(nth) * 8;
+  int64_t rc = (W.rows * n_tt + target_items - 1) / target_items;
+  rc = std::max<int64_t>(16, (rc + 15) / 16 * 16);
+  if (n_tokens > 1) rc = std::min<int64_t>(rc, 64);
+  const int64_t n_rc = (W.rows + rc - 1) / rc;
+  pool.parallel_for(n_rc * n_tt, [&](int64_t item, int) {
+    const int64_t tt = item / n_rc, ri = item % n_rc;
+    const int64_t t0 = tt * tok_tile, nt = std::min(tok_tile, n_tokens - t0);
+    const int64_t r0 = ri * rc, r1 = std::min(W.rows, r0 + rc);
+    k.run(W, a.act + static_cast<size_t>(t0) * a.stride, a.stride, nt, r0, r1, y + t0 * W.rows, W.rows);
+  });
+}
+
+void matmul_rows(const MatView& W, const float* x, int64_t n_tokens, float* y, int64_t r0, int64_t r1,
+                 Precision prec) {
+  validate(W, x, n_tokens, y);
+  check(r0 >= 0 && r0 <= r1 && r1 <= W.rows, "matmul_rows: row range [{}, {}) outside the {} rows", r0, r1, W.rows);
+  if (r0 == r1 || n_tokens == 0) return;
+  const MatKernel k = pick_kernel(W.type, prec);
+  const Prepared a = prepare(k, x, n_tokens, W.cols, nullptr);
+  k.run(W, a.act, a.stride, n_tokens, r0, r1, y, W.rows);
+}
+
+void dequantize(GgmlType type, const void* src, float* dst, int64_t n) {
+  const auto& tr = traits(type);
+  check(n >= 0 && n % tr.block == 0, "dequantize: {} elements of {} is not a multiple of the block size {}", n,
+        tr.name, tr.block);
+  if (type == GgmlType::BF16) return vec::bf16_to_f32_row(static_cast<const uint16_t*>(src), dst, n);
+  kimi::dequantize_row(type, src, dst, n);
+}
+
+void dequantize_row(const MatView& W, int64_t r, float* out) {
+  check(r >= 0 && r < W.rows, "dequantize_row: row {} outside the {} rows of a {} weight", r, W.rows,
+        type_name(W.type));
+  check(W.data != nullptr, "dequantize_row: null weight data");
+  dequantize(W.type, W.data + static_cast<uint64_t>(r) * W.row_bytes, out, W.cols);
+}
+
+}  // namespace kimi::kern

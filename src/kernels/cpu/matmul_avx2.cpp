@@ -1,0 +1,314 @@
+// AVX2 + FMA + F16C matmul kernels; reached only via dispatch (avx2_kernel). Same register-tile
+// structure as the AVX-512 file (R rows x T tokens), 8-lane vectors:
+//   F32/F16/BF16 x f32 activations and BF16 x bf16 activations: widen to f32, FMA.
+//   Q4_0 / MXFP4: vpmaddubsw of the (offset, non-negative) 4-bit weights with the s8 activation,
+//     minus the precomputed offset * sum(q) (quantize_act.h nibble layout), times the scales.
+//   Q8_0: vpmaddubsw(|w|, sign(x, w)) (no saturation: 128 * 127 * 2 < 32768), times the scales.
+// Precision::F32 for quantized weights and the K-quants use the scalar kernels.
+#include "kernels/cpu/dispatch.h"
+#include "kernels/cpu/quantize_act.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+#include <cstring>
+
+namespace kimi::kern {
+
+namespace {
+
+using TileFn = void (*)(const uint8_t* const* w, const uint8_t* const* x, int64_t n, float* y, int64_t ldy);
+using Table = TileFn[2][4];
+
+inline uint16_t rd16(const uint8_t* p) {
+  uint16_t v;
+  std::memcpy(&v, p, 2);
+  return v;
+}
+inline float hsum8(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+inline int hsum_epi32_128(__m128i v) {
+  v = _mm_add_epi32(v, _mm_shuffle_epi32(v, 0x4e));
+  v = _mm_add_epi32(v, _mm_shuffle_epi32(v, 0xb1));
+  return _mm_cvtsi128_si32(v);
+}
+inline float bf16f(uint16_t h) {
+  const uint32_t u = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+void drive(const Table& tab, int R, const uint8_t* base, uint64_t row_bytes, const uint8_t* act, size_t stride,
+           int64_t nt, int64_t r0, int64_t r1, float* y, int64_t ldy, int64_t n) {
+  const uint8_t* wp[2];
+  const uint8_t* xp[4];
+  for (int64_t r = r0; r < r1; r += R) {
+    const int rr = static_cast<int>(r1 - r < R ? r1 - r : R);
+    for (int i = 0; i < rr; ++i) wp[i] = base + static_cast<uint64_t>(r + i) * row_bytes;
+    for (int64_t t = 0; t < nt; t += 4) {
+      const int tt = static_cast<int>(nt - t < 4 ? nt - t : 4);
+      for (int j = 0; j < tt; ++j) xp[j] = act + static_cast<size_t>(t + j) * stride;
+      tab[rr - 1][tt - 1](wp, xp, n, y + t * ldy + r, ldy);
+    }
+  }
+}
+
+#define KIMI_TILE_TABLE(P)                                                                             \
+  {                                                                                                    \
+    {&P::template tile<1, 1>, &P::template tile<1, 2>, &P::template tile<1, 3>, &P::template tile<1, 4>}, \
+    {&P::template tile<2, 1>, &P::template tile<2, 2>, &P::template tile<2, 3>, &P::template tile<2, 4>}  \
+  }
+#define KIMI_TILE_TABLE1(P)                                                                            \
+  {                                                                                                    \
+    {&P::template tile<1, 1>, &P::template tile<1, 2>, &P::template tile<1, 3>, &P::template tile<1, 4>}, \
+    {nullptr, nullptr, nullptr, nullptr}                                                               \
+  }
+
+// ------------------------------------------------------------------------------------------------
+// widen-to-f32 kernels. W: weight kind; X: activation kind (f32 or bf16)
+enum class K { F32, F16, BF16 };
+
+template <K W, K X>
+struct Widen {
+  static constexpr int WS = W == K::F32 ? 4 : 2, XS = X == K::F32 ? 4 : 2;
+  template <K Kind>
+  static inline __m256 load8(const uint8_t* p) {
+    if constexpr (Kind == K::F32) return _mm256_loadu_ps(reinterpret_cast<const float*>(p));
+    else if constexpr (Kind == K::F16) return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    else
+      return _mm256_castsi256_ps(
+          _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
+  }
+  template <K Kind>
+  static inline float load1(const uint8_t* p) {
+    if constexpr (Kind == K::F32) {
+      float f;
+      std::memcpy(&f, p, 4);
+      return f;
+    } else if constexpr (Kind == K::F16) {
+      return _cvtsh_ss(rd16(p));
+    } else {
+      return bf16f(rd16(p));
+    }
+  }
+  template <int R, int T>
+  static void tile(const uint8_t* const* w, const uint8_t* const* x, int64_t cols, float* y, int64_t ldy) {
+    __m256 acc[R][T];
+    for (int r = 0; r < R; ++r)
+      for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
+    int64_t k = 0;
+    for (; k + 8 <= cols; k += 8) {
+      __m256 wv[R];
+      for (int r = 0; r < R; ++r) wv[r] = load8<W>(w[r] + k * WS);
+      for (int t = 0; t < T; ++t) {
+        const __m256 xv = load8<X>(x[t] + k * XS);
+        for (int r = 0; r < R; ++r) acc[r][t] = _mm256_fmadd_ps(wv[r], xv, acc[r][t]);
+      }
+    }
+    for (int r = 0; r < R; ++r)
+      for (int t = 0; t < T; ++t) {
+        float s = hsum8(acc[r][t]);
+        for (int64_t c = k; c < cols; ++c) s += load1<W>(w[r] + c * WS) * load1<X>(x[t] + c * XS);
+        y[t * ldy + r] = s;
+      }
+  }
+  static constexpr Table table = KIMI_TILE_TABLE(Widen);
+};
+
+template <K W, K X>
+void run_widen(const MatView& Wm, const uint8_t* act, size_t stride, int64_t nt, int64_t r0, int64_t r1, float* y,
+               int64_t ldy) {
+  drive(Widen<W, X>::table, 2, Wm.data, Wm.row_bytes, act, stride, nt, r0, r1, y, ldy, Wm.cols);
+}
+
+// ------------------------------------------------------------------------------------------------
+// 8-bit dot products
+struct Dec {
+  __m256i lo[2], hi[2];
+  __m256 dw[2];
+};
+
+inline __m256i load2x16(const uint8_t* p, int stride) {
+  return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))),
+                                 _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + stride)), 1);
+}
+
+template <bool MX>
+struct NibP {
+  static constexpr int kG = 4, kBB = MX ? 17 : 18, kAG = kNibGroupBytes, kQs = MX ? 1 : 2;
+  static inline float wscale(const uint8_t* blk) {
+    if constexpr (MX) {
+      const uint32_t bits = static_cast<uint32_t>(blk[0]) << 23;  // 2^(e-127); 1/2 folded into dx
+      float f;
+      std::memcpy(&f, &bits, 4);
+      return f;
+    } else {
+      return _cvtsh_ss(rd16(blk));
+    }
+  }
+  static inline Dec decode(const uint8_t* p) {
+    Dec d;
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    const __m256i tab = _mm256_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0, 12, 13, 14, 15,
+                                         16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0);
+    for (int h = 0; h < 2; ++h) {
+      const uint8_t* b = p + 2 * h * kBB;
+      const __m256i qs = load2x16(b + kQs, kBB);
+      d.lo[h] = _mm256_and_si256(qs, m4);
+      d.hi[h] = _mm256_and_si256(_mm256_srli_epi16(qs, 4), m4);
+      if constexpr (MX) {
+        d.lo[h] = _mm256_shuffle_epi8(tab, d.lo[h]);
+        d.hi[h] = _mm256_shuffle_epi8(tab, d.hi[h]);
+      }
+      d.dw[h] = _mm256_setr_m128(_mm_set1_ps(wscale(b)), _mm_set1_ps(wscale(b + kBB)));
+    }
+    return d;
+  }
+  static inline __m256 dot(const Dec& d, const uint8_t* a, __m256 acc) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int h = 0; h < 2; ++h) {
+      const __m256i p = _mm256_add_epi16(
+          _mm256_maddubs_epi16(d.lo[h], _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + 32 * h))),
+          _mm256_maddubs_epi16(d.hi[h], _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + 64 + 32 * h))));
+      __m256i s = _mm256_madd_epi16(p, ones);
+      s = _mm256_sub_epi32(s, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + 192 + 32 * h)));
+      acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s),
+                            _mm256_mul_ps(d.dw[h], _mm256_loadu_ps(reinterpret_cast<const float*>(a + 128 + 32 * h))),
+                            acc);
+    }
+    return acc;
+  }
+  static inline float tail(const uint8_t* blk, const uint8_t* a) {
+    const __m128i qs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + kQs));
+    const __m128i m4 = _mm_set1_epi8(0x0f);
+    __m128i lo = _mm_and_si128(qs, m4), hi = _mm_and_si128(_mm_srli_epi16(qs, 4), m4);
+    if constexpr (MX) {
+      const __m128i tab = _mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0);
+      lo = _mm_shuffle_epi8(tab, lo);
+      hi = _mm_shuffle_epi8(tab, hi);
+    }
+    const __m128i p = _mm_add_epi16(_mm_maddubs_epi16(lo, _mm_loadu_si128(reinterpret_cast<const __m128i*>(a))),
+                                    _mm_maddubs_epi16(hi, _mm_loadu_si128(reinterpret_cast<const __m128i*>(a + 16))));
+    const __m128i s = _mm_madd_epi16(p, _mm_set1_epi16(1));
+    int32_t corr;
+    float dx;
+    std::memcpy(&dx, a + 32, 4);
+    std::memcpy(&corr, a + 36, 4);
+    return static_cast<float>(hsum_epi32_128(s) - corr) * (wscale(blk) * dx);
+  }
+};
+
+struct ByteP {
+  static constexpr int kG = 2, kBB = 34, kAG = kByteGroupBytes;
+  static inline __m256i dot32(const uint8_t* w, const uint8_t* x) {
+    const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w));
+    const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
+    const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(xv, wv));
+    return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
+  }
+  static inline Dec decode(const uint8_t* p) {
+    Dec d;  // keep the raw block pointers' scales; the bytes are re-read in dot (L1 resident)
+    d.dw[0] = _mm256_set1_ps(_cvtsh_ss(rd16(p)));
+    d.dw[1] = _mm256_set1_ps(_cvtsh_ss(rd16(p + 34)));
+    d.lo[0] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 2));
+    d.lo[1] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 36));
+    d.hi[0] = _mm256_sign_epi8(d.lo[0], d.lo[0]);
+    d.hi[1] = _mm256_sign_epi8(d.lo[1], d.lo[1]);
+    return d;
+  }
+  static inline __m256 dot(const Dec& d, const uint8_t* a, __m256 acc) {
+    for (int k = 0; k < 2; ++k) {
+      const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + 32 * k));
+      const __m256i p = _mm256_maddubs_epi16(d.hi[k], _mm256_sign_epi8(xv, d.lo[k]));
+      const __m256i s = _mm256_madd_epi16(p, _mm256_set1_epi16(1));
+      float dx;
+      std::memcpy(&dx, a + 64 + 32 * k, 4);
+      acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(d.dw[k], _mm256_set1_ps(dx)), acc);
+    }
+    return acc;
+  }
+  static inline float tail(const uint8_t* blk, const uint8_t* a) {
+    const __m256i s = dot32(blk + 2, a);
+    const __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+    float dx;
+    std::memcpy(&dx, a + 32, 4);
+    return static_cast<float>(hsum_epi32_128(s4)) * (_cvtsh_ss(rd16(blk)) * dx);
+  }
+};
+
+template <class P>
+struct Q8Tiles {
+  template <int R, int T>
+  static void tile(const uint8_t* const* w, const uint8_t* const* x, int64_t nb, float* y, int64_t ldy) {
+    __m256 acc[R][T];
+    for (int r = 0; r < R; ++r)
+      for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
+    const int64_t ng = nb / P::kG;
+    for (int64_t g = 0; g < ng; ++g) {
+      Dec d[R];
+      for (int r = 0; r < R; ++r) d[r] = P::decode(w[r] + g * (P::kG * P::kBB));
+      for (int t = 0; t < T; ++t) {
+        const uint8_t* a = x[t] + g * P::kAG;
+        for (int r = 0; r < R; ++r) acc[r][t] = P::dot(d[r], a, acc[r][t]);
+      }
+    }
+    for (int r = 0; r < R; ++r)
+      for (int t = 0; t < T; ++t) {
+        float s = hsum8(acc[r][t]);
+        for (int64_t b = ng * P::kG; b < nb; ++b)
+          s += P::tail(w[r] + b * P::kBB, x[t] + ng * P::kAG + (b - ng * P::kG) * kTailBlockBytes);
+        y[t * ldy + r] = s;
+      }
+  }
+  static constexpr Table table = KIMI_TILE_TABLE1(Q8Tiles);
+};
+
+template <class P>
+void run_q8(const MatView& W, const uint8_t* act, size_t stride, int64_t nt, int64_t r0, int64_t r1, float* y,
+            int64_t ldy) {
+  drive(Q8Tiles<P>::table, 1, W.data, W.row_bytes, act, stride, nt, r0, r1, y, ldy, W.cols / 32);
+}
+
+void prep_mxfp4(const float* x, int64_t cols, uint8_t* out) { prep_q8_nib(x, cols, out, 12, 0.5f); }
+void prep_q4_0(const float* x, int64_t cols, uint8_t* out) { prep_q8_nib(x, cols, out, 8, 1.0f); }
+void prep_q8_0(const float* x, int64_t cols, uint8_t* out) { prep_q8_byte(x, cols, out, 128, 1.0f); }
+
+}  // namespace
+
+bool avx2_kernel(GgmlType type, Precision prec, MatKernel* k) {
+  *k = MatKernel{};
+  if (type == GgmlType::F32) {
+    k->run = run_widen<K::F32, K::F32>;
+    return true;
+  }
+  if (prec == Precision::F32) {
+    switch (type) {
+      case GgmlType::F16: k->run = run_widen<K::F16, K::F32>; return true;
+      case GgmlType::BF16: k->run = run_widen<K::BF16, K::F32>; return true;
+      default: return false;
+    }
+  }
+  switch (type) {
+    case GgmlType::F16: *k = {f16r_act_bytes, prep_f16r, run_widen<K::F16, K::F32>}; return true;
+    case GgmlType::BF16: *k = {bf16_act_bytes, prep_bf16, run_widen<K::BF16, K::BF16>}; return true;
+    case GgmlType::Q8_0: *k = {q8_byte_act_bytes, prep_q8_0, run_q8<ByteP>}; return true;
+    case GgmlType::Q4_0: *k = {q8_nib_act_bytes, prep_q4_0, run_q8<NibP<false>>}; return true;
+    case GgmlType::MXFP4: *k = {q8_nib_act_bytes, prep_mxfp4, run_q8<NibP<true>>}; return true;
+    default: return false;
+  }
+}
+
+}  // namespace kimi::kern
+
+#else  // not x86-64
+
+namespace kimi::kern {
+bool avx2_kernel(GgmlType, Precision, MatKernel*) { return false; }
+}  // namespace kimi::kern
+
+#endif

@@ -1,0 +1,369 @@
+// AVX-512 (F/BW/VL/DQ/VNNI/BF16) matmul kernels; reached only via dispatch (avx512_kernel).
+// Every kernel is a register tile of R weight rows x T tokens: each weight vector is loaded (and,
+// for quantized types, decoded) once per tile and used for T tokens; GEMV is the T = 1 case.
+//   F32/F16/BF16 with f32 activations: FMA over 16 lanes (F16 Fast: activation rounded to f16).
+//   BF16 Fast: vdpbf16ps on bf16 activations (exact products, f32 accumulation).
+//   Q8_0 / Q4_0 / MXFP4 Fast: vpdpbusd of (weight + offset) as u8 with the Q8_0 activation as s8,
+//     minus the precomputed offset * sum(q) (see quantize_act.h), times the block scales.
+//   Precision::F32 for quantized types: rows decoded to f32 (scalar reference decoder), then FMA.
+// Only intrinsics and functions local to this file are used here (no inline library code that
+// could be emitted with AVX-512 instructions and picked by the linker for other callers).
+#include "kernels/cpu/dispatch.h"
+#include "kernels/cpu/quantize_act.h"
+#include "tensor/quants.h"
+
+#if defined(__x86_64__)
+// GCC 12 warns about _mm512_undefined_* inside its own intrinsic headers
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+
+#include <cstring>
+
+namespace kimi::kern {
+
+namespace {
+
+using TileFn = void (*)(const uint8_t* const* w, const uint8_t* const* x, int64_t n, float* y, int64_t ldy);
+using Table = TileFn[4][4];
+
+inline __mmask16 mask16(int64_t n) { return n >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << n) - 1); }
+inline __mmask32 mask32(int64_t n) { return n >= 32 ? 0xffffffffu : static_cast<__mmask32>((1u << n) - 1); }
+inline uint16_t rd16(const uint8_t* p) {
+  uint16_t v;
+  std::memcpy(&v, p, 2);
+  return v;
+}
+inline int hsum_epi32_128(__m128i v) {
+  v = _mm_add_epi32(v, _mm_shuffle_epi32(v, 0x4e));
+  v = _mm_add_epi32(v, _mm_shuffle_epi32(v, 0xb1));
+  return _mm_cvtsi128_si32(v);
+}
+
+// Drive a tile table over rows [r0, r1) x tokens [0, nt), R rows at a time.
+void drive(const Table& tab, int R, const uint8_t* const* rows_base, uint64_t row_bytes, const uint8_t* act,
+           size_t stride, int64_t nt, int64_t r0, int64_t r1, float* y, int64_t ldy, int64_t n) {
+  const uint8_t* wp[4];
+  const uint8_t* xp[4];
+  for (int64_t r = r0; r < r1; r += R) {
+    const int rr = static_cast<int>(r1 - r < R ? r1 - r : R);
+    for (int i = 0; i < rr; ++i) wp[i] = rows_base[0] + static_cast<uint64_t>(r + i) * row_bytes;
+    for (int64_t t = 0; t < nt; t += 4) {
+      const int tt = static_cast<int>(nt - t < 4 ? nt - t : 4);
+      for (int j = 0; j < tt; ++j) xp[j] = act + static_cast<size_t>(t + j) * stride;
+      tab[rr - 1][tt - 1](wp, xp, n, y + t * ldy + r, ldy);
+    }
+  }
+}
+
+#define KIMI_TILE_TABLE(P)                                                                             \
+  {                                                                                                    \
+    {&P::template tile<1, 1>, &P::template tile<1, 2>, &P::template tile<1, 3>, &P::template tile<1, 4>}, \
+    {&P::template tile<2, 1>, &P::template tile<2, 2>, &P::template tile<2, 3>, &P::template tile<2, 4>}, \
+    {&P::template tile<3, 1>, &P::template tile<3, 2>, &P::template tile<3, 3>, &P::template tile<3, 4>}, \
+    {&P::template tile<4, 1>, &P::template tile<4, 2>, &P::template tile<4, 3>, &P::template tile<4, 4>}  \
+  }
+#define KIMI_TILE_TABLE2(P)                                                                            \
+  {                                                                                                    \
+    {&P::template tile<1, 1>, &P::template tile<1, 2>, &P::template tile<1, 3>, &P::template tile<1, 4>}, \
+    {&P::template tile<2, 1>, &P::template tile<2, 2>, &P::template tile<2, 3>, &P::template tile<2, 4>}, \
+    {nullptr, nullptr, nullptr, nullptr}, {nullptr, nullptr, nullptr, nullptr}                        \
+  }
+
+// ------------------------------------------------------------------------------------------------
+// f32 activations; weights F32 / F16 / BF16 widened to f32
+enum class WK { F32, F16, BF16 };
+
+template <WK K>
+struct F32Act {
+  static constexpr int ES = K == WK::F32 ? 4 : 2;
+  static inline __m512 wload(const uint8_t* p) {
+    if constexpr (K == WK::F32) return _mm512_loadu_ps(p);
+    else if constexpr (K == WK::F16) return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    else
+      return _mm512_castsi512_ps(
+          _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
+  }
+  static inline __m512 wload_m(const uint8_t* p, __mmask16 m) {
+    if constexpr (K == WK::F32) return _mm512_maskz_loadu_ps(m, p);
+    else if constexpr (K == WK::F16) return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p));
+    else return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p)), 16));
+  }
+  template <int R, int T>
+  static void tile(const uint8_t* const* w, const uint8_t* const* x, int64_t cols, float* y, int64_t ldy) {
+    __m512 acc[R][T];
+    for (int r = 0; r < R; ++r)
+      for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
+    int64_t k = 0;
+    for (; k + 16 <= cols; k += 16) {
+      __m512 wv[R];
+      for (int r = 0; r < R; ++r) wv[r] = wload(w[r] + k * ES);
+      for (int t = 0; t < T; ++t) {
+        const __m512 xv = _mm512_loadu_ps(reinterpret_cast<const float*>(x[t]) + k);
+        for (int r = 0; r < R; ++r) acc[r][t] = _mm512_fmadd_ps(wv[r], xv, acc[r][t]);
+      }
+    }
+    if (k < cols) {
+      const __mmask16 m = mask16(cols - k);
+      __m512 wv[R];
+      for (int r = 0; r < R; ++r) wv[r] = wload_m(w[r] + k * ES, m);
+      for (int t = 0; t < T; ++t) {
+        const __m512 xv = _mm512_maskz_loadu_ps(m, reinterpret_cast<const float*>(x[t]) + k);
+        for (int r = 0; r < R; ++r) acc[r][t] = _mm512_fmadd_ps(wv[r], xv, acc[r][t]);
+      }
+    }
+    for (int r = 0; r < R; ++r)
+      for (int t = 0; t < T; ++t) y[t * ldy + r] = _mm512_reduce_add_ps(acc[r][t]);
+  }
+  static constexpr Table table = KIMI_TILE_TABLE(F32Act);
+};
+
+template <WK K>
+void run_f32act(const MatView& W, const uint8_t* act, size_t stride, int64_t nt, int64_t r0, int64_t r1, float* y,
+                int64_t ldy) {
+  const uint8_t* base[1] = {W.data};
+  drive(F32Act<K>::table, 4, base, W.row_bytes, act, stride, nt, r0, r1, y, ldy, W.cols);
+}
+
+// Precision::F32 for quantized weights: decode 4 rows at a time, then the f32 tiles.
+void run_deq(const MatView& W, const uint8_t* act, size_t stride, int64_t nt, int64_t r0, int64_t r1, float* y,
+             int64_t ldy) {
+  float* buf = f32_scratch(4 * W.cols, 1);
+  const uint8_t* base[1] = {reinterpret_cast<const uint8_t*>(buf)};
+  const uint64_t rb = static_cast<uint64_t>(W.cols) * 4;
+  for (int64_t r = r0; r < r1; r += 4) {
+    const int64_t rr = r1 - r < 4 ? r1 - r : 4;
+    for (int64_t i = 0; i < rr; ++i)
+      kimi::dequantize_row(W.type, W.data + static_cast<uint64_t>(r + i) * W.row_bytes, buf + i * W.cols, W.cols);
+    // rows of buf are rows r..r+rr of W: shift y so that buf row i writes y[.. + r + i]
+    drive(F32Act<WK::F32>::table, 4, base, rb, act, stride, nt, 0, rr, y + r, ldy, W.cols);
+  }
+}
+
+// ------------------------------------------------------------------------------------------------
+// BF16 weights x bf16 activations (vdpbf16ps)
+struct Bf16Dp {
+  template <int R, int T>
+  static void tile(const uint8_t* const* w, const uint8_t* const* x, int64_t cols, float* y, int64_t ldy) {
+    __m512 acc[R][T];
+    for (int r = 0; r < R; ++r)
+      for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
+    int64_t k = 0;
+    for (; k + 32 <= cols; k += 32) {
+      __m512i wv[R];
+      for (int r = 0; r < R; ++r) wv[r] = _mm512_loadu_si512(w[r] + 2 * k);
+      for (int t = 0; t < T; ++t) {
+        const __m512i xv = _mm512_loadu_si512(x[t] + 2 * k);
+        for (int r = 0; r < R; ++r) acc[r][t] = _mm512_dpbf16_ps(acc[r][t], (__m512bh)wv[r], (__m512bh)xv);
+      }
+    }
+    if (k < cols) {  // activation rows are zero padded to a multiple of 32
+      const __mmask32 m = mask32(cols - k);
+      __m512i wv[R];
+      for (int r = 0; r < R; ++r) wv[r] = _mm512_maskz_loadu_epi16(m, w[r] + 2 * k);
+      for (int t = 0; t < T; ++t) {
+        const __m512i xv = _mm512_loadu_si512(x[t] + 2 * k);
+        for (int r = 0; r < R; ++r) acc[r][t] = _mm512_dpbf16_ps(acc[r][t], (__m512bh)wv[r], (__m512bh)xv);
+      }
+    }
+    for (int r = 0; r < R; ++r)
+      for (int t = 0; t < T; ++t) y[t * ldy + r] = _mm512_reduce_add_ps(acc[r][t]);
+  }
+  static constexpr Table table = KIMI_TILE_TABLE(Bf16Dp);
+};
+
+void run_bf16(const MatView& W, const uint8_t* act, size_t stride, int64_t nt, int64_t r0, int64_t r1, float* y,
+              int64_t ldy) {
+  const uint8_t* base[1] = {W.data};
+  drive(Bf16Dp::table, 4, base, W.row_bytes, act, stride, nt, r0, r1, y, ldy, W.cols);
+}
+
+// ------------------------------------------------------------------------------------------------
+// 8-bit integer dot products against the prepared Q8_0 activations (quantize_act.h layouts)
+struct Dec {
+  __m512i lo, hi;
+  __m512 dw;
+};
+
+inline __m512i load4x16(const uint8_t* p, int stride) {
+  __m512i v = _mm512_castsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  v = _mm512_inserti32x4(v, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + stride)), 1);
+  v = _mm512_inserti32x4(v, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 2 * stride)), 2);
+  v = _mm512_inserti32x4(v, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 3 * stride)), 3);
+  return v;
+}
+
+// nibble layout: 4 blocks per group
+template <bool MX>
+struct NibP {
+  static constexpr int kG = 4, kBB = MX ? 17 : 18, kAG = kNibGroupBytes, kQs = MX ? 1 : 2;
+  static inline __m512i table() {
+    // MXFP4: kvalues + 12 (so the u8 operand is non-negative); unused for Q4_0
+    return _mm512_broadcast_i32x4(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
+  }
+  static inline Dec decode(const uint8_t* p) {
+    Dec d;
+    const __m512i qs = load4x16(p + kQs, kBB);
+    const __m512i m4 = _mm512_set1_epi8(0x0f);
+    d.lo = _mm512_and_si512(qs, m4);
+    d.hi = _mm512_and_si512(_mm512_srli_epi16(qs, 4), m4);
+    if constexpr (MX) {
+      const __m512i tab = table();
+      d.lo = _mm512_shuffle_epi8(tab, d.lo);
+      d.hi = _mm512_shuffle_epi8(tab, d.hi);
+      // e_k sits at byte 17k = byte k of 128-bit lane k of the 64 bytes at p
+      const __m512i idx = _mm512_setr_epi32(0xffffff00, 0xffffff00, 0xffffff00, 0xffffff00, 0xffffff01, 0xffffff01,
+                                            0xffffff01, 0xffffff01, 0xffffff02, 0xffffff02, 0xffffff02, 0xffffff02,
+                                            0xffffff03, 0xffffff03, 0xffffff03, 0xffffff03);
+      const __m512i e = _mm512_shuffle_epi8(_mm512_loadu_si512(p), idx);
+      d.dw = _mm512_castsi512_ps(_mm512_slli_epi32(e, 23));  // 2^(e-127); the 1/2 is folded into dx
+    } else {
+      const __m128i h = _mm_setr_epi16(static_cast<short>(rd16(p)), static_cast<short>(rd16(p + 18)),
+                                       static_cast<short>(rd16(p + 36)), static_cast<short>(rd16(p + 54)), 0, 0, 0, 0);
+      const __m512i idx = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+      d.dw = _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(_mm_cvtph_ps(h)));
+    }
+    return d;
+  }
+  static inline __m512 dot(const Dec& d, const uint8_t* a, __m512 acc) {
+    __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), d.lo, _mm512_loadu_si512(a));
+    s = _mm512_dpbusd_epi32(s, d.hi, _mm512_loadu_si512(a + 64));
+    s = _mm512_sub_epi32(s, _mm512_loadu_si512(a + 192));
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(d.dw, _mm512_loadu_ps(a + 128)), acc);
+  }
+  static inline float tail(const uint8_t* blk, const uint8_t* a) {
+    const __m128i qs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + kQs));
+    const __m128i m4 = _mm_set1_epi8(0x0f);
+    __m128i lo = _mm_and_si128(qs, m4), hi = _mm_and_si128(_mm_srli_epi16(qs, 4), m4);
+    float dw;
+    if constexpr (MX) {
+      const __m128i tab = _mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0);
+      lo = _mm_shuffle_epi8(tab, lo);
+      hi = _mm_shuffle_epi8(tab, hi);
+      const uint32_t bits = static_cast<uint32_t>(blk[0]) << 23;
+      std::memcpy(&dw, &bits, 4);
+    } else {
+      dw = _cvtsh_ss(rd16(blk));
+    }
+    __m128i s = _mm_dpbusd_epi32(_mm_setzero_si128(), lo, _mm_loadu_si128(reinterpret_cast<const __m128i*>(a)));
+    s = _mm_dpbusd_epi32(s, hi, _mm_loadu_si128(reinterpret_cast<const __m128i*>(a + 16)));
+    int32_t corr;
+    float dx;
+    std::memcpy(&dx, a + 32, 4);
+    std::memcpy(&corr, a + 36, 4);
+    return static_cast<float>(hsum_epi32_128(s) - corr) * (dw * dx);
+  }
+};
+
+// byte layout (Q8_0 weights): 2 blocks per group
+struct ByteP {
+  static constexpr int kG = 2, kBB = 34, kAG = kByteGroupBytes;
+  static inline Dec decode(const uint8_t* p) {
+    Dec d;
+    const __m512i w = _mm512_inserti64x4(
+        _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 2))),
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 36)), 1);
+    d.lo = _mm512_xor_si512(w, _mm512_set1_epi8(static_cast<char>(0x80)));
+    d.hi = d.lo;
+    const __m256i h = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_set1_epi16(static_cast<short>(rd16(p)))),
+                                              _mm_set1_epi16(static_cast<short>(rd16(p + 34))), 1);
+    d.dw = _mm512_cvtph_ps(h);
+    return d;
+  }
+  static inline __m512 dot(const Dec& d, const uint8_t* a, __m512 acc) {
+    __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), d.lo, _mm512_loadu_si512(a));
+    s = _mm512_sub_epi32(s, _mm512_loadu_si512(a + 128));
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(d.dw, _mm512_loadu_ps(a + 64)), acc);
+  }
+  static inline float tail(const uint8_t* blk, const uint8_t* a) {
+    const __m256i w = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2)),
+                                       _mm256_set1_epi8(static_cast<char>(0x80)));
+    const __m256i s = _mm256_dpbusd_epi32(_mm256_setzero_si256(), w,
+                                          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a)));
+    const __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+    int32_t corr;
+    float dx;
+    std::memcpy(&dx, a + 32, 4);
+    std::memcpy(&corr, a + 36, 4);
+    return static_cast<float>(hsum_epi32_128(s4) - corr) * (_cvtsh_ss(rd16(blk)) * dx);
+  }
+};
+
+template <class P>
+struct Q8Tiles {
+  template <int R, int T>
+  static void tile(const uint8_t* const* w, const uint8_t* const* x, int64_t nb, float* y, int64_t ldy) {
+    __m512 acc[R][T];
+    for (int r = 0; r < R; ++r)
+      for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
+    const int64_t ng = nb / P::kG;
+    for (int64_t g = 0; g < ng; ++g) {
+      Dec d[R];
+      for (int r = 0; r < R; ++r) d[r] = P::decode(w[r] + g * (P::kG * P::kBB));
+      for (int t = 0; t < T; ++t) {
+        const uint8_t* a = x[t] + g * P::kAG;
+        for (int r = 0; r < R; ++r) acc[r][t] = P::dot(d[r], a, acc[r][t]);
+      }
+    }
+    float tl[R][T];
+    for (int r = 0; r < R; ++r)
+      for (int t = 0; t < T; ++t) tl[r][t] = 0.0f;
+    for (int64_t b = ng * P::kG; b < nb; ++b)
+      for (int r = 0; r < R; ++r)
+        for (int t = 0; t < T; ++t)
+          tl[r][t] += P::tail(w[r] + b * P::kBB, x[t] + ng * P::kAG + (b - ng * P::kG) * kTailBlockBytes);
+    for (int r = 0; r < R; ++r)
+      for (int t = 0; t < T; ++t) y[t * ldy + r] = _mm512_reduce_add_ps(acc[r][t]) + tl[r][t];
+  }
+  static constexpr Table table = KIMI_TILE_TABLE2(Q8Tiles);
+};
+
+template <class P>
+void run_q8(const MatView& W, const uint8_t* act, size_t stride, int64_t nt, int64_t r0, int64_t r1, float* y,
+            int64_t ldy) {
+  const uint8_t* base[1] = {W.data};
+  drive(Q8Tiles<P>::table, 2, base, W.row_bytes, act, stride, nt, r0, r1, y, ldy, W.cols / 32);
+}
+
+void prep_mxfp4(const float* x, int64_t cols, uint8_t* out) { prep_q8_nib_avx512(x, cols, out, 12, 0.5f); }
+void prep_q4_0(const float* x, int64_t cols, uint8_t* out) { prep_q8_nib_avx512(x, cols, out, 8, 1.0f); }
+void prep_q8_0(const float* x, int64_t cols, uint8_t* out) { prep_q8_byte_avx512(x, cols, out, 128, 1.0f); }
+
+}  // namespace
+
+bool avx512_kernel(GgmlType type, Precision prec, MatKernel* k) {
+  *k = MatKernel{};
+  if (type == GgmlType::F32) {
+    k->run = run_f32act<WK::F32>;
+    return true;
+  }
+  if (prec == Precision::F32) {
+    switch (type) {
+      case GgmlType::F16: k->run = run_f32act<WK::F16>; return true;
+      case GgmlType::BF16: k->run = run_f32act<WK::BF16>; return true;
+      case GgmlType::Q8_0: case GgmlType::Q4_0: case GgmlType::MXFP4: case GgmlType::Q4_K: case GgmlType::Q5_K:
+      case GgmlType::Q6_K:
+        k->run = run_deq;
+        return true;
+      default: return false;
+    }
+  }
+  switch (type) {
+    case GgmlType::F16: *k = {f16r_act_bytes, prep_f16r_avx512, run_f32act<WK::F16>}; return true;
+    case GgmlType::BF16: *k = {bf16_act_bytes, prep_bf16_avx512, run_bf16}; return true;
+    case GgmlType::Q8_0: *k = {q8_byte_act_bytes, prep_q8_0, run_q8<ByteP>}; return true;
+    case GgmlType::Q4_0: *k = {q8_nib_act_bytes, prep_q4_0, run_q8<NibP<false>>}; return true;
+    case GgmlType::MXFP4: *k = {q8_nib_act_bytes, prep_mxfp4, run_q8<NibP<true>>}; return true;
+    default: return false;  // K-quants: scalar kernels
+  }
+}
+
+}  // namespace kimi::kern
+
+#else  // not x86-64
+
+namespace kimi::kern {
+bool avx512_kernel(GgmlType, Precision, MatKernel*) { return false; }
+}  // namespace kimi::kern
+
+#endif

@@ -1,0 +1,135 @@
+#include "kernels/cpu/ops.h"
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+
+#include "kernels/cpu/ops_simd.h"
+#include "tensor/types.h"
+
+namespace kimi::kern {
+
+static bool detect_avx512() {
+  const char* env = std::getenv("KIMI_ISA");
+  if (env && (std::strcmp(env, "scalar") == 0 || std::strcmp(env, "avx2") == 0)) return false;
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+}
+static const bool g_avx512 = detect_avx512();
+bool ops_use_avx512() { return g_avx512; }
+
+void rms_norm(const float* x, const float* w, float* y, int64_t n, float eps) {
+  double ss = 0;
+  for (int64_t i = 0; i < n; ++i) ss += static_cast<double>(x[i]) * x[i];
+  const float scale = 1.0f / std::sqrt(static_cast<float>(ss / static_cast<double>(n)) + eps);
+  if (w) {
+    for (int64_t i = 0; i < n; ++i) y[i] = x[i] * scale * w[i];
+  } else {
+    for (int64_t i = 0; i < n; ++i) y[i] = x[i] * scale;
+  }
+}
+
+void l2_norm(const float* x, float* y, int64_t n, float eps) {
+  double ss = 0;
+  for (int64_t i = 0; i < n; ++i) ss += static_cast<double>(x[i]) * x[i];
+  const float scale = 1.0f / std::sqrt(static_cast<float>(ss) + eps);
+  for (int64_t i = 0; i < n; ++i) y[i] = x[i] * scale;
+}
+
+void layer_norm(const float* x, const float* w, const float* b, float* y, int64_t n, float eps) {
+  double mean = 0;
+  for (int64_t i = 0; i < n; ++i) mean += x[i];
+  mean /= static_cast<double>(n);
+  double var = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double d = x[i] - mean;
+    var += d * d;
+  }
+  var /= static_cast<double>(n);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(var) + eps);
+  const float m = static_cast<float>(mean);
+  for (int64_t i = 0; i < n; ++i) {
+    float v = (x[i] - m) * scale;
+    if (w) v *= w[i];
+    if (b) v += b[i];
+    y[i] = v;
+  }
+}
+
+void sigmoid_inplace(float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) x[i] = 1.0f / (1.0f + std::exp(-x[i]));
+}
+
+void silu_inplace(float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) x[i] = x[i] / (1.0f + std::exp(-x[i]));
+}
+
+void situ(const float* g, const float* u, float* out, int64_t n, float beta, float lambda) {
+  const float ib = 1.0f / beta;
+  if (lambda > 0) {
+    const float il = 1.0f / lambda;
+    for (int64_t i = 0; i < n; ++i) {
+      const float gv = g[i];
+      const float a = beta * std::tanh(gv * ib) / (1.0f + std::exp(-gv));
+      out[i] = a * (lambda * std::tanh(u[i] * il));
+    }
+  } else {
+    for (int64_t i = 0; i < n; ++i) {
+      const float gv = g[i];
+      out[i] = beta * std::tanh(gv * ib) / (1.0f + std::exp(-gv)) * u[i];
+    }
+  }
+}
+
+void mul_sigmoid(float* x, const float* gate, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) x[i] *= 1.0f / (1.0f + std::exp(-gate[i]));
+}
+
+float dot_f32(const float* a, const float* b, int64_t n) {
+  if (g_avx512) return avx512::dot_f32(a, b, n);
+  float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int k = 0; k < 8; ++k) s[k] += a[i + k] * b[i + k];
+  float r = 0;
+  for (; i < n; ++i) r += a[i] * b[i];
+  return r + ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+}
+
+float dot_f16(const float* a, const uint16_t* b, int64_t n) {
+  if (g_avx512) return avx512::dot_f16(a, b, n);
+  float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int k = 0; k < 8; ++k) s[k] += a[i + k] * f16_to_f32(b[i + k]);
+  float r = 0;
+  for (; i < n; ++i) r += a[i] * f16_to_f32(b[i]);
+  return r + ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+}
+
+void axpy_f32(float a, const float* x, float* y, int64_t n) {
+  if (g_avx512) return avx512::axpy_f32(a, x, y, n);
+  for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
+}
+
+void axpy_f16(float a, const uint16_t* x, float* y, int64_t n) {
+  if (g_avx512) return avx512::axpy_f16(a, x, y, n);
+  for (int64_t i = 0; i < n; ++i) y[i] += a * f16_to_f32(x[i]);
+}
+
+void scale_f32(float a, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] *= a;
+}
+
+void f16_to_f32_row(const uint16_t* x, float* y, int64_t n) {
+  if (g_avx512) return avx512::f16_to_f32_row(x, y, n);
+  for (int64_t i = 0; i < n; ++i) y[i] = f16_to_f32(x[i]);
+}
+
+void f32_to_f16_row(const float* x, uint16_t* y, int64_t n) {
+  if (g_avx512) return avx512::f32_to_f16_row(x, y, n);
+  for (int64_t i = 0; i < n; ++i) y[i] = f32_to_f16(x[i]);
+}
+
+}  // namespace kimi::kern

@@ -1,0 +1,36 @@
+// Elementwise ops, norms, activations and small vector primitives used by the forward pass.
+// All f32 in / f32 out. Vector primitives (dot, axpy, f16 rows) have AVX-512 versions picked at
+// run time (KIMI_ISA=scalar forces the portable path).
+#pragma once
+#include <cstdint>
+
+namespace kimi::kern {
+
+// y = x / sqrt(mean(x^2) + eps) * w   (w may be nullptr = no weight; y may alias x)
+void rms_norm(const float* x, const float* w, float* y, int64_t n, float eps);
+// y = x / sqrt(sum(x^2) + eps)        (the KDA q/k "l2 norm"; y may alias x)
+void l2_norm(const float* x, float* y, int64_t n, float eps);
+// y = (x - mean) / sqrt(var + eps) * w + b   (population variance; y may alias x)
+void layer_norm(const float* x, const float* w, const float* b, float* y, int64_t n, float eps);
+
+inline float sigmoid(float x) { return 1.0f / (1.0f + __builtin_expf(-x)); }
+void sigmoid_inplace(float* x, int64_t n);
+void silu_inplace(float* x, int64_t n);
+// out = [beta*tanh(g/beta)*sigmoid(g)] * [lambda*tanh(u/lambda)]  (lambda <= 0: * u). out may alias g.
+void situ(const float* g, const float* u, float* out, int64_t n, float beta, float lambda);
+// x *= sigmoid(gate) elementwise
+void mul_sigmoid(float* x, const float* gate, int64_t n);
+
+// vector primitives
+float dot_f32(const float* a, const float* b, int64_t n);
+float dot_f16(const float* a, const uint16_t* b, int64_t n);  // b: IEEE half
+void axpy_f32(float a, const float* x, float* y, int64_t n);   // y += a*x
+void axpy_f16(float a, const uint16_t* x, float* y, int64_t n);
+void scale_f32(float a, float* y, int64_t n);                  // y *= a
+void f16_to_f32_row(const uint16_t* x, float* y, int64_t n);
+void f32_to_f16_row(const float* x, uint16_t* y, int64_t n);
+
+// true when the AVX-512 versions are in use
+bool ops_use_avx512();
+
+}  // namespace kimi::kern

@@ -1,0 +1,108 @@
+// Inference context: per-sequence caches/states, work buffers, the batched forward pass.
+//
+//   auto model = kimi::Model::load(path);
+//   kimi::Context ctx(*model, {.n_threads = 2, .n_seq_max = 2});
+//   kimi::Batch b;
+//   b.add(tok0, /*seq*/0, /*pos*/0, false); b.add(tok1, 0, 1, true);   // prefill chunk of seq 0
+//   b.add(tokX, 1, ctx.seq_len(1), true);                               // decode token of seq 1
+//   ctx.decode(b);
+//   const float* lg = ctx.logits(1);   // n_vocab floats for entry 1 of the last batch
+//
+// Positions: each sequence is a contiguous run 0..len-1. Within one batch, the entries of a
+// sequence must carry consecutive positions starting at seq_len(seq), in batch order (entries of
+// different sequences may be interleaved freely). Since K3 is NoPE, positions only order tokens.
+//
+// KDA states are recurrent (they cannot be rewound), so seq_truncate(seq, n) is allowed only for
+// n == 0 (== seq_clear), n == seq_len(seq) (no-op) and n == the position of a snapshot taken with
+// seq_snapshot(seq) (restores the KDA states saved there; latent/indexer caches are by position).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/matmul.h"
+#include "model/model.h"
+#include "util/thread_pool.h"
+
+namespace kimi {
+
+enum class AttnPath {
+  Sparse,  // gather the selected latent rows, online softmax (cost ~ top-k)
+  Dense,   // softmax over the whole visible cache with -inf for unselected rows
+};
+
+struct ContextOptions {
+  int n_threads = 0;      // 0 = all hardware threads
+  int n_seq_max = 1;      // sequence ids 0..n_seq_max-1
+  int n_ctx_max = 4096;   // positions per sequence (cache rows)
+  int n_batch_max = 512;  // tokens per internal micro-batch (work buffers are sized for it;
+                          // larger batches are split in order)
+  AttnPath attn = AttnPath::Sparse;
+  int attn_top_k = -1;    // -1: top_k from the file; 0: indexer disabled (plain attention); >0: override
+  kern::Precision precision = kern::Precision::Fast;  // F32: f32 matmuls, f32 caches, no rounding
+  CacheType cache_type = CacheType::F16;              // ignored (F32) when precision == F32
+};
+
+struct BatchEntry {
+  int32_t token = 0;
+  int32_t seq_id = 0;
+  int32_t pos = 0;
+  bool want_logits = false;
+};
+
+struct Batch {
+  std::vector<BatchEntry> entries;
+  void add(int32_t token, int32_t seq_id, int32_t pos, bool want_logits) {
+    entries.push_back({token, seq_id, pos, want_logits});
+  }
+  // tokens of one sequence at positions start_pos.., logits for the last one (or all)
+  void add_sequence(const std::vector<int32_t>& tokens, int32_t seq_id, int32_t start_pos,
+                    bool logits_last = true, bool logits_all = false) {
+    for (size_t i = 0; i < tokens.size(); ++i)
+      add(tokens[i], seq_id, start_pos + static_cast<int32_t>(i),
+          logits_all || (logits_last && i + 1 == tokens.size()));
+  }
+  void clear() { entries.clear(); }
+  size_t size() const { return entries.size(); }
+  bool empty() const { return entries.empty(); }
+};
+
+class Context {
+ public:
+  Context(const Model& model, const ContextOptions& opts = {});
+  ~Context();
+  Context(const Context&) = delete;
+  Context& operator=(const Context&) = delete;
+
+  // Evaluate a batch (any mix of prefill chunks and decode tokens of different sequences).
+  // Validates tokens, sequence ids and positions first (kimi::Error, state unchanged on error).
+  void decode(const Batch& batch);
+  // Logits (n_vocab floats) of entry i of the last decoded batch; throws if not requested.
+  const float* logits(size_t i) const;
+
+  int32_t seq_len(int32_t seq) const;
+  void seq_clear(int32_t seq);
+  void seq_truncate(int32_t seq, int32_t n_keep);  // see the header comment for what is allowed
+  void seq_copy(int32_t src, int32_t dst);          // dst becomes an exact copy (incl. snapshot)
+  void seq_snapshot(int32_t seq);                   // save KDA states at the current length
+  int32_t seq_snapshot_pos(int32_t seq) const;      // -1 when none
+
+  const Model& model() const { return model_; }
+  const ContextOptions& options() const { return opts_; }
+  int n_vocab() const { return static_cast<int>(model_.hparams().n_vocab); }
+  int effective_top_k() const;   // 0 = indexer off (plain attention)
+  CacheType cache_type() const;  // after applying precision
+  uint64_t memory_bytes() const; // caches + states + work buffers
+  std::string memory_summary() const;
+  ThreadPool& pool();
+
+  struct Impl;
+
+ private:
+  const Model& model_;
+  ContextOptions opts_;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace kimi

@@ -1,0 +1,43 @@
+// Token sampling: greedy, temperature, top-k, top-p, min-p, repetition penalty, seeded RNG.
+//
+// Order of operations in sample(): repetition penalty on the last `repeat_last_n` accepted tokens
+// (positive logits divided by R, negative multiplied) -> if temp <= 0: argmax (lowest id on ties)
+// -> top-k -> softmax(logits / temp) -> top-p (smallest prefix of the sorted distribution with
+// mass >= p, at least one token) -> min-p (drop p < min_p * p_max) -> renormalise -> draw.
+#pragma once
+#include <cstdint>
+#include <random>
+#include <vector>
+
+namespace kimi {
+
+struct SamplerParams {
+  float temp = 0.0f;          // <= 0: greedy
+  int top_k = 0;              // <= 0: off
+  float top_p = 1.0f;         // >= 1: off
+  float min_p = 0.0f;         // <= 0: off
+  float repeat_penalty = 1.0f;// 1: off
+  int repeat_last_n = 64;     // window of recent tokens the penalty looks at (-1: all)
+  uint64_t seed = 0;
+};
+
+class Sampler {
+ public:
+  Sampler(const SamplerParams& p, int n_vocab);
+  // Picks a token from n_vocab logits (not modified). Does not record it: call accept().
+  int32_t sample(const float* logits);
+  void accept(int32_t token);  // record a token (prompt or generated) for the repetition penalty
+  void reset();                // forget accepted tokens, re-seed
+  const SamplerParams& params() const { return p_; }
+
+ private:
+  SamplerParams p_;
+  int n_vocab_;
+  std::mt19937_64 rng_;
+  std::vector<int32_t> history_;
+  struct Cand { float logit; int32_t id; };
+  std::vector<Cand> cand_;     // scratch, sized n_vocab once
+  std::vector<float> probs_;
+};
+
+}  // namespace kimi

@@ -1,0 +1,331 @@
+// matmul / matmul_rows / dequantize_row for every weight type, both precisions and every ISA level
+// this CPU supports, against a float64 reference that decodes the weights straight from the block
+// layouts of formats-quant.md (no call into the code under test) and emulates the activation
+// rounding of Precision::Fast.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/dispatch.h"
+#include "kernels/cpu/matmul.h"
+#include "kernels/cpu/vec.h"
+#include "tensor/types.h"
+#include "util/error.h"
+
+using namespace kimi;
+using namespace kimi::kern;
+
+namespace {
+
+// ------------------------------ reference decode (float64) ------------------------------
+uint16_t rd16(const uint8_t* p) { return static_cast<uint16_t>(p[0] | (p[1] << 8)); }
+double h16(const uint8_t* p) { return f16_to_f32(rd16(p)); }
+
+const int kMx[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+void kscale(int j, const uint8_t* s, int* sc, int* m) {  // 6-bit scale/min pairs of Q4_K/Q5_K
+  if (j < 4) {
+    *sc = s[j] & 63;
+    *m = s[j + 4] & 63;
+  } else {
+    *sc = (s[j + 4] & 15) | ((s[j - 4] >> 6) << 4);
+    *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+  }
+}
+
+// decode element c of one row
+double ref_elem(GgmlType t, const uint8_t* row, int64_t c) {
+  switch (t) {
+    case GgmlType::F32: { float f; std::memcpy(&f, row + 4 * c, 4); return f; }
+    case GgmlType::F16: return h16(row + 2 * c);
+    case GgmlType::BF16: { uint32_t u = static_cast<uint32_t>(rd16(row + 2 * c)) << 16; float f; std::memcpy(&f, &u, 4); return f; }
+    case GgmlType::Q8_0: {
+      const uint8_t* b = row + (c / 32) * 34;
+      return h16(b) * static_cast<int8_t>(b[2 + c % 32]);
+    }
+    case GgmlType::Q4_0: {
+      const uint8_t* b = row + (c / 32) * 18;
+      const int j = c % 32;
+      const int q = j < 16 ? (b[2 + j] & 15) : (b[2 + j - 16] >> 4);
+      return h16(b) * (q - 8);
+    }
+    case GgmlType::MXFP4: {
+      const uint8_t* b = row + (c / 32) * 17;
+      const int j = c % 32;
+      const int q = j < 16 ? (b[1 + j] & 15) : (b[1 + j - 16] >> 4);
+      // OCP: E2M1 value x 2^(e-127) == doubled kvalue x 2^(e-128)
+      return kMx[q] * std::ldexp(1.0, static_cast<int>(b[0]) - 128);
+    }
+    case GgmlType::Q4_K: {
+      const uint8_t* b = row + (c / 256) * 144;
+      const int e = c % 256;
+      const int cc = e / 64, l = e % 32;
+      const uint8_t qb = b[16 + 32 * cc + l];
+      const int q = (e % 64) < 32 ? (qb & 15) : (qb >> 4);
+      int sc, m;
+      kscale(e / 32, b + 4, &sc, &m);
+      return h16(b) * sc * q - h16(b + 2) * m;
+    }
+    case GgmlType::Q5_K: {
+      const uint8_t* b = row + (c / 256) * 176;
+      const int e = c % 256;
+      const int cc = e / 64, l = e % 32, hi = (e % 64) >= 32;
+      const uint8_t qb = b[48 + 32 * cc + l];
+      const int low = hi ? (qb >> 4) : (qb & 15);
+      const int bit = (b[16 + l] >> (2 * cc + hi)) & 1;
+      int sc, m;
+      kscale(e / 32, b + 4, &sc, &m);
+      return h16(b) * sc * (low | (bit << 4)) - h16(b + 2) * m;
+    }
+    case GgmlType::Q6_K: {
+      const uint8_t* b = row + (c / 256) * 210;
+      const int e = c % 256;
+      const int h = e / 128, k = (e % 128) / 32, l = e % 32;
+      const uint8_t* ql = b + 64 * h;
+      const uint8_t* qh = b + 128 + 32 * h;
+      int low;
+      switch (k) {
+        case 0: low = ql[l] & 15; break;
+        case 1: low = ql[32 + l] & 15; break;
+        case 2: low = ql[l] >> 4; break;
+        default: low = ql[32 + l] >> 4; break;
+      }
+      const int hi2 = (qh[l] >> (2 * k)) & 3;
+      const int8_t sc = static_cast<int8_t>(b[192 + e / 16]);
+      return h16(b + 208) * sc * ((low | (hi2 << 4)) - 32);
+    }
+    default: ADD_FAILURE() << "no reference for type"; return 0;
+  }
+}
+
+// ------------------------------ activation emulation ------------------------------
+// Q8_0 as ggml: d = amax/127, q = roundf(x * (1/d)), value q * f16(d)
+void emulate_q8_0(const float* x, int64_t n, double* out) {
+  for (int64_t b = 0; b < n / 32; ++b) {
+    float amax = 0;
+    for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[32 * b + j]));
+    const float d = amax / 127.0f;
+    const float id = d != 0 ? 1.0f / d : 0.0f;
+    const double dh = f16_to_f32(f32_to_f16(d));
+    for (int j = 0; j < 32; ++j) out[32 * b + j] = std::roundf(x[32 * b + j] * id) * dh;
+  }
+}
+// Q8_K: signed max M, iscale = -127/M, q = min(127, rne(iscale x)), d = 1/iscale (float)
+void emulate_q8_K(const float* x, int64_t n, double* out) {
+  for (int64_t b = 0; b < n / 256; ++b) {
+    float amax = 0, vmax = 0;
+    for (int j = 0; j < 256; ++j)
+      if (std::fabs(x[256 * b + j]) > amax) { amax = std::fabs(x[256 * b + j]); vmax = x[256 * b + j]; }
+    if (amax == 0) { for (int j = 0; j < 256; ++j) out[256 * b + j] = 0; continue; }
+    const float iscale = -127.0f / vmax;
+    const float d = 1.0f / iscale;
+    for (int j = 0; j < 256; ++j) {
+      const int q = std::min(127, static_cast<int>(std::nearbyint(iscale * x[256 * b + j])));
+      out[256 * b + j] = static_cast<double>(q) * d;
+    }
+  }
+}
+
+void emulate_act(GgmlType t, Precision p, const float* x, int64_t n, double* out) {
+  if (p == Precision::F32 || t == GgmlType::F32) {
+    for (int64_t i = 0; i < n; ++i) out[i] = x[i];
+    return;
+  }
+  switch (t) {
+    case GgmlType::BF16: for (int64_t i = 0; i < n; ++i) out[i] = bf16_to_f32(f32_to_bf16(x[i])); return;
+    case GgmlType::F16: for (int64_t i = 0; i < n; ++i) out[i] = f16_to_f32(f32_to_f16(x[i])); return;
+    case GgmlType::Q8_0: case GgmlType::Q4_0: case GgmlType::MXFP4: emulate_q8_0(x, n, out); return;
+    default: emulate_q8_K(x, n, out); return;
+  }
+}
+
+// ------------------------------ random weights ------------------------------
+uint16_t f16_bits(float v) { return f32_to_f16(v); }
+void put16(uint8_t* p, uint16_t v) { p[0] = v & 0xff; p[1] = v >> 8; }
+
+std::vector<uint8_t> random_weights(GgmlType t, int64_t rows, int64_t cols, std::mt19937& rng) {
+  const uint64_t rb = row_bytes(t, cols);
+  std::vector<uint8_t> w(rb * rows);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::uniform_int_distribution<int> byte(0, 255);
+  for (auto& b : w) b = static_cast<uint8_t>(byte(rng));
+  for (int64_t r = 0; r < rows; ++r) {
+    uint8_t* row = w.data() + r * rb;
+    switch (t) {
+      case GgmlType::F32: for (int64_t c = 0; c < cols; ++c) { float f = u(rng); std::memcpy(row + 4 * c, &f, 4); } break;
+      case GgmlType::F16: for (int64_t c = 0; c < cols; ++c) put16(row + 2 * c, f16_bits(u(rng))); break;
+      case GgmlType::BF16: for (int64_t c = 0; c < cols; ++c) put16(row + 2 * c, f32_to_bf16(u(rng))); break;
+      case GgmlType::Q8_0: for (int64_t b = 0; b < cols / 32; ++b) put16(row + 34 * b, f16_bits(0.002f + 0.01f * std::fabs(u(rng)))); break;
+      case GgmlType::Q4_0: for (int64_t b = 0; b < cols / 32; ++b) put16(row + 18 * b, f16_bits(0.05f * u(rng))); break;
+      case GgmlType::MXFP4: for (int64_t b = 0; b < cols / 32; ++b) row[17 * b] = static_cast<uint8_t>(120 + byte(rng) % 12); break;
+      case GgmlType::Q4_K: case GgmlType::Q5_K:
+        for (int64_t b = 0; b < cols / 256; ++b) {
+          uint8_t* blk = row + (t == GgmlType::Q4_K ? 144 : 176) * b;
+          put16(blk, f16_bits(0.01f * std::fabs(u(rng)) + 0.001f));
+          put16(blk + 2, f16_bits(0.01f * std::fabs(u(rng))));
+        }
+        break;
+      case GgmlType::Q6_K: for (int64_t b = 0; b < cols / 256; ++b) put16(row + 210 * b + 208, f16_bits(0.001f * u(rng))); break;
+      default: break;
+    }
+  }
+  return w;
+}
+
+struct Case {
+  GgmlType type;
+  std::vector<int64_t> cols;
+};
+
+std::vector<Isa> isa_levels() {
+  std::vector<Isa> v{Isa::Scalar};
+  if (best_isa() >= Isa::Avx2) v.push_back(Isa::Avx2);
+  if (best_isa() >= Isa::Avx512) v.push_back(Isa::Avx512);
+  return v;
+}
+
+struct IsaRestore {
+  Isa saved = current_isa();
+  ~IsaRestore() { set_isa(saved); }
+};
+
+class MatmulTypes : public ::testing::TestWithParam<Case> {};
+
+TEST_P(MatmulTypes, MatchesFloat64Reference) {
+  const Case cs = GetParam();
+  IsaRestore restore;
+  ThreadPool pool(2);
+  std::mt19937 rng(1234 + static_cast<int>(cs.type));
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  const int64_t rows_list[] = {1, 3, 17, 130};
+  const int64_t tok_list[] = {1, 2, 7, 33};
+  for (int64_t cols : cs.cols) {
+    for (int64_t rows : rows_list) {
+      const auto w = random_weights(cs.type, rows, cols, rng);
+      const MatView W{cs.type, w.data(), rows, cols, row_bytes(cs.type, cols)};
+      // decoded weights (float64, from the layout) and per-row check of dequantize_row
+      std::vector<double> wd(rows * cols);
+      std::vector<float> drow(cols);
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t c = 0; c < cols; ++c) wd[r * cols + c] = ref_elem(cs.type, w.data() + r * W.row_bytes, c);
+        dequantize_row(W, r, drow.data());
+        for (int64_t c = 0; c < cols; ++c) {
+          // exact except K-quants with a min (d*sc*q - dmin*m is evaluated in float)
+          double tol = 0;
+          if (cs.type == GgmlType::Q4_K || cs.type == GgmlType::Q5_K) {
+            const uint8_t* blk = w.data() + r * W.row_bytes + (c / 256) * (cs.type == GgmlType::Q4_K ? 144 : 176);
+            tol = 3e-7 * (std::fabs(h16(blk)) * 63 * 31 + std::fabs(h16(blk + 2)) * 63);
+          }
+          ASSERT_NEAR(static_cast<double>(drow[c]), wd[r * cols + c], tol) << type_name(cs.type) << " r=" << r << " c=" << c;
+        }
+      }
+      for (int64_t nt : tok_list) {
+        std::vector<float> x(nt * cols);
+        for (auto& v : x) v = u(rng);
+        if (nt > 2) x[cols] = 0, x[cols + 1] = 3.5f;  // an outlier and a zero
+        for (Precision prec : {Precision::F32, Precision::Fast}) {
+          std::vector<double> xe(nt * cols), ref(nt * rows), mag(nt * rows);
+          for (int64_t t = 0; t < nt; ++t) emulate_act(cs.type, prec, &x[t * cols], cols, &xe[t * cols]);
+          for (int64_t t = 0; t < nt; ++t)
+            for (int64_t r = 0; r < rows; ++r) {
+              double s = 0, m = 0;
+              for (int64_t c = 0; c < cols; ++c) {
+                const double p = wd[r * cols + c] * xe[t * cols + c];
+                s += p;
+                m += std::fabs(p);
+              }
+              ref[t * rows + r] = s;
+              mag[t * rows + r] = m;
+            }
+          for (Isa isa : isa_levels()) {
+            set_isa(isa);
+            std::vector<float> y(nt * rows, NAN), y2(nt * rows, NAN);
+            matmul(W, x.data(), nt, y.data(), pool, prec);
+            // matmul_rows over two pieces
+            const int64_t mid = rows / 2;
+            matmul_rows(W, x.data(), nt, y2.data(), 0, mid, prec);
+            matmul_rows(W, x.data(), nt, y2.data(), mid, rows, prec);
+            for (int64_t i = 0; i < nt * rows; ++i) {
+              const double tol = 1e-5 * mag[i] + 1e-30;
+              ASSERT_NEAR(y[i], ref[i], tol) << type_name(cs.type) << " isa=" << isa_name(isa)
+                  << " prec=" << (prec == Precision::F32 ? "f32" : "fast") << " rows=" << rows << " cols=" << cols
+                  << " nt=" << nt << " i=" << i;
+              ASSERT_NEAR(y2[i], ref[i], tol) << "matmul_rows " << type_name(cs.type) << " isa=" << isa_name(isa)
+                  << " rows=" << rows << " cols=" << cols << " nt=" << nt << " i=" << i;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    AllTypes, MatmulTypes,
+    ::testing::Values(Case{GgmlType::F32, {1, 7, 33, 4160}}, Case{GgmlType::F16, {1, 7, 33, 4160}},
+                      Case{GgmlType::BF16, {1, 7, 33, 64, 4160}}, Case{GgmlType::Q8_0, {32, 96, 4160}},
+                      Case{GgmlType::Q4_0, {32, 96, 4160}}, Case{GgmlType::MXFP4, {32, 96, 160, 4160}},
+                      Case{GgmlType::Q4_K, {256, 768}}, Case{GgmlType::Q5_K, {256, 768}},
+                      Case{GgmlType::Q6_K, {256, 768}}),
+    [](const ::testing::TestParamInfo<Case>& i) { return std::string(type_name(i.param.type)); });
+
+TEST(Matmul, RejectsBadViews) {
+  ThreadPool pool(1);
+  std::vector<uint8_t> w(34 * 4, 0);
+  std::vector<float> x(64, 1.0f), y(4);
+  MatView W{GgmlType::Q8_0, w.data(), 2, 64, 68};
+  EXPECT_NO_THROW(matmul(W, x.data(), 1, y.data(), pool));
+  MatView bad_rb = W;
+  bad_rb.row_bytes = 64;
+  EXPECT_THROW(matmul(bad_rb, x.data(), 1, y.data(), pool), kimi::Error);
+  MatView bad_cols{GgmlType::Q8_0, w.data(), 2, 40, 34};
+  EXPECT_THROW(matmul(bad_cols, x.data(), 1, y.data(), pool), kimi::Error);
+  MatView bad_type{GgmlType::IQ2_XXS, w.data(), 1, 256, 66};
+  EXPECT_THROW(matmul(bad_type, x.data(), 1, y.data(), pool), kimi::Error);
+  EXPECT_THROW(matmul_rows(W, x.data(), 1, y.data(), 1, 3), kimi::Error);
+  EXPECT_THROW(dequantize_row(W, 2, y.data()), kimi::Error);
+}
+
+TEST(Vec, Bf16RowsAndDot) {
+  IsaRestore restore;
+  std::mt19937 rng(99);
+  std::uniform_real_distribution<float> u(-3.0f, 3.0f);
+  for (int64_t n : {1, 15, 16, 17, 33, 100, 1000}) {
+    std::vector<float> x(n), b(n), back(n);
+    for (auto& v : x) v = u(rng);
+    for (auto& v : b) v = u(rng);
+    std::vector<uint16_t> h(n);
+    for (Isa isa : isa_levels()) {
+      set_isa(isa);
+      vec::f32_to_bf16_row(x.data(), h.data(), n);
+      for (int64_t i = 0; i < n; ++i) ASSERT_EQ(h[i], f32_to_bf16(x[i])) << isa_name(isa) << " n=" << n;
+      vec::bf16_to_f32_row(h.data(), back.data(), n);
+      double ref = 0, mag = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        const uint32_t bits = static_cast<uint32_t>(h[i]) << 16;
+        float f;
+        std::memcpy(&f, &bits, 4);
+        ASSERT_EQ(back[i], f);
+        ref += static_cast<double>(f) * b[i];
+        mag += std::fabs(static_cast<double>(f) * b[i]);
+      }
+      EXPECT_NEAR(vec::dot_bf16_f32(h.data(), b.data(), n), ref, 1e-6 * mag) << isa_name(isa) << " n=" << n;
+      std::vector<float> d(n);
+      dequantize(GgmlType::BF16, h.data(), d.data(), n);
+      EXPECT_EQ(d, back);
+    }
+  }
+}
+
+TEST(Matmul, IsaOverrideOnlyGoesDown) {
+  IsaRestore restore;
+  EXPECT_EQ(set_isa(Isa::Scalar), Isa::Scalar);
+  EXPECT_STREQ(active_isa(), "scalar");
+  EXPECT_EQ(set_isa(Isa::Avx512), best_isa());
+}
+
+}  // namespace

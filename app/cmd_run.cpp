@@ -7,6 +7,7 @@
 
 #include "command.h"
 #include "model/model.h"
+#include "runtime/chat_session.h"
 #include "runtime/context.h"
 #include "runtime/engine_cli.h"
 #include "runtime/sampling.h"
@@ -35,8 +36,12 @@ int cmd_run(int argc, char** argv) {
   app.add_option("--seed", sp.seed, "random seed");
   app.add_flag("--ids", ids, "print generated token ids instead of text");
   app.add_flag("--ignore-eos", ignore_eos, "do not stop at end-of-generation tokens");
+  bool chat = false;
+  app.add_flag("--chat", chat, "wrap -p TEXT in the Kimi chat format (one user turn, thinking on)");
   CLI11_PARSE(app, argc, argv);
   kimi::check(prompt.empty() != tokens.empty(), "give exactly one of -p/--prompt and --tokens");
+  kimi::check(!chat || !prompt.empty(), "--chat needs -p/--prompt");
+  if (chat) prompt = kimi::render_single_turn(prompt);
 
   auto model = kimi::Model::load(ea.model, {ea.verbose});
   std::optional<kimi::tok::Tokenizer> tok;

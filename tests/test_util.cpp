@@ -53,8 +53,13 @@ static std::string cache_dir() {
   return d.string();
 }
 
+// Fixtures are keyed by their arguments AND the kimi binary's modification time, so a rebuilt
+// synth/convert never serves a stale cached model.
 static std::string key_of(const std::string& s) {
-  return std::to_string(std::hash<std::string>{}(s));
+  std::error_code ec;
+  auto t = fs::last_write_time(KIMI_BIN, ec);
+  std::string stamp = ec ? "0" : std::to_string(t.time_since_epoch().count());
+  return std::to_string(std::hash<std::string>{}(s + "|" + stamp));
 }
 
 // make `target` by running `cmd` into a temp name then renaming (atomic for concurrent tests)

@@ -12,7 +12,7 @@ enum class Cls : uint8_t { Letter, Han, Digit, Space, Other };
 
 struct Char {
   uint32_t cp;
-  uint32_t pos;  // byte offset
+  size_t pos;  // byte offset
   Cls cls;
 };
 
@@ -92,7 +92,7 @@ std::vector<std::string_view> pre_split(std::string_view text) {
   for (size_t i = 0; i < text.size();) {
     size_t len;
     uint32_t cp = decode_utf8(text, i, &len);
-    ch.push_back({cp, static_cast<uint32_t>(i), classify(cp)});
+    ch.push_back({cp, i, classify(cp)});
     i += len;
   }
   const size_t n = ch.size();

@@ -6,7 +6,6 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
-#include <map>
 #include <numeric>
 
 #include "convert/bpe_train.h"
@@ -102,7 +101,8 @@ enum class Init {
   Uniform,       // U(a, b)
   BiasSpread,    // spread-out router bias: gap a between consecutive (permuted) experts
   CenteredRows,  // a * N(0,1) with every column centred over the rows (weights sum to ~0)
-  Expert,        // a * (0.8 * shared base + 0.6 * own), base keyed by `base`
+  Correlated,    // a * (sqrt(1 - b^2) * shared base + b * own), base keyed by `base`
+  ConvTaps,      // depthwise conv [C, 1, K]: last tap (current token) 1 + a * N(0,1), others a * N(0,1)
 };
 
 struct Item {
@@ -110,7 +110,7 @@ struct Item {
   Init init = Init::Normal;
   float a = 0, b = 0;
   std::string value_name;    // name whose values are generated (differs for MXFP4 experts)
-  std::string base;          // Expert: name of the shared base
+  std::string base;          // Correlated: name of the shared base
   bool mxfp4 = false;
   TensorInfo scale;          // MXFP4: the weight_scale tensor (written right after t)
   int64_t rows = 0, cols = 0;  // logical matrix (MXFP4) / numel (cols) for others
@@ -144,14 +144,22 @@ struct Planner {
   void mat(const std::string& name, int64_t out, int64_t in, float gain = 1.0f) {
     add(name, st::Dtype::BF16, {out, in}, Init::Normal, gain / std::sqrt(float(in)));
   }
+  // BF16 matrix [out, in] = (0.8 * base + 0.6 * own) / sqrt(in) (correlation 0.64), base keyed by base_name
+  void correlated(const std::string& name, const std::string& base_name, int64_t out, int64_t in) {
+    add(name, st::Dtype::BF16, {out, in}, Init::Correlated, 1.0f / std::sqrt(float(in)), 0.6f);
+    items.back().base = base_name;
+  }
   void normw(const std::string& name, int64_t n, st::Dtype dt = st::Dtype::BF16) {
     add(name, dt, {n}, Init::NormWeight, 0.1f);
   }
   void expert(const std::string& pre, int64_t e, const char* w, int64_t out, int64_t in) {
     std::string logical = fmt::format("{}experts.{}.{}.weight", pre, e, w);
     Item it;
-    it.init = Init::Expert;
+    it.init = Init::Correlated;
+    // experts are strongly correlated (shared base, small own part: correlation ~0.91), so an
+    // expert choice flipped by rounding changes the output only a little
     it.a = 1.0f / std::sqrt(float(in));
+    it.b = 0.3f;
     it.value_name = logical;
     it.base = fmt::format("{}experts.shared_base.{}", pre, w);
     it.rows = out, it.cols = in;
@@ -178,9 +186,14 @@ struct Planner {
     add(p + "mlp_res_proj.weight", st::Dtype::BF16, {1, d}, Init::Normal, inv_sqrt_d);
     std::string a = p + "self_attn.";
     if (!c.is_mla(L)) {  // KDA
-      for (const char* x : {"q", "k", "v"}) mat(a + x + "_proj.weight", C, d);
+      // q and k share a base (q.k of a token with itself is clearly positive) and v is large, so
+      // the per-head read-out o = S q / sqrt(D) stays far above the RMSNorm epsilon: otherwise
+      // the o_norm output would amplify rounding noise
+      correlated(a + "q_proj.weight", a + "qk_shared_base", C, d);
+      correlated(a + "k_proj.weight", a + "qk_shared_base", C, d);
+      mat(a + "v_proj.weight", C, d, 3.0f);
       for (const char* x : {"q", "k", "v"})
-        add(a + x + "_conv1d.weight", st::Dtype::F32, {C, 1, c.conv_kernel()}, Init::Normal, 0.5f);
+        add(a + x + "_conv1d.weight", st::Dtype::F32, {C, 1, c.conv_kernel()}, Init::ConvTaps, 0.3f);
       mat(a + "f_a_proj.weight", hd, d);
       mat(a + "f_b_proj.weight", C, hd);
       // exp(A_log) in 0.5..2
@@ -220,7 +233,7 @@ struct Planner {
       std::string m = p + "block_sparse_moe.";
       const int64_t sw = c.shared_experts * c.moe_inter;
       mat(m + "gate.weight", c.experts, d);
-      add(m + "gate.e_score_correction_bias", st::Dtype::F32, {c.experts}, Init::BiasSpread, getenv("GAP") ? atof(getenv("GAP")) : 0.1f);
+      add(m + "gate.e_score_correction_bias", st::Dtype::F32, {c.experts}, Init::BiasSpread, 0.1f);
       mat(m + "routed_expert_down_proj.weight", c.latent, d);
       normw(m + "routed_expert_norm.weight", c.latent);
       mat(m + "routed_expert_up_proj.weight", d, c.latent);
@@ -270,7 +283,6 @@ std::vector<Item> plan(const Config& c) {
 }
 
 // Values [i0, i1) of an element-wise item (everything except BiasSpread / CenteredRows).
-static float kO = getenv("OWN") ? atof(getenv("OWN")) : 0.6f; static float kB = std::sqrt(1 - kO*kO);
 void fill_range(const Item& it, uint64_t key, uint64_t base_key, int64_t i0, int64_t i1, float* out) {
   switch (it.init) {
     case Init::Normal:
@@ -282,9 +294,16 @@ void fill_range(const Item& it, uint64_t key, uint64_t base_key, int64_t i0, int
     case Init::Uniform:
       for (int64_t i = i0; i < i1; ++i) out[i - i0] = it.a + (it.b - it.a) * uniform01(key, i);
       break;
-    case Init::Expert:
-      for (int64_t i = i0; i < i1; ++i) out[i - i0] = it.a * (kB * normal(base_key, i) + kO * normal(key, i));
+    case Init::Correlated: {
+      const float wb = std::sqrt(1.0f - it.b * it.b);
+      for (int64_t i = i0; i < i1; ++i) out[i - i0] = it.a * (wb * normal(base_key, i) + it.b * normal(key, i));
       break;
+    }
+    case Init::ConvTaps: {
+      const int64_t k = it.t.shape.back();
+      for (int64_t i = i0; i < i1; ++i) out[i - i0] = (i % k == k - 1 ? 1.0f : 0.0f) + it.a * normal(key, i);
+      break;
+    }
     default:
       fail("synth: internal error: {} is not element-wise", it.value_name);
   }

@@ -276,7 +276,8 @@ void Context::decode(const Batch& batch) {
   const auto& E = batch.entries;
   const int64_t n = static_cast<int64_t>(E.size());
   // validate everything before touching any state
-  std::vector<int32_t> next(c.seqs.size());
+  std::vector<int32_t>& next = c.next_pos;
+  next.resize(c.seqs.size());
   for (size_t s = 0; s < c.seqs.size(); ++s) next[s] = c.seqs[s].len;
   int64_t n_logits = 0;
   for (int64_t i = 0; i < n; ++i) {

@@ -82,6 +82,7 @@ struct Context::Impl {
   std::vector<float> orows;                      // [N][d]
   std::vector<float> logits;                     // [n_wanted][V] (grows to the largest batch)
   std::vector<int32_t> logit_row;                // per entry of the last batch, -1 = none
+  std::vector<int32_t> next_pos;                 // decode() validation scratch [n_seq_max]
 
   Impl(const Model& m, const ContextOptions& o);
   void run_ubatch(const BatchEntry* e, int64_t n, int64_t logit_base);
@@ -105,7 +106,8 @@ struct Context::Impl {
       for (int64_t i = 0; i < n; ++i) fn(i, 0);
       return;
     }
-    pool.parallel_for(n, fn);
+    const auto* fp = &fn;  // one pointer: fits std::function's small buffer (no allocation)
+    pool.parallel_for(n, [fp](int64_t i, int th) { (*fp)(i, th); });
   }
 
   void mm(const WeightView& w, const float* x, int64_t n, float* y) { kern::matmul(w.mat, x, n, y, pool, prec); }

@@ -1,8 +1,14 @@
 #include "util/thread_pool.h"
 
-#include <chrono>
-
 namespace kimi {
+
+static inline void cpu_relax() {
+#if defined(__x86_64__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
 
 ThreadPool::ThreadPool(int n_threads) {
   if (n_threads <= 0) n_threads = static_cast<int>(std::thread::hardware_concurrency());
@@ -21,90 +27,68 @@ ThreadPool::~ThreadPool() {
   for (auto& t : threads_) t.join();
 }
 
-void ThreadPool::run_job(int idx) {
-  if (all_fn_) {
-    (*all_fn_)(idx, n_threads_);
-  } else {
-    // dynamic chunking: small chunks keep both cores busy when items differ in cost
-    for (;;) {
-      int64_t i = next_.fetch_add(1, std::memory_order_relaxed);
-      if (i >= n_items_) break;
-      (*item_fn_)(i, idx);
-    }
+void ThreadPool::work_on(Job& job, int th) {
+  for (;;) {
+    int64_t i = job.next.fetch_add(1, std::memory_order_relaxed);
+    if (i >= job.n) break;
+    job.fn(job.ctx, i, th);
+    job.done.fetch_add(1, std::memory_order_release);
   }
 }
 
 void ThreadPool::worker(int idx) {
   uint64_t seen = 0;
   for (;;) {
-    // spin a little before sleeping: decode steps issue many short jobs
     uint64_t g = generation_.load(std::memory_order_acquire);
-    for (int spin = 0; g == seen && spin < 20000; ++spin) {
-#if defined(__x86_64__)
-      __builtin_ia32_pause();
-#endif
+    for (int spin = 0; g == seen && spin < 4000; ++spin) {
+      cpu_relax();
       g = generation_.load(std::memory_order_acquire);
     }
     if (g == seen) {
       std::unique_lock<std::mutex> lk(mu_);
+      sleepers_.fetch_add(1);
       cv_.wait(lk, [&] { return generation_.load() != seen; });
-      g = generation_.load();
+      sleepers_.fetch_sub(1);
+    }
+    // Announce that we may read a Job, THEN read the generation: the caller only rewrites a Job
+    // slot after seeing active_ == 0, and slot g&1 is never rewritten while generation_ == g.
+    active_.fetch_add(1, std::memory_order_acq_rel);
+    g = generation_.load(std::memory_order_acquire);
+    if (stop_.load()) {
+      active_.fetch_sub(1);
+      return;
     }
     seen = g;
-    if (stop_.load()) return;
-    run_job(idx);
-    remaining_.fetch_sub(1, std::memory_order_acq_rel);
+    work_on(jobs_[g & 1], idx);
+    active_.fetch_sub(1, std::memory_order_release);
   }
 }
 
-void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int)>& fn) {
+void ThreadPool::run(int64_t n, Trampoline fn, void* ctx) {
   if (n <= 0) return;
-  if (n_threads_ == 1 || n == 1 || busy_.exchange(true)) {
-    // single thread, trivial job, or a nested call: run inline
-    bool was_nested = n_threads_ > 1 && n > 1;
-    for (int64_t i = 0; i < n; ++i) fn(i, 0);
-    (void)was_nested;
+  if (n_threads_ == 1 || n == 1 || busy_.exchange(true, std::memory_order_acquire)) {
+    for (int64_t i = 0; i < n; ++i) fn(ctx, i, 0);  // single thread, trivial or nested call
     return;
   }
-  item_fn_ = &fn;
-  all_fn_ = nullptr;
-  n_items_ = n;
-  next_.store(0);
-  remaining_.store(n_threads_ - 1);
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    generation_.fetch_add(1, std::memory_order_release);
+  // No worker may still be reading the slot we are about to fill (a straggler from two jobs ago).
+  while (active_.load(std::memory_order_acquire) != 0) cpu_relax();
+  const uint64_t g = generation_.load(std::memory_order_relaxed) + 1;
+  Job& job = jobs_[g & 1];
+  job.fn = fn;
+  job.ctx = ctx;
+  job.n = n;
+  job.next.store(0, std::memory_order_relaxed);
+  job.done.store(0, std::memory_order_relaxed);
+  generation_.store(g, std::memory_order_release);
+  if (sleepers_.load(std::memory_order_acquire) > 0) {
+    std::lock_guard<std::mutex> lk(mu_);  // pairs with the predicate check under the mutex
+    cv_.notify_all();
   }
-  cv_.notify_all();
-  run_job(0);
-  while (remaining_.load(std::memory_order_acquire) > 0) {
-#if defined(__x86_64__)
-    __builtin_ia32_pause();
-#endif
-  }
-  busy_.store(false);
-}
-
-void ThreadPool::run_on_all(const std::function<void(int, int)>& fn) {
-  if (n_threads_ == 1 || busy_.exchange(true)) {
-    fn(0, 1);
-    return;
-  }
-  all_fn_ = &fn;
-  item_fn_ = nullptr;
-  remaining_.store(n_threads_ - 1);
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    generation_.fetch_add(1, std::memory_order_release);
-  }
-  cv_.notify_all();
-  run_job(0);
-  while (remaining_.load(std::memory_order_acquire) > 0) {
-#if defined(__x86_64__)
-    __builtin_ia32_pause();
-#endif
-  }
-  busy_.store(false);
+  work_on(job, 0);
+  while (job.done.load(std::memory_order_acquire) < n) cpu_relax();
+  // Workers that are still inside this job will find no items; the next call waits for them
+  // (active_ == 0) before reusing this slot's sibling, and slots alternate.
+  busy_.store(false, std::memory_order_release);
 }
 
 }  // namespace kimi

@@ -536,7 +536,14 @@ TEST_F(SynthTiny, WeightScales) {
     } else if (ends(n, "dt_bias")) {
       EXPECT_NEAR(sd, 0.5, 0.15) << n;
     } else if (ends(n, "_conv1d.weight")) {
-      EXPECT_NEAR(sd, 0.5, 0.1) << n;
+      // the last tap (current token) ~1, the three older taps ~0, all with noise ~0.3
+      const int64_t K = t.shape[2];
+      ASSERT_EQ(K, 4);
+      std::vector<double> cur, old;
+      for (size_t i = 0; i < v.size(); ++i) (int64_t(i) % K == K - 1 ? cur : old).push_back(v[i]);
+      EXPECT_NEAR(mean(cur), 1.0, 0.1) << n;
+      EXPECT_NEAR(mean(old), 0.0, 0.1) << n;
+      EXPECT_NEAR(stdev(old), 0.3, 0.08) << n;
     } else if (ends(n, "e_score_correction_bias")) {
       std::vector<double> s = v;
       std::sort(s.begin(), s.end());
@@ -560,6 +567,7 @@ TEST_F(SynthTiny, WeightScales) {
       double want = 1.0;
       if (ends(n, "embed_tokens.weight")) want = std::sqrt(in);  // std 1
       if (ends(n, "lm_head.weight")) want = 2.0;                 // logits std ~2
+      if (ends(n, "v_proj.weight")) want = 3.0;                  // large KDA values
       const double tol = 5.0 / std::sqrt(2 * n_el) + 0.03;
       EXPECT_NEAR(sd * std::sqrt(in) / want, 1.0, tol) << n;
       EXPECT_NEAR(mean(v), 0.0, 5 * sd / std::sqrt(n_el)) << n;
@@ -576,8 +584,8 @@ TEST_F(SynthTiny, ExpertsAreCorrelatedAndRoutingIsNotDegenerate) {
   double s01 = 0, s00 = 0, s11 = 0;
   for (size_t i = 0; i < e0.size(); ++i) s01 += e0[i] * e1[i], s00 += e0[i] * e0[i], s11 += e1[i] * e1[i];
   const double corr = s01 / std::sqrt(s00 * s11);
-  EXPECT_GT(corr, 0.45);
-  EXPECT_LT(corr, 0.85);
+  EXPECT_GT(corr, 0.8);
+  EXPECT_LT(corr, 0.97);
 
   // logits and router outputs for RMS-normalised embeddings (the scale every layer sees)
   auto emb = as_double(ck->get("language_model.model.embed_tokens.weight"));

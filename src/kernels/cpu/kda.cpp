@@ -3,11 +3,13 @@
 #include <cmath>
 
 #include "kernels/cpu/ops.h"
+#include "kernels/cpu/ops_simd.h"
 
 namespace kimi::kern {
 
 void kda_step(float* S, const float* q, const float* k, const float* v, const float* g, float beta,
               float scale, float* o, int64_t D, float* tmp) {
+  if (ops_use_avx512() && D % 16 == 0) return avx512::kda_step(S, q, k, v, g, beta, scale, o, D, tmp);
   float* p = tmp;
   for (int64_t j = 0; j < D; ++j) p[j] = 0.0f;
   // decay, then predict with the decayed state

@@ -10,4 +10,7 @@ void axpy_f32(float a, const float* x, float* y, int64_t n);
 void axpy_f16(float a, const uint16_t* x, float* y, int64_t n);
 void f16_to_f32_row(const uint16_t* x, float* y, int64_t n);
 void f32_to_f16_row(const float* x, uint16_t* y, int64_t n);
+// kda_avx512.cpp (D % 16 == 0)
+void kda_step(float* S, const float* q, const float* k, const float* v, const float* g, float beta, float scale,
+              float* o, int64_t D, float* p);
 }  // namespace kimi::kern::avx512

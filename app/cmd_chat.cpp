@@ -1,0 +1,295 @@
+// kimi chat: an interactive terminal chat (also driven by a pipe: each input line is a user turn).
+// The conversation lives in the context's caches and KDA states; each turn prefills only the new
+// tokens (runtime/chat_session.h). See docs/chat.md.
+#include <signal.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cerrno>
+#include <csignal>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <string>
+
+#include "command.h"
+#include "model/model.h"
+#include "runtime/chat_session.h"
+#include "runtime/context.h"
+#include "runtime/engine_cli.h"
+#include "runtime/sampling.h"
+#include "tokenizer/tokenizer.h"
+#include "util/error.h"
+
+namespace {
+
+volatile std::sig_atomic_t g_sigint = 0;
+extern "C" void on_sigint(int) { g_sigint = 1; }
+
+// SIGINT sets a flag; no SA_RESTART, so a blocking read() at the prompt returns EINTR.
+struct SigintGuard {
+  struct sigaction old {};
+  SigintGuard() {
+    struct sigaction sa {};
+    sa.sa_handler = on_sigint;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = 0;
+    sigaction(SIGINT, &sa, &old);
+  }
+  ~SigintGuard() { sigaction(SIGINT, &old, nullptr); }
+};
+
+// Line input from fd 0 with read(2), so that Ctrl-C at the prompt is seen (EINTR).
+class LineReader {
+ public:
+  enum class Status { Line, Eof, Interrupted };
+  Status next(std::string& line) {
+    for (;;) {
+      const size_t nl = buf_.find('\n');
+      if (nl != std::string::npos) {
+        line.assign(buf_, 0, nl);
+        buf_.erase(0, nl + 1);
+        if (!line.empty() && line.back() == '\r') line.pop_back();
+        return Status::Line;
+      }
+      if (eof_) {
+        if (buf_.empty()) return Status::Eof;
+        line.swap(buf_);
+        buf_.clear();
+        if (!line.empty() && line.back() == '\r') line.pop_back();
+        return Status::Line;
+      }
+      char tmp[4096];
+      const ssize_t n = ::read(0, tmp, sizeof tmp);
+      if (n < 0 && errno == EINTR) return Status::Interrupted;
+      if (n < 0) kimi::fail("reading standard input: {}", std::strerror(errno));
+      if (n == 0) eof_ = true;
+      else buf_.append(tmp, static_cast<size_t>(n));
+    }
+  }
+
+ private:
+  std::string buf_;
+  bool eof_ = false;
+};
+
+// Prints a reply as it streams: reasoning dimmed on a terminal (between <think> lines otherwise).
+class ReplyPrinter {
+ public:
+  explicit ReplyPrinter(bool tty) : tty_(tty) {}
+  void operator()(const kimi::tok::ChatDelta& d) {
+    if (!d.reasoning.empty()) {
+      if (where_ != Where::Reasoning) {
+        where_ = Where::Reasoning;
+        out(tty_ ? "\033[2m" : "<think>\n");
+      }
+      out(d.reasoning);
+    }
+    if (!d.content.empty()) {
+      if (where_ == Where::Reasoning) out(tty_ ? "\033[0m\n" : "\n</think>\n");
+      where_ = Where::Content;
+      out(d.content);
+    }
+    std::fflush(stdout);
+  }
+  void end() {
+    if (where_ == Where::Reasoning) out(tty_ ? "\033[0m" : "\n</think>");
+    out("\n");
+    std::fflush(stdout);
+    where_ = Where::None;
+  }
+
+ private:
+  enum class Where { None, Reasoning, Content };
+  static void out(const std::string& s) { std::fwrite(s.data(), 1, s.size(), stdout); }
+  bool tty_;
+  Where where_ = Where::None;
+};
+
+const char* kHelp =
+    "commands:\n"
+    "  /reset          forget the conversation (the system message stays)\n"
+    "  /save FILE      write the conversation as JSON ({\"thinking\", \"messages\": [...]})\n"
+    "  /system TEXT    set the system message (no TEXT: remove it); applies from the next turn\n"
+    "  /help           this text\n"
+    "  /exit, /quit    leave (also Ctrl-D, or Ctrl-C twice at the prompt)\n"
+    "input: a line ending in '\\' continues on the next line; a line starting with \"\"\" opens a block\n"
+    "closed by a line ending in \"\"\"; start a message with // to send a literal leading '/'.\n"
+    "Ctrl-C stops the current reply.\n";
+
+std::string trim(const std::string& s) {
+  const size_t b = s.find_first_not_of(" \t");
+  if (b == std::string::npos) return "";
+  return s.substr(b, s.find_last_not_of(" \t") - b + 1);
+}
+
+int cmd_chat(int argc, char** argv) {
+  CLI::App app{"Interactive chat with a kimi-k3 GGUF model (stdin may be a pipe: one user turn per line)",
+               "kimi chat"};
+  kimi::cli::EngineArgs ea;
+  kimi::cli::add_engine_options(app, ea);
+  kimi::ChatOptions co;
+  kimi::SamplerParams sp;
+  std::string thinking = "on";
+  app.add_option("--system", co.system, "system message");
+  app.add_option("--thinking", thinking, "thinking mode of the chat template (reply starts in <think>)")
+      ->check(CLI::IsMember({"on", "off"}));
+  app.add_option("--thinking-effort", co.thinking_effort, "thinking effort: low, medium, high, max (template default: max)")
+      ->check(CLI::IsMember({"low", "medium", "high", "max"}));
+  app.add_option("-n,--n-predict", co.max_tokens, "maximum tokens per reply (-1 = until end of message or a full context)")
+      ->check(CLI::Range(-1, 1 << 30));
+  app.add_option("--temp", sp.temp, "temperature (0 = greedy)");
+  app.add_option("--top-k", sp.top_k, "top-k sampling (0 = off)");
+  app.add_option("--top-p", sp.top_p, "top-p (nucleus) sampling (1 = off)");
+  app.add_option("--min-p", sp.min_p, "min-p sampling (0 = off)");
+  app.add_option("--repeat-penalty", sp.repeat_penalty, "repetition penalty (1 = off)");
+  app.add_option("--repeat-last-n", sp.repeat_last_n, "tokens the repetition penalty looks back (-1 = all)");
+  app.add_option("--seed", sp.seed, "random seed");
+  CLI11_PARSE(app, argc, argv);
+  co.thinking = thinking == "on";
+
+  auto model = kimi::Model::load(ea.model, {ea.verbose});
+  kimi::check(model->reader().has("tokenizer.ggml.tokens"),
+              "{}: kimi chat needs a tokenizer (tokenizer.ggml.tokens) in the GGUF", ea.model);
+  const kimi::tok::Tokenizer tok = kimi::tok::Tokenizer::from_gguf(model->reader());
+  const uint32_t train = model->hparams().n_ctx_train;
+  const int n_ctx = ea.ctx > 0 ? ea.ctx : static_cast<int>(train > 0 ? std::min<uint32_t>(train, 4096) : 4096);
+  kimi::Context ctx(*model, kimi::cli::context_options(ea, n_ctx, std::min(512, n_ctx)));
+  if (ea.verbose) std::fprintf(stderr, "%s", ctx.memory_summary().c_str());
+  kimi::ChatSession session(ctx, tok, sp, co);
+
+  const bool tty_in = ::isatty(0) != 0, tty_out = ::isatty(1) != 0;
+  SigintGuard sig;
+  LineReader reader;
+  auto stop = [] { return g_sigint != 0; };
+  if (tty_in)
+    std::fprintf(stderr, "kimi chat: %s, context %d tokens. /help for commands, Ctrl-C stops a reply.\n",
+                 ea.model.c_str(), n_ctx);
+
+  bool last_was_sigint = false;
+  for (;;) {
+    // ---- read one message (possibly several lines)
+    if (tty_in) {
+      std::fputs("> ", stdout);
+      std::fflush(stdout);
+    }
+    g_sigint = 0;
+    std::string line;
+    LineReader::Status s = reader.next(line);
+    if (s == LineReader::Status::Interrupted) {
+      if (last_was_sigint) {
+        std::fputs("\n", stdout);
+        break;
+      }
+      last_was_sigint = true;
+      std::fputs("\n(Ctrl-C again, /exit or Ctrl-D to quit)\n", stderr);
+      continue;
+    }
+    if (s == LineReader::Status::Eof) {
+      if (tty_in) std::fputs("\n", stdout);
+      break;
+    }
+    last_was_sigint = false;
+    std::string text;
+    bool interrupted = false;
+    auto more = [&](std::string& l) {
+      if (tty_in) {
+        std::fputs("... ", stdout);
+        std::fflush(stdout);
+      }
+      const LineReader::Status st = reader.next(l);
+      if (st == LineReader::Status::Interrupted) interrupted = true;
+      return st == LineReader::Status::Line;
+    };
+    auto closes = [](const std::string& l) { return l.size() >= 3 && l.compare(l.size() - 3, 3, "\"\"\"") == 0; };
+    if (line.rfind("\"\"\"", 0) == 0) {  // """ block: up to a line ending in """
+      std::vector<std::string> lines;
+      std::string cur = line.substr(3);
+      bool done = closes(cur);
+      if (done) cur.resize(cur.size() - 3);
+      if (!cur.empty()) lines.push_back(cur);  // text on the opening line
+      while (!done && more(cur)) {
+        done = closes(cur);
+        if (done) cur.resize(cur.size() - 3);
+        if (!done || !cur.empty()) lines.push_back(cur);
+      }
+      for (size_t i = 0; i < lines.size(); ++i) text += (i ? "\n" : "") + lines[i];
+    } else {
+      text = line;
+      while (!text.empty() && text.back() == '\\') {
+        text.back() = '\n';
+        std::string next;
+        if (!more(next)) break;
+        text += next;
+      }
+    }
+    if (interrupted) {
+      last_was_sigint = true;
+      std::fputs("\n(input discarded)\n", stderr);
+      continue;
+    }
+    if (trim(text).empty()) continue;
+
+    // ---- commands
+    if (text[0] == '/' && text.rfind("//", 0) != 0) {
+      const size_t sp_pos = text.find_first_of(" \t\n");
+      const std::string cmd = text.substr(0, sp_pos);
+      const std::string arg = sp_pos == std::string::npos ? "" : trim(text.substr(sp_pos + 1));
+      try {
+        if (cmd == "/exit" || cmd == "/quit") break;
+        if (cmd == "/help") {
+          std::fputs(kHelp, stderr);
+        } else if (cmd == "/reset") {
+          session.reset();
+          std::fputs("(conversation cleared)\n", stderr);
+        } else if (cmd == "/save") {
+          kimi::check(!arg.empty(), "/save needs a file name: /save FILE");
+          session.save(arg);
+          std::fprintf(stderr, "(saved %zu messages to %s)\n", session.messages().size(), arg.c_str());
+        } else if (cmd == "/system") {
+          session.set_system(arg);
+          std::fputs(arg.empty() ? "(system message removed)\n" : "(system message set; it applies from the next turn)\n",
+                     stderr);
+        } else {
+          std::fprintf(stderr, "unknown command %s (try /help; start with // to send a message beginning with '/')\n",
+                       cmd.c_str());
+        }
+      } catch (const kimi::Error& e) {
+        std::fprintf(stderr, "error: %s\n", e.what());
+      }
+      continue;
+    }
+    if (text.rfind("//", 0) == 0) text.erase(0, 1);
+
+    // ---- one turn
+    g_sigint = 0;
+    kimi::TurnStats ts;
+    try {
+      ts = session.prefill_turn(text, stop);
+    } catch (const kimi::Error& e) {
+      std::fprintf(stderr, "error: %s\n", e.what());
+      continue;
+    }
+    if (!ts.note.empty()) std::fprintf(stderr, "note: %s\n", ts.note.c_str());
+    if (ts.interrupted) {
+      std::fprintf(stderr, "(interrupted while reading the prompt; the message was dropped)\n");
+      last_was_sigint = true;
+      continue;
+    }
+    ReplyPrinter printer(tty_out);
+    const kimi::ReplyStats rs = session.generate(std::ref(printer), stop);
+    printer.end();
+    if (rs.stop == kimi::StopReason::Interrupted) last_was_sigint = true;
+    std::fprintf(stderr,
+                 "[prompt %d tokens: %d new, %d reused, %.2f tok/s | reply %zu tokens, %.2f tok/s, %s]\n",
+                 ts.n_prompt, ts.n_prefilled, ts.n_reused, ts.n_prefilled / std::max(ts.seconds, 1e-9),
+                 rs.tokens.size(), rs.tokens_per_second(), kimi::stop_reason_name(rs.stop));
+    std::fflush(stderr);
+  }
+  return 0;
+}
+
+kimi::app::Registrar reg("chat", "interactive chat (multi-turn, cached; stdin may be a pipe)", cmd_chat);
+
+}  // namespace

@@ -1,0 +1,198 @@
+// kimi perplexity: chunked perplexity of a text file, KLD base files and KL-divergence comparison.
+// docs/perplexity.md; the library part is src/runtime/perplexity.h.
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <iterator>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <sstream>
+
+#include "command.h"
+#include "model/model.h"
+#include "runtime/context.h"
+#include "runtime/engine_cli.h"
+#include "runtime/perplexity.h"
+#include "tokenizer/tokenizer.h"
+#include "util/error.h"
+
+namespace {
+
+std::string read_text(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  kimi::check(static_cast<bool>(f), "{}: cannot open the text file", path);
+  std::ostringstream ss;
+  ss << f.rdbuf();
+  kimi::check(!f.bad(), "{}: read error", path);
+  return ss.str();
+}
+
+int cmd_perplexity(int argc, char** argv) {
+  CLI::App app{
+      "Perplexity of a text file (chunks of -c tokens, each from an empty context, second half scored), "
+      "optionally saving or comparing against a KL-divergence base"};
+  kimi::cli::EngineArgs ea;
+  kimi::cli::add_engine_options(app, ea);
+  std::string text_path, kld_base_out, kld_base_in;
+  int n_batch = 512, chunks = -1, top_n = 32;
+  bool json = false;
+  app.add_option("-f,--file", text_path, "text file to score (optional with --kl-divergence: the base holds the tokens)");
+  app.add_option("-b,--batch", n_batch, "micro-batch size (tokens per forward step)")->check(CLI::PositiveNumber);
+  app.add_option("--chunks", chunks, "evaluate at most N chunks")->check(CLI::PositiveNumber);
+  auto* o_base = app.add_option("--kl-divergence-base", kld_base_out,
+                                "write the reference distributions (top-N log-probs per scored token) to this file");
+  auto* o_cmp =
+      app.add_option("--kl-divergence", kld_base_in, "compare against a base written by --kl-divergence-base");
+  o_base->excludes(o_cmp);
+  app.add_option("--top-n", top_n, "tokens kept per scored position in a KLD base (default 32)")
+      ->check(CLI::Range(1, 65536));
+  app.add_flag("--json", json, "print the final numbers as one JSON object on stdout");
+  CLI11_PARSE(app, argc, argv);
+
+  kimi::check(!text_path.empty() || !kld_base_in.empty(), "perplexity: -f TEXT is required (or --kl-divergence BASE)");
+
+  // Load the base first: a bad base file should fail before the model is loaded.
+  std::optional<kimi::ppl::KldBase> base;
+  if (!kld_base_in.empty()) base.emplace(kimi::ppl::KldBase::load(kld_base_in));
+
+  auto model = kimi::Model::load(ea.model, {ea.verbose});
+  const int n_vocab = static_cast<int>(model->hparams().n_vocab);
+
+  kimi::ppl::Options po;
+  po.top_n = top_n;
+  po.max_chunks = chunks;
+  po.n_ctx = ea.ctx > 0 ? ea.ctx : (base ? base->n_ctx() : 512);
+
+  std::vector<int32_t> tokens;
+  size_t text_bytes = 0;
+  double tok_seconds = 0;
+  std::optional<kimi::tok::Tokenizer> tok;
+  if (!text_path.empty()) {
+    const std::string text = read_text(text_path);
+    text_bytes = text.size();
+    kimi::check(model->reader().has("tokenizer.ggml.tokens"),
+                "{}: the model has no tokenizer (tokenizer.ggml.tokens), needed to tokenize {}", ea.model, text_path);
+    tok.emplace(kimi::tok::Tokenizer::from_gguf(model->reader()));
+    const auto t0 = std::chrono::steady_clock::now();
+    tokens = tok->encode(text, /*allow_special=*/false);
+    tok_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (tok->add_bos() && tok->bos_id() >= 0) po.bos_id = tok->bos_id();
+  } else {
+    tokens = base->tokens();
+    po.bos_id = base->bos_replaced();
+  }
+  if (base) {
+    kimi::check(po.n_ctx == base->n_ctx(), "{}: the KLD base was made with a context of {} tokens, this run uses {}",
+                kld_base_in, base->n_ctx(), po.n_ctx);
+    if (po.max_chunks < 0) po.max_chunks = base->n_chunk();
+    kimi::check(po.max_chunks <= base->n_chunk(), "{}: the KLD base has {} chunks, --chunks asks for {}",
+                kld_base_in, base->n_chunk(), po.max_chunks);
+  }
+  const int n_chunk = kimi::ppl::plan_chunks(static_cast<int64_t>(tokens.size()), po,
+                                             text_path.empty() ? kld_base_in : text_path);
+
+  kimi::Context ctx(*model, kimi::cli::context_options(ea, po.n_ctx, std::min(n_batch, po.n_ctx)));
+  if (ea.verbose) std::fprintf(stderr, "%s", ctx.memory_summary().c_str());
+  const int eff_top_k = ctx.effective_top_k();
+  const int per_chunk = po.n_ctx - 1 - po.n_ctx / 2;
+  if (!text_path.empty())
+    std::fprintf(stderr, "perplexity: %s: %zu bytes -> %zu tokens (%.2f s)\n", text_path.c_str(), text_bytes,
+                 tokens.size(), tok_seconds);
+  std::fprintf(stderr,
+               "perplexity: %d chunks of %d tokens, %d scored per chunk; DSA top-k %d%s, attn %s, precision %s, "
+               "%d threads\n",
+               n_chunk, po.n_ctx, per_chunk, eff_top_k, eff_top_k == 0 ? " (indexer off)" : "", ea.attn.c_str(),
+               ea.precision.c_str(), ctx.pool().size());
+
+  auto on_chunk = [&](const kimi::ppl::ChunkReport& r) {
+    if (r.has_kld)
+      std::fprintf(stderr, "[%d/%d] PPL %.8f +/- %.8f (chunk %.8f) KLD %.8f top-1 %.4f%% base PPL %.8f  %.2f s\n",
+                   r.chunk, r.n_chunk, r.ppl, r.ppl_err, r.chunk_ppl, r.kld_mean, 100.0 * r.top1_agree, r.base_ppl,
+                   r.seconds);
+    else
+      std::fprintf(stderr, "[%d/%d] PPL %.8f +/- %.8f (chunk %.8f)  %.2f s\n", r.chunk, r.n_chunk, r.ppl, r.ppl_err,
+                   r.chunk_ppl, r.seconds);
+    std::fflush(stderr);
+  };
+  const kimi::ppl::Result res = kimi::ppl::evaluate(ctx, tokens, po, on_chunk, kld_base_out, base ? &*base : nullptr);
+  const double tps = res.seconds > 0 ? double(res.n_chunk) * po.n_ctx / res.seconds : 0.0;
+  if (!kld_base_out.empty()) std::fprintf(stderr, "perplexity: wrote the KLD base to %s\n", kld_base_out.c_str());
+
+  if (json) {
+    nlohmann::ordered_json j;
+    j["model"] = ea.model;
+    j["text"] = text_path;
+    j["n_tokens"] = res.n_tokens;
+    j["n_vocab"] = n_vocab;
+    j["n_ctx"] = res.n_ctx;
+    j["n_batch"] = std::min(n_batch, po.n_ctx);
+    j["n_chunk"] = res.n_chunk;
+    j["n_scored"] = res.stats.count;
+    j["bos_replaced"] = po.bos_id;
+    j["top_k"] = eff_top_k;
+    j["attn"] = ea.attn;
+    j["precision"] = ea.precision;
+    j["cache_type"] = kimi::CacheType::F32 == ctx.cache_type() ? "f32" : "f16";
+    j["ppl"] = res.stats.ppl();
+    j["ppl_err"] = res.stats.ppl_err();
+    j["nll_mean"] = res.stats.mean();
+    j["running_ppl"] = res.running_ppl;
+    j["chunk_ppl"] = res.chunk_ppl;
+    j["seconds"] = res.seconds;
+    j["tokens_per_second"] = tps;
+    if (!kld_base_out.empty()) j["kld_base_out"] = kld_base_out;
+    if (res.kld) {
+      const auto& k = *res.kld;
+      nlohmann::ordered_json kj;
+      kj["base"] = kld_base_in;
+      kj["base_chunks"] = k.n_chunk_file;
+      kj["count"] = k.count;
+      kj["mean"] = k.kld_mean;
+      kj["mean_err"] = k.kld_err;
+      kj["median"] = k.kld_median;
+      kj["p90"] = k.kld_p90;
+      kj["p95"] = k.kld_p95;
+      kj["p99"] = k.kld_p99;
+      kj["max"] = k.kld_max;
+      kj["min"] = k.kld_min;
+      kj["top1_agree"] = k.top1_agree;
+      kj["top1_agree_err"] = k.top1_err;
+      kj["base_ppl"] = k.base_ppl;
+      kj["base_ppl_err"] = k.base_ppl_err;
+      kj["delta_ppl"] = k.delta_ppl;
+      kj["ppl_ratio"] = k.ppl_ratio;
+      kj["dp_mean"] = k.dp_mean;
+      kj["dp_rms"] = k.dp_rms;
+      j["kld"] = kj;
+    }
+    std::printf("%s\n", j.dump(2).c_str());
+    return 0;
+  }
+
+  std::printf("Final estimate: PPL = %.8f +/- %.8f  (%lld tokens scored, %d chunks of %d, %.2f s, %.1f tokens/s)\n",
+              res.stats.ppl(), res.stats.ppl_err(), static_cast<long long>(res.stats.count), res.n_chunk,
+              res.n_ctx, res.seconds, tps);
+  if (res.kld) {
+    const auto& k = *res.kld;
+    std::printf("====== KL divergence against %s (%lld tokens, %d of %d chunks) ======\n", kld_base_in.c_str(),
+                static_cast<long long>(k.count), res.n_chunk, k.n_chunk_file);
+    std::printf("PPL(model)          : %.8f +/- %.8f\n", k.ppl, k.ppl_err);
+    std::printf("PPL(base)           : %.8f +/- %.8f\n", k.base_ppl, k.base_ppl_err);
+    std::printf("PPL(model)/PPL(base): %.8f\n", k.ppl_ratio);
+    std::printf("PPL(model)-PPL(base): %.8f\n", k.delta_ppl);
+    std::printf("Mean KLD            : %.8f +/- %.8f\n", k.kld_mean, k.kld_err);
+    std::printf("Median KLD          : %.8f\n", k.kld_median);
+    std::printf("90%% KLD             : %.8f\n", k.kld_p90);
+    std::printf("95%% KLD             : %.8f\n", k.kld_p95);
+    std::printf("99%% KLD             : %.8f\n", k.kld_p99);
+    std::printf("Maximum KLD         : %.8f\n", k.kld_max);
+    std::printf("Same top-1          : %.4f +/- %.4f %%\n", 100.0 * k.top1_agree, 100.0 * k.top1_err);
+    std::printf("Mean dp(target)     : %.6f %%  (RMS %.6f %%)\n", 100.0 * k.dp_mean, 100.0 * k.dp_rms);
+  }
+  return 0;
+}
+
+kimi::app::Registrar reg("perplexity", "perplexity of a text file, KL divergence against a saved base", cmd_perplexity);
+
+}  // namespace

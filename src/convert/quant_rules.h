@@ -1,0 +1,132 @@
+// Tensor-type rules of `kimi quantize` (formats-quant.md §4.7, §5; spec/README.md decision 5;
+// dsa-indexer.md §4.6). Pure functions of tensor names, shapes and options: no file access, so
+// every branch can be unit-tested on made-up names and shapes.
+//
+// Per tensor, first matching step wins (see docs/quantize.md):
+//   1. DSA indexer tensors with >= 2 dims (`indexer.attn_q_b`, `indexer.attn_k`, `indexer.proj`):
+//      kept byte for byte in the converter's type. No target, rule, override or flag changes them.
+//   2. COPY target: kept.
+//   3. Not quantizable (1-D, names not ending in "weight", *_norm.weight, router ffn_gate_inp,
+//      ssm_conv1d*, output.weight with --leave-output-tensor): kept.
+//   4. MXFP4 routed experts (*_exps): kept byte for byte unless --requantize-experts TYPE.
+//   5. --output-tensor-type / --token-embedding-type, else --tensor-type PATTERN=TYPE (first
+//      match), else the target's default type with the mixture rules of §5.3 (not with --pure).
+//   6. Block-size fallback (§5.2) when ne[0] is not a multiple of the type's block, then a
+//      substitution for fallback types this build cannot write (Q5_0/Q5_1 -> Q8_0).
+//   7. Source already quantized (not F32/F16/BF16) and the type differs: error unless
+//      allow_requantize; same type: bytes copied.
+#pragma once
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <regex>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "tensor/types.h"
+
+namespace kimi::quant {
+
+// A quantization target as named on the command line (Q4_K_M, Q8_0, BF16, COPY, or an ftype number).
+struct Target {
+  std::string name;                      // canonical spelling, e.g. "Q4_K_M"
+  FileType ftype = FileType::MOSTLY_Q8_0; // written as general.file_type (unused for COPY)
+  GgmlType default_type = GgmlType::Q8_0;
+  bool copy = false;                     // COPY: every tensor unchanged, file_type kept
+};
+// Throws kimi::Error listing the accepted names for anything unknown. Aliases: Q4_K -> Q4_K_M,
+// Q5_K -> Q5_K_M; numbers are llama_ftype ids (formats-quant §4.7) of the accepted targets.
+Target parse_target(const std::string& text);
+// The accepted target names, for help text.
+const std::vector<std::string>& target_names();
+
+// A ggml tensor type for --tensor-type / --output-tensor-type / --token-embedding-type /
+// --requantize-experts: one this build can write (F32 F16 BF16 Q8_0 Q4_0 Q4_K Q5_K Q6_K MXFP4).
+// `what` names the option in the error message.
+GgmlType parse_tensor_type(const std::string& text, const std::string& what);
+
+// --tensor-type PATTERN=TYPE: PATTERN (lower-cased) is an ECMAScript regex searched in the name.
+struct Override {
+  std::string text;     // as given, for messages
+  std::string pattern;  // lower-cased
+  std::regex re;
+  GgmlType type = GgmlType::Q8_0;
+};
+Override parse_override(const std::string& text);  // throws for a missing '=', empty or bad pattern, bad type
+
+// Categories of §5.3 (by name substring; the indexer is its own category so that
+// `indexer.attn_k.weight` is never an attention K).
+enum class Category { Output, TokenEmbd, AttnV, AttnK, AttnQ, AttnOut, FfnUp, FfnGate, FfnDown, Indexer, Other };
+Category category(std::string_view name);
+const char* category_name(Category c);
+
+// Any tensor of the DSA indexer (`indexer.` as a name component: blk.N.indexer.*).
+bool is_indexer_tensor(std::string_view name);
+// Routed-expert stack (`*_exps.weight`).
+bool is_routed_experts(std::string_view name);
+// Layer index N of "blk.N...." or nullopt.
+std::optional<int> layer_index(std::string_view name);
+// ggml_n_dims: 1 + index of the last ne[i] > 1 (at least 1).
+int n_dims(const std::array<int64_t, 4>& ne);
+// §5.3 use_more_bits(i, n): i < n/8 || i >= 7n/8 || (i - n/8) % 3 == 2 (integer division).
+bool more_bits(int i, int n);
+// §5.2: the type to use for rows of ne0 elements when `t`'s block size does not divide ne0
+// (returns t when it does). Pure spec table: may return types this build cannot write (Q5_0, Q5_1).
+GgmlType block_fallback(GgmlType t, int64_t ne0);
+// Why a tensor must be kept as-is (step 3), or nullptr when it may be quantized.
+const char* not_quantizable_reason(std::string_view name, const std::array<int64_t, 4>& ne, bool leave_output);
+// Plain float types (F32/F16/BF16) are not "quantized" for the requantize check.
+bool is_float_type(GgmlType t);
+
+struct RuleOptions {
+  Target target;
+  bool pure = false;              // no mixture rules (overrides, flags and fallback still apply)
+  bool leave_output = false;      // --leave-output-tensor
+  bool allow_requantize = false;  // allow re-quantizing already-quantized non-MXFP4 tensors
+  std::optional<GgmlType> output_type;         // --output-tensor-type
+  std::optional<GgmlType> token_embd_type;     // --token-embedding-type
+  std::optional<GgmlType> requantize_experts;  // --requantize-experts
+  std::vector<Override> overrides;             // --tensor-type, in order
+};
+
+// Model facts the rules need: from `{arch}.block_count` / `{arch}.expert_count`.
+struct ModelFacts {
+  int n_layer = 0;
+  int n_expert = 0;
+};
+
+struct TensorDesc {
+  std::string name;
+  GgmlType type = GgmlType::F32;            // type in the input file
+  std::array<int64_t, 4> ne{1, 1, 1, 1};
+};
+
+enum class Why {
+  Indexer,         // DSA indexer matrix, exempt (decision 5)
+  CopyMode,        // COPY target
+  NotQuantizable,  // step 3
+  ExpertsKept,     // MXFP4 routed experts copied byte for byte
+  ExpertsRequant,  // --requantize-experts
+  OutputFlag,      // --output-tensor-type
+  TokenEmbdFlag,   // --token-embedding-type
+  Override,        // --tensor-type
+  Default,         // target default type (no mixture rule fired, or --pure)
+  Mix,             // a §5.3 mixture rule changed the type
+};
+const char* why_name(Why w);
+
+struct Decision {
+  GgmlType type = GgmlType::F32;  // output type
+  bool copy = false;              // bytes copied unchanged (type == source type)
+  Why why = Why::Default;
+  bool fallback = false;          // §5.2 fallback (or the substitution after it) changed the type
+  std::string note;               // human-readable detail ("more_bits layer 3/8", "fallback Q4_K -> Q5_0 ...")
+};
+
+// Decides every tensor (in file order: the running counters of §5.3 depend on it). Throws
+// kimi::Error naming the tensor for a requantization that is not allowed, a type that cannot
+// be produced, or a missing layer index where the rules need one.
+std::vector<Decision> plan(const std::vector<TensorDesc>& tensors, const ModelFacts& facts, const RuleOptions& opts);
+
+}  // namespace kimi::quant

@@ -1,0 +1,242 @@
+// `kimi quantize`: plan every tensor with quant_rules, then stream: copy or convert each tensor
+// (row blocks in parallel on the thread pool) and write it before the next one.
+#include "convert/quantize.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <mutex>
+#include <set>
+
+#include "tensor/quants.h"
+#include "util/error.h"
+#include "util/progress.h"
+#include "util/thread_pool.h"
+
+namespace fs = std::filesystem;
+
+namespace kimi::quant {
+
+namespace {
+
+constexpr uint64_t kChunkBytes = 32ull << 20;     // output bytes converted per parallel round
+constexpr uint64_t kCopyChunk = 64ull << 20;      // bytes handed to the writer per call when copying
+constexpr int64_t kElemsPerTask = 1 << 16;        // f32 elements per thread-pool task (>= 1 row)
+
+std::string shape_of(const std::array<int64_t, 4>& ne) {
+  int nd = n_dims(ne);
+  std::string s = "{";
+  for (int i = 0; i < nd; ++i) s += (i ? ", " : "") + std::to_string(ne[i]);
+  return s + "}";
+}
+
+bool same_file(const std::string& a, const std::string& b) {
+  std::error_code ec;
+  if (!fs::exists(a, ec) || !fs::exists(b, ec)) return false;
+  return fs::equivalent(a, b, ec);
+}
+
+}  // namespace
+
+std::string TensorReport::line() const {
+  std::string s = fmt::format("{:<36} {:<18} {:>5} -> {:<5} {:>10} -> {:<10} {}", name, shape_of(ne),
+                              type_name(src_type), type_name(decision.type), format_bytes(bytes_in),
+                              format_bytes(bytes_out), why_name(decision.why));
+  if (!decision.note.empty()) s += ": " + decision.note;
+  return s;
+}
+
+std::string QuantizeResult::summary() const {
+  std::string s;
+  s += fmt::format("quantize{}: target {} (general.file_type {}), {} tensors, {} -> {} ({:.1f}% of the input){}\n",
+                   dry_run ? " (dry run)" : "", target, file_type, tensors.size(), format_bytes(bytes_in),
+                   format_bytes(bytes_out), bytes_in ? 100.0 * static_cast<double>(bytes_out) / bytes_in : 0.0,
+                   seconds > 0 ? fmt::format(" in {}", format_duration(seconds)) : "");
+  std::string types;
+  for (const auto& [t, n] : out_type_counts) types += fmt::format("{}{} {}", types.empty() ? "" : ", ", t, n);
+  s += fmt::format("  output types: {}\n", types);
+  s += fmt::format("  converted {}, copied unchanged {} (not quantizable {}, MXFP4 routed experts byte for byte {})\n",
+                   n_converted, n_copied, n_not_quantizable, n_experts_kept);
+  std::string it;
+  for (const auto& [t, n] : indexer_types) it += (it.empty() ? "" : "/") + t;
+  s += fmt::format("  indexer: {} tensors kept at source precision ({}), exempt from quantization rules\n", n_indexer,
+                   it.empty() ? "none in this file" : it);
+  if (n_fallback)
+    s += fmt::format("  block-size fallback: {} tensors (ne[0] not a multiple of the block size; see --verbose)\n",
+                     n_fallback);
+  for (const auto& p : outputs) s += fmt::format("  wrote {}\n", p);
+  return s;
+}
+
+ModelFacts model_facts(const gguf::Reader& r) {
+  ModelFacts f;
+  std::string arch;
+  if (const gguf::Value* a = r.find("general.architecture"); a && a->type == gguf::ValueType::STRING) arch = a->s;
+  if (!arch.empty()) {
+    f.n_layer = static_cast<int>(r.get_u32_or(arch + ".block_count", 0));
+    f.n_expert = static_cast<int>(r.get_u32_or(arch + ".expert_count", 0));
+  }
+  if (f.n_layer == 0)
+    for (const auto& t : r.tensors())
+      if (auto li = layer_index(t.name)) f.n_layer = std::max(f.n_layer, *li + 1);
+  return f;
+}
+
+QuantizeResult quantize(const QuantizeOptions& o, const std::function<void(const TensorReport&)>& on_tensor) {
+  const auto t0 = std::chrono::steady_clock::now();
+  check(!o.in_path.empty(), "no input file given");
+  check(fs::exists(o.in_path), "input '{}' does not exist", o.in_path);
+  check(o.dry_run || !o.out_path.empty(), "no output file given");
+  auto reader = gguf::Reader::open(o.in_path);
+  const gguf::Reader& r = *reader;
+  if (!o.dry_run) {
+    const fs::path parent = fs::path(o.out_path).parent_path();
+    check(parent.empty() || fs::is_directory(parent), "output directory '{}' does not exist", parent.string());
+    for (size_t i = 0; i < r.n_files(); ++i)
+      check(!same_file(o.out_path, r.file_path(i)), "output '{}' is the input file '{}': choose another output path",
+            o.out_path, r.file_path(i));
+  }
+
+  // ---- plan ----
+  std::vector<TensorDesc> descs;
+  descs.reserve(r.tensors().size());
+  for (const auto& t : r.tensors()) {
+    check(t.ne[0] > 0, "{}: tensor '{}' has an empty first dimension", r.path(), t.name);
+    descs.push_back({t.name, t.type, t.ne});
+  }
+  const ModelFacts facts = model_facts(r);
+  std::vector<Decision> plan_ = plan(descs, facts, o.rules);
+
+  QuantizeResult res;
+  res.dry_run = o.dry_run;
+  res.target = o.rules.target.name;
+  if (o.rules.target.copy) {
+    const gguf::Value* ft = r.find("general.file_type");
+    res.file_type = ft ? static_cast<uint32_t>(ft->type == gguf::ValueType::INT32 ? ft->i : ft->u) : 0;
+  } else {
+    res.file_type = static_cast<uint32_t>(o.rules.target.ftype);
+  }
+  res.tensors.resize(descs.size());
+  int64_t max_ne0 = 1;
+  uint64_t max_chunk_out = 0;
+  for (size_t i = 0; i < descs.size(); ++i) {
+    const auto& t = r.tensors()[i];
+    TensorReport& rep = res.tensors[i];
+    rep.name = t.name;
+    rep.ne = t.ne;
+    rep.src_type = t.type;
+    rep.decision = plan_[i];
+    rep.bytes_in = t.nbytes;
+    const uint64_t nrows = static_cast<uint64_t>(t.nelements() / t.ne[0]);
+    rep.bytes_out = plan_[i].copy ? t.nbytes : row_bytes(plan_[i].type, static_cast<uint64_t>(t.ne[0])) * nrows;
+    res.bytes_in += rep.bytes_in;
+    res.bytes_out += rep.bytes_out;
+    res.out_type_counts[type_name(plan_[i].type)]++;
+    switch (plan_[i].why) {
+      case Why::Indexer: res.n_indexer++; res.indexer_types[type_name(t.type)]++; break;
+      case Why::ExpertsKept: res.n_experts_kept++; break;
+      case Why::NotQuantizable: res.n_not_quantizable++; break;
+      default: break;
+    }
+    if (plan_[i].copy) res.n_copied++; else res.n_converted++;
+    if (plan_[i].fallback) res.n_fallback++;
+    if (!plan_[i].copy) {
+      const uint64_t orb = row_bytes(plan_[i].type, static_cast<uint64_t>(t.ne[0]));
+      const uint64_t rows = std::min<uint64_t>(nrows, std::max<uint64_t>(1, kChunkBytes / orb));
+      max_chunk_out = std::max(max_chunk_out, rows * orb);
+      max_ne0 = std::max(max_ne0, t.ne[0]);
+    }
+  }
+
+  if (o.dry_run) {
+    if (on_tensor)
+      for (const auto& rep : res.tensors) on_tensor(rep);
+    res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return res;
+  }
+
+  // ---- write ----
+  gguf::WriterOptions wo;
+  wo.alignment = r.alignment();
+  wo.split_max_bytes = o.split_max_bytes;
+  gguf::Writer w(o.out_path, wo);
+  bool have_qv = false;
+  for (const auto& kv : r.kvs()) {
+    if (kv.key == "general.file_type" && !o.rules.target.copy) {
+      w.add_kv(kv.key, gguf::Value::u32(res.file_type));
+    } else if (kv.key == "general.quantization_version") {
+      w.add_kv(kv.key, gguf::Value::u32(2));
+      have_qv = true;
+    } else {
+      w.add_kv(kv.key, kv.value);
+    }
+  }
+  if (!r.has("general.file_type") && !o.rules.target.copy) w.add_kv("general.file_type", gguf::Value::u32(res.file_type));
+  if (!have_qv) w.add_kv("general.quantization_version", gguf::Value::u32(2));
+  for (size_t i = 0; i < descs.size(); ++i) {
+    const auto& t = r.tensors()[i];
+    w.add_tensor(t.name, plan_[i].type, std::vector<int64_t>(t.ne.begin(), t.ne.begin() + std::max<uint32_t>(1, t.n_dims)));
+  }
+  w.begin();
+
+  ThreadPool pool(o.threads);
+  std::vector<std::vector<float>> scratch(static_cast<size_t>(pool.size()), std::vector<float>(static_cast<size_t>(max_ne0)));
+  std::vector<uint8_t> outbuf(static_cast<size_t>(max_chunk_out));
+  Progress prog("quantize", descs.size(), res.bytes_out, o.quiet ? Progress::Mode::Quiet : Progress::Mode::Auto);
+
+  for (size_t i = 0; i < descs.size(); ++i) {
+    const auto& t = r.tensors()[i];
+    const Decision& d = plan_[i];
+    const MappedFile* mf = r.mapped_file(t.file_index);
+    if (d.copy) {
+      for (uint64_t off = 0; off < t.nbytes; off += kCopyChunk) {
+        const uint64_t n = std::min(kCopyChunk, t.nbytes - off);
+        w.write_tensor_data(t.name, t.data + off, n);
+        prog.add_bytes(n);
+      }
+    } else {
+      const int64_t ne0 = t.ne[0];
+      const int64_t nrows = t.nelements() / ne0;
+      const uint64_t irb = row_bytes(t.type, static_cast<uint64_t>(ne0));
+      const uint64_t orb = row_bytes(d.type, static_cast<uint64_t>(ne0));
+      const int64_t chunk_rows = static_cast<int64_t>(std::min<uint64_t>(nrows, std::max<uint64_t>(1, kChunkBytes / orb)));
+      const int64_t rows_per_task = std::max<int64_t>(1, kElemsPerTask / ne0);
+      std::mutex err_mu;
+      std::string err;
+      for (int64_t r0 = 0; r0 < nrows; r0 += chunk_rows) {
+        const int64_t rows = std::min(chunk_rows, nrows - r0);
+        const int64_t n_tasks = (rows + rows_per_task - 1) / rows_per_task;
+        pool.parallel_for(n_tasks, [&](int64_t k, int tid) {
+          try {
+            float* tmp = scratch[static_cast<size_t>(tid)].data();
+            const int64_t a = k * rows_per_task, b = std::min(rows, a + rows_per_task);
+            for (int64_t row = a; row < b; ++row) {
+              dequantize_row(t.type, t.data + static_cast<uint64_t>(r0 + row) * irb, tmp, ne0);
+              quantize_row(d.type, tmp, outbuf.data() + static_cast<uint64_t>(row) * orb, ne0);
+            }
+          } catch (const std::exception& e) {
+            std::lock_guard<std::mutex> lk(err_mu);
+            if (err.empty()) err = e.what();
+          }
+        });
+        if (!err.empty()) fail("tensor '{}': {}", t.name, err);
+        const uint64_t n = static_cast<uint64_t>(rows) * orb;
+        w.write_tensor_data(t.name, outbuf.data(), n);
+        prog.add_bytes(n);
+      }
+    }
+    if (mf) mf->advise_dontneed(static_cast<size_t>(t.data - mf->data()), static_cast<size_t>(t.nbytes));
+    prog.item_done(fmt::format("{} {} -> {}", t.name, type_name(t.type), type_name(d.type)));
+    if (on_tensor) on_tensor(res.tensors[i]);
+  }
+  prog.finish();
+  w.finish();
+  res.outputs = w.output_paths();
+  res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return res;
+}
+
+}  // namespace kimi::quant

@@ -1,0 +1,407 @@
+#include "server/api.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <random>
+
+#include "util/error.h"
+
+namespace kimi::server {
+
+std::string error_type_for(int status) {
+  switch (status) {
+    case 401: return "authentication_error";
+    case 403: return "permission_error";
+    case 404: return "not_found_error";
+    case 408: return "timeout_error";
+    case 413: return "invalid_request_error";
+    case 429: return "rate_limit_error";
+    case 503: return "server_unavailable_error";
+    default: return status >= 500 ? "server_error" : "invalid_request_error";
+  }
+}
+
+ojson error_json(int status, const std::string& message, const std::string& type, const std::string& param,
+                 const std::string& code) {
+  ojson e = ojson::object();
+  e["message"] = message;
+  e["type"] = type.empty() ? error_type_for(status) : type;
+  e["param"] = param.empty() ? ojson(nullptr) : ojson(param);
+  e["code"] = code.empty() ? ojson(nullptr) : ojson(code);
+  return ojson{{"error", e}};
+}
+
+bool constant_time_equal(const std::string& a, const std::string& b) {
+  // compares every byte of the longer string; the length difference is folded into the result
+  const size_t n = std::max(a.size(), b.size());
+  unsigned char diff = static_cast<unsigned char>(a.size() != b.size());
+  for (size_t i = 0; i < n; ++i) {
+    const unsigned char x = i < a.size() ? static_cast<unsigned char>(a[i]) : 0;
+    const unsigned char y = i < b.size() ? static_cast<unsigned char>(b[i]) : 0;
+    diff |= static_cast<unsigned char>(x ^ y);
+  }
+  return diff == 0;
+}
+
+ojson parse_body(const std::string& body) {
+  ojson j = ojson::parse(body, nullptr, false);
+  if (j.is_discarded()) {
+    // re-parse with exceptions for the position of the error
+    std::string where;
+    try {
+      const ojson unused = ojson::parse(body);
+      (void)unused;
+    } catch (const ojson::parse_error& e) {
+      where = fmt::format(" (at byte {})", e.byte);
+    }
+    throw ApiError(400, "request body is not valid JSON" + where, "invalid_request_error", "", "invalid_json");
+  }
+  if (!j.is_object()) throw ApiError(400, "request body must be a JSON object", "invalid_request_error");
+  return j;
+}
+
+namespace {
+
+const ojson* field(const ojson& b, const char* k) {
+  auto it = b.find(k);
+  return it == b.end() || it->is_null() ? nullptr : &*it;
+}
+
+[[noreturn]] void bad(const std::string& param, const std::string& msg) {
+  throw ApiError(400, msg, "invalid_request_error", param);
+}
+
+double number(const ojson& b, const char* k, double dflt, double lo, double hi) {
+  const ojson* v = field(b, k);
+  if (!v) return dflt;
+  if (!v->is_number()) bad(k, fmt::format("'{}' must be a number (got {})", k, v->type_name()));
+  const double d = v->get<double>();
+  if (!(d >= lo && d <= hi)) bad(k, fmt::format("'{}' must be between {} and {} (got {})", k, lo, hi, d));
+  return d;
+}
+
+int64_t integer(const ojson& b, const char* k, int64_t dflt, int64_t lo, int64_t hi) {
+  const ojson* v = field(b, k);
+  if (!v) return dflt;
+  if (!v->is_number_integer()) {
+    if (v->is_number_float() && std::floor(v->get<double>()) == v->get<double>() && std::abs(v->get<double>()) < 9e15)
+      ;  // 16.0 is accepted as 16
+    else
+      bad(k, fmt::format("'{}' must be an integer (got {})", k, v->is_number() ? "a fraction" : v->type_name()));
+  }
+  const int64_t x = v->is_number_integer() ? (v->is_number_unsigned() && v->get<uint64_t>() > INT64_MAX ? INT64_MAX
+                                                                                                         : v->get<int64_t>())
+                                           : static_cast<int64_t>(v->get<double>());
+  if (x < lo || x > hi) bad(k, fmt::format("'{}' must be between {} and {} (got {})", k, lo, hi, x));
+  return x;
+}
+
+bool boolean(const ojson& b, const char* k, bool dflt) {
+  const ojson* v = field(b, k);
+  if (!v) return dflt;
+  if (!v->is_boolean()) bad(k, fmt::format("'{}' must be a boolean (got {})", k, v->type_name()));
+  return v->get<bool>();
+}
+
+// Fields shared by both endpoints.
+void common_params(const ojson& b, ParsedRequest& r, const Limits& lim, bool chat) {
+  if (const ojson* m = field(b, "model")) {
+    if (!m->is_string()) bad("model", "'model' must be a string");
+    r.model = m->get<std::string>();
+  }
+  if (integer(b, "n", 1, 1, INT32_MAX) != 1) bad("n", "only n=1 is supported");
+  if (chat && integer(b, "best_of", 1, 1, 1) != 1) bad("best_of", "only best_of=1 is supported");
+  r.stream = boolean(b, "stream", false);
+  if (const ojson* so = field(b, "stream_options")) {
+    if (!so->is_object()) bad("stream_options", "'stream_options' must be an object");
+    r.include_usage = boolean(*so, "include_usage", false);
+  }
+  if (const ojson* lp = field(b, "logprobs"))
+    if (!(lp->is_boolean() && !lp->get<bool>())) bad("logprobs", "logprobs are not supported");
+  SamplerParams& sp = r.gen.sampler;
+  sp.temp = static_cast<float>(number(b, "temperature", 1.0, 0.0, 2.0));
+  sp.top_p = static_cast<float>(number(b, "top_p", 1.0, 0.0, 1.0));
+  if (field(b, "top_p") && sp.top_p <= 0) bad("top_p", "'top_p' must be > 0");
+  sp.top_k = static_cast<int>(integer(b, "top_k", 0, 0, INT32_MAX));
+  sp.min_p = static_cast<float>(number(b, "min_p", 0.0, 0.0, 1.0));
+  sp.repeat_penalty = static_cast<float>(number(b, "repeat_penalty", 1.0, 1e-3, 100.0));
+  if (field(b, "seed")) {
+    sp.seed = static_cast<uint64_t>(integer(b, "seed", 0, INT64_MIN, INT64_MAX));
+  } else {
+    std::random_device rd;
+    sp.seed = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+  }
+  r.gen.ignore_eos = boolean(b, "ignore_eos", false);
+  if (const ojson* s = field(b, "stop")) {
+    auto add = [&](const ojson& x) {
+      if (!x.is_string()) bad("stop", "'stop' must be a string or an array of strings");
+      if (x.get<std::string>().empty()) bad("stop", "'stop' strings must not be empty");
+      r.gen.stop.push_back(x.get<std::string>());
+    };
+    if (s->is_array()) {
+      if (s->size() > 4) bad("stop", "at most 4 stop sequences are allowed");
+      for (const auto& x : *s) add(x);
+    } else {
+      add(*s);
+    }
+  }
+  const int max_limit = lim.max_tokens > 0 ? lim.max_tokens : lim.n_ctx;
+  const int max_prompt = lim.max_prompt_tokens > 0 ? std::min(lim.max_prompt_tokens, lim.n_ctx - 1) : lim.n_ctx - 1;
+  const int64_t mt_dflt = chat ? (lim.default_max_tokens > 0 ? lim.default_max_tokens : max_limit) : 16;
+  const char* key = field(b, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
+  r.gen.max_tokens = static_cast<int>(integer(b, key, std::min<int64_t>(mt_dflt, max_limit), 1, max_limit));
+  if (r.prompt.empty()) bad(chat ? "messages" : "prompt", "the prompt is empty");
+  if (static_cast<int>(r.prompt.size()) > max_prompt)
+    throw ApiError(400,
+                   fmt::format("the prompt has {} tokens, more than the limit of {} (context {})", r.prompt.size(),
+                               max_prompt, lim.n_ctx),
+                   "invalid_request_error", chat ? "messages" : "prompt", "context_length_exceeded");
+  if (lim.timeout_s > 0)
+    r.gen.deadline = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(lim.timeout_s * 1000));
+}
+
+bool truthy(const ojson& v) {
+  if (v.is_null()) return false;
+  if (v.is_boolean()) return v.get<bool>();
+  if (v.is_number()) return v.get<double>() != 0;
+  if (v.is_string() || v.is_array() || v.is_object()) return !v.empty();
+  return true;
+}
+
+void check_content(const ojson& c, const std::string& where, bool allow_null) {
+  if (c.is_null()) {
+    if (!allow_null) bad(where, fmt::format("'{}' is required", where));
+    return;
+  }
+  if (c.is_string()) return;
+  if (!c.is_array()) bad(where, fmt::format("'{}' must be a string or an array of content parts", where));
+  for (size_t i = 0; i < c.size(); ++i) {
+    const ojson& p = c[i];
+    const std::string pw = fmt::format("{}[{}]", where, i);
+    if (!p.is_object() || !p.contains("type") || !p["type"].is_string())
+      bad(pw, fmt::format("'{}' must be an object with a string 'type'", pw));
+    const std::string t = p["type"].get<std::string>();
+    if (t == "text") {
+      if (!p.contains("text") || !p["text"].is_string()) bad(pw, fmt::format("'{}.text' must be a string", pw));
+    } else {
+      bad(pw, fmt::format("content part type '{}' is not supported (text only)", t));
+    }
+  }
+}
+
+}  // namespace
+
+ParsedRequest parse_chat_request(const std::string& body_text, const tok::Tokenizer& tok, const Limits& lim) {
+  ojson b = parse_body(body_text);
+  ParsedRequest r;
+  const ojson* msgs = field(b, "messages");
+  if (!msgs) bad("messages", "'messages' is required");
+  if (!msgs->is_array()) bad("messages", "'messages' must be an array");
+  if (msgs->empty()) bad("messages", "'messages' must not be empty");
+  ojson req = ojson::object();  // what the template sees
+  ojson out_msgs = ojson::array();
+  for (size_t i = 0; i < msgs->size(); ++i) {
+    ojson m = (*msgs)[i];
+    const std::string w = fmt::format("messages[{}]", i);
+    if (!m.is_object()) bad(w, fmt::format("'{}' must be an object", w));
+    if (!m.contains("role") || !m["role"].is_string()) bad(w + ".role", fmt::format("'{}.role' must be a string", w));
+    std::string role = m["role"].get<std::string>();
+    if (role == "developer") m["role"] = role = "system";
+    if (role != "system" && role != "user" && role != "assistant" && role != "tool")
+      bad(w + ".role", fmt::format("'{}.role' is '{}'; expected one of system, developer, user, assistant, tool", w, role));
+    if (m.contains("name") && !m["name"].is_null() && !m["name"].is_string())
+      bad(w + ".name", fmt::format("'{}.name' must be a string", w));
+    const bool has_calls = m.contains("tool_calls") && !m["tool_calls"].is_null();
+    check_content(m.contains("content") ? m["content"] : ojson(nullptr), w + ".content",
+                  role == "assistant");
+    if (role == "assistant") {
+      for (const char* k : {"reasoning_content", "reasoning"})
+        if (m.contains(k) && !m[k].is_null() && !m[k].is_string())
+          bad(w + "." + k, fmt::format("'{}.{}' must be a string", w, k));
+    }
+    if (has_calls) {
+      if (role != "assistant") bad(w + ".tool_calls", fmt::format("'{}.tool_calls' is only allowed for the assistant", w));
+      const ojson& calls = m["tool_calls"];
+      if (!calls.is_array()) bad(w + ".tool_calls", fmt::format("'{}.tool_calls' must be an array", w));
+      for (size_t j = 0; j < calls.size(); ++j) {
+        const ojson& c = calls[j];
+        const std::string cw = fmt::format("{}.tool_calls[{}]", w, j);
+        if (!c.is_object()) bad(cw, fmt::format("'{}' must be an object", cw));
+        if (c.contains("id") && !c["id"].is_null() && !c["id"].is_string()) bad(cw + ".id", fmt::format("'{}.id' must be a string", cw));
+        if (!c.contains("function") || !c["function"].is_object())
+          bad(cw + ".function", fmt::format("'{}.function' must be an object", cw));
+        const ojson& fn = c["function"];
+        if (!fn.contains("name") || !fn["name"].is_string() || fn["name"].get<std::string>().empty())
+          bad(cw + ".function.name", fmt::format("'{}.function.name' must be a non-empty string", cw));
+        if (fn.contains("arguments") && !fn["arguments"].is_null()) {
+          const ojson& a = fn["arguments"];
+          if (a.is_string()) {
+            const ojson pa = ojson::parse(a.get<std::string>(), nullptr, false);
+            if (!a.get<std::string>().empty() && (pa.is_discarded() || !pa.is_object()))
+              bad(cw + ".function.arguments", fmt::format("'{}.function.arguments' must be a JSON object (as a string)", cw));
+          } else if (!a.is_object()) {
+            bad(cw + ".function.arguments", fmt::format("'{}.function.arguments' must be a string or an object", cw));
+          }
+        }
+      }
+    }
+    if (role == "tool" && m.contains("tool_call_id") && !m["tool_call_id"].is_null() && !m["tool_call_id"].is_string())
+      bad(w + ".tool_call_id", fmt::format("'{}.tool_call_id' must be a string", w));
+    out_msgs.push_back(std::move(m));
+  }
+  req["messages"] = std::move(out_msgs);
+  if (const ojson* tools = field(b, "tools")) {
+    if (!tools->is_array()) bad("tools", "'tools' must be an array");
+    for (size_t i = 0; i < tools->size(); ++i) {
+      const ojson& t = (*tools)[i];
+      const std::string w = fmt::format("tools[{}]", i);
+      if (!t.is_object()) bad(w, fmt::format("'{}' must be an object", w));
+      if (t.contains("type") && t["type"] != "function") bad(w + ".type", fmt::format("'{}.type' must be \"function\"", w));
+      if (!t.contains("function") || !t["function"].is_object()) bad(w + ".function", fmt::format("'{}.function' must be an object", w));
+      const ojson& fn = t["function"];
+      if (!fn.contains("name") || !fn["name"].is_string() || fn["name"].get<std::string>().empty())
+        bad(w + ".function.name", fmt::format("'{}.function.name' must be a non-empty string", w));
+      if (fn.contains("parameters") && !fn["parameters"].is_null() && !fn["parameters"].is_object())
+        bad(w + ".function.parameters", fmt::format("'{}.function.parameters' must be an object", w));
+    }
+    if (!tools->empty()) req["tools"] = *tools;
+  }
+  if (const ojson* tc = field(b, "tool_choice")) {
+    if (tc->is_string()) {
+      const std::string s = tc->get<std::string>();
+      if (s != "none" && s != "auto" && s != "required")
+        bad("tool_choice", "'tool_choice' must be \"none\", \"auto\", \"required\" or a function object");
+      req["tool_choice"] = s;
+    } else if (tc->is_object()) {
+      req["tool_choice"] = "required";  // the K3 template knows only the strings
+    } else {
+      bad("tool_choice", "'tool_choice' must be a string or an object");
+    }
+  }
+  if (const ojson* rf = field(b, "response_format")) {
+    if (!rf->is_object()) bad("response_format", "'response_format' must be an object");
+    req["response_format"] = *rf;
+  }
+  bool thinking = true;
+  if (const ojson* th = field(b, "thinking")) {
+    req["thinking"] = *th;
+    thinking = truthy(*th);
+  }
+  if (const ojson* e = field(b, "thinking_effort")) req["thinking_effort"] = *e;
+  else if (const ojson* e2 = field(b, "reasoning_effort")) req["thinking_effort"] = *e2;
+  try {
+    r.rendered = tok::render_chat_request(req);
+  } catch (const kimi::Error& e) {
+    bad("messages", std::string("cannot render the chat: ") + e.what());
+  }
+  r.prompt = tok.encode(r.rendered, true);
+  r.gen.chat = true;
+  r.gen.start_in_think = thinking;
+  common_params(b, r, lim, true);
+  return r;
+}
+
+ParsedRequest parse_completion_request(const std::string& body_text, const tok::Tokenizer& tok, const Limits& lim) {
+  ojson b = parse_body(body_text);
+  ParsedRequest r;
+  const ojson* p = field(b, "prompt");
+  if (!p) bad("prompt", "'prompt' is required");
+  if (field(b, "suffix")) bad("suffix", "'suffix' is not supported");
+  if (boolean(b, "echo", false)) bad("echo", "'echo' is not supported");
+  if (p->is_string()) {
+    r.prompt = tok.encode(p->get<std::string>(), true);
+  } else if (p->is_array() && p->size() == 1 && (*p)[0].is_string()) {
+    r.prompt = tok.encode((*p)[0].get<std::string>(), true);
+  } else if (p->is_array()) {
+    const int64_t nv = tok.n_vocab();
+    for (size_t i = 0; i < p->size(); ++i) {
+      const ojson& t = (*p)[i];
+      if (!t.is_number_integer())
+        bad("prompt", "'prompt' must be a string, an array with one string, or an array of token ids");
+      const int64_t id = t.get<int64_t>();
+      if (id < 0 || id >= nv) bad("prompt", fmt::format("'prompt[{}]': token id {} is out of range 0..{}", i, id, nv - 1));
+      r.prompt.push_back(static_cast<int32_t>(id));
+    }
+  } else {
+    bad("prompt", "'prompt' must be a string, an array with one string, or an array of token ids");
+  }
+  r.gen.chat = false;
+  common_params(b, r, lim, false);
+  return r;
+}
+
+void apply_chat_text(tok::ChatParser& parser, const std::string& text, JobOutput& out) {
+  tok::ChatDelta d = parser.push(text);
+  out.reasoning += d.reasoning;
+  out.content += d.content;
+  for (size_t i : d.tool_calls_completed) out.tool_calls.push_back(parser.message().tool_calls[i]);
+}
+
+ojson tool_call_json(const tok::ParsedToolCall& c, const std::string& id) {
+  std::string args;
+  if (!c.raw_json.empty()) {
+    const ojson parsed = ojson::parse(c.raw_json, nullptr, false);
+    args = !parsed.is_discarded() && parsed.is_object() ? parsed.dump() : c.raw_json;
+  } else {
+    args = c.arguments.dump();
+  }
+  return ojson{{"id", id}, {"type", "function"}, {"function", {{"name", c.name}, {"arguments", args}}}};
+}
+
+ojson usage_json(const Job::Result& r) {
+  return ojson{{"prompt_tokens", r.n_prompt},
+               {"completion_tokens", r.n_generated},
+               {"total_tokens", r.n_prompt + r.n_generated},
+               {"prompt_tokens_details", {{"cached_tokens", r.n_cached}}}};
+}
+
+std::string openai_finish_reason(const std::string& r) {
+  if (r == "timeout") return "length";
+  if (r == "cancelled" || r == "error") return "stop";
+  return r;
+}
+
+ojson chat_response(const std::string& id, const std::string& model, int64_t created, const JobOutput& out,
+                    const Job::Result& r) {
+  ojson msg = ojson::object();
+  msg["role"] = "assistant";
+  msg["content"] = out.content.empty() && !out.tool_calls.empty() ? ojson(nullptr) : ojson(out.content);
+  if (!out.reasoning.empty()) msg["reasoning_content"] = out.reasoning;
+  if (!out.tool_calls.empty()) {
+    ojson calls = ojson::array();
+    for (size_t i = 0; i < out.tool_calls.size(); ++i)
+      calls.push_back(tool_call_json(out.tool_calls[i], fmt::format("call_{}_{}", id, i)));
+    msg["tool_calls"] = std::move(calls);
+  }
+  ojson choice = {{"index", 0}, {"message", msg}, {"logprobs", nullptr},
+                  {"finish_reason", openai_finish_reason(r.finish_reason)}};
+  return ojson{{"id", id},           {"object", "chat.completion"}, {"created", created},
+               {"model", model},     {"choices", ojson::array({choice})}, {"usage", usage_json(r)}};
+}
+
+ojson completion_response(const std::string& id, const std::string& model, int64_t created, const JobOutput& out,
+                          const Job::Result& r) {
+  ojson choice = {{"text", out.text}, {"index", 0}, {"logprobs", nullptr},
+                  {"finish_reason", openai_finish_reason(r.finish_reason)}};
+  return ojson{{"id", id},       {"object", "text_completion"}, {"created", created},
+               {"model", model}, {"choices", ojson::array({choice})}, {"usage", usage_json(r)}};
+}
+
+ojson chat_chunk(const std::string& id, const std::string& model, int64_t created, const ojson& delta,
+                 const std::string& finish_reason) {
+  ojson choice = {{"index", 0}, {"delta", delta}, {"logprobs", nullptr},
+                  {"finish_reason", finish_reason.empty() ? ojson(nullptr) : ojson(finish_reason)}};
+  return ojson{{"id", id}, {"object", "chat.completion.chunk"}, {"created", created}, {"model", model},
+               {"choices", ojson::array({choice})}};
+}
+
+ojson completion_chunk(const std::string& id, const std::string& model, int64_t created, const std::string& text,
+                       const std::string& finish_reason) {
+  ojson choice = {{"text", text}, {"index", 0}, {"logprobs", nullptr},
+                  {"finish_reason", finish_reason.empty() ? ojson(nullptr) : ojson(finish_reason)}};
+  return ojson{{"id", id}, {"object", "text_completion"}, {"created", created}, {"model", model},
+               {"choices", ojson::array({choice})}};
+}
+
+}  // namespace kimi::server

@@ -1,0 +1,80 @@
+// OpenAI-compatible request parsing / validation and response building for `kimi serve`.
+// Pure functions (no HTTP, no engine) so that they can be unit-tested directly.
+#pragma once
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "server/scheduler.h"
+#include "tokenizer/chat.h"
+#include "tokenizer/tokenizer.h"
+
+namespace kimi::server {
+
+using ojson = nlohmann::ordered_json;
+
+// A request error: becomes {"error":{"message","type","param","code"}} with `status`.
+struct ApiError : std::runtime_error {
+  ApiError(int status, std::string message, std::string type = "invalid_request_error", std::string param = "",
+           std::string code = "")
+      : std::runtime_error(message), status(status), type(std::move(type)), param(std::move(param)),
+        code(std::move(code)) {}
+  int status;
+  std::string type, param, code;
+};
+
+ojson error_json(int status, const std::string& message, const std::string& type = "", const std::string& param = "",
+                 const std::string& code = "");
+std::string error_type_for(int status);  // 400 invalid_request_error, 401 authentication_error, ...
+
+struct Limits {
+  int n_ctx = 4096;             // positions per sequence
+  int max_prompt_tokens = 0;    // 0: n_ctx - 1
+  int max_tokens = 0;           // upper bound for a request's max_tokens (0: n_ctx)
+  int default_max_tokens = 0;   // chat default when the request has none (0: what the context allows)
+  double timeout_s = 600;       // per request (0: none)
+};
+
+struct ParsedRequest {
+  std::vector<int32_t> prompt;
+  GenParams gen;
+  bool stream = false;
+  bool include_usage = false;  // stream_options.include_usage
+  std::string model;           // as given (informational)
+  std::string rendered;        // chat: the rendered prompt text
+};
+
+// Parse + validate a request body (throws ApiError). Renders chat messages with the K3 template
+// and tokenizes the prompt.
+ParsedRequest parse_chat_request(const std::string& body, const tok::Tokenizer& tok, const Limits& lim);
+ParsedRequest parse_completion_request(const std::string& body, const tok::Tokenizer& tok, const Limits& lim);
+
+// Parses a JSON body into an object (ApiError 400 for malformed JSON / not an object).
+ojson parse_body(const std::string& body);
+
+// Feeds raw model text through a chat parser into `out` (what the scheduler does per token).
+void apply_chat_text(tok::ChatParser& parser, const std::string& text, JobOutput& out);
+
+// OpenAI tool call object for a parsed call (arguments as a JSON string).
+ojson tool_call_json(const tok::ParsedToolCall& c, const std::string& id);
+ojson usage_json(const Job::Result& r);
+
+// Full (non-streaming) responses.
+ojson chat_response(const std::string& id, const std::string& model, int64_t created, const JobOutput& out,
+                    const Job::Result& r);
+ojson completion_response(const std::string& id, const std::string& model, int64_t created, const JobOutput& out,
+                          const Job::Result& r);
+
+// Streaming chunks (one SSE `data:` payload each).
+ojson chat_chunk(const std::string& id, const std::string& model, int64_t created, const ojson& delta,
+                 const std::string& finish_reason);  // "" -> null
+ojson completion_chunk(const std::string& id, const std::string& model, int64_t created, const std::string& text,
+                       const std::string& finish_reason);
+
+// OpenAI finish_reason for a scheduler result ("timeout" / "cancelled" map to "length" / "stop").
+std::string openai_finish_reason(const std::string& r);
+
+bool constant_time_equal(const std::string& a, const std::string& b);
+
+}  // namespace kimi::server

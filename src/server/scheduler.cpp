@@ -1,0 +1,515 @@
+#include "server/scheduler.h"
+
+#include "server/api.h"
+
+#include <algorithm>
+
+#include "util/error.h"
+
+namespace kimi::server {
+
+// ---------------------------------------------------------------------------------------------
+// JobOutput / Job
+
+void JobOutput::append(JobOutput&& o) {
+  text += o.text;
+  reasoning += o.reasoning;
+  content += o.content;
+  for (auto& c : o.tool_calls) tool_calls.push_back(std::move(c));
+}
+
+Job::Job(std::vector<int32_t> prompt, GenParams params)
+    : prompt_(std::move(prompt)), params_(std::move(params)), t_submit_(Clock::now()) {}
+
+bool Job::wait(JobOutput& out, std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lk(mu_);
+  cv_.wait_for(lk, timeout, [&] { return finished_ || !pending_.empty(); });
+  out.append(std::move(pending_));
+  pending_ = JobOutput{};
+  return finished_;
+}
+
+Job::Result Job::result() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return result_;
+}
+
+bool Job::finished() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return finished_;
+}
+
+void Job::push(JobOutput&& o) {
+  if (o.empty()) return;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    pending_.append(std::move(o));
+  }
+  cv_.notify_all();
+}
+
+void Job::finish(Result r) {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    r.total_s = std::chrono::duration<double>(Clock::now() - t_submit_).count();
+    if (result_.ttft_s >= 0) r.ttft_s = result_.ttft_s;
+    result_ = std::move(r);
+    finished_ = true;
+  }
+  cv_.notify_all();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Scheduler
+
+Scheduler::Scheduler(const Model& model, const tok::Tokenizer& tok, const ContextOptions& copts,
+                     const SchedulerOptions& so)
+    : model_(model), tok_(tok), so_(so) {
+  check(so_.parallel >= 1, "--parallel must be >= 1 (got {})", so_.parallel);
+  check(so_.chunk >= 1, "--chunk must be >= 1 (got {})", so_.chunk);
+  check(so_.max_chunks >= 1, "--max-chunks must be >= 1 (got {})", so_.max_chunks);
+  if (so_.cache_slots < 0) so_.cache_slots = so_.parallel;
+  ContextOptions o = copts;
+  o.n_seq_max = so_.parallel + so_.cache_slots;
+  o.n_batch_max = std::max(o.n_batch_max, so_.chunk * so_.max_chunks + so_.parallel);
+  ctx_ = std::make_unique<Context>(model_, o);
+  n_ctx_ = o.n_ctx_max;
+  any_prefix_ = model_.hparams().n_kda_layers() == 0;
+  seqs_.resize(static_cast<size_t>(o.n_seq_max));
+  // chat output keeps only the structural special tokens (the parser needs them as text)
+  drop_special_.assign(static_cast<size_t>(ctx_->n_vocab()), 0);
+  for (int32_t id = 0; id < std::min(ctx_->n_vocab(), tok_.n_vocab()); ++id) {
+    if (!tok_.is_special(id)) continue;
+    const std::string& p = tok_.token_to_piece(id);
+    drop_special_[static_cast<size_t>(id)] = p != "<|open|>" && p != "<|close|>" && p != "<|sep|>" && p != "<|end_of_msg|>";
+  }
+  st_.slots = so_.parallel;
+  st_.sequences = o.n_seq_max;
+  thread_ = std::thread([this] { loop(); });
+}
+
+Scheduler::~Scheduler() { shutdown(std::chrono::milliseconds(0)); }
+
+bool Scheduler::submit(const std::shared_ptr<Job>& job) {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (stop_ || draining_.load()) return false;
+    const int waiting = static_cast<int>(queue_.size());
+    const int free_slots = so_.parallel - static_cast<int>(st_.active);
+    if (waiting - std::max(0, free_slots) >= so_.queue_limit) return false;
+    queue_.push_back(job);
+    st_.queue_depth = static_cast<int>(queue_.size());
+  }
+  cv_.notify_all();
+  return true;
+}
+
+void Scheduler::request_stop(std::chrono::milliseconds grace) {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    draining_.store(true);
+    const auto end = Clock::now() + grace;
+    if (end < grace_end_) grace_end_ = end;
+    stop_ = true;
+  }
+  cv_.notify_all();
+}
+
+void Scheduler::shutdown(std::chrono::milliseconds grace) {
+  request_stop(grace);
+  std::lock_guard<std::mutex> lk(join_mu_);
+  if (thread_.joinable()) thread_.join();
+}
+
+SchedulerStats Scheduler::stats() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  SchedulerStats s = st_;
+  if (rate_.size() >= 2) {
+    const double span = std::chrono::duration<double>(rate_.back().first - rate_.front().first).count();
+    uint64_t n = 0;
+    for (size_t i = 1; i < rate_.size(); ++i) n += static_cast<uint64_t>(rate_[i].second);
+    const double age = std::chrono::duration<double>(Clock::now() - rate_.back().first).count();
+    s.tokens_per_s = span > 0 && age < 10 ? n / span : 0.0;
+  }
+  return s;
+}
+
+void Scheduler::loop() {
+  for (;;) {
+    std::vector<std::shared_ptr<Job>> admitted;
+    {
+      std::unique_lock<std::mutex> lk(mu_);
+      cv_.wait(lk, [&] { return stop_ || !queue_.empty() || !active_.empty(); });
+      if (stop_ && Clock::now() >= grace_end_) {
+        // grace over: cancel everything still queued or running
+        for (auto& j : queue_) j->cancel();
+        for (auto& a : active_) a->job->cancel();
+      }
+      if (stop_ && queue_.empty() && active_.empty()) break;
+      const auto now = Clock::now();  // drop queued jobs that were given up or timed out
+      for (auto it = queue_.begin(); it != queue_.end();) {
+        const bool late = now >= (*it)->params().deadline;
+        if (!(*it)->cancelled() && !late) { ++it; continue; }
+        Job::Result r;
+        r.finish_reason = late ? "timeout" : "cancelled";
+        r.http_status = late ? 408 : 200;
+        r.error = late ? "request timed out while queued" : "";
+        r.n_prompt = static_cast<int>((*it)->prompt().size());
+        (*it)->finish(r);
+        ++(late ? st_.requests_timeout : st_.requests_cancelled);
+        it = queue_.erase(it);
+      }
+      while (!queue_.empty() && static_cast<int>(active_.size() + admitted.size()) < so_.parallel) {
+        admitted.push_back(queue_.front());
+        queue_.pop_front();
+      }
+      st_.queue_depth = static_cast<int>(queue_.size());
+    }
+    for (auto& j : admitted) {
+      auto a = std::make_unique<Active>();
+      a->job = j;
+      if (j->cancelled()) {  // given up while waiting: never touches the context
+        Job::Result r;
+        r.finish_reason = "cancelled";
+        r.n_prompt = static_cast<int>(j->prompt().size());
+        j->finish(r);
+        std::lock_guard<std::mutex> lk(mu_);
+        ++st_.requests_cancelled;
+        continue;
+      }
+      try {
+        start(*a);
+        active_.push_back(std::move(a));
+      } catch (const std::exception& e) {
+        Job::Result r;
+        r.finish_reason = "error";
+        r.http_status = 500;
+        r.error = e.what();
+        j->finish(r);
+        std::lock_guard<std::mutex> lk(mu_);
+        ++st_.requests_failed;
+      }
+    }
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      st_.active = static_cast<int>(active_.size());
+    }
+    // cancellations and timeouts
+    const auto now = Clock::now();
+    for (auto& a : active_) {
+      if (a->job->cancelled()) finish(*a, "cancelled");
+      else if (now >= a->job->params().deadline) finish(*a, "timeout", 408, "request timed out");
+    }
+    active_.erase(std::remove_if(active_.begin(), active_.end(), [](auto& a) { return a->done; }), active_.end());
+    if (active_.empty()) {
+      std::lock_guard<std::mutex> lk(mu_);
+      st_.active = 0;
+      continue;
+    }
+    try {
+      step();
+    } catch (const std::exception& e) {  // never let the scheduler thread die: fail what was running
+      for (auto& a : active_) {
+        if (a->done) continue;
+        ctx_->seq_clear(a->seq);
+        seqs_[static_cast<size_t>(a->seq)].toks.clear();
+        seqs_[static_cast<size_t>(a->seq)].snap = -1;
+        finish(*a, "error", 500, std::string("internal error: ") + e.what());
+      }
+    }
+    active_.erase(std::remove_if(active_.begin(), active_.end(), [](auto& a) { return a->done; }), active_.end());
+    std::lock_guard<std::mutex> lk(mu_);
+    st_.active = static_cast<int>(active_.size());
+  }
+  std::lock_guard<std::mutex> lk(mu_);
+  st_.active = 0;
+  st_.queue_depth = 0;
+}
+
+static size_t common_prefix(const std::vector<int32_t>& a, const std::vector<int32_t>& b) {
+  const size_t n = std::min(a.size(), b.size());
+  size_t i = 0;
+  while (i < n && a[i] == b[i]) ++i;
+  return i;
+}
+
+int Scheduler::pick_victim(int exclude) const {
+  int best = -1;
+  for (int i = 0; i < static_cast<int>(seqs_.size()); ++i) {
+    const SeqRec& s = seqs_[static_cast<size_t>(i)];
+    if (i == exclude || s.busy) continue;
+    if (best < 0) { best = i; continue; }
+    const SeqRec& b = seqs_[static_cast<size_t>(best)];
+    const bool se = s.toks.empty(), be = b.toks.empty();
+    if (se != be) { if (se) best = i; continue; }
+    if (s.used < b.used) best = i;
+  }
+  return best;
+}
+
+void Scheduler::start(Active& a) {
+  const std::vector<int32_t>& P = a.job->prompt();
+  check(!P.empty(), "empty prompt");
+  const size_t cap = P.size() - 1;  // the last prompt token is always decoded (its logits)
+  int src = -1;
+  size_t best_r = 0, L = 0;
+  for (int i = 0; i < static_cast<int>(seqs_.size()); ++i) {
+    const SeqRec& s = seqs_[static_cast<size_t>(i)];
+    const size_t l = std::min(common_prefix(s.toks, P), cap);
+    L = std::max(L, l);
+    size_t r = 0;
+    if (s.toks.size() <= l) r = s.toks.size();
+    else if (any_prefix_) r = l;
+    else if (s.snap > 0 && static_cast<size_t>(s.snap) <= l) r = static_cast<size_t>(s.snap);
+    if (r == 0) continue;
+    const bool better = r > best_r || (r == best_r && src >= 0 && seqs_[static_cast<size_t>(src)].busy && !s.busy);
+    if (better) { best_r = r; src = i; }
+  }
+  int target;
+  if (src >= 0 && !seqs_[static_cast<size_t>(src)].busy && !seqs_[static_cast<size_t>(src)].prefix) {
+    target = src;
+  } else {
+    target = pick_victim(src);
+    if (target < 0) target = src;  // only the (idle) prefix entry itself is free: take it over
+    check(target >= 0, "internal: no free sequence for a new request");
+  }
+  SeqRec& t = seqs_[static_cast<size_t>(target)];
+  if (best_r == 0) {
+    ctx_->seq_clear(target);
+    t.toks.clear();
+    t.snap = -1;
+  } else {
+    if (target != src) {
+      const SeqRec& s = seqs_[static_cast<size_t>(src)];
+      ctx_->seq_copy(src, target);
+      t.toks = s.toks;
+      t.snap = s.snap;
+      seqs_[static_cast<size_t>(src)].used = ++tick_;
+    }
+    if (t.toks.size() > best_r) {
+      ctx_->seq_truncate(target, static_cast<int32_t>(best_r));
+      t.toks.resize(best_r);
+      if (t.snap > static_cast<int>(best_r)) t.snap = -1;
+    }
+  }
+  if (best_r > 0 && best_r + 1 == P.size() && t.snap != static_cast<int>(best_r)) {
+    ctx_->seq_snapshot(target);
+    t.snap = static_cast<int>(best_r);
+  }
+  t.busy = true;
+  t.prefix = false;
+  t.used = ++tick_;
+  a.seq = target;
+  a.pos = best_r;
+  a.split_at = (so_.cache_slots > 0 && L >= best_r + static_cast<size_t>(so_.min_prefix_entry)) ? static_cast<int>(L) : -1;
+  const GenParams& gp = a.job->params();
+  a.sampler.emplace(gp.sampler, ctx_->n_vocab());
+  if (gp.sampler.repeat_penalty != 1.0f)
+    for (int32_t tkn : P) a.sampler->accept(tkn);
+  a.detok.emplace(tok_, false);
+  if (gp.chat) a.parser.emplace(gp.start_in_think);
+  {
+    Job::Result r;  // record prompt/cached counts early (visible in the final result)
+    std::lock_guard<std::mutex> lk(a.job->mu_);
+    a.job->result_.n_prompt = static_cast<int>(P.size());
+    a.job->result_.n_cached = static_cast<int>(best_r);
+  }
+  std::lock_guard<std::mutex> lk(mu_);
+  ++st_.requests_started;
+  st_.prompt_tokens += P.size();
+  st_.cached_tokens += best_r;
+}
+
+void Scheduler::make_prefix_entry(Active& a) {
+  const int v = pick_victim(a.seq);
+  if (v < 0) return;
+  ctx_->seq_copy(a.seq, v);
+  SeqRec& d = seqs_[static_cast<size_t>(v)];
+  const SeqRec& s = seqs_[static_cast<size_t>(a.seq)];
+  d.toks = s.toks;
+  d.snap = s.snap;
+  d.prefix = true;
+  d.used = ++tick_;
+  std::lock_guard<std::mutex> lk(mu_);
+  ++st_.prefix_entries;
+}
+
+void Scheduler::step() {
+  batch_.clear();
+  int prefill_tokens = 0;
+  struct Part { Active* a; size_t n; };  // prefill part of this step
+  std::vector<Part> parts;
+  for (auto& up : active_) {
+    Active& a = *up;
+    if (!a.generating) continue;
+    a.logit_idx = static_cast<int>(batch_.size());
+    batch_.add(a.pending, a.seq, static_cast<int32_t>(seqs_[static_cast<size_t>(a.seq)].toks.size()), true);
+  }
+  int chunks = 0;
+  for (auto& up : active_) {
+    Active& a = *up;
+    if (a.generating || chunks >= so_.max_chunks) continue;
+    const auto& P = a.job->prompt();
+    size_t n = std::min(static_cast<size_t>(so_.chunk), P.size() - a.pos);
+    // stop at |P| - 1 for the turn-boundary snapshot (an identical prompt can then resume there)
+    const size_t snap_at = P.size() - 1;
+    if (snap_at > 0 && a.pos < snap_at) n = std::min(n, snap_at - a.pos);
+    if (a.split_at > static_cast<int>(a.pos)) n = std::min(n, static_cast<size_t>(a.split_at) - a.pos);
+    const bool last = a.pos + n == P.size();
+    const int32_t base = static_cast<int32_t>(seqs_[static_cast<size_t>(a.seq)].toks.size());
+    for (size_t i = 0; i < n; ++i) batch_.add(P[a.pos + i], a.seq, base + static_cast<int32_t>(i), last && i + 1 == n);
+    a.logit_idx = last ? static_cast<int>(batch_.size()) - 1 : -1;
+    parts.push_back({&a, n});
+    prefill_tokens += static_cast<int>(n);
+    ++chunks;
+  }
+  if (batch_.empty()) return;
+  const auto t0 = Clock::now();
+  try {
+    ctx_->decode(batch_);
+  } catch (const std::exception& e) {
+    // the state of the sequences in this batch is unknown: drop their cache and fail the jobs
+    for (auto& up : active_) {
+      Active& a = *up;
+      if (!a.generating && std::none_of(parts.begin(), parts.end(), [&](const Part& p) { return p.a == &a; })) continue;
+      ctx_->seq_clear(a.seq);
+      seqs_[static_cast<size_t>(a.seq)].toks.clear();
+      seqs_[static_cast<size_t>(a.seq)].snap = -1;
+      finish(a, "error", 500, std::string("decode failed: ") + e.what());
+    }
+    return;
+  }
+  const auto t1 = Clock::now();
+  int generated = 0;
+  // generating requests: the pending token is now in the cache
+  std::vector<Active*> gen_now;
+  for (auto& up : active_) {
+    Active& a = *up;
+    if (!a.generating) continue;
+    seqs_[static_cast<size_t>(a.seq)].toks.push_back(a.pending);
+    gen_now.push_back(&a);
+  }
+  for (const Part& p : parts) {
+    Active& a = *p.a;
+    SeqRec& s = seqs_[static_cast<size_t>(a.seq)];
+    const auto& P = a.job->prompt();
+    s.toks.insert(s.toks.end(), P.begin() + static_cast<std::ptrdiff_t>(a.pos),
+                  P.begin() + static_cast<std::ptrdiff_t>(a.pos + p.n));
+    a.pos += p.n;
+    if (a.split_at >= 0 && a.pos == static_cast<size_t>(a.split_at)) {
+      a.split_at = -1;
+      if (a.pos < P.size()) make_prefix_entry(a);
+    }
+    if (a.pos + 1 == P.size() && a.pos > 0) {
+      ctx_->seq_snapshot(a.seq);  // turn boundary: later turns (or the same prompt) resume here
+      s.snap = static_cast<int>(s.toks.size());
+    }
+    if (a.pos == P.size()) {
+      a.generating = true;
+      gen_now.push_back(&a);
+    }
+  }
+  for (Active* a : gen_now) {
+    if (a->done) continue;
+    const int32_t t = a->sampler->sample(ctx_->logits(static_cast<size_t>(a->logit_idx)));
+    a->sampler->accept(t);
+    ++generated;
+    on_token(*a, t);
+  }
+  std::lock_guard<std::mutex> lk(mu_);
+  ++st_.decode_steps;
+  st_.prefill_tokens += static_cast<uint64_t>(prefill_tokens);
+  st_.generated_tokens += static_cast<uint64_t>(generated);
+  st_.busy_s += std::chrono::duration<double>(t1 - t0).count();
+  rate_.emplace_back(t1, generated);
+  while (rate_.size() > 2 && std::chrono::duration<double>(t1 - rate_.front().first).count() > 10) rate_.pop_front();
+}
+
+void Scheduler::emit(Active& a, const std::string& text) {
+  if (text.empty()) return;
+  JobOutput o;
+  if (a.parser) {
+    apply_chat_text(*a.parser, text, o);
+  } else {
+    o.text = text;
+  }
+  a.job->push(std::move(o));
+}
+
+void Scheduler::on_token(Active& a, int32_t t) {
+  ++a.n_gen;
+  if (a.n_gen == 1) {
+    std::lock_guard<std::mutex> lk(a.job->mu_);
+    a.job->result_.ttft_s = std::chrono::duration<double>(Clock::now() - a.job->t_submit_).count();
+  }
+  const GenParams& gp = a.job->params();
+  if (!gp.ignore_eos && (tok_.is_eog(t) || t == model_.hparams().eos_id)) return finish(a, "stop");
+  if (t >= 0 && t < tok_.n_vocab() && !(gp.chat && drop_special_[static_cast<size_t>(t)])) a.hold += a.detok->push(t);
+  const auto& stops = gp.stop;
+  if (!stops.empty()) {
+    size_t cut = std::string::npos;
+    for (const auto& s : stops) cut = std::min(cut, a.hold.find(s));
+    if (cut != std::string::npos) {
+      a.hold.resize(cut);
+      emit(a, a.hold);
+      a.hold.clear();
+      a.detok->reset();
+      return finish(a, "stop");
+    }
+    size_t keep = 0;  // longest suffix of hold that is a proper prefix of a stop string
+    for (const auto& s : stops)
+      for (size_t k = std::min(s.size() - 1, a.hold.size()); k > keep; --k)
+        if (a.hold.compare(a.hold.size() - k, k, s, 0, k) == 0) { keep = k; break; }
+    emit(a, a.hold.substr(0, a.hold.size() - keep));
+    a.hold.erase(0, a.hold.size() - keep);
+  } else {
+    emit(a, a.hold);
+    a.hold.clear();
+  }
+  if (a.parser && a.parser->message().done) return finish(a, "stop");
+  if (a.n_gen >= gp.max_tokens) return finish(a, "length");
+  if (static_cast<int>(seqs_[static_cast<size_t>(a.seq)].toks.size()) + 1 >= n_ctx_) return finish(a, "length");
+  a.pending = t;
+}
+
+void Scheduler::finish(Active& a, const std::string& reason, int status, const std::string& err) {
+  if (a.done) return;
+  a.done = true;
+  const bool ok = reason == "stop" || reason == "length";
+  if (ok) {
+    std::string rest = a.hold + (a.detok ? a.detok->flush() : std::string());
+    a.hold.clear();
+    emit(a, rest);
+    if (a.parser) {
+      tok::ChatDelta d = a.parser->finish();
+      JobOutput o;
+      o.reasoning = std::move(d.reasoning);
+      o.content = std::move(d.content);
+      a.job->push(std::move(o));
+    }
+  }
+  Job::Result r;
+  r.finish_reason = reason;
+  if (reason == "stop" && a.parser && !a.parser->message().tool_calls.empty()) r.finish_reason = "tool_calls";
+  r.http_status = status;
+  r.error = err;
+  r.n_prompt = static_cast<int>(a.job->prompt().size());
+  {
+    std::lock_guard<std::mutex> lk(a.job->mu_);
+    r.n_cached = a.job->result_.n_cached;
+  }
+  r.n_generated = a.n_gen;
+  a.job->finish(r);
+  if (a.seq >= 0) {
+    SeqRec& s = seqs_[static_cast<size_t>(a.seq)];
+    s.busy = false;
+    s.used = ++tick_;
+  }
+  std::lock_guard<std::mutex> lk(mu_);
+  ++st_.requests_finished;
+  if (reason == "cancelled") ++st_.requests_cancelled;
+  else if (reason == "timeout") ++st_.requests_timeout;
+  else if (reason == "error") ++st_.requests_failed;
+}
+
+}  // namespace kimi::server

@@ -1,0 +1,198 @@
+// Continuous-batching scheduler for `kimi serve`: ONE thread owns the kimi::Context. Each step
+// decodes one token for every generating request and up to `max_chunks` prefill chunks of
+// requests still reading their prompt, all in one batch.
+//
+// Prompt cache (correct with recurrent KDA layers): the context holds parallel + cache_slots
+// sequences. A finished request leaves its tokens in its sequence. A sequence can be resumed at
+// two kinds of positions only: its current length (the KDA states are current there) and its
+// engine snapshot, which the scheduler takes at the end of every prompt prefill (the turn
+// boundary). A new prompt P restores the longest such position r <= min(LCP, |P| - 1) over all
+// sequences (LCP = common prefix with the sequence's tokens): an idle ordinary sequence is taken
+// over, otherwise it is copied (seq_copy) into the least recently used idle sequence; then
+// P[r..] is prefilled. When P shares a longer prefix L with some sequence than any restore point
+// offers (a common system prompt, a conversation branched mid-way), the prefill is cut at L and
+// the sequence is copied there into a spare "prefix entry" (a restore point at exactly L for later
+// requests). The latent / indexer caches are by position, so rows [0, r) are reused as they are.
+#pragma once
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "model/model.h"
+#include "runtime/context.h"
+#include "runtime/sampling.h"
+#include "tokenizer/chat.h"
+#include "tokenizer/tokenizer.h"
+
+namespace kimi::server {
+
+using Clock = std::chrono::steady_clock;
+
+struct GenParams {
+  SamplerParams sampler;
+  int max_tokens = 16;
+  std::vector<std::string> stop;  // stop strings (searched in the raw generated text)
+  bool chat = false;              // parse the output with tok::ChatParser
+  bool start_in_think = true;     // the prompt ended with the think tag open
+  bool ignore_eos = false;
+  Clock::time_point deadline = Clock::time_point::max();
+};
+
+// Output produced since the last drain (or, accumulated, the whole output).
+struct JobOutput {
+  std::string text;                             // raw text after stop filtering (completions)
+  std::string reasoning, content;               // chat: parsed channels
+  std::vector<tok::ParsedToolCall> tool_calls;  // chat: completed tool calls
+  void append(JobOutput&& o);
+  bool empty() const { return text.empty() && reasoning.empty() && content.empty() && tool_calls.empty(); }
+};
+
+// One generation request. Created by the HTTP handler, filled by the scheduler thread.
+class Job {
+ public:
+  Job(std::vector<int32_t> prompt, GenParams params);
+  const std::vector<int32_t>& prompt() const { return prompt_; }
+  const GenParams& params() const { return params_; }
+
+  void cancel() { cancelled_.store(true); }
+  bool cancelled() const { return cancelled_.load(); }
+
+  // Handler side: waits up to `timeout` for new output or the end; moves new output into `out`
+  // (appending). Returns true once the job has finished and all its output has been drained.
+  bool wait(JobOutput& out, std::chrono::milliseconds timeout);
+
+  struct Result {
+    std::string finish_reason;  // stop | length | tool_calls | cancelled | timeout | error
+    int http_status = 200;      // for errors
+    std::string error;
+    int n_prompt = 0, n_cached = 0, n_generated = 0;
+    double ttft_s = -1;         // enqueue -> first generated token
+    double total_s = 0;
+  };
+  Result result() const;  // valid after wait() returned true
+  bool finished() const;
+
+ private:
+  friend class Scheduler;
+  void push(JobOutput&& o);
+  void finish(Result r);
+
+  std::vector<int32_t> prompt_;
+  GenParams params_;
+  std::atomic<bool> cancelled_{false};
+  Clock::time_point t_submit_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  JobOutput pending_;
+  bool finished_ = false;
+  Result result_;
+};
+
+struct SchedulerOptions {
+  int parallel = 4;       // concurrent requests (slots)
+  int cache_slots = -1;   // extra sequences that keep earlier prompts (-1: = parallel)
+  int chunk = 256;        // prefill chunk (tokens)
+  int max_chunks = 2;     // prefill chunks per step
+  int queue_limit = 64;   // waiting requests beyond the active slots; submit() fails beyond
+  int min_prefix_entry = 32;  // least gain (tokens) for which a prefix entry is stored
+};
+
+struct SchedulerStats {
+  uint64_t requests_started = 0, requests_finished = 0, requests_cancelled = 0, requests_timeout = 0,
+           requests_failed = 0;
+  uint64_t prompt_tokens = 0, cached_tokens = 0, prefill_tokens = 0, generated_tokens = 0, decode_steps = 0;
+  uint64_t prefix_entries = 0;
+  int queue_depth = 0, active = 0, slots = 0, sequences = 0;
+  double tokens_per_s = 0;      // generated tokens/s over the last ~10 s
+  double busy_s = 0;            // time spent in decode
+};
+
+class Scheduler {
+ public:
+  Scheduler(const Model& model, const tok::Tokenizer& tok, const ContextOptions& copts, const SchedulerOptions& so);
+  ~Scheduler();
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
+  // Queues a job; false when the queue is full or the scheduler is shutting down.
+  bool submit(const std::shared_ptr<Job>& job);
+  // Stops taking jobs; in-flight and queued jobs may finish until `grace` is over, then the rest
+  // is cancelled. Blocks until the scheduler thread has exited.
+  void shutdown(std::chrono::milliseconds grace);
+  // The same without waiting (the scheduler thread exits by itself once drained).
+  void request_stop(std::chrono::milliseconds grace);
+  bool shutting_down() const { return draining_.load(); }
+
+  SchedulerStats stats() const;
+  int n_ctx() const { return n_ctx_; }
+  const SchedulerOptions& options() const { return so_; }
+
+ private:
+  struct SeqRec {
+    std::vector<int32_t> toks;  // exactly the tokens stored in the context for this sequence
+    int snap = -1;              // engine snapshot position (mirror)
+    bool busy = false;
+    bool prefix = false;        // a prefix entry: copied from, never taken over
+    uint64_t used = 0;
+  };
+  struct Active {
+    std::shared_ptr<Job> job;
+    int seq = -1;
+    size_t pos = 0;             // next prompt index to feed
+    int split_at = -1;          // make a prefix entry when the sequence reaches this length
+    bool generating = false;
+    int32_t pending = -1;       // sampled, not yet decoded
+    int n_gen = 0;
+    int logit_idx = -1;
+    std::optional<Sampler> sampler;
+    std::optional<tok::Detokenizer> detok;
+    std::optional<tok::ChatParser> parser;
+    std::string hold;           // text held back while it may start a stop string
+    bool done = false;
+  };
+
+  void loop();
+  void start(Active& a);
+  void step();
+  void on_token(Active& a, int32_t t);
+  void emit(Active& a, const std::string& text);
+  void finish(Active& a, const std::string& reason, int status = 200, const std::string& err = "");
+  int pick_victim(int exclude) const;
+  void make_prefix_entry(Active& a);
+
+  const Model& model_;
+  const tok::Tokenizer& tok_;
+  SchedulerOptions so_;
+  std::unique_ptr<Context> ctx_;
+  int n_ctx_ = 0;
+  bool any_prefix_ = false;
+  std::vector<uint8_t> drop_special_;  // per token id: special, not structural (chat output skips it)  // no KDA layer: any prefix of a sequence can be resumed
+
+  std::vector<SeqRec> seqs_;
+  std::vector<std::unique_ptr<Active>> active_;
+  Batch batch_;
+  uint64_t tick_ = 0;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::shared_ptr<Job>> queue_;
+  bool stop_ = false;
+  std::atomic<bool> draining_{false};
+  Clock::time_point grace_end_ = Clock::time_point::max();
+  std::thread thread_;
+  std::mutex join_mu_;
+
+  // stats (guarded by mu_)
+  SchedulerStats st_;
+  std::deque<std::pair<Clock::time_point, int>> rate_;  // (step end, tokens generated)
+};
+
+}  // namespace kimi::server

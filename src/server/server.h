@@ -1,0 +1,67 @@
+// `kimi serve`: an OpenAI-compatible HTTP server (cpp-httplib, one thread per connection) in
+// front of the continuous-batching Scheduler. See docs/server.md for endpoints and flags.
+//
+//   kimi::server::ServerOptions o;  o.model_path = "m.gguf";  o.port = 0;   // 0: ephemeral
+//   kimi::server::Server s(o);      // loads the model, starts the scheduler thread
+//   int port = s.bind();            // binds o.host:o.port, returns the port
+//   std::thread t([&] { s.run(); });
+//   ...
+//   s.shutdown();                   // graceful: stop accepting, finish/cancel within the grace
+//   t.join();
+#pragma once
+#include <memory>
+#include <string>
+
+#include "server/scheduler.h"
+
+namespace kimi::server {
+
+struct ServerOptions {
+  std::string model_path;
+  std::string model_id;             // name in /v1/models and responses (default: file stem)
+  std::string host = "127.0.0.1";
+  int port = 8080;                  // 0: ephemeral
+  // engine
+  int threads = 0;
+  std::string attn = "sparse";
+  int attn_top_k = -1;
+  std::string precision = "fast";
+  std::string cache_type = "f16";
+  int ctx = 4096;                   // positions per sequence
+  SchedulerOptions sched;
+  // safety
+  std::string api_key;              // empty: no auth
+  std::string cors_origin;          // empty: no CORS headers
+  size_t max_body = 8u << 20;       // bytes
+  int max_prompt_tokens = 0;        // 0: ctx - 1
+  int max_tokens = 0;               // per-request max_tokens limit (0: ctx)
+  int default_max_tokens = 0;       // chat default (0: what the context allows)
+  int max_connections = 64;         // concurrent HTTP connections (threads)
+  double timeout_s = 600;           // per request, 0 = none
+  double grace_s = 10;              // shutdown grace period
+  bool verbose = false;             // log requests to stderr
+};
+
+class Server {
+ public:
+  explicit Server(const ServerOptions& opts);
+  ~Server();
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+
+  int bind();        // throws kimi::Error when the address cannot be bound; returns the port
+  void run();        // serves until shutdown(); returns once in-flight requests are done
+  void shutdown();   // thread-safe, returns immediately (run() returns when drained)
+  Scheduler& scheduler();
+  std::string metrics_text() const;
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+// `kimi serve` command line (app/cmd_serve.cpp). Handles SIGINT/SIGTERM (graceful, exit 0).
+int serve_main(int argc, char** argv);
+
+}  // namespace kimi::server

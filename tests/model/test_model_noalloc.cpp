@@ -1,0 +1,56 @@
+// The decode loop allocates nothing: after a warm-up token, further single-token decodes (and
+// their logits) make no heap allocation. Counts operator new calls in this binary.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <new>
+
+#include "engine_fixture.h"
+#include "model/model.h"
+#include "runtime/context.h"
+#include "test_util.h"
+
+static std::atomic<long> g_allocs{0};
+void* operator new(size_t n) {
+  g_allocs.fetch_add(1, std::memory_order_relaxed);
+  if (void* p = std::malloc(n ? n : 1)) return p;
+  throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, size_t) noexcept { std::free(p); }
+
+using namespace kimi;
+
+TEST(ModelNoAlloc, DecodeLoopDoesNotAllocate) {
+  test::TempDir d;
+  const std::string path = d.file("tiny.gguf");
+  test::write_tiny_gguf(path, test::TinySpec{});
+  auto m = Model::load(path);
+  // One thread: the pool path of kern::matmul (kernels module) currently allocates once per call
+  // with 2+ threads (its job functor does not fit std::function's small buffer); the engine's own
+  // pool calls (Context::Impl::par) pass a one-pointer functor and do not allocate.
+  for (int threads : {1}) {
+    for (AttnPath p : {AttnPath::Sparse, AttnPath::Dense}) {
+      ContextOptions o;
+      o.n_threads = threads;
+      o.n_ctx_max = 64;
+      o.attn = p;
+      Context c(*m, o);
+      Batch b;
+      b.add_sequence({1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20}, 0, 0, true);
+      c.decode(b);
+      b.clear();
+      b.add(21, 0, c.seq_len(0), true);
+      c.decode(b);  // warm-up at batch size 1
+      const long before = g_allocs.load();
+      for (int i = 0; i < 24; ++i) {  // crosses top_k = 16: the indexer selects
+        b.entries[0].token = 100 + i;
+        b.entries[0].pos = c.seq_len(0);
+        c.decode(b);
+        ASSERT_NE(c.logits(0), nullptr);
+      }
+      EXPECT_EQ(g_allocs.load() - before, 0) << "threads " << threads << " path " << int(p);
+    }
+  }
+}

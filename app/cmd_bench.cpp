@@ -1,11 +1,13 @@
 // kimi bench: prompt processing (pp) and token generation (tg) speed, optionally at a context
 // depth, mean +- sd over repetitions.
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <sys/resource.h>
 
 #include "command.h"
 #include "model/model.h"
@@ -36,6 +38,7 @@ int cmd_bench(int argc, char** argv) {
   kimi::cli::add_engine_options(app, ea);
   int n_prompt = 512, n_gen = 128, depth = 0, reps = 3, n_batch = 512;
   bool json = false;
+  std::string fill = "prefill";
   uint64_t seed = 1;
   app.add_option("-p,--n-prompt", n_prompt, "prompt tokens (0 = skip pp)")->check(CLI::NonNegativeNumber);
   app.add_option("-n,--n-gen", n_gen, "generated tokens (0 = skip tg)")->check(CLI::NonNegativeNumber);
@@ -43,6 +46,10 @@ int cmd_bench(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   app.add_option("-r,--repetitions", reps, "repetitions")->check(CLI::PositiveNumber);
   app.add_option("-b,--batch", n_batch, "micro-batch size for prefill")->check(CLI::PositiveNumber);
+  app.add_option("--fill", fill,
+                 "how the depth is filled: prefill (random tokens through the model, untimed) or synthetic "
+                 "(random cache rows, no forward pass: times decode at a depth without the prefill cost)")
+      ->check(CLI::IsMember({"prefill", "synthetic"}));
   app.add_option("--seed", seed, "seed of the random tokens");
   app.add_flag("--json", json, "print JSON instead of a table");
   CLI11_PARSE(app, argc, argv);
@@ -59,11 +66,19 @@ int cmd_bench(int argc, char** argv) {
     return t;
   };
   using clk = std::chrono::steady_clock;
+  auto cpu_s = [] {  // user + system CPU seconds of the process
+    rusage ru{};
+    getrusage(RUSAGE_SELF, &ru);
+    return double(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) + 1e-6 * double(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
+  };
   std::vector<double> pp, tg;
+  double pp_cpu = 0, pp_wall = 0, tg_cpu = 0, tg_wall = 0;
   kimi::Batch b;
   for (int r = 0; r < reps; ++r) {
     ctx.seq_clear(0);
-    if (depth > 0) {
+    if (depth > 0 && fill == "synthetic") {
+      ctx.seq_fill_synthetic(0, depth, seed + static_cast<uint64_t>(r));
+    } else if (depth > 0) {
       b.clear();
       b.add_sequence(rand_tokens(depth), 0, 0, false);
       ctx.decode(b);
@@ -72,24 +87,45 @@ int cmd_bench(int argc, char** argv) {
     if (n_prompt > 0) {
       b.clear();
       b.add_sequence(rand_tokens(n_prompt), 0, depth, true);
+      const double c0 = cpu_s();
       auto t0 = clk::now();
       ctx.decode(b);
-      pp.push_back(n_prompt / std::chrono::duration<double>(clk::now() - t0).count());
+      const double w = std::chrono::duration<double>(clk::now() - t0).count();
+      pp.push_back(n_prompt / w);
+      pp_wall += w;
+      pp_cpu += cpu_s() - c0;
       ctx.seq_truncate(0, depth);
     }
     if (n_gen > 0) {
       auto toks = rand_tokens(n_gen);
+      const double c0 = cpu_s();
       auto t0 = clk::now();
       for (int i = 0; i < n_gen; ++i) {
         b.clear();
         b.add(toks[static_cast<size_t>(i)], 0, depth + i, true);
         ctx.decode(b);
       }
-      tg.push_back(n_gen / std::chrono::duration<double>(clk::now() - t0).count());
+      const double w = std::chrono::duration<double>(clk::now() - t0).count();
+      tg.push_back(n_gen / w);
+      tg_wall += w;
+      tg_cpu += cpu_s() - c0;
     }
   }
   const std::string attn = ctx.effective_top_k() == 0 ? std::string("no-indexer") : ea.attn;
   const Stat sp = stats(pp), sg = stats(tg);
+  // what a decoded token reads: weights (routed experts: k of E) + cache rows at this depth
+  const kimi::HParams& hp = model->hparams();
+  const double wbytes = double(model->decode_weight_bytes_per_token());
+  const int topk = ctx.effective_top_k();
+  const double es = ctx.cache_type() == kimi::CacheType::F16 ? 2.0 : 4.0;
+  const double vis = depth + 0.5 * n_gen;  // mean visible positions during tg
+  const double rows = topk > 0 && ea.attn == "sparse" ? std::min<double>(vis, topk) : vis;
+  const double cbytes = hp.n_mla_layers() * es * (rows * hp.mla_row() + (topk > 0 ? vis * hp.idx_dim : 0.0));
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  const double rss_mib = double(ru.ru_maxrss) / 1024.0;  // ru_maxrss is KiB on Linux
+  const double best_tg = tg.empty() ? 0.0 : *std::max_element(tg.begin(), tg.end());
+  const double best_pp = pp.empty() ? 0.0 : *std::max_element(pp.begin(), pp.end());
   if (json) {
     nlohmann::ordered_json j;
     j["model"] = ea.model;
@@ -101,6 +137,12 @@ int cmd_bench(int argc, char** argv) {
     j["repetitions"] = reps;
     if (n_prompt > 0) j["pp"] = {{"n", n_prompt}, {"tok_s", sp.mean}, {"sd", sp.sd}, {"samples", pp}};
     if (n_gen > 0) j["tg"] = {{"n", n_gen}, {"tok_s", sg.mean}, {"sd", sg.sd}, {"samples", tg}};
+    if (n_prompt > 0) j["pp_cpu_s_per_wall_s"] = pp_wall > 0 ? pp_cpu / pp_wall : 0.0;
+    if (n_gen > 0) j["tg_cpu_s_per_wall_s"] = tg_wall > 0 ? tg_cpu / tg_wall : 0.0;
+    j["weight_bytes_per_token"] = wbytes;
+    j["cache_bytes_per_token"] = cbytes;
+    j["tg_best_read_gb_s"] = best_tg * (wbytes + cbytes) / 1e9;
+    j["peak_rss_mib"] = rss_mib;
     std::printf("%s\n", j.dump(2).c_str());
     return 0;
   }
@@ -118,6 +160,14 @@ int cmd_bench(int argc, char** argv) {
   };
   if (n_prompt > 0) row("pp", n_prompt, sp);
   if (n_gen > 0) row("tg", n_gen, sg);
+  std::printf("weights read per decoded token: %.1f MiB; cache read per token at this depth: %.2f MiB; peak RSS %.0f MiB\n",
+              wbytes / 1048576.0, cbytes / 1048576.0, rss_mib);
+  if (n_prompt > 0)
+    std::printf("pp: best %.2f t/s, CPU %.2f s over %.2f s wall (%.2f cores busy)\n", best_pp, pp_cpu, pp_wall,
+                pp_wall > 0 ? pp_cpu / pp_wall : 0.0);
+  if (n_gen > 0)
+    std::printf("tg: best %.2f t/s = %.2f GB/s of weight + cache reads, CPU %.2f s over %.2f s wall (%.2f cores busy)\n",
+                best_tg, best_tg * (wbytes + cbytes) / 1e9, tg_cpu, tg_wall, tg_wall > 0 ? tg_cpu / tg_wall : 0.0);
   return 0;
 }
 

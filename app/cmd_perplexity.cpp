@@ -37,7 +37,8 @@ int cmd_perplexity(int argc, char** argv) {
   std::string text_path, kld_base_out, kld_base_in;
   int n_batch = 512, chunks = -1, top_n = 32;
   bool json = false;
-  app.add_option("-f,--file", text_path, "text file to score (optional with --kl-divergence: the base holds the tokens)");
+  app.add_option("-f,--file", text_path,
+                 "text file to score (optional with --kl-divergence: the base holds the tokens)");
   app.add_option("-b,--batch", n_batch, "micro-batch size (tokens per forward step)")->check(CLI::PositiveNumber);
   app.add_option("--chunks", chunks, "evaluate at most N chunks")->check(CLI::PositiveNumber);
   auto* o_base = app.add_option("--kl-divergence-base", kld_base_out,

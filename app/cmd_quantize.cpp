@@ -28,7 +28,8 @@ int cmd_quantize(int argc, char** argv) {
                  "re-quantize the MXFP4 routed experts (*_exps) to this tensor type (e.g. Q4_K, Q8_0)");
   app.add_option("--tensor-type", overrides,
                  "PATTERN=TYPE: tensors whose name matches the regex PATTERN get TYPE (repeatable, first match wins; "
-                 "never applies to the indexer)");
+                 "never applies to the indexer)")
+      ->allow_extra_args(false);
   app.add_flag("--pure", o.rules.pure, "no mixture rules: every quantizable tensor gets the default type");
   app.add_option("--output-tensor-type", out_type, "type for output.weight");
   app.add_option("--token-embedding-type", embd_type, "type for token_embd.weight");

@@ -348,7 +348,7 @@ std::vector<Decision> plan(const std::vector<TensorDesc>& tensors, const ModelFa
       } else if (ov) {
         ty = ov->type;
         d.why = Why::Override;
-        d.note = fmt::format("--tensor-type {}", ov->text);
+        d.note = fmt::format("'{}'", ov->text);
       } else if (!o.pure && !is_float_type(ty)) {
         std::string note;
         GgmlType m = mix_type(t, cat, ty, o.target.ftype, facts, has_output, my_attn_v, n_attn_v, my_ffn_down, note);

@@ -15,7 +15,13 @@ namespace {
 
 void situ_rows(Context::Impl& c, float* g, const float* u, int64_t n, int64_t w) {
   const float beta = c.hp.situ_beta, lambda = c.hp.situ_lambda;
-  c.par(n, w * 16, [&](int64_t t, int) { kern::situ(g + t * w, u + t * w, g + t * w, w, beta, lambda); });
+  const bool fast = c.prec == kern::Precision::Fast;
+  c.par(n, w * 16, [&](int64_t t, int) {
+    if (fast)
+      kern::situ_fast(g + t * w, u + t * w, g + t * w, w, beta, lambda);
+    else
+      kern::situ(g + t * w, u + t * w, g + t * w, w, beta, lambda);
+  });
 }
 
 // out = W_down situ(W_gate y, W_up y)
@@ -86,17 +92,57 @@ void moe(Context::Impl& c, const LayerWeights& L, const float* y, float* out) {
   }
   // 5-6. experts, weighted sum in expert order
   std::fill(c.lacc.begin(), c.lacc.begin() + n * Lw, 0.0f);
-  for (int64_t ex = 0; ex < E; ++ex) {
-    const int64_t cnt = c.eoff[ex + 1] - c.eoff[ex];
-    if (cnt == 0) continue;
-    const int32_t* toks = c.etok.data() + c.eoff[ex];
-    const float* wts = c.ewt.data() + c.eoff[ex];
-    for (int64_t i = 0; i < cnt; ++i) std::memcpy(c.ex.data() + i * Lw, xl + toks[i] * Lw, Lw * 4);
-    kern::matmul(L.ffn_gate_exps.slice(ex), c.ex.data(), cnt, c.eg.data(), c.pool, c.prec);
-    kern::matmul(L.ffn_up_exps.slice(ex), c.ex.data(), cnt, c.eu.data(), c.pool, c.prec);
-    situ_rows(c, c.eg.data(), c.eu.data(), cnt, F);
-    kern::matmul(L.ffn_down_exps.slice(ex), c.eg.data(), cnt, c.er.data(), c.pool, c.prec);
-    for (int64_t i = 0; i < cnt; ++i) kern::axpy_f32(wts[i], c.er.data() + i * Lw, c.lacc.data() + toks[i] * Lw, Lw);
+  if (n * k <= c.N) {
+    // all routed slots fit the gather buffers (decode, small batches): every active expert's
+    // gate/up rows in ONE parallel job, SiTU, every expert's down rows in one more job
+    for (int64_t slot = 0; slot < n * k; ++slot)
+      std::memcpy(c.ex.data() + slot * Lw, xl + static_cast<int64_t>(c.etok[slot]) * Lw, static_cast<size_t>(Lw) * 4);
+    int32_t* act = c.eact.data();
+    int64_t na = 0;
+    for (int64_t ex = 0; ex < E; ++ex)
+      if (c.eoff[ex + 1] > c.eoff[ex]) act[na++] = static_cast<int32_t>(ex);
+    const int64_t want = 4 * static_cast<int64_t>(c.n_threads);
+    auto chunks = [&](int64_t rows, int64_t per_expert_items) {  // row chunks (multiples of 16)
+      int64_t nch = std::max<int64_t>(1, (want + na * per_expert_items - 1) / (na * per_expert_items));
+      int64_t rc = (rows + nch - 1) / nch;
+      rc = (rc + 15) / 16 * 16;
+      return rc;
+    };
+    const int64_t rcF = chunks(F, 2), nchF = (F + rcF - 1) / rcF;
+    c.par(na * 2 * nchF, Lw * rcF * (n * k / na + 1) * 2, [&](int64_t item, int) {
+      const int64_t ex = act[item / (2 * nchF)], which = (item / nchF) % 2, ch = item % nchF;
+      const int64_t o = c.eoff[ex], cnt = c.eoff[ex + 1] - o;
+      const int64_t r0 = ch * rcF, r1 = std::min(F, r0 + rcF);
+      const WeightView& w = which == 0 ? L.ffn_gate_exps : L.ffn_up_exps;
+      float* dst = (which == 0 ? c.eg.data() : c.eu.data()) + o * F;
+      kern::matmul_rows(w.slice(ex), c.ex.data() + o * Lw, cnt, dst, r0, r1, c.prec);
+    });
+    situ_rows(c, c.eg.data(), c.eu.data(), n * k, F);
+    const int64_t rcL = chunks(Lw, 1), nchL = (Lw + rcL - 1) / rcL;
+    c.par(na * nchL, F * rcL * (n * k / na + 1) * 2, [&](int64_t item, int) {
+      const int64_t ex = act[item / nchL], ch = item % nchL;
+      const int64_t o = c.eoff[ex], cnt = c.eoff[ex + 1] - o;
+      const int64_t r0 = ch * rcL, r1 = std::min(Lw, r0 + rcL);
+      kern::matmul_rows(L.ffn_down_exps.slice(ex), c.eg.data() + o * F, cnt, c.er.data() + o * Lw, r0, r1, c.prec);
+    });
+    for (int64_t i = 0; i < na; ++i) {
+      const int64_t ex = act[i];
+      for (int64_t slot = c.eoff[ex]; slot < c.eoff[ex + 1]; ++slot)
+        kern::axpy_f32(c.ewt[slot], c.er.data() + slot * Lw, c.lacc.data() + static_cast<int64_t>(c.etok[slot]) * Lw, Lw);
+    }
+  } else {
+    for (int64_t ex = 0; ex < E; ++ex) {
+      const int64_t cnt = c.eoff[ex + 1] - c.eoff[ex];
+      if (cnt == 0) continue;
+      const int32_t* toks = c.etok.data() + c.eoff[ex];
+      const float* wts = c.ewt.data() + c.eoff[ex];
+      for (int64_t i = 0; i < cnt; ++i) std::memcpy(c.ex.data() + i * Lw, xl + toks[i] * Lw, Lw * 4);
+      kern::matmul(L.ffn_gate_exps.slice(ex), c.ex.data(), cnt, c.eg.data(), c.pool, c.prec);
+      kern::matmul(L.ffn_up_exps.slice(ex), c.ex.data(), cnt, c.eu.data(), c.pool, c.prec);
+      situ_rows(c, c.eg.data(), c.eu.data(), cnt, F);
+      kern::matmul(L.ffn_down_exps.slice(ex), c.eg.data(), cnt, c.er.data(), c.pool, c.prec);
+      for (int64_t i = 0; i < cnt; ++i) kern::axpy_f32(wts[i], c.er.data() + i * Lw, c.lacc.data() + toks[i] * Lw, Lw);
+    }
   }
   if (latent) {
     if (L.ffn_routed_norm) {

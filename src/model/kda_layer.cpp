@@ -26,6 +26,7 @@ void kda_layer(Context::Impl& c, uint32_t il, const float* y, float* out) {
   // 2-3. causal depthwise conv (tokens in batch order, per-sequence state) + SiLU; parallel over
   // channel blocks of the three streams
   const int64_t S = K - 1;
+  const bool fast = c.prec == kern::Precision::Fast;
   constexpr int64_t kBlk = 64;
   const int64_t nblk = (C + kBlk - 1) / kBlk;
   c.par(3 * nblk, n * kBlk * K * 2, [&](int64_t item, int) {
@@ -38,7 +39,10 @@ void kda_layer(Context::Impl& c, uint32_t il, const float* y, float* out) {
       float* st = ss.conv.data() + ki * c.conv_per_layer + which * C * S + c0 * S;
       float* u = buf + t * C + c0;
       kern::conv_step(w.f32 + c0 * K, K, st, u, tmp, c1 - c0);
-      for (int64_t j = 0; j < c1 - c0; ++j) u[j] = tmp[j] / (1.0f + std::exp(-tmp[j]));
+      if (fast)
+        kern::silu_fast(tmp, u, c1 - c0);
+      else
+        for (int64_t j = 0; j < c1 - c0; ++j) u[j] = tmp[j] / (1.0f + std::exp(-tmp[j]));
     }
   });
 
@@ -58,6 +62,14 @@ void kda_layer(Context::Impl& c, uint32_t il, const float* y, float* out) {
     float* g = c.kg.data() + t * C;
     for (int64_t h = 0; h < H; ++h) {
       const float ea = -ssm_a[h];  // exp(A_log) > 0
+      if (fast && hp.has_gate_lb) {
+        float* gh = g + h * D;
+        const float* bh = dtb + h * D;
+        for (int64_t i = 0; i < D; ++i) gh[i] = ea * (gh[i] + bh[i]);
+        kern::sigmoid_inplace_fast(gh, D);
+        for (int64_t i = 0; i < D; ++i) gh[i] *= hp.gate_lb;
+        continue;
+      }
       for (int64_t i = 0; i < D; ++i) {
         const float a = g[h * D + i] + dtb[h * D + i];
         if (hp.has_gate_lb) {
@@ -68,11 +80,15 @@ void kda_layer(Context::Impl& c, uint32_t il, const float* y, float* out) {
         }
       }
     }
+    if (fast) kern::exp_fast(g, g, C);  // decay factors exp(g) for kda_step_decay
   });
 
   // 6. beta
   c.mm(L.ssm_beta, y, n, c.kbeta.data());
-  kern::sigmoid_inplace(c.kbeta.data(), n * H);
+  if (fast)
+    kern::sigmoid_inplace_fast(c.kbeta.data(), n * H);
+  else
+    kern::sigmoid_inplace(c.kbeta.data(), n * H);
 
   // 7. recurrence: heads in parallel, tokens in batch order
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
@@ -82,8 +98,12 @@ void kda_layer(Context::Impl& c, uint32_t il, const float* y, float* out) {
       SeqState& ss = c.seqs[static_cast<size_t>(e[t].seq_id)];
       float* Sm = ss.rec.data() + ki * c.rec_per_layer + h * D * D;
       const int64_t o = t * C + h * D;
-      kern::kda_step(Sm, c.kq.data() + o, c.kk.data() + o, c.kv.data() + o, c.kg.data() + o, c.kbeta[t * H + h], scale,
-                     c.ko.data() + o, D, tmp);
+      if (fast)
+        kern::kda_step_decay(Sm, c.kq.data() + o, c.kk.data() + o, c.kv.data() + o, c.kg.data() + o,
+                             c.kbeta[t * H + h], scale, c.ko.data() + o, D, tmp);
+      else
+        kern::kda_step(Sm, c.kq.data() + o, c.kk.data() + o, c.kv.data() + o, c.kg.data() + o, c.kbeta[t * H + h],
+                       scale, c.ko.data() + o, D, tmp);
     }
   });
 
@@ -93,7 +113,10 @@ void kda_layer(Context::Impl& c, uint32_t il, const float* y, float* out) {
   c.par(n * H, D * 20, [&](int64_t i, int) {
     float* o = c.ko.data() + i * D;
     kern::rms_norm(o, nw, o, D, eps);
-    kern::mul_sigmoid(o, c.kgate.data() + i * D, D);
+    if (fast)
+      kern::mul_sigmoid_fast(o, c.kgate.data() + i * D, D);
+    else
+      kern::mul_sigmoid(o, c.kgate.data() + i * D, D);
   });
   c.mm(L.attn_output, c.ko.data(), n, out);
 }

@@ -18,27 +18,13 @@ namespace {
 void indexer_scores(Context::Impl& c, uint32_t mi, int32_t seq, const float* q, const float* w, int64_t nvis,
                     float* scores) {
   const int64_t HI = c.hp.idx_heads, DI = c.hp.idx_dim;
-  constexpr int64_t kChunk = 128;
+  constexpr int64_t kChunk = 256;
   const int64_t nch = (nvis + kChunk - 1) / kChunk;
-  c.par(nch, kChunk * HI * DI * 2, [&](int64_t ch, int th) {
+  const uint8_t* keys = c.idx_row(mi, seq, 0);
+  const size_t row_bytes = static_cast<size_t>(DI) * c.elt();
+  c.par(nch, kChunk * HI * DI * 2, [&](int64_t ch, int) {
     const int64_t s0 = ch * kChunk, s1 = std::min(nvis, s0 + kChunk);
-    float* kbuf = c.th_row.data() + th * c.th_row_stride;
-    for (int64_t s = s0; s < s1; ++s) {
-      const uint8_t* kr = c.idx_row(mi, seq, static_cast<int32_t>(s));
-      const float* k;
-      if (c.cache_f16) {
-        kern::f16_to_f32_row(reinterpret_cast<const uint16_t*>(kr), kbuf, DI);
-        k = kbuf;
-      } else {
-        k = reinterpret_cast<const float*>(kr);
-      }
-      float acc = 0.0f;
-      for (int64_t h = 0; h < HI; ++h) {
-        const float dq = kern::dot_f32(q + h * DI, k, DI);
-        if (dq > 0.0f) acc += w[h] * dq;
-      }
-      scores[s] = acc;
-    }
+    kern::indexer_scores(q, w, HI, keys + static_cast<size_t>(s0) * row_bytes, c.cache_f16, DI, s1 - s0, scores + s0);
   });
 }
 
@@ -153,7 +139,10 @@ void mla_layer(Context::Impl& c, uint32_t il, const float* y, float* out) {
   if (L.attn_gate) {
     c.mm(L.attn_gate, y, n, c.mgate.data());
     c.par(n, H * vd * 16, [&](int64_t t, int) {
-      kern::mul_sigmoid(c.mo.data() + t * H * vd, c.mgate.data() + t * H * vd, H * vd);
+      if (c.prec == kern::Precision::Fast)
+        kern::mul_sigmoid_fast(c.mo.data() + t * H * vd, c.mgate.data() + t * H * vd, H * vd);
+      else
+        kern::mul_sigmoid(c.mo.data() + t * H * vd, c.mgate.data() + t * H * vd, H * vd);
     });
   }
   c.mm(L.attn_output, c.mo.data(), n, out);

@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <map>
 #include <set>
 
@@ -356,6 +357,20 @@ static std::string human_bytes(double b) {
   return fmt::format("{:.2f} {}", b, u[i]);
 }
 
+uint64_t Model::decode_weight_bytes_per_token() const {
+  uint64_t b = 0;
+  for (const auto& t : reader_->tensors()) {
+    if (t.name == "token_embd.weight" && t.ne[1] > 0) {
+      b += t.nbytes / static_cast<uint64_t>(t.ne[1]);
+    } else if (t.name.size() > 13 && t.name.compare(t.name.size() - 12, 12, "_exps.weight") == 0 && hp_.n_expert > 0) {
+      b += t.nbytes / hp_.n_expert * std::min(hp_.n_expert_used, hp_.n_expert);
+    } else {
+      b += t.nbytes;
+    }
+  }
+  return b;
+}
+
 std::string Model::summary(CacheType ct) const {
   const HParams& hp = hp_;
   std::string s;
@@ -383,6 +398,7 @@ std::string Model::summary(CacheType ct) const {
   s += fmt::format("  parameters: {} ({:.3f} B), {}\n", n_params(), n_params() / 1e9, human_bytes(double(total_b)));
   for (const auto& [ty, e] : by_type)
     s += fmt::format("    {:<6} {:>16} params  {:>12}\n", ty, e.first, human_bytes(double(e.second)));
+  s += fmt::format("  weights read per decoded token: {}\n", human_bytes(double(decode_weight_bytes_per_token())));
   s += fmt::format("  state per sequence (KDA conv + recurrent, f32): {}\n", human_bytes(double(hp.state_bytes_per_seq())));
   s += fmt::format("  cache per token ({}: MLA latent{}): {} B\n", ct == CacheType::F16 ? "F16" : "F32",
                    hp.has_indexer ? " + indexer keys" : "", hp.cache_bytes_per_token(ct));

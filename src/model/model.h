@@ -135,6 +135,9 @@ class Model {
   const LayerWeights& layer(uint32_t il) const { return layers_[il]; }
 
   uint64_t n_params() const;  // total elements of all tensors
+  // Weight bytes one decoded token reads: every tensor once, except the token embedding (one row)
+  // and the routed experts (*_exps: n_expert_used of n_expert slices). Caches not included.
+  uint64_t decode_weight_bytes_per_token() const;
   // Multi-line load summary: arch, layer schedule, parameters, bytes by type, state/cache sizes.
   std::string summary(CacheType ct = CacheType::F16) const;
 

@@ -136,6 +136,7 @@ Context::Impl::Impl(const Model& m, const ContextOptions& o)
     alloc(eu, N * F);
     alloc(er, N * Lw);
     ecount.assign(static_cast<size_t>(E), 0);
+    eact.assign(static_cast<size_t>(E), 0);
     eoff.assign(static_cast<size_t>(E + 1), 0);
     etok.assign(static_cast<size_t>(N * k), 0);
     alloc(ewt, N * k);
@@ -388,6 +389,40 @@ void Context::seq_copy(int32_t src, int32_t dst) {
         std::memcpy(c.idx_row(mi, dst, 0), c.idx_row(mi, src, 0), static_cast<size_t>(a.len) * c.hp.idx_dim * c.elt());
     }
   }
+}
+
+void Context::seq_fill_synthetic(int32_t seq, int32_t n_tokens, uint64_t seed) {
+  check_seq(*impl_, seq, "seq_fill_synthetic");
+  Impl& c = *impl_;
+  check(n_tokens >= 0 && n_tokens <= opts_.n_ctx_max, "seq_fill_synthetic: {} tokens do not fit n_ctx_max = {}",
+        n_tokens, opts_.n_ctx_max);
+  uint64_t st = seed * 0x9E3779B97F4A7C15ull + 1;
+  auto next = [&]() {  // ~N(0, 1): sum of 4 uniforms, rescaled
+    float acc = 0;
+    for (int i = 0; i < 4; ++i) {
+      st ^= st << 13;
+      st ^= st >> 7;
+      st ^= st << 17;
+      acc += static_cast<float>(st >> 40) * (1.0f / 16777216.0f);
+    }
+    return (acc - 2.0f) * 1.7320508f;
+  };
+  const int64_t W = c.hp.mla_row(), DI = c.hp.idx_dim;
+  std::vector<float> row(static_cast<size_t>(std::max<int64_t>(W, DI)));
+  for (uint32_t mi = 0; mi < c.n_mla; ++mi)
+    for (int32_t p = 0; p < n_tokens; ++p) {
+      for (int64_t j = 0; j < W; ++j) row[static_cast<size_t>(j)] = next();
+      c.store_row(c.latent_row(mi, seq, p), row.data(), W);
+      if (c.top_k > 0) {
+        for (int64_t j = 0; j < DI; ++j) row[static_cast<size_t>(j)] = next();
+        c.store_row(c.idx_row(mi, seq, p), row.data(), DI);
+      }
+    }
+  SeqState& s = c.seqs[static_cast<size_t>(seq)];
+  s.len = n_tokens;
+  s.snap_pos = -1;
+  s.conv_snap.clear();
+  s.rec_snap.clear();
 }
 
 uint64_t Context::memory_bytes() const {

@@ -87,6 +87,10 @@ class Context {
   void seq_copy(int32_t src, int32_t dst);          // dst becomes an exact copy (incl. snapshot)
   void seq_snapshot(int32_t seq);                   // save KDA states at the current length
   int32_t seq_snapshot_pos(int32_t seq) const;      // -1 when none
+  // Benchmarks only (`kimi bench --fill synthetic`): makes seq n_tokens long with pseudo-random
+  // cache rows (MLA latent rows and indexer keys ~ unit-scale values; KDA states unchanged), so
+  // decode speed at a depth can be timed without prefilling it. Not a model state.
+  void seq_fill_synthetic(int32_t seq, int32_t n_tokens, uint64_t seed = 1);
 
   const Model& model() const { return model_; }
   const ContextOptions& options() const { return opts_; }

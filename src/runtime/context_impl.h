@@ -76,6 +76,7 @@ struct Context::Impl {
   std::vector<float> lat, lacc;                  // [N][Lw]
   std::vector<float> ex, eg, eu, er;             // per-expert gathers [N][Lw or F]
   std::vector<int32_t> ecount, eoff, etok;       // expert grouping
+  std::vector<int32_t> eact;                     // [E] active experts of the batch
   std::vector<float> ewt;
   std::vector<kern::ScoreIdx> rscratch;          // [E]
   // output

@@ -124,7 +124,7 @@ double log_sum_exp(const float* logits, int n) {
 int plan_chunks(int64_t n_tokens, const Options& opt, const std::string& what) {
   check(opt.n_ctx >= 4, "perplexity: context size must be at least 4 tokens (got {})", opt.n_ctx);
   check(opt.max_chunks == -1 || opt.max_chunks >= 1, "perplexity: --chunks must be >= 1 (got {})", opt.max_chunks);
-  check(opt.top_n >= 1, "perplexity: top-N must be >= 1 (got {})", opt.top_n);
+  check(opt.top_n >= 1 && opt.top_n <= 65536, "perplexity: top-N must be in [1, 65536] (got {})", opt.top_n);
   const int64_t need = 2 * static_cast<int64_t>(opt.n_ctx);
   check(n_tokens >= need,
         "{}: {} tokens, but perplexity with a context of {} needs at least {} tokens (2 x ctx); use a longer text "

@@ -511,6 +511,8 @@ int serve_main(int argc, char** argv) {
   app.add_option("-P,--parallel", o.sched.parallel, "slots: requests decoded concurrently")->check(CLI::Range(1, 256));
   app.add_option("--cache-slots", o.sched.cache_slots, "extra sequences that keep earlier prompts (-1 = --parallel)")
       ->check(CLI::Range(-1, 256));
+  bool no_cache = false;
+  app.add_flag("--no-prompt-cache", no_cache, "disable the prompt cache (every request prefills its whole prompt)");
   app.add_option("--chunk", o.sched.chunk, "prefill chunk size (tokens)")->check(CLI::Range(1, 65536));
   app.add_option("--max-chunks", o.sched.max_chunks, "prefill chunks per step")->check(CLI::Range(1, 64));
   app.add_option("--queue", o.sched.queue_limit, "requests waiting for a slot before 503")->check(CLI::Range(0, 1 << 20));
@@ -526,6 +528,7 @@ int serve_main(int argc, char** argv) {
   app.add_option("--grace", o.grace_s, "shutdown grace period in seconds")->check(CLI::NonNegativeNumber);
   app.add_flag("-v,--verbose", o.verbose, "log the model summary and every request to stderr");
   CLI11_PARSE(app, argc, argv);
+  o.sched.prompt_cache = !no_cache;
 
   // SIGINT/SIGTERM are handled by a dedicated thread (blocked everywhere else)
   sigset_t set;

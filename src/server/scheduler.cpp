@@ -190,10 +190,6 @@ void Scheduler::loop() {
         ++st_.requests_failed;
       }
     }
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      st_.active = static_cast<int>(active_.size());
-    }
     // cancellations and timeouts
     const auto now = Clock::now();
     for (auto& a : active_) {
@@ -201,11 +197,7 @@ void Scheduler::loop() {
       else if (now >= a->job->params().deadline) finish(*a, "timeout", 408, "request timed out");
     }
     active_.erase(std::remove_if(active_.begin(), active_.end(), [](auto& a) { return a->done; }), active_.end());
-    if (active_.empty()) {
-      std::lock_guard<std::mutex> lk(mu_);
-      st_.active = 0;
-      continue;
-    }
+    if (active_.empty()) continue;
     try {
       step();
     } catch (const std::exception& e) {  // never let the scheduler thread die: fail what was running
@@ -218,8 +210,6 @@ void Scheduler::loop() {
       }
     }
     active_.erase(std::remove_if(active_.begin(), active_.end(), [](auto& a) { return a->done; }), active_.end());
-    std::lock_guard<std::mutex> lk(mu_);
-    st_.active = static_cast<int>(active_.size());
   }
   std::lock_guard<std::mutex> lk(mu_);
   st_.active = 0;
@@ -261,7 +251,7 @@ void Scheduler::start(Active& a) {
     if (s.toks.size() <= l) r = s.toks.size();
     else if (any_prefix_) r = l;
     else if (s.snap > 0 && static_cast<size_t>(s.snap) <= l) r = static_cast<size_t>(s.snap);
-    if (r == 0) continue;
+    if (r == 0 || !so_.prompt_cache) continue;
     const bool better = r > best_r || (r == best_r && src >= 0 && seqs_[static_cast<size_t>(src)].busy && !s.busy);
     if (better) { best_r = r; src = i; }
   }
@@ -301,7 +291,7 @@ void Scheduler::start(Active& a) {
   t.used = ++tick_;
   a.seq = target;
   a.pos = best_r;
-  a.split_at = (so_.cache_slots > 0 && L >= best_r + static_cast<size_t>(so_.min_prefix_entry)) ? static_cast<int>(L) : -1;
+  a.split_at = (so_.prompt_cache && so_.cache_slots > 0 && L >= best_r + static_cast<size_t>(so_.min_prefix_entry)) ? static_cast<int>(L) : -1;
   const GenParams& gp = a.job->params();
   a.sampler.emplace(gp.sampler, ctx_->n_vocab());
   if (gp.sampler.repeat_penalty != 1.0f)
@@ -315,6 +305,7 @@ void Scheduler::start(Active& a) {
     a.job->result_.n_cached = static_cast<int>(best_r);
   }
   std::lock_guard<std::mutex> lk(mu_);
+  ++st_.active;
   ++st_.requests_started;
   st_.prompt_tokens += P.size();
   st_.cached_tokens += best_r;
@@ -414,12 +405,16 @@ void Scheduler::step() {
     const int32_t t = a->sampler->sample(ctx_->logits(static_cast<size_t>(a->logit_idx)));
     a->sampler->accept(t);
     ++generated;
+    {
+      // count before on_token: it may finish the job and wake the client, which can read /metrics
+      std::lock_guard<std::mutex> lk(mu_);
+      ++st_.generated_tokens;
+    }
     on_token(*a, t);
   }
   std::lock_guard<std::mutex> lk(mu_);
   ++st_.decode_steps;
   st_.prefill_tokens += static_cast<uint64_t>(prefill_tokens);
-  st_.generated_tokens += static_cast<uint64_t>(generated);
   st_.busy_s += std::chrono::duration<double>(t1 - t0).count();
   rate_.emplace_back(t1, generated);
   while (rate_.size() > 2 && std::chrono::duration<double>(t1 - rate_.front().first).count() > 10) rate_.pop_front();
@@ -499,17 +494,20 @@ void Scheduler::finish(Active& a, const std::string& reason, int status, const s
     r.n_cached = a.job->result_.n_cached;
   }
   r.n_generated = a.n_gen;
-  a.job->finish(r);
   if (a.seq >= 0) {
     SeqRec& s = seqs_[static_cast<size_t>(a.seq)];
     s.busy = false;
     s.used = ++tick_;
   }
-  std::lock_guard<std::mutex> lk(mu_);
-  ++st_.requests_finished;
-  if (reason == "cancelled") ++st_.requests_cancelled;
-  else if (reason == "timeout") ++st_.requests_timeout;
-  else if (reason == "error") ++st_.requests_failed;
+  {
+    std::lock_guard<std::mutex> lk(mu_);  // stats first: a client may ask /metrics right after
+    if (a.seq >= 0) --st_.active;
+    ++st_.requests_finished;
+    if (reason == "cancelled") ++st_.requests_cancelled;
+    else if (reason == "timeout") ++st_.requests_timeout;
+    else if (reason == "error") ++st_.requests_failed;
+  }
+  a.job->finish(r);
 }
 
 }  // namespace kimi::server

@@ -103,6 +103,7 @@ struct SchedulerOptions {
   int max_chunks = 2;     // prefill chunks per step
   int queue_limit = 64;   // waiting requests beyond the active slots; submit() fails beyond
   int min_prefix_entry = 32;  // least gain (tokens) for which a prefix entry is stored
+  bool prompt_cache = true;   // false: every request prefills its whole prompt
 };
 
 struct SchedulerStats {

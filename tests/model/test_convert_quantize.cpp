@@ -246,10 +246,9 @@ void write_wide(const std::string& path) {
 }
 
 const std::string& wide_gguf() {
+  static TempDir dir;  // lives until the test binary exits
   static const std::string path = [] {
-    auto d = fs::path(KIMI_BIN).parent_path() / "test-models";
-    fs::create_directories(d);
-    std::string p = (d / ("quant-wide-" + std::to_string(::getpid()) + ".gguf")).string();
+    std::string p = dir.file("wide.gguf");
     write_wide(p);
     return p;
   }();
@@ -420,9 +419,10 @@ TEST(Quantize, MxfP4ExpertsByteIdenticalUnlessRequantized) {
 // A quantized tiny model loads and runs (default fast kernels: finite logits), and with f32
 // arithmetic its logits stay close to the BF16 model's. The synthetic tiny model amplifies weight
 // noise strongly (measured: output.weight alone at Q4_0, 8% RMS weight error, moves the logits
-// by ~60%), so closeness is asserted for the 8-bit results (every tiny K-quant target falls back
-// to Q8_0, §5.2) and exactness for F16; for Q4_0 the test checks instead that the engine computes
-// exactly what the file holds: same logits as the F32 copy of the quantized weights.
+// by ~60%; Q8_0's 0.4% weight error moves them by 2-12% depending on the tokens), so the bounds
+// are: F16 exact; the 8-bit results (every tiny K-quant target falls back to Q8_0, §5.2) within
+// 25% and at least 3x closer than Q4_0; for Q4_0, that the engine computes exactly what the file
+// holds (same logits as the F32 copy of the quantized weights).
 TEST(Quantize, QuantizedTinyModelRuns) {
   TempDir td;
   const std::string src = kimi::test::tiny_gguf();
@@ -449,8 +449,9 @@ TEST(Quantize, QuantizedTinyModelRuns) {
   const std::vector<float> ref = eval(src, "f32");
   ASSERT_EQ(ref.size(), 10u * 1024u);
   // relative RMS logit difference allowed against the BF16 model (f32 arithmetic)
-  const std::map<std::string, double> tol = {{"F16", 1e-5}, {"Q8_0", 0.1}, {"Q6_K", 0.1}, {"Q4_K_M", 0.1},
-                                             {"Q5_K_M", 0.1}, {"Q4_0", -1}};
+  const std::map<std::string, double> tol = {{"F16", 1e-5}, {"Q8_0", 0.25}, {"Q6_K", 0.25}, {"Q4_K_M", 0.25},
+                                             {"Q5_K_M", 0.25}, {"Q4_0", -1}};
+  std::map<std::string, double> rels;
   for (const auto& [tgt, t] : tol) {
     SCOPED_TRACE(tgt);
     const std::string m = td.file(tgt + ".gguf");
@@ -461,8 +462,13 @@ TEST(Quantize, QuantizedTinyModelRuns) {
     ASSERT_EQ(got.size(), ref.size());
     for (float x : got) ASSERT_TRUE(std::isfinite(x));
     const double rel = rel_rms(got, ref);
-    if (t > 0) EXPECT_LT(rel, t);
-    if (tgt != "F16") EXPECT_GT(rel, 0) << "quantization must change something";
+    rels[tgt] = rel;
+    if (t > 0) {
+      EXPECT_LT(rel, t);
+    }
+    if (tgt != "F16") {
+      EXPECT_GT(rel, 0) << "quantization must change something";
+    }
     if (tgt == "Q4_0") {
       // the F32 copy of the Q4_0 weights (dequantized by the quantizer, --allow-requantize)
       const std::string f = td.file("q4_0-as-f32.gguf");
@@ -472,6 +478,7 @@ TEST(Quantize, QuantizedTinyModelRuns) {
       EXPECT_LT(rel_rms(eval(f, "f32"), got), 1e-4);
     }
   }
+  EXPECT_LT(3 * rels["Q8_0"], rels["Q4_0"]);
 }
 
 TEST(Quantize, SplitInputAndOutput) {
@@ -533,6 +540,7 @@ TEST(Quantize, BadInputsErrorCleanly) {
   const std::vector<Case> cases = {
       {q(src) + " " + q(out) + " Q3_K_M", "unknown quantization type 'Q3_K_M'"},
       {q(td.file("missing.gguf")) + " " + q(out) + " Q4_K_M", "does not exist"},
+      {q(std::string(KIMI_SOURCE_DIR) + "/CMakeLists.txt") + " " + q(out) + " Q4_K_M", "not a GGUF file"},
       {q(src) + " " + q(out) + " Q4_K_M --tensor-type 'blk.(3=q4_0'", "bad regular expression"},
       {q(src) + " " + q(out) + " Q4_K_M --tensor-type attn_k", "PATTERN=TYPE"},
       {q(src) + " " + q(out) + " Q4_K_M --tensor-type attn_k=q9_0", "unknown tensor type 'q9_0'"},

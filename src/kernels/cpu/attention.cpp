@@ -3,8 +3,32 @@
 #include <cmath>
 
 #include "kernels/cpu/ops.h"
+#include "kernels/cpu/ops_simd.h"
 
 namespace kimi::kern {
+
+void indexer_scores(const float* q, const float* w, int64_t H, const void* keys, bool f16, int64_t D, int64_t n,
+                    float* scores) {
+  if (ops_use_avx512() && D % 16 == 0 && D <= 256 && H <= 256)
+    return avx512::indexer_scores(q, w, H, keys, f16, D, n, scores);
+  for (int64_t s = 0; s < n; ++s) {
+    float acc = 0.0f;
+    for (int64_t h = 0; h < H; ++h) {
+      const float dq = f16 ? dot_f16(q + h * D, static_cast<const uint16_t*>(keys) + s * D, D)
+                           : dot_f32(q + h * D, static_cast<const float*>(keys) + s * D, D);
+      if (dq > 0.0f) acc += w[h] * dq;
+    }
+    scores[s] = acc;
+  }
+}
+
+// z[h][0..r) += sum_j p[h * p_stride + j] * rows[j][0..r)   for h < nh, j < nb (j in order)
+static void attn_accumulate(float* z, int64_t nh, int64_t r, const float* const* rows, int64_t nb, const float* p,
+                            int64_t p_stride) {
+  if (ops_use_avx512() && r % 16 == 0) return avx512::attn_accumulate(z, nh, r, rows, nb, p, p_stride);
+  for (int64_t h = 0; h < nh; ++h)
+    for (int64_t j = 0; j < nb; ++j) axpy_f32(p[h * p_stride + j], rows[j], z + h * r, r);
+}
 
 static inline const float* row_f32(const LatentRows& rows, int64_t s, float* buf) {
   if (rows.f16) {
@@ -17,38 +41,66 @@ static inline const float* row_f32(const LatentRows& rows, int64_t s, float* buf
 void mla_attend_sparse(const float* q, int64_t nh, const LatentRows& rows, const int32_t* idx, int64_t n_sel,
                        float scale, float* z, float* row_buf) {
   const int64_t W = rows.W, r = rows.r;
-  // per head running max m and denominator l live in z's scratch? keep them on the stack in chunks
-  constexpr int64_t kMaxHeads = 256;
-  float m[kMaxHeads], l[kMaxHeads];
+  // Blocks of kBlk rows: the rows are converted once into a block buffer, every head scores the
+  // block, the running max/denominator are updated once per block, then the block's weighted rows
+  // are added into z (AVX-512: z kept in registers across the block's rows).
+  constexpr int64_t kBlk = 16, kMaxW = 1024, kMaxHeads = 16;
+  alignas(64) float buf[kBlk * kMaxW];
+  if (W > kMaxW) {  // very wide rows: one row at a time through row_buf
+    for (int64_t h0 = 0; h0 < nh; ++h0) {
+      float m = -INFINITY, l = 0.0f;
+      float* zh = z + h0 * r;
+      for (int64_t j = 0; j < r; ++j) zh[j] = 0.0f;
+      for (int64_t t = 0; t < n_sel; ++t) {
+        const float* row = row_f32(rows, idx ? idx[t] : t, row_buf);
+        const float e = dot_f32(q + h0 * W, row, W) * scale;
+        if (e > m) {
+          const float c = std::exp(m - e);
+          if (l != 0.0f) scale_f32(c, zh, r);
+          l *= c;
+          m = e;
+        }
+        const float p = std::exp(e - m);
+        l += p;
+        axpy_f32(p, row, zh, r);
+      }
+      scale_f32(l > 0.0f ? 1.0f / l : 0.0f, zh, r);
+    }
+    return;
+  }
+  float m[kMaxHeads], l[kMaxHeads], p[kMaxHeads * kBlk];
+  const float* rp[kBlk];
   for (int64_t h0 = 0; h0 < nh; h0 += kMaxHeads) {
     const int64_t nhc = nh - h0 < kMaxHeads ? nh - h0 : kMaxHeads;
+    float* zg = z + h0 * r;
     for (int64_t h = 0; h < nhc; ++h) {
       m[h] = -INFINITY;
       l[h] = 0.0f;
-      float* zh = z + (h0 + h) * r;
-      for (int64_t j = 0; j < r; ++j) zh[j] = 0.0f;
     }
-    for (int64_t t = 0; t < n_sel; ++t) {
-      const int64_t s = idx ? idx[t] : t;
-      const float* row = row_f32(rows, s, row_buf);
+    for (int64_t j = 0; j < nhc * r; ++j) zg[j] = 0.0f;
+    for (int64_t b0 = 0; b0 < n_sel; b0 += kBlk) {
+      const int64_t nb = n_sel - b0 < kBlk ? n_sel - b0 : kBlk;
+      for (int64_t j = 0; j < nb; ++j) rp[j] = row_f32(rows, idx ? idx[b0 + j] : b0 + j, buf + j * W);
       for (int64_t h = 0; h < nhc; ++h) {
-        const float e = dot_f32(q + (h0 + h) * W, row, W) * scale;
-        float* zh = z + (h0 + h) * r;
-        if (e > m[h]) {
-          const float c = std::exp(m[h] - e);  // exp(-inf) = 0 on the first row
-          if (l[h] != 0.0f) scale_f32(c, zh, r);
-          l[h] *= c;
-          m[h] = e;
+        float* ph = p + h * kBlk;
+        float bm = -INFINITY;
+        for (int64_t j = 0; j < nb; ++j) {
+          ph[j] = dot_f32(q + (h0 + h) * W, rp[j], W) * scale;
+          bm = ph[j] > bm ? ph[j] : bm;
         }
-        const float p = std::exp(e - m[h]);
-        l[h] += p;
-        axpy_f32(p, row, zh, r);
+        if (bm > m[h]) {
+          const float c = std::exp(m[h] - bm);  // exp(-inf) = 0 on the first block
+          if (l[h] != 0.0f) scale_f32(c, zg + h * r, r);
+          l[h] *= c;
+          m[h] = bm;
+        }
+        float sum = 0.0f;
+        for (int64_t j = 0; j < nb; ++j) sum += (ph[j] = std::exp(ph[j] - m[h]));
+        l[h] += sum;
       }
+      attn_accumulate(zg, nhc, r, rp, nb, p, kBlk);
     }
-    for (int64_t h = 0; h < nhc; ++h) {
-      const float inv = l[h] > 0.0f ? 1.0f / l[h] : 0.0f;
-      scale_f32(inv, z + (h0 + h) * r, r);
-    }
+    for (int64_t h = 0; h < nhc; ++h) scale_f32(l[h] > 0.0f ? 1.0f / l[h] : 0.0f, zg + h * r, r);
   }
 }
 

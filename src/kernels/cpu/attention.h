@@ -24,4 +24,12 @@ void mla_attend_sparse(const float* q, int64_t nh, const LatentRows& rows, const
 void mla_attend_dense(const float* q, int64_t nh, const LatentRows& rows, int64_t n, const uint8_t* sel,
                       float scale, float* z, float* scores, float* row_buf);
 
+// DSA indexer scores of one query against n keys (spec/README.md decision 3):
+//   scores[s] = sum_h w[h] * max(0, q_h . k_s),  s < n.
+// q: H x D f32 (head-major), w: H weights, keys: n contiguous rows of D values (IEEE half when
+// f16, else f32). AVX-512 path (D % 16 == 0, D <= 256, H <= 256): keys outer, 16 query heads per
+// pass with the head dots reduced together (a 16x16 transpose-add); else portable.
+void indexer_scores(const float* q, const float* w, int64_t H, const void* keys, bool f16, int64_t D, int64_t n,
+                    float* scores);
+
 }  // namespace kimi::kern

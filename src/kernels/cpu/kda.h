@@ -11,4 +11,9 @@ namespace kimi::kern {
 void kda_step(float* S, const float* q, const float* k, const float* v, const float* g, float beta,
               float scale, float* o, int64_t D, float* tmp);
 
+// Same with the decay already exponentiated: a[i] = exp(g[i]) (the engine computes it for all
+// heads and tokens at once with exp_fast in Precision::Fast).
+void kda_step_decay(float* S, const float* q, const float* k, const float* v, const float* a, float beta,
+                    float scale, float* o, int64_t D, float* tmp);
+
 }  // namespace kimi::kern

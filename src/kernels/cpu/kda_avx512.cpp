@@ -1,4 +1,5 @@
-// AVX-512 fused KDA step (two passes over the state instead of four); D multiple of 16.
+// AVX-512 fused KDA step; D multiple of 16. Pass 1 only reads the state (p = sum_i k_i e_i S_i,
+// i.e. k against the decayed state), pass 2 writes it once: S_i = e_i S_i + k_i d, o += q_i S_i.
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
@@ -8,18 +9,15 @@
 
 namespace kimi::kern::avx512 {
 
-void kda_step(float* S, const float* q, const float* k, const float* v, const float* g, float beta, float scale,
-              float* o, int64_t D, float* p) {
+void kda_step(float* S, const float* q, const float* k, const float* v, const float* g, bool g_is_decay, float beta,
+              float scale, float* o, int64_t D, float* p) {
   for (int64_t j = 0; j < D; j += 16) _mm512_storeu_ps(p + j, _mm512_setzero_ps());
   for (int64_t i = 0; i < D; ++i) {
-    float* Si = S + i * D;
-    const __m512 e = _mm512_set1_ps(std::exp(g[i]));
-    const __m512 ki = _mm512_set1_ps(k[i]);
-    for (int64_t j = 0; j < D; j += 16) {
-      const __m512 s = _mm512_mul_ps(_mm512_loadu_ps(Si + j), e);
-      _mm512_storeu_ps(Si + j, s);
-      _mm512_storeu_ps(p + j, _mm512_fmadd_ps(ki, s, _mm512_loadu_ps(p + j)));
-    }
+    const float* Si = S + i * D;
+    const float ei = g_is_decay ? g[i] : std::exp(g[i]);
+    const __m512 ke = _mm512_set1_ps(k[i] * ei);
+    for (int64_t j = 0; j < D; j += 16)
+      _mm512_storeu_ps(p + j, _mm512_fmadd_ps(ke, _mm512_loadu_ps(Si + j), _mm512_loadu_ps(p + j)));
   }
   const __m512 b = _mm512_set1_ps(beta);
   for (int64_t j = 0; j < D; j += 16) {
@@ -28,10 +26,11 @@ void kda_step(float* S, const float* q, const float* k, const float* v, const fl
   }
   for (int64_t i = 0; i < D; ++i) {
     float* Si = S + i * D;
+    const __m512 e = _mm512_set1_ps(g_is_decay ? g[i] : std::exp(g[i]));
     const __m512 ki = _mm512_set1_ps(k[i]);
     const __m512 qi = _mm512_set1_ps(q[i]);
     for (int64_t j = 0; j < D; j += 16) {
-      const __m512 s = _mm512_fmadd_ps(ki, _mm512_loadu_ps(p + j), _mm512_loadu_ps(Si + j));
+      const __m512 s = _mm512_fmadd_ps(e, _mm512_loadu_ps(Si + j), _mm512_mul_ps(ki, _mm512_loadu_ps(p + j)));
       _mm512_storeu_ps(Si + j, s);
       _mm512_storeu_ps(o + j, _mm512_fmadd_ps(qi, s, _mm512_loadu_ps(o + j)));
     }

@@ -13,6 +13,10 @@
 
 #include <cstring>
 
+// GCC does not fully unroll the R x T tile loops on its own at -O2 (the accumulators then live on
+// the stack): force it so every accumulator stays in a register.
+#define KIMI_UNROLL _Pragma("GCC unroll 16")
+
 namespace kimi::kern {
 
 namespace {
@@ -99,19 +103,19 @@ struct Widen {
   template <int R, int T>
   static void tile(const uint8_t* const* w, const uint8_t* const* x, int64_t cols, float* y, int64_t ldy) {
     __m256 acc[R][T];
-    for (int r = 0; r < R; ++r)
-      for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
+    KIMI_UNROLL for (int r = 0; r < R; ++r)
+      KIMI_UNROLL for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
     int64_t k = 0;
     for (; k + 8 <= cols; k += 8) {
       __m256 wv[R];
-      for (int r = 0; r < R; ++r) wv[r] = load8<W>(w[r] + k * WS);
-      for (int t = 0; t < T; ++t) {
+      KIMI_UNROLL for (int r = 0; r < R; ++r) wv[r] = load8<W>(w[r] + k * WS);
+      KIMI_UNROLL for (int t = 0; t < T; ++t) {
         const __m256 xv = load8<X>(x[t] + k * XS);
-        for (int r = 0; r < R; ++r) acc[r][t] = _mm256_fmadd_ps(wv[r], xv, acc[r][t]);
+        KIMI_UNROLL for (int r = 0; r < R; ++r) acc[r][t] = _mm256_fmadd_ps(wv[r], xv, acc[r][t]);
       }
     }
-    for (int r = 0; r < R; ++r)
-      for (int t = 0; t < T; ++t) {
+    KIMI_UNROLL for (int r = 0; r < R; ++r)
+      KIMI_UNROLL for (int t = 0; t < T; ++t) {
         float s = hsum8(acc[r][t]);
         for (int64_t c = k; c < cols; ++c) s += load1<W>(w[r] + c * WS) * load1<X>(x[t] + c * XS);
         y[t * ldy + r] = s;
@@ -246,19 +250,19 @@ struct Q8Tiles {
   template <int R, int T>
   static void tile(const uint8_t* const* w, const uint8_t* const* x, int64_t nb, float* y, int64_t ldy) {
     __m256 acc[R][T];
-    for (int r = 0; r < R; ++r)
-      for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
+    KIMI_UNROLL for (int r = 0; r < R; ++r)
+      KIMI_UNROLL for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
     const int64_t ng = nb / P::kG;
     for (int64_t g = 0; g < ng; ++g) {
       Dec d[R];
-      for (int r = 0; r < R; ++r) d[r] = P::decode(w[r] + g * (P::kG * P::kBB));
-      for (int t = 0; t < T; ++t) {
+      KIMI_UNROLL for (int r = 0; r < R; ++r) d[r] = P::decode(w[r] + g * (P::kG * P::kBB));
+      KIMI_UNROLL for (int t = 0; t < T; ++t) {
         const uint8_t* a = x[t] + g * P::kAG;
-        for (int r = 0; r < R; ++r) acc[r][t] = P::dot(d[r], a, acc[r][t]);
+        KIMI_UNROLL for (int r = 0; r < R; ++r) acc[r][t] = P::dot(d[r], a, acc[r][t]);
       }
     }
-    for (int r = 0; r < R; ++r)
-      for (int t = 0; t < T; ++t) {
+    KIMI_UNROLL for (int r = 0; r < R; ++r)
+      KIMI_UNROLL for (int t = 0; t < T; ++t) {
         float s = hsum8(acc[r][t]);
         for (int64_t b = ng * P::kG; b < nb; ++b)
           s += P::tail(w[r] + b * P::kBB, x[t] + ng * P::kAG + (b - ng * P::kG) * kTailBlockBytes);

@@ -18,14 +18,19 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 
+#include <array>
 #include <cstring>
+#include <utility>
+
+// GCC does not fully unroll the R x T tile loops on its own at -O2 (the accumulators then live on
+// the stack): force it so every accumulator stays in a register.
+#define KIMI_UNROLL _Pragma("GCC unroll 16")
 
 namespace kimi::kern {
 
 namespace {
 
 using TileFn = void (*)(const uint8_t* const* w, const uint8_t* const* x, int64_t n, float* y, int64_t ldy);
-using Table = TileFn[4][4];
 
 inline __mmask16 mask16(int64_t n) { return n >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << n) - 1); }
 inline __mmask32 mask32(int64_t n) { return n >= 32 ? 0xffffffffu : static_cast<__mmask32>((1u << n) - 1); }
@@ -40,35 +45,37 @@ inline int hsum_epi32_128(__m128i v) {
   return _mm_cvtsi128_si32(v);
 }
 
-// Drive a tile table over rows [r0, r1) x tokens [0, nt), R rows at a time.
-void drive(const Table& tab, int R, const uint8_t* const* rows_base, uint64_t row_bytes, const uint8_t* act,
-           size_t stride, int64_t nt, int64_t r0, int64_t r1, float* y, int64_t ldy, int64_t n) {
-  const uint8_t* wp[4];
-  const uint8_t* xp[4];
+constexpr int kPfBytes = 2048;
+inline void prefetch_line(const uint8_t* p) { _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T0); }
+
+// Tile tables: tab[rr - 1][tt - 1] = P::tile<rr, tt> for the edge tiles of a R x T blocking.
+template <class P, int r, size_t... t>
+constexpr std::array<TileFn, sizeof...(t)> tile_row(std::index_sequence<t...>) {
+  return {&P::template tile<r, static_cast<int>(t) + 1>...};
+}
+template <class P, int T, size_t... r>
+constexpr std::array<std::array<TileFn, T>, sizeof...(r)> tile_table(std::index_sequence<r...>) {
+  return {tile_row<P, static_cast<int>(r) + 1>(std::make_index_sequence<T>{})...};
+}
+
+// Drive P's R x T register tiles over rows [r0, r1) x tokens [0, nt): for each panel of R rows
+// (which stays in L1) the token tiles stream by (the caller keeps nt small enough for L2).
+template <class P, int R, int T>
+void drive(const uint8_t* base, uint64_t row_bytes, const uint8_t* act, size_t stride, int64_t nt, int64_t r0,
+           int64_t r1, float* y, int64_t ldy, int64_t n) {
+  static constexpr auto tab = tile_table<P, T>(std::make_index_sequence<R>{});
+  const uint8_t* wp[R];
+  const uint8_t* xp[T];
   for (int64_t r = r0; r < r1; r += R) {
     const int rr = static_cast<int>(r1 - r < R ? r1 - r : R);
-    for (int i = 0; i < rr; ++i) wp[i] = rows_base[0] + static_cast<uint64_t>(r + i) * row_bytes;
-    for (int64_t t = 0; t < nt; t += 4) {
-      const int tt = static_cast<int>(nt - t < 4 ? nt - t : 4);
+    for (int i = 0; i < rr; ++i) wp[i] = base + static_cast<uint64_t>(r + i) * row_bytes;
+    for (int64_t t = 0; t < nt; t += T) {
+      const int tt = static_cast<int>(nt - t < T ? nt - t : T);
       for (int j = 0; j < tt; ++j) xp[j] = act + static_cast<size_t>(t + j) * stride;
       tab[rr - 1][tt - 1](wp, xp, n, y + t * ldy + r, ldy);
     }
   }
 }
-
-#define KIMI_TILE_TABLE(P)                                                                             \
-  {                                                                                                    \
-    {&P::template tile<1, 1>, &P::template tile<1, 2>, &P::template tile<1, 3>, &P::template tile<1, 4>}, \
-    {&P::template tile<2, 1>, &P::template tile<2, 2>, &P::template tile<2, 3>, &P::template tile<2, 4>}, \
-    {&P::template tile<3, 1>, &P::template tile<3, 2>, &P::template tile<3, 3>, &P::template tile<3, 4>}, \
-    {&P::template tile<4, 1>, &P::template tile<4, 2>, &P::template tile<4, 3>, &P::template tile<4, 4>}  \
-  }
-#define KIMI_TILE_TABLE2(P)                                                                            \
-  {                                                                                                    \
-    {&P::template tile<1, 1>, &P::template tile<1, 2>, &P::template tile<1, 3>, &P::template tile<1, 4>}, \
-    {&P::template tile<2, 1>, &P::template tile<2, 2>, &P::template tile<2, 3>, &P::template tile<2, 4>}, \
-    {nullptr, nullptr, nullptr, nullptr}, {nullptr, nullptr, nullptr, nullptr}                        \
-  }
 
 // ------------------------------------------------------------------------------------------------
 // f32 activations; weights F32 / F16 / BF16 widened to f32
@@ -92,51 +99,48 @@ struct F32Act {
   template <int R, int T>
   static void tile(const uint8_t* const* w, const uint8_t* const* x, int64_t cols, float* y, int64_t ldy) {
     __m512 acc[R][T];
-    for (int r = 0; r < R; ++r)
-      for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
+    KIMI_UNROLL for (int r = 0; r < R; ++r)
+      KIMI_UNROLL for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
     int64_t k = 0;
     for (; k + 16 <= cols; k += 16) {
       __m512 wv[R];
-      for (int r = 0; r < R; ++r) wv[r] = wload(w[r] + k * ES);
-      for (int t = 0; t < T; ++t) {
+      KIMI_UNROLL for (int r = 0; r < R; ++r) wv[r] = wload(w[r] + k * ES);
+      KIMI_UNROLL for (int t = 0; t < T; ++t) {
         const __m512 xv = _mm512_loadu_ps(reinterpret_cast<const float*>(x[t]) + k);
-        for (int r = 0; r < R; ++r) acc[r][t] = _mm512_fmadd_ps(wv[r], xv, acc[r][t]);
+        KIMI_UNROLL for (int r = 0; r < R; ++r) acc[r][t] = _mm512_fmadd_ps(wv[r], xv, acc[r][t]);
       }
     }
     if (k < cols) {
       const __mmask16 m = mask16(cols - k);
       __m512 wv[R];
-      for (int r = 0; r < R; ++r) wv[r] = wload_m(w[r] + k * ES, m);
-      for (int t = 0; t < T; ++t) {
+      KIMI_UNROLL for (int r = 0; r < R; ++r) wv[r] = wload_m(w[r] + k * ES, m);
+      KIMI_UNROLL for (int t = 0; t < T; ++t) {
         const __m512 xv = _mm512_maskz_loadu_ps(m, reinterpret_cast<const float*>(x[t]) + k);
-        for (int r = 0; r < R; ++r) acc[r][t] = _mm512_fmadd_ps(wv[r], xv, acc[r][t]);
+        KIMI_UNROLL for (int r = 0; r < R; ++r) acc[r][t] = _mm512_fmadd_ps(wv[r], xv, acc[r][t]);
       }
     }
-    for (int r = 0; r < R; ++r)
-      for (int t = 0; t < T; ++t) y[t * ldy + r] = _mm512_reduce_add_ps(acc[r][t]);
+    KIMI_UNROLL for (int r = 0; r < R; ++r)
+      KIMI_UNROLL for (int t = 0; t < T; ++t) y[t * ldy + r] = _mm512_reduce_add_ps(acc[r][t]);
   }
-  static constexpr Table table = KIMI_TILE_TABLE(F32Act);
 };
 
 template <WK K>
 void run_f32act(const MatView& W, const uint8_t* act, size_t stride, int64_t nt, int64_t r0, int64_t r1, float* y,
                 int64_t ldy) {
-  const uint8_t* base[1] = {W.data};
-  drive(F32Act<K>::table, 4, base, W.row_bytes, act, stride, nt, r0, r1, y, ldy, W.cols);
+  drive<F32Act<K>, 4, 4>(W.data, W.row_bytes, act, stride, nt, r0, r1, y, ldy, W.cols);
 }
 
 // Precision::F32 for quantized weights: decode 4 rows at a time, then the f32 tiles.
 void run_deq(const MatView& W, const uint8_t* act, size_t stride, int64_t nt, int64_t r0, int64_t r1, float* y,
              int64_t ldy) {
   float* buf = f32_scratch(4 * W.cols, 1);
-  const uint8_t* base[1] = {reinterpret_cast<const uint8_t*>(buf)};
   const uint64_t rb = static_cast<uint64_t>(W.cols) * 4;
   for (int64_t r = r0; r < r1; r += 4) {
     const int64_t rr = r1 - r < 4 ? r1 - r : 4;
     for (int64_t i = 0; i < rr; ++i)
       kimi::dequantize_row(W.type, W.data + static_cast<uint64_t>(r + i) * W.row_bytes, buf + i * W.cols, W.cols);
     // rows of buf are rows r..r+rr of W: shift y so that buf row i writes y[.. + r + i]
-    drive(F32Act<WK::F32>::table, 4, base, rb, act, stride, nt, 0, rr, y + r, ldy, W.cols);
+    drive<F32Act<WK::F32>, 4, 4>(reinterpret_cast<const uint8_t*>(buf), rb, act, stride, nt, 0, rr, y + r, ldy, W.cols);
   }
 }
 
@@ -146,36 +150,70 @@ struct Bf16Dp {
   template <int R, int T>
   static void tile(const uint8_t* const* w, const uint8_t* const* x, int64_t cols, float* y, int64_t ldy) {
     __m512 acc[R][T];
-    for (int r = 0; r < R; ++r)
-      for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
+    KIMI_UNROLL for (int r = 0; r < R; ++r)
+      KIMI_UNROLL for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
     int64_t k = 0;
     for (; k + 32 <= cols; k += 32) {
       __m512i wv[R];
-      for (int r = 0; r < R; ++r) wv[r] = _mm512_loadu_si512(w[r] + 2 * k);
-      for (int t = 0; t < T; ++t) {
+      KIMI_UNROLL for (int r = 0; r < R; ++r) wv[r] = _mm512_loadu_si512(w[r] + 2 * k);
+      KIMI_UNROLL for (int t = 0; t < T; ++t) {
         const __m512i xv = _mm512_loadu_si512(x[t] + 2 * k);
-        for (int r = 0; r < R; ++r) acc[r][t] = _mm512_dpbf16_ps(acc[r][t], (__m512bh)wv[r], (__m512bh)xv);
+        KIMI_UNROLL for (int r = 0; r < R; ++r) acc[r][t] = _mm512_dpbf16_ps(acc[r][t], (__m512bh)wv[r], (__m512bh)xv);
       }
     }
     if (k < cols) {  // activation rows are zero padded to a multiple of 32
       const __mmask32 m = mask32(cols - k);
       __m512i wv[R];
-      for (int r = 0; r < R; ++r) wv[r] = _mm512_maskz_loadu_epi16(m, w[r] + 2 * k);
-      for (int t = 0; t < T; ++t) {
+      KIMI_UNROLL for (int r = 0; r < R; ++r) wv[r] = _mm512_maskz_loadu_epi16(m, w[r] + 2 * k);
+      KIMI_UNROLL for (int t = 0; t < T; ++t) {
         const __m512i xv = _mm512_loadu_si512(x[t] + 2 * k);
-        for (int r = 0; r < R; ++r) acc[r][t] = _mm512_dpbf16_ps(acc[r][t], (__m512bh)wv[r], (__m512bh)xv);
+        KIMI_UNROLL for (int r = 0; r < R; ++r) acc[r][t] = _mm512_dpbf16_ps(acc[r][t], (__m512bh)wv[r], (__m512bh)xv);
       }
     }
-    for (int r = 0; r < R; ++r)
-      for (int t = 0; t < T; ++t) y[t * ldy + r] = _mm512_reduce_add_ps(acc[r][t]);
+    KIMI_UNROLL for (int r = 0; r < R; ++r)
+      KIMI_UNROLL for (int t = 0; t < T; ++t) y[t * ldy + r] = _mm512_reduce_add_ps(acc[r][t]);
   }
-  static constexpr Table table = KIMI_TILE_TABLE(Bf16Dp);
 };
+
+// GEMV (one token): rows one after another, so the weights are read as ONE sequential stream
+// (rows are contiguous), 4 independent accumulators per row, software prefetch kPfBytes ahead of
+// the linear read position (hardware prefetchers stop at 4 KiB pages; a BF16 row of 2048 columns
+// is exactly one page, so short interleaved row streams ran at half the bandwidth).
+
+void gemv_bf16(const MatView& W, const uint8_t* act, int64_t r0, int64_t r1, float* y) {
+  const int64_t cols = W.cols;
+  const int64_t c128 = cols / 128 * 128, c32 = cols / 32 * 32;
+  for (int64_t r = r0; r < r1; ++r) {
+    const uint8_t* w = W.data + static_cast<uint64_t>(r) * W.row_bytes;
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    int64_t k = 0;
+    for (; k < c128; k += 128) {
+      const uint8_t* p = w + 2 * k;
+      prefetch_line(p + kPfBytes);
+      prefetch_line(p + kPfBytes + 64);
+      prefetch_line(p + kPfBytes + 128);
+      prefetch_line(p + kPfBytes + 192);
+      a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_loadu_si512(p), (__m512bh)_mm512_loadu_si512(act + 2 * k));
+      a1 = _mm512_dpbf16_ps(a1, (__m512bh)_mm512_loadu_si512(p + 64), (__m512bh)_mm512_loadu_si512(act + 2 * k + 64));
+      a2 = _mm512_dpbf16_ps(a2, (__m512bh)_mm512_loadu_si512(p + 128), (__m512bh)_mm512_loadu_si512(act + 2 * k + 128));
+      a3 = _mm512_dpbf16_ps(a3, (__m512bh)_mm512_loadu_si512(p + 192), (__m512bh)_mm512_loadu_si512(act + 2 * k + 192));
+    }
+    for (; k < c32; k += 32) {
+      prefetch_line(w + 2 * k + kPfBytes);
+      a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_loadu_si512(w + 2 * k), (__m512bh)_mm512_loadu_si512(act + 2 * k));
+    }
+    if (k < cols) {  // activation row zero padded to a multiple of 32
+      const __m512i wv = _mm512_maskz_loadu_epi16(mask32(cols - k), w + 2 * k);
+      a1 = _mm512_dpbf16_ps(a1, (__m512bh)wv, (__m512bh)_mm512_loadu_si512(act + 2 * k));
+    }
+    y[r] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+  }
+}
 
 void run_bf16(const MatView& W, const uint8_t* act, size_t stride, int64_t nt, int64_t r0, int64_t r1, float* y,
               int64_t ldy) {
-  const uint8_t* base[1] = {W.data};
-  drive(Bf16Dp::table, 4, base, W.row_bytes, act, stride, nt, r0, r1, y, ldy, W.cols);
+  if (nt == 1) return gemv_bf16(W, act, r0, r1, y);
+  drive<Bf16Dp, 6, 4>(W.data, W.row_bytes, act, stride, nt, r0, r1, y, ldy, W.cols);
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -294,35 +332,60 @@ struct Q8Tiles {
   template <int R, int T>
   static void tile(const uint8_t* const* w, const uint8_t* const* x, int64_t nb, float* y, int64_t ldy) {
     __m512 acc[R][T];
-    for (int r = 0; r < R; ++r)
-      for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
+    KIMI_UNROLL for (int r = 0; r < R; ++r)
+      KIMI_UNROLL for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
     const int64_t ng = nb / P::kG;
     for (int64_t g = 0; g < ng; ++g) {
       Dec d[R];
-      for (int r = 0; r < R; ++r) d[r] = P::decode(w[r] + g * (P::kG * P::kBB));
-      for (int t = 0; t < T; ++t) {
+      KIMI_UNROLL for (int r = 0; r < R; ++r) d[r] = P::decode(w[r] + g * (P::kG * P::kBB));
+      KIMI_UNROLL for (int t = 0; t < T; ++t) {
         const uint8_t* a = x[t] + g * P::kAG;
-        for (int r = 0; r < R; ++r) acc[r][t] = P::dot(d[r], a, acc[r][t]);
+        KIMI_UNROLL for (int r = 0; r < R; ++r) acc[r][t] = P::dot(d[r], a, acc[r][t]);
       }
     }
     float tl[R][T];
-    for (int r = 0; r < R; ++r)
-      for (int t = 0; t < T; ++t) tl[r][t] = 0.0f;
+    KIMI_UNROLL for (int r = 0; r < R; ++r)
+      KIMI_UNROLL for (int t = 0; t < T; ++t) tl[r][t] = 0.0f;
     for (int64_t b = ng * P::kG; b < nb; ++b)
-      for (int r = 0; r < R; ++r)
-        for (int t = 0; t < T; ++t)
+      KIMI_UNROLL for (int r = 0; r < R; ++r)
+        KIMI_UNROLL for (int t = 0; t < T; ++t)
           tl[r][t] += P::tail(w[r] + b * P::kBB, x[t] + ng * P::kAG + (b - ng * P::kG) * kTailBlockBytes);
-    for (int r = 0; r < R; ++r)
-      for (int t = 0; t < T; ++t) y[t * ldy + r] = _mm512_reduce_add_ps(acc[r][t]) + tl[r][t];
+    KIMI_UNROLL for (int r = 0; r < R; ++r)
+      KIMI_UNROLL for (int t = 0; t < T; ++t) y[t * ldy + r] = _mm512_reduce_add_ps(acc[r][t]) + tl[r][t];
   }
-  static constexpr Table table = KIMI_TILE_TABLE2(Q8Tiles);
 };
+
+// GEMV (one token): one row at a time (a sequential stream over the contiguous rows) with two
+// accumulators over alternate groups and software prefetch ahead of the read position.
+template <class P>
+void gemv_q8(const MatView& W, const uint8_t* act, int64_t r0, int64_t r1, float* y) {
+  const int64_t nb = W.cols / 32, ng = nb / P::kG;
+  constexpr int kGB = P::kG * P::kBB;  // weight bytes per group
+  for (int64_t r = r0; r < r1; ++r) {
+    const uint8_t* w = W.data + static_cast<uint64_t>(r) * W.row_bytes;
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0;
+    int64_t g = 0;
+    for (; g + 2 <= ng; g += 2) {
+      const uint8_t* p = w + g * kGB;
+      prefetch_line(p + kPfBytes);
+      prefetch_line(p + kPfBytes + kGB);
+      if constexpr (2 * kGB > 128) prefetch_line(p + kPfBytes + 128);
+      a0 = P::dot(P::decode(p), act + g * P::kAG, a0);
+      a1 = P::dot(P::decode(p + kGB), act + (g + 1) * P::kAG, a1);
+    }
+    if (g < ng) a0 = P::dot(P::decode(w + g * kGB), act + g * P::kAG, a0);
+    float tl = 0.0f;
+    for (int64_t b = ng * P::kG; b < nb; ++b)
+      tl += P::tail(w + b * P::kBB, act + ng * P::kAG + (b - ng * P::kG) * kTailBlockBytes);
+    y[r] = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1)) + tl;
+  }
+}
 
 template <class P>
 void run_q8(const MatView& W, const uint8_t* act, size_t stride, int64_t nt, int64_t r0, int64_t r1, float* y,
             int64_t ldy) {
-  const uint8_t* base[1] = {W.data};
-  drive(Q8Tiles<P>::table, 2, base, W.row_bytes, act, stride, nt, r0, r1, y, ldy, W.cols / 32);
+  if (nt == 1) return gemv_q8<P>(W, act, r0, r1, y);
+  drive<Q8Tiles<P>, 4, 4>(W.data, W.row_bytes, act, stride, nt, r0, r1, y, ldy, W.cols / 32);
 }
 
 void prep_mxfp4(const float* x, int64_t cols, uint8_t* out) { prep_q8_nib_avx512(x, cols, out, 12, 0.5f); }

@@ -86,6 +86,31 @@ void mul_sigmoid(float* x, const float* gate, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] *= 1.0f / (1.0f + std::exp(-gate[i]));
 }
 
+void sigmoid_inplace_fast(float* x, int64_t n) {
+  if (g_avx512) return avx512::sigmoid_inplace(x, n);
+  sigmoid_inplace(x, n);
+}
+
+void silu_fast(const float* x, float* y, int64_t n) {
+  if (g_avx512) return avx512::silu(x, y, n);
+  for (int64_t i = 0; i < n; ++i) y[i] = x[i] / (1.0f + std::exp(-x[i]));
+}
+
+void situ_fast(const float* g, const float* u, float* out, int64_t n, float beta, float lambda) {
+  if (g_avx512) return avx512::situ(g, u, out, n, beta, lambda);
+  situ(g, u, out, n, beta, lambda);
+}
+
+void mul_sigmoid_fast(float* x, const float* gate, int64_t n) {
+  if (g_avx512) return avx512::mul_sigmoid(x, gate, n);
+  mul_sigmoid(x, gate, n);
+}
+
+void exp_fast(const float* x, float* y, int64_t n) {
+  if (g_avx512) return avx512::exp_row(x, y, n);
+  for (int64_t i = 0; i < n; ++i) y[i] = std::exp(x[i]);
+}
+
 float dot_f32(const float* a, const float* b, int64_t n) {
   if (g_avx512) return avx512::dot_f32(a, b, n);
   float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};

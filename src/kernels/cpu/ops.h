@@ -21,6 +21,15 @@ void situ(const float* g, const float* u, float* out, int64_t n, float beta, flo
 // x *= sigmoid(gate) elementwise
 void mul_sigmoid(float* x, const float* gate, int64_t n);
 
+// Fast variants (used in Precision::Fast): AVX-512 polynomial exp (about 1-2 ulp), sigmoid and
+// tanh built on it (tanh: odd polynomial for |x| < 0.4, else 1 - 2/(e^2|x| + 1)); max relative
+// error ~1e-6. Without AVX-512 they are the exact libm versions above.
+void sigmoid_inplace_fast(float* x, int64_t n);
+void silu_fast(const float* x, float* y, int64_t n);  // y may alias x
+void situ_fast(const float* g, const float* u, float* out, int64_t n, float beta, float lambda);
+void mul_sigmoid_fast(float* x, const float* gate, int64_t n);
+void exp_fast(const float* x, float* y, int64_t n);   // y may alias x
+
 // vector primitives
 float dot_f32(const float* a, const float* b, int64_t n);
 float dot_f16(const float* a, const uint16_t* b, int64_t n);  // b: IEEE half

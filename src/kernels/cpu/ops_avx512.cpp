@@ -84,4 +84,111 @@ void f32_to_f16_row(const float* x, uint16_t* y, int64_t n) {
   for (; i < n; ++i) y[i] = f32_to_f16(x[i]);
 }
 
+// ---- fast transcendental functions ----
+// exp(x) = 2^n e^r, n = round(x log2 e), r = x - n ln2 (two-step), e^r by its degree-7 Taylor
+// polynomial (truncation < 1e-8 relative on |r| <= ln2/2), 2^n applied by vscalefps (exact
+// overflow to inf / underflow to 0). NaN propagates.
+static inline __m512 exp16(__m512 x) {
+  x = _mm512_max_ps(_mm512_set1_ps(-104.0f), _mm512_min_ps(_mm512_set1_ps(89.0f), x));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.42860682030941723212e-6f), r);
+  __m512 p = _mm512_set1_ps(1.0f / 5040.0f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(p, n);
+}
+
+// 1 / (1 + e^-x)
+static inline __m512 sigmoid16(__m512 x) {
+  const __m512 one = _mm512_set1_ps(1.0f);
+  return _mm512_div_ps(one, _mm512_add_ps(one, exp16(_mm512_sub_ps(_mm512_setzero_ps(), x))));
+}
+
+// tanh: odd Taylor polynomial to x^13 for |x| < 0.4 (truncation < 1e-9 relative), else
+// sign(x) (1 - 2 / (e^{2|x|} + 1))
+static inline __m512 tanh16(__m512 x) {
+  const __m512 ax = _mm512_abs_ps(x);
+  const __m512 x2 = _mm512_mul_ps(x, x);
+  __m512 p = _mm512_set1_ps(21844.0f / 6081075.0f);
+  p = _mm512_fmadd_ps(p, x2, _mm512_set1_ps(-1382.0f / 155925.0f));
+  p = _mm512_fmadd_ps(p, x2, _mm512_set1_ps(62.0f / 2835.0f));
+  p = _mm512_fmadd_ps(p, x2, _mm512_set1_ps(-17.0f / 315.0f));
+  p = _mm512_fmadd_ps(p, x2, _mm512_set1_ps(2.0f / 15.0f));
+  p = _mm512_fmadd_ps(p, x2, _mm512_set1_ps(-1.0f / 3.0f));
+  const __m512 small = _mm512_fmadd_ps(_mm512_mul_ps(p, x2), x, x);
+  const __m512 e = exp16(_mm512_add_ps(ax, ax));
+  const __m512 big_abs = _mm512_sub_ps(_mm512_set1_ps(1.0f),
+                                       _mm512_div_ps(_mm512_set1_ps(2.0f), _mm512_add_ps(e, _mm512_set1_ps(1.0f))));
+  // copy the sign of x onto big_abs
+  const __m512 sign = _mm512_and_ps(x, _mm512_castsi512_ps(_mm512_set1_epi32(static_cast<int>(0x80000000u))));
+  const __m512 big = _mm512_or_ps(big_abs, sign);
+  const __mmask16 is_small = _mm512_cmp_ps_mask(ax, _mm512_set1_ps(0.4f), _CMP_LT_OQ);
+  return _mm512_mask_blend_ps(is_small, big, small);
+}
+
+template <class F>
+static inline void map1(const float* x, float* y, int64_t n, F f) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) _mm512_storeu_ps(y + i, f(_mm512_loadu_ps(x + i)));
+  if (i < n) {
+    const __mmask16 m = static_cast<__mmask16>((1u << (n - i)) - 1);
+    _mm512_mask_storeu_ps(y + i, m, f(_mm512_maskz_loadu_ps(m, x + i)));
+  }
+}
+
+template <class F>
+static inline void map2(const float* a, const float* b, float* y, int64_t n, F f) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) _mm512_storeu_ps(y + i, f(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i)));
+  if (i < n) {
+    const __mmask16 m = static_cast<__mmask16>((1u << (n - i)) - 1);
+    _mm512_mask_storeu_ps(y + i, m, f(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i)));
+  }
+}
+
+void exp_row(const float* x, float* y, int64_t n) {
+  map1(x, y, n, [](__m512 v) { return exp16(v); });
+}
+
+void sigmoid_inplace(float* x, int64_t n) {
+  map1(x, x, n, [](__m512 v) { return sigmoid16(v); });
+}
+
+void silu(const float* x, float* y, int64_t n) {
+  const __m512 one = _mm512_set1_ps(1.0f);
+  map1(x, y, n, [one](__m512 v) {
+    return _mm512_div_ps(v, _mm512_add_ps(one, exp16(_mm512_sub_ps(_mm512_setzero_ps(), v))));
+  });
+}
+
+void mul_sigmoid(float* x, const float* gate, int64_t n) {
+  const __m512 one = _mm512_set1_ps(1.0f);
+  map2(x, gate, x, n, [one](__m512 v, __m512 g) {
+    return _mm512_div_ps(v, _mm512_add_ps(one, exp16(_mm512_sub_ps(_mm512_setzero_ps(), g))));
+  });
+}
+
+void situ(const float* g, const float* u, float* out, int64_t n, float beta, float lambda) {
+  const __m512 vb = _mm512_set1_ps(beta), vib = _mm512_set1_ps(1.0f / beta);
+  if (lambda > 0) {
+    const __m512 vl = _mm512_set1_ps(lambda), vil = _mm512_set1_ps(1.0f / lambda);
+    map2(g, u, out, n, [=](__m512 gv, __m512 uv) {
+      const __m512 a = _mm512_mul_ps(_mm512_mul_ps(vb, tanh16(_mm512_mul_ps(gv, vib))), sigmoid16(gv));
+      return _mm512_mul_ps(a, _mm512_mul_ps(vl, tanh16(_mm512_mul_ps(uv, vil))));
+    });
+  } else {
+    map2(g, u, out, n, [=](__m512 gv, __m512 uv) {
+      const __m512 a = _mm512_mul_ps(_mm512_mul_ps(vb, tanh16(_mm512_mul_ps(gv, vib))), sigmoid16(gv));
+      return _mm512_mul_ps(a, uv);
+    });
+  }
+}
+
 }  // namespace kimi::kern::avx512

@@ -10,7 +10,19 @@ void axpy_f32(float a, const float* x, float* y, int64_t n);
 void axpy_f16(float a, const uint16_t* x, float* y, int64_t n);
 void f16_to_f32_row(const uint16_t* x, float* y, int64_t n);
 void f32_to_f16_row(const float* x, uint16_t* y, int64_t n);
+void sigmoid_inplace(float* x, int64_t n);
+void silu(const float* x, float* y, int64_t n);
+void situ(const float* g, const float* u, float* out, int64_t n, float beta, float lambda);
+void mul_sigmoid(float* x, const float* gate, int64_t n);
+void exp_row(const float* x, float* y, int64_t n);
+// attention_avx512.cpp (D % 16 == 0, D <= 256, H <= 256)
+void indexer_scores(const float* q, const float* w, int64_t H, const void* keys, bool f16, int64_t D, int64_t n,
+                    float* scores);
+// z[h][:r] += sum_j p[h * p_stride + j] * rows[j][:r]  (r % 16 == 0)
+void attn_accumulate(float* z, int64_t nh, int64_t r, const float* const* rows, int64_t nb, const float* p,
+                     int64_t p_stride);
 // kda_avx512.cpp (D % 16 == 0)
-void kda_step(float* S, const float* q, const float* k, const float* v, const float* g, float beta, float scale,
-              float* o, int64_t D, float* p);
+// g_is_decay: g holds exp(g) already
+void kda_step(float* S, const float* q, const float* k, const float* v, const float* g, bool g_is_decay, float beta,
+              float scale, float* o, int64_t D, float* p);
 }  // namespace kimi::kern::avx512

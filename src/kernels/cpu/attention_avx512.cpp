@@ -1,0 +1,154 @@
+// AVX-512 DSA indexer scan (compiled with AVX-512 flags; entered only after a CPU check).
+// Keys outer: each key row is converted once per 16-head group and dotted with the 16 query
+// heads (L1-resident) into 16 accumulators, which a transpose-add reduces to one vector of 16
+// head dots; ReLU, times the (identically permuted) head weights, summed into the score.
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstring>
+
+#include "kernels/cpu/ops_simd.h"
+
+namespace kimi::kern::avx512 {
+
+namespace {
+
+// a[0..15] -> v with v[lane] = sum of the 16 lanes of a[head_of_lane(lane)], where
+// head_of_lane(4*blk + p) = kBlkBase[blk] + kPosOff[p].
+constexpr int kBlkBase[4] = {0, 8, 4, 12};
+constexpr int kPosOff[4] = {0, 2, 1, 3};
+
+inline __m512 transpose_add16(const __m512* a) {
+  __m512 b[8], c[4], d[2];
+  for (int i = 0; i < 8; ++i)
+    b[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[i], a[i + 8], 0x44), _mm512_shuffle_f32x4(a[i], a[i + 8], 0xEE));
+  for (int i = 0; i < 4; ++i)
+    c[i] = _mm512_add_ps(_mm512_shuffle_f32x4(b[i], b[i + 4], 0x88), _mm512_shuffle_f32x4(b[i], b[i + 4], 0xDD));
+  for (int i = 0; i < 2; ++i)
+    d[i] = _mm512_add_ps(_mm512_shuffle_ps(c[i], c[i + 2], 0x44), _mm512_shuffle_ps(c[i], c[i + 2], 0xEE));
+  return _mm512_add_ps(_mm512_shuffle_ps(d[0], d[1], 0x88), _mm512_shuffle_ps(d[0], d[1], 0xDD));
+}
+
+template <bool F16>
+inline __m512 load_key(const void* keys, int64_t off) {
+  if constexpr (F16)
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(keys) + off)));
+  else
+    return _mm512_loadu_ps(static_cast<const float*>(keys) + off);
+}
+
+template <bool F16>
+void scan(const float* const* qg, const __m512* wv, int64_t G, const void* keys, int64_t D, int64_t n,
+          float* scores) {
+  const int64_t nc = D / 16;
+  for (int64_t s = 0; s < n; ++s) {
+    __m512 total = _mm512_setzero_ps();
+    for (int64_t g = 0; g < G; ++g) {
+      const float* q = qg[g];
+      __m512 acc[16];
+      for (int h = 0; h < 16; ++h) acc[h] = _mm512_setzero_ps();
+      for (int64_t c = 0; c < nc; ++c) {
+        const __m512 k = load_key<F16>(keys, s * D + c * 16);
+        for (int h = 0; h < 16; ++h) acc[h] = _mm512_fmadd_ps(_mm512_loadu_ps(q + h * D + c * 16), k, acc[h]);
+      }
+      const __m512 e = _mm512_max_ps(transpose_add16(acc), _mm512_setzero_ps());
+      total = _mm512_fmadd_ps(e, wv[g], total);
+    }
+    scores[s] = _mm512_reduce_add_ps(total);
+  }
+}
+
+}  // namespace
+
+void indexer_scores(const float* q, const float* w, int64_t H, const void* keys, bool f16, int64_t D, int64_t n,
+                    float* scores) {
+  const int64_t G = (H + 15) / 16;
+  alignas(64) float wperm[256];
+  alignas(64) float qpad[16 * 256];  // the last, partial group of heads, zero-padded
+  const float* qg[16];
+  __m512 wv[16];
+  for (int64_t g = 0; g < G; ++g) {
+    const int64_t h0 = g * 16, nh = H - h0 < 16 ? H - h0 : 16;
+    for (int lane = 0; lane < 16; ++lane) {
+      const int h = kBlkBase[lane / 4] + kPosOff[lane % 4];
+      wperm[g * 16 + lane] = h < nh ? w[h0 + h] : 0.0f;
+    }
+    wv[g] = _mm512_load_ps(wperm + g * 16);
+    if (nh == 16) {
+      qg[g] = q + h0 * D;
+    } else {
+      std::memset(qpad, 0, sizeof(float) * static_cast<size_t>(16 * D));
+      std::memcpy(qpad, q + h0 * D, sizeof(float) * static_cast<size_t>(nh * D));
+      qg[g] = qpad;
+    }
+  }
+  if (f16)
+    scan<true>(qg, wv, G, keys, D, n, scores);
+  else
+    scan<false>(qg, wv, G, keys, D, n, scores);
+}
+
+void attn_accumulate(float* z, int64_t nh, int64_t r, const float* const* rows, int64_t nb, const float* p,
+                     int64_t p_stride) {
+  // 4 heads x 2 slices of 16 per register tile; rows streamed in order (same per-element
+  // accumulation order as one axpy per row)
+  for (int64_t c = 0; c < r; c += 32) {
+    const bool two = c + 16 < r;
+    int64_t h = 0;
+    for (; h + 4 <= nh; h += 4) {
+      float* z0 = z + h * r + c;
+      __m512 a0 = _mm512_loadu_ps(z0), a1 = _mm512_loadu_ps(z0 + r), a2 = _mm512_loadu_ps(z0 + 2 * r),
+             a3 = _mm512_loadu_ps(z0 + 3 * r);
+      __m512 b0 = _mm512_setzero_ps(), b1 = b0, b2 = b0, b3 = b0;
+      if (two) {
+        b0 = _mm512_loadu_ps(z0 + 16);
+        b1 = _mm512_loadu_ps(z0 + r + 16);
+        b2 = _mm512_loadu_ps(z0 + 2 * r + 16);
+        b3 = _mm512_loadu_ps(z0 + 3 * r + 16);
+      }
+      const float* ph = p + h * p_stride;
+      for (int64_t j = 0; j < nb; ++j) {
+        const __m512 x = _mm512_loadu_ps(rows[j] + c);
+        const __m512 p0 = _mm512_set1_ps(ph[j]), p1 = _mm512_set1_ps(ph[p_stride + j]),
+                     p2 = _mm512_set1_ps(ph[2 * p_stride + j]), p3 = _mm512_set1_ps(ph[3 * p_stride + j]);
+        a0 = _mm512_fmadd_ps(p0, x, a0);
+        a1 = _mm512_fmadd_ps(p1, x, a1);
+        a2 = _mm512_fmadd_ps(p2, x, a2);
+        a3 = _mm512_fmadd_ps(p3, x, a3);
+        if (two) {
+          const __m512 y = _mm512_loadu_ps(rows[j] + c + 16);
+          b0 = _mm512_fmadd_ps(p0, y, b0);
+          b1 = _mm512_fmadd_ps(p1, y, b1);
+          b2 = _mm512_fmadd_ps(p2, y, b2);
+          b3 = _mm512_fmadd_ps(p3, y, b3);
+        }
+      }
+      _mm512_storeu_ps(z0, a0);
+      _mm512_storeu_ps(z0 + r, a1);
+      _mm512_storeu_ps(z0 + 2 * r, a2);
+      _mm512_storeu_ps(z0 + 3 * r, a3);
+      if (two) {
+        _mm512_storeu_ps(z0 + 16, b0);
+        _mm512_storeu_ps(z0 + r + 16, b1);
+        _mm512_storeu_ps(z0 + 2 * r + 16, b2);
+        _mm512_storeu_ps(z0 + 3 * r + 16, b3);
+      }
+    }
+    for (; h < nh; ++h) {
+      float* z0 = z + h * r + c;
+      __m512 a0 = _mm512_loadu_ps(z0), b0 = two ? _mm512_loadu_ps(z0 + 16) : _mm512_setzero_ps();
+      const float* ph = p + h * p_stride;
+      for (int64_t j = 0; j < nb; ++j) {
+        const __m512 pj = _mm512_set1_ps(ph[j]);
+        a0 = _mm512_fmadd_ps(pj, _mm512_loadu_ps(rows[j] + c), a0);
+        if (two) b0 = _mm512_fmadd_ps(pj, _mm512_loadu_ps(rows[j] + c + 16), b0);
+      }
+      _mm512_storeu_ps(z0, a0);
+      if (two) _mm512_storeu_ps(z0 + 16, b0);
+    }
+  }
+}
+
+}  // namespace kimi::kern::avx512

@@ -1,0 +1,149 @@
+// The engine's fast paths against double-precision loops written here: the polynomial
+// exp/sigmoid/SiLU/SiTU used in Precision::Fast, the DSA indexer scan (AVX-512 transpose-add
+// kernel and the portable loop) and the KDA step with precomputed decay factors.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/kda.h"
+#include "kernels/cpu/ops.h"
+#include "tensor/types.h"
+
+using namespace kimi;
+
+namespace {
+std::vector<float> rnd(size_t n, uint32_t seed, float lo, float hi) {
+  std::mt19937 r(seed);
+  std::uniform_real_distribution<float> U(lo, hi);
+  std::vector<float> v(n);
+  for (auto& x : v) x = U(r);
+  return v;
+}
+double sig(double x) { return 1.0 / (1.0 + std::exp(-x)); }
+// |a - b| <= rel * |b| + abs
+void expect_close(double a, double b, double rel, double abs, const char* what, double x) {
+  EXPECT_LE(std::fabs(a - b), rel * std::fabs(b) + abs) << what << "(" << x << ") = " << a << ", expected " << b;
+}
+}  // namespace
+
+TEST(ModelFastPaths, ExpSigmoidSiluAgreeWithDoubleToAFewUlp) {
+  // every length 1..40 (masked tails) over a wide range, plus the special values
+  for (int n = 1; n <= 40; ++n) {
+    auto x = rnd(static_cast<size_t>(n), 100 + n, -90.0f, 90.0f);
+    std::vector<float> y(x.size());
+    kern::exp_fast(x.data(), y.data(), n);
+    for (int i = 0; i < n; ++i) {
+      const double e = std::exp(double(x[i]));
+      if (e > std::numeric_limits<float>::max())
+        EXPECT_TRUE(std::isinf(y[i]) && y[i] > 0) << x[i];
+      else
+        expect_close(y[i], e, 4e-7, 1e-44, "exp", x[i]);  // denormal results: absolute
+    }
+    auto s = x;
+    kern::sigmoid_inplace_fast(s.data(), n);
+    // below FLT_MIN (x < -87.3) results may flush to 0, as 1 / (1 + expf(-x)) does with libm
+    for (int i = 0; i < n; ++i) expect_close(s[i], sig(x[i]), 5e-7, 1.2e-38, "sigmoid", x[i]);
+    kern::silu_fast(x.data(), y.data(), n);
+    for (int i = 0; i < n; ++i) expect_close(y[i], x[i] * sig(x[i]), 5e-7, 1.1e-36, "silu", x[i]);
+    auto g = rnd(static_cast<size_t>(n), 200 + n, -12.0f, 12.0f), v = rnd(static_cast<size_t>(n), 300 + n, -3.0f, 3.0f);
+    auto m = v;
+    kern::mul_sigmoid_fast(m.data(), g.data(), n);
+    for (int i = 0; i < n; ++i) expect_close(m[i], v[i] * sig(g[i]), 5e-7, 1e-30, "mul_sigmoid", g[i]);
+  }
+  // dense sweep of the small range where the polynomial pieces meet
+  std::vector<float> x, y;
+  for (float v = -3.0f; v <= 3.0f; v += 1.0f / 1024) x.push_back(v);
+  y.resize(x.size());
+  kern::exp_fast(x.data(), y.data(), static_cast<int64_t>(x.size()));
+  for (size_t i = 0; i < x.size(); ++i) expect_close(y[i], std::exp(double(x[i])), 3e-7, 0, "exp", x[i]);
+  const float inf = std::numeric_limits<float>::infinity();
+  float sp[5] = {inf, -inf, 0.0f, 1000.0f, -1000.0f}, e[5];
+  kern::exp_fast(sp, e, 5);
+  EXPECT_EQ(e[0], inf);
+  EXPECT_EQ(e[1], 0.0f);
+  EXPECT_EQ(e[2], 1.0f);
+  EXPECT_EQ(e[3], inf);
+  EXPECT_EQ(e[4], 0.0f);
+  float sg[5] = {inf, -inf, 0.0f, 1000.0f, -1000.0f};
+  kern::sigmoid_inplace_fast(sg, 5);
+  EXPECT_EQ(sg[0], 1.0f);
+  EXPECT_EQ(sg[1], 0.0f);
+  EXPECT_EQ(sg[2], 0.5f);
+  EXPECT_EQ(sg[3], 1.0f);
+  EXPECT_EQ(sg[4], 0.0f);
+  float nan[1] = {std::numeric_limits<float>::quiet_NaN()};
+  kern::exp_fast(nan, nan, 1);
+  EXPECT_TRUE(std::isnan(nan[0]));
+}
+
+TEST(ModelFastPaths, SituFastAgreesWithDouble) {
+  for (float lambda : {25.0f, 0.0f}) {
+    for (int n : {1, 15, 16, 17, 100}) {
+      // g spans the tanh polynomial (|g/4| < 0.4) and exp-formula pieces; u likewise for lambda
+      auto g = rnd(static_cast<size_t>(n), 7 + n, -40.0f, 40.0f), u = rnd(static_cast<size_t>(n), 8 + n, -60.0f, 60.0f);
+      for (int i = 0; i < n; i += 3) g[static_cast<size_t>(i)] *= 0.02f;  // some small arguments
+      std::vector<float> y(g.size());
+      kern::situ_fast(g.data(), u.data(), y.data(), n, 4.0f, lambda);
+      for (int i = 0; i < n; ++i) {
+        const double a = 4.0 * std::tanh(g[i] / 4.0) * sig(g[i]);
+        const double b = lambda > 0 ? lambda * std::tanh(u[i] / double(lambda)) : u[i];
+        expect_close(y[i], a * b, 2e-6, 1e-30, "situ", g[i]);
+      }
+    }
+  }
+}
+
+TEST(ModelFastPaths, IndexerScoresMatchTheDefinition) {
+  // H: full 16-head groups, a partial group, a single head; D: AVX-512 sizes and a portable one
+  for (int64_t H : {1, 16, 20, 32}) {
+    for (int64_t D : {16, 24, 128}) {
+      for (bool f16 : {true, false}) {
+        const int64_t n = 37;
+        auto q = rnd(static_cast<size_t>(H * D), 11 + H + D, -1.0f, 1.0f);
+        auto w = rnd(static_cast<size_t>(H), 12 + H, -0.5f, 1.0f);  // negative weights too
+        auto kf = rnd(static_cast<size_t>(n * D), 13 + D, -2.0f, 2.0f);
+        std::vector<uint16_t> kh(kf.size());
+        for (size_t i = 0; i < kf.size(); ++i) {
+          kh[i] = f32_to_f16(kf[i]);
+          if (f16) kf[i] = f16_to_f32(kh[i]);  // the reference sees exactly the stored keys
+        }
+        std::vector<float> sc(static_cast<size_t>(n));
+        kern::indexer_scores(q.data(), w.data(), H, f16 ? static_cast<const void*>(kh.data()) : kf.data(), f16, D, n,
+                             sc.data());
+        for (int64_t s = 0; s < n; ++s) {
+          double ref = 0, mag = 0;
+          for (int64_t h = 0; h < H; ++h) {
+            double d = 0, dm = 0;
+            for (int64_t j = 0; j < D; ++j) {
+              d += double(q[h * D + j]) * kf[s * D + j];
+              dm += std::fabs(double(q[h * D + j]) * kf[s * D + j]);
+            }
+            ref += w[h] * std::max(d, 0.0);
+            mag += std::fabs(w[h]) * dm;
+          }
+          EXPECT_NEAR(sc[s], ref, 1e-6 * mag + 1e-7) << "H " << H << " D " << D << " f16 " << f16 << " s " << s;
+        }
+      }
+    }
+  }
+}
+
+TEST(ModelFastPaths, KdaStepDecayEqualsKdaStepWithExp) {
+  for (int D : {8, 32, 128}) {
+    std::vector<float> S1(static_cast<size_t>(D * D), 0.0f), S2 = S1, tmp(D), o1(D), o2(D);
+    for (int t = 0; t < 5; ++t) {
+      auto q = rnd(D, 40 + t, -0.3f, 0.3f), k = rnd(D, 50 + t, -0.3f, 0.3f), v = rnd(D, 60 + t, -1.0f, 1.0f);
+      auto g = rnd(D, 70 + t, -1.1f, -0.1f);
+      std::vector<float> a(D);
+      for (int i = 0; i < D; ++i) a[i] = std::exp(g[i]);
+      kern::kda_step(S1.data(), q.data(), k.data(), v.data(), g.data(), 0.4f, 0.125f, o1.data(), D, tmp.data());
+      kern::kda_step_decay(S2.data(), q.data(), k.data(), v.data(), a.data(), 0.4f, 0.125f, o2.data(), D, tmp.data());
+      for (int j = 0; j < D; ++j) EXPECT_NEAR(o1[j], o2[j], 1e-6 * (1 + std::fabs(o1[j]))) << "D " << D << " j " << j;
+    }
+    for (size_t i = 0; i < S1.size(); ++i) ASSERT_NEAR(S1[i], S2[i], 1e-6 * (1 + std::fabs(S1[i])));
+  }
+}

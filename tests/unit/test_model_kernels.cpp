@@ -130,7 +130,7 @@ TEST(ModelKernels, ConvStepIsCausalWithLastTapOnCurrentToken) {
 }
 
 TEST(ModelKernels, KdaStepMatchesTheDeltaRule) {
-  for (int D : {8, 32}) {  // 32: the AVX-512 path (D % 16 == 0)
+  for (int D : {8, 32, 64, 128}) {  // 32: generic AVX-512 path; 64, 128: register-resident variants
   const int T = 6;
   std::vector<float> S(D * D, 0.0f), tmp(D), o(D);
   std::vector<double> Sr(D * D, 0.0);
@@ -151,7 +151,7 @@ TEST(ModelKernels, KdaStepMatchesTheDeltaRule) {
     for (int j = 0; j < D; ++j) {
       double r = 0;
       for (int i = 0; i < D; ++i) r += Sr[i * D + j] * q[i];
-      EXPECT_NEAR(o[j], 0.25 * r, 1e-5) << "D " << D << " t " << t << " j " << j;
+      EXPECT_NEAR(o[j], 0.25 * r, 1e-5 * (1 + std::fabs(r))) << "D " << D << " t " << t << " j " << j;
     }
   }
   }

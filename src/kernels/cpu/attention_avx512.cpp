@@ -22,10 +22,13 @@ constexpr int kPosOff[4] = {0, 2, 1, 3};
 
 inline __m512 transpose_add16(const __m512* a) {
   __m512 b[8], c[4], d[2];
+#pragma GCC unroll 8
   for (int i = 0; i < 8; ++i)
     b[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[i], a[i + 8], 0x44), _mm512_shuffle_f32x4(a[i], a[i + 8], 0xEE));
+#pragma GCC unroll 4
   for (int i = 0; i < 4; ++i)
     c[i] = _mm512_add_ps(_mm512_shuffle_f32x4(b[i], b[i + 4], 0x88), _mm512_shuffle_f32x4(b[i], b[i + 4], 0xDD));
+#pragma GCC unroll 2
   for (int i = 0; i < 2; ++i)
     d[i] = _mm512_add_ps(_mm512_shuffle_ps(c[i], c[i + 2], 0x44), _mm512_shuffle_ps(c[i], c[i + 2], 0xEE));
   return _mm512_add_ps(_mm512_shuffle_ps(d[0], d[1], 0x88), _mm512_shuffle_ps(d[0], d[1], 0xDD));
@@ -48,9 +51,11 @@ void scan(const float* const* qg, const __m512* wv, int64_t G, const void* keys,
     for (int64_t g = 0; g < G; ++g) {
       const float* q = qg[g];
       __m512 acc[16];
+#pragma GCC unroll 16
       for (int h = 0; h < 16; ++h) acc[h] = _mm512_setzero_ps();
       for (int64_t c = 0; c < nc; ++c) {
         const __m512 k = load_key<F16>(keys, s * D + c * 16);
+#pragma GCC unroll 16
         for (int h = 0; h < 16; ++h) acc[h] = _mm512_fmadd_ps(_mm512_loadu_ps(q + h * D + c * 16), k, acc[h]);
       }
       const __m512 e = _mm512_max_ps(transpose_add16(acc), _mm512_setzero_ps());

@@ -37,8 +37,13 @@ struct MatKernel {
   // writes y[t*ldy + r].
   void (*run)(const MatView& W, const uint8_t* act, size_t act_stride, int64_t nt, int64_t r0, int64_t r1,
               float* y, int64_t ldy) = nullptr;
+  // f32 scratch the runner takes with f32_scratch(scratch_rows * cols, 1) (decoded weight rows);
+  // matmul lends every pool thread its share of one caller-owned buffer, so worker threads never
+  // allocate (0 = none).
+  int scratch_rows = 0;
 };
-// Thread-local f32 scratch that only grows (slot 0..3 are independent buffers).
+// Thread-local f32 scratch that only grows (slot 0..3 are independent buffers). Slot 1 returns the
+// buffer lent to this thread by matmul (see MatKernel::scratch_rows) when one is lent and large enough.
 float* f32_scratch(int64_t n, int slot = 0);
 
 // Fill *k for (type, precision) at that level; false when the level has no kernel for it.

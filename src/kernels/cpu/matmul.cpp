@@ -74,7 +74,25 @@ Prepared prepare(const MatKernel& k, const float* x, int64_t n_tokens, int64_t c
 
 }  // namespace
 
+namespace {
+thread_local float* t_lent = nullptr;  // scratch lent by matmul to this thread for one item
+thread_local int64_t t_lent_n = 0;
+struct LendScratch {
+  float* prev;
+  int64_t prev_n;
+  LendScratch(float* p, int64_t n) : prev(t_lent), prev_n(t_lent_n) {
+    t_lent = p;
+    t_lent_n = n;
+  }
+  ~LendScratch() {
+    t_lent = prev;
+    t_lent_n = prev_n;
+  }
+};
+}  // namespace
+
 float* f32_scratch(int64_t n, int slot) {
+  if (slot == 1 && t_lent != nullptr && n <= t_lent_n) return t_lent;
   thread_local std::vector<float> bufs[4];
   auto& b = bufs[slot & 3];
   if (static_cast<int64_t>(b.size()) < n) b.resize(static_cast<size_t>(n) + 16);
@@ -87,26 +105,45 @@ void matmul(const MatView& W, const float* x, int64_t n_tokens, float* y, Thread
   const MatKernel k = pick_kernel(W.type, prec);
   const Prepared a = prepare(k, x, n_tokens, W.cols, &pool);
   const int nth = pool.size();
+  // per-thread decode scratch, owned by the calling thread (grows once; workers never allocate)
+  const int64_t per = k.scratch_rows > 0 ? (k.scratch_rows * W.cols + 15) / 16 * 16 : 0;
+  float* const lend = per > 0 ? f32_scratch(per * nth, 3) : nullptr;
   const double work = static_cast<double>(W.rows) * static_cast<double>(W.cols) * static_cast<double>(n_tokens);
-  if (nth <= 1 || work < 65536.0) {
-    k.run(W, a.act, a.stride, n_tokens, 0, W.rows, y, W.rows);
+  const bool serial = nth <= 1 || work < 65536.0;
+  if (n_tokens == 1) {  // GEMV: one sequential sweep over contiguous row chunks
+    if (serial) return k.run(W, a.act, a.stride, 1, 0, W.rows, y, W.rows);
+    // chunks of >= 16 rows, about 8 per thread for dynamic balance on a loaded machine
+    int64_t rc = (W.rows + nth * 8 - 1) / (nth * 8);
+    rc = std::max<int64_t>(16, (rc + 15) / 16 * 16);
+    const int64_t n_rc = (W.rows + rc - 1) / rc;
+    pool.parallel_for(n_rc, [&](int64_t ri, int th) {
+      LendScratch lent(lend ? lend + th * per : nullptr, per);
+      const int64_t r0 = ri * rc, r1 = std::min(W.rows, r0 + rc);
+      k.run(W, a.act, a.stride, 1, r0, r1, y, W.rows);
+    });
     return;
   }
-  // token tiles keep a slice of the activations cache-resident while rows stream by
-  const int64_t tok_tile = n_tokens <= 64 ? n_tokens : 64;
+  // GEMM: token tiles keep a slice of the prepared activations in L2 (<= ~512 KiB) while the
+  // row chunks (a few register panels each, L1/L2 resident) stream by; both serial and threaded
+  // runs use the same blocking.
+  const int64_t act_row = static_cast<int64_t>(a.stride);
+  int64_t tok_tile = std::clamp<int64_t>((512 << 10) / std::max<int64_t>(act_row, 1), 8, 64);
+  tok_tile = std::min(tok_tile, n_tokens);
   const int64_t n_tt = (n_tokens + tok_tile - 1) / tok_tile;
-  // row chunks: enough items for dynamic balance, multiples of 16 rows
-  int64_t target_items = static_cast<int64_t>(nth) * 8;
-  int64_t rc = (W.rows * n_tt + target_items - 1) / target_items;
-  rc = std::max<int64_t>(16, (rc + 15) / 16 * 16);
-  if (n_tokens > 1) rc = std::min<int64_t>(rc, 64);
+  const int64_t rc = serial ? W.rows : std::min<int64_t>(W.rows, 48);
   const int64_t n_rc = (W.rows + rc - 1) / rc;
-  pool.parallel_for(n_rc * n_tt, [&](int64_t item, int) {
-    const int64_t tt = item / n_rc, ri = item % n_rc;
+  auto item = [&](int64_t it, int th) {
+    LendScratch lent(lend ? lend + th * per : nullptr, per);
+    const int64_t tt = it / n_rc, ri = it % n_rc;
     const int64_t t0 = tt * tok_tile, nt = std::min(tok_tile, n_tokens - t0);
     const int64_t r0 = ri * rc, r1 = std::min(W.rows, r0 + rc);
     k.run(W, a.act + static_cast<size_t>(t0) * a.stride, a.stride, nt, r0, r1, y + t0 * W.rows, W.rows);
-  });
+  };
+  if (serial) {
+    for (int64_t it = 0; it < n_rc * n_tt; ++it) item(it, 0);
+  } else {
+    pool.parallel_for(n_rc * n_tt, item);
+  }
 }
 
 void matmul_rows(const MatView& W, const float* x, int64_t n_tokens, float* y, int64_t r0, int64_t r1,

@@ -4,9 +4,11 @@
 //   Q4_0 / MXFP4: vpmaddubsw of the (offset, non-negative) 4-bit weights with the s8 activation,
 //     minus the precomputed offset * sum(q) (quantize_act.h nibble layout), times the scales.
 //   Q8_0: vpmaddubsw(|w|, sign(x, w)) (no saturation: 128 * 127 * 2 < 32768), times the scales.
-// Precision::F32 for quantized weights and the K-quants use the scalar kernels.
+//   Q4_K / Q5_K / Q6_K: vpmaddubsw with Q8_K activations, vpmaddwd with the sub-block scales.
+// Precision::F32 for quantized weights uses the scalar kernels.
 #include "kernels/cpu/dispatch.h"
 #include "kernels/cpu/quantize_act.h"
+#include "tensor/quants.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -147,7 +149,9 @@ struct NibP {
   static constexpr int kG = 4, kBB = MX ? 17 : 18, kAG = kNibGroupBytes, kQs = MX ? 1 : 2;
   static inline float wscale(const uint8_t* blk) {
     if constexpr (MX) {
-      const uint32_t bits = static_cast<uint32_t>(blk[0]) << 23;  // 2^(e-127); 1/2 folded into dx
+      // 2^(e-127), the 1/2 folded into dx; e = 0 is the subnormal 2^-127 (exact, as the reference)
+      const uint32_t bits =
+          blk[0] == 0 ? 0x00400000u : blk[0] == 255 ? 0x7fc00000u : static_cast<uint32_t>(blk[0]) << 23;  // 255: NaN
       float f;
       std::memcpy(&f, &bits, 4);
       return f;
@@ -278,6 +282,119 @@ void run_q8(const MatView& W, const uint8_t* act, size_t stride, int64_t nt, int
   drive(Q8Tiles<P>::table, 1, W.data, W.row_bytes, act, stride, nt, r0, r1, y, ldy, W.cols / 32);
 }
 
+// ------------------------------------------------------------------------------------------------
+// K-quants x Q8_K activations (block_q8_K), same scheme as the AVX-512 file with 32-element
+// chunks: vpmaddubsw(w_u8, a_s8) -> s16, vpmaddwd with the chunk's s16 scales -> s32, summed per
+// block, then y += d_w * d_a * sum - dmin_w * d_a * sum_g min_g * bsum_g (Q6_K: min_g = 32 sc_g).
+enum class KT { Q4, Q5, Q6 };
+
+template <KT Kt>
+struct KQ {
+  static constexpr int kBB = Kt == KT::Q4 ? 144 : Kt == KT::Q5 ? 176 : 210;
+  static constexpr int kAB = 292;  // sizeof(block_q8_K)
+
+  struct Hdr {
+    alignas(16) uint8_t sm[16];  // Q4/Q5: 8 scales then 8 mins (6-bit)
+    __m256i mins16;              // s16 per 16-element group
+    float d, dmin;
+  };
+
+  static inline void header(const uint8_t* b, Hdr& h) {
+    if constexpr (Kt == KT::Q6) {
+      const __m256i sc = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 192)));
+      h.mins16 = _mm256_slli_epi16(sc, 5);
+      h.d = _cvtsh_ss(rd16(b + 208));
+      h.dmin = h.d;
+    } else {
+      uint32_t u[3];
+      std::memcpy(u, b + 4, 12);
+      const uint32_t w4[4] = {u[0] & 0x3f3f3f3fu, (u[2] & 0x0f0f0f0fu) | (((u[0] >> 6) & 0x03030303u) << 4),
+                              u[1] & 0x3f3f3f3fu, ((u[2] >> 4) & 0x0f0f0f0fu) | (((u[1] >> 6) & 0x03030303u) << 4)};
+      std::memcpy(h.sm, w4, 16);
+      const __m128i v = _mm_load_si128(reinterpret_cast<const __m128i*>(h.sm));
+      h.mins16 = _mm256_cvtepu8_epi16(
+          _mm_shuffle_epi8(v, _mm_setr_epi8(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15)));
+      h.d = _cvtsh_ss(rd16(b));
+      h.dmin = _cvtsh_ss(rd16(b + 2));
+    }
+  }
+
+  // s16 scale of the 16 vpmaddubsw lanes of chunk j (elements 32j .. 32j+31)
+  static inline __m256i scales(const uint8_t* b, const Hdr& h, int j) {
+    if constexpr (Kt == KT::Q6) {
+      const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192);
+      return _mm256_setr_m128i(_mm_set1_epi16(sc[2 * j]), _mm_set1_epi16(sc[2 * j + 1]));
+    } else {
+      return _mm256_set1_epi16(h.sm[j]);
+    }
+  }
+
+  static inline __m256i values(const uint8_t* b, int j) {
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    if constexpr (Kt == KT::Q6) {
+      const int hf = j >> 2, k = j & 3;
+      const __m256i ql = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 64 * hf + 32 * (k & 1)));
+      const __m256i lo = _mm256_and_si256(k & 2 ? _mm256_srli_epi16(ql, 4) : ql, m4);
+      const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 128 + 32 * hf));
+      const __m256i hb = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * k)), _mm256_set1_epi8(0x03));
+      return _mm256_or_si256(lo, _mm256_slli_epi16(hb, 4));
+    } else {
+      const uint8_t* qs = b + (Kt == KT::Q4 ? 16 : 48) + 32 * (j >> 1);
+      const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs));
+      __m256i v = _mm256_and_si256(j & 1 ? _mm256_srli_epi16(q, 4) : q, m4);
+      if constexpr (Kt == KT::Q5) {  // bit j of qh[l] -> bit 4 of element l
+        const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16));
+        const __m256i bit = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(j)), _mm256_set1_epi8(0x01));
+        v = _mm256_or_si256(v, _mm256_slli_epi16(bit, 4));
+      }
+      return v;
+    }
+  }
+
+  template <int R, int T>
+  static void tile(const uint8_t* const* w, const uint8_t* const* x, int64_t nb, float* y, int64_t ldy) {
+    static_assert(R == 1, "one row per tile (16 ymm registers)");
+    __m256 acc[T];
+    KIMI_UNROLL for (int t = 0; t < T; ++t) acc[t] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b) {
+      const uint8_t* blk = w[0] + b * kBB;
+      Hdr h;
+      header(blk, h);
+      __m256i isum[T];
+      KIMI_UNROLL for (int t = 0; t < T; ++t) isum[t] = _mm256_setzero_si256();
+      KIMI_UNROLL for (int j = 0; j < 8; ++j) {
+        const __m256i v = values(blk, j), sc = scales(blk, h, j);
+        KIMI_UNROLL for (int t = 0; t < T; ++t) {
+          const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[t] + b * kAB + 4 + 32 * j));
+          isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(_mm256_maddubs_epi16(v, a), sc));
+        }
+      }
+      KIMI_UNROLL for (int t = 0; t < T; ++t) {
+        const uint8_t* ab = x[t] + b * kAB;
+        float da;
+        std::memcpy(&da, ab, 4);
+        const __m256i bs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ab + 260));
+        const __m256 mn = _mm256_cvtepi32_ps(_mm256_madd_epi16(bs, h.mins16));
+        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t]), _mm256_set1_ps(h.d * da), acc[t]);
+        acc[t] = _mm256_fnmadd_ps(mn, _mm256_set1_ps(h.dmin * da), acc[t]);
+      }
+    }
+    KIMI_UNROLL for (int t = 0; t < T; ++t) y[t * ldy] = hsum8(acc[t]);
+  }
+  static constexpr Table table = KIMI_TILE_TABLE1(KQ);
+};
+
+size_t q8_K_bytes(int64_t cols) { return static_cast<size_t>(cols / 256) * 292; }
+void prep_q8_K(const float* x, int64_t cols, uint8_t* out) {
+  kimi::quantize_row_q8_K(x, reinterpret_cast<block_q8_K*>(out), cols);
+}
+
+template <KT Kt>
+void run_kq(const MatView& W, const uint8_t* act, size_t stride, int64_t nt, int64_t r0, int64_t r1, float* y,
+            int64_t ldy) {
+  drive(KQ<Kt>::table, 1, W.data, W.row_bytes, act, stride, nt, r0, r1, y, ldy, W.cols / 256);
+}
+
 void prep_mxfp4(const float* x, int64_t cols, uint8_t* out) { prep_q8_nib(x, cols, out, 12, 0.5f); }
 void prep_q4_0(const float* x, int64_t cols, uint8_t* out) { prep_q8_nib(x, cols, out, 8, 1.0f); }
 void prep_q8_0(const float* x, int64_t cols, uint8_t* out) { prep_q8_byte(x, cols, out, 128, 1.0f); }
@@ -303,6 +420,9 @@ bool avx2_kernel(GgmlType type, Precision prec, MatKernel* k) {
     case GgmlType::Q8_0: *k = {q8_byte_act_bytes, prep_q8_0, run_q8<ByteP>}; return true;
     case GgmlType::Q4_0: *k = {q8_nib_act_bytes, prep_q4_0, run_q8<NibP<false>>}; return true;
     case GgmlType::MXFP4: *k = {q8_nib_act_bytes, prep_mxfp4, run_q8<NibP<true>>}; return true;
+    case GgmlType::Q4_K: *k = {q8_K_bytes, prep_q8_K, run_kq<KT::Q4>}; return true;
+    case GgmlType::Q5_K: *k = {q8_K_bytes, prep_q8_K, run_kq<KT::Q5>}; return true;
+    case GgmlType::Q6_K: *k = {q8_K_bytes, prep_q8_K, run_kq<KT::Q6>}; return true;
     default: return false;
   }
 }

@@ -5,6 +5,10 @@
 //   BF16 Fast: vdpbf16ps on bf16 activations (exact products, f32 accumulation).
 //   Q8_0 / Q4_0 / MXFP4 Fast: vpdpbusd of (weight + offset) as u8 with the Q8_0 activation as s8,
 //     minus the precomputed offset * sum(q) (see quantize_act.h), times the block scales.
+//   Q4_K / Q5_K / Q6_K Fast: vpmaddubsw of the decoded u8 weights with Q8_K activations, vpmaddwd
+//     with the s16 sub-block scales, mins / Q6_K offset through the activation bsums.
+//   GEMV (one token) for BF16 and the Q8_0-activation types: one sequential stream over the rows
+//     with software prefetch (see gemv_bf16).
 //   Precision::F32 for quantized types: rows decoded to f32 (scalar reference decoder), then FMA.
 // Only intrinsics and functions local to this file are used here (no inline library code that
 // could be emitted with AVX-512 instructions and picked by the linker for other callers).
@@ -18,7 +22,6 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 
-#include <array>
 #include <cstring>
 #include <utility>
 
@@ -48,14 +51,15 @@ inline int hsum_epi32_128(__m128i v) {
 constexpr int kPfBytes = 2048;
 inline void prefetch_line(const uint8_t* p) { _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T0); }
 
-// Tile tables: tab[rr - 1][tt - 1] = P::tile<rr, tt> for the edge tiles of a R x T blocking.
-template <class P, int r, size_t... t>
-constexpr std::array<TileFn, sizeof...(t)> tile_row(std::index_sequence<t...>) {
-  return {&P::template tile<r, static_cast<int>(t) + 1>...};
-}
-template <class P, int T, size_t... r>
-constexpr std::array<std::array<TileFn, T>, sizeof...(r)> tile_table(std::index_sequence<r...>) {
-  return {tile_row<P, static_cast<int>(r) + 1>(std::make_index_sequence<T>{})...};
+// Tile tables: f[(rr - 1) * T + tt - 1] = P::tile<rr, tt> for the edge tiles of a R x T blocking
+// (a plain array: no library inline functions in this file, see above).
+template <int N>
+struct TileTab {
+  TileFn f[N];
+};
+template <class P, int T, size_t... i>
+constexpr TileTab<sizeof...(i)> tile_table(std::index_sequence<i...>) {
+  return {{&P::template tile<static_cast<int>(i / T) + 1, static_cast<int>(i % T) + 1>...}};
 }
 
 // Drive P's R x T register tiles over rows [r0, r1) x tokens [0, nt): for each panel of R rows
@@ -63,7 +67,7 @@ constexpr std::array<std::array<TileFn, T>, sizeof...(r)> tile_table(std::index_
 template <class P, int R, int T>
 void drive(const uint8_t* base, uint64_t row_bytes, const uint8_t* act, size_t stride, int64_t nt, int64_t r0,
            int64_t r1, float* y, int64_t ldy, int64_t n) {
-  static constexpr auto tab = tile_table<P, T>(std::make_index_sequence<R>{});
+  static constexpr TileTab<R * T> tab = tile_table<P, T>(std::make_index_sequence<R * T>{});
   const uint8_t* wp[R];
   const uint8_t* xp[T];
   for (int64_t r = r0; r < r1; r += R) {
@@ -72,7 +76,7 @@ void drive(const uint8_t* base, uint64_t row_bytes, const uint8_t* act, size_t s
     for (int64_t t = 0; t < nt; t += T) {
       const int tt = static_cast<int>(nt - t < T ? nt - t : T);
       for (int j = 0; j < tt; ++j) xp[j] = act + static_cast<size_t>(t + j) * stride;
-      tab[rr - 1][tt - 1](wp, xp, n, y + t * ldy + r, ldy);
+      tab.f[(rr - 1) * T + tt - 1](wp, xp, n, y + t * ldy + r, ldy);
     }
   }
 }
@@ -254,7 +258,12 @@ struct NibP {
                                             0xffffff01, 0xffffff01, 0xffffff02, 0xffffff02, 0xffffff02, 0xffffff02,
                                             0xffffff03, 0xffffff03, 0xffffff03, 0xffffff03);
       const __m512i e = _mm512_shuffle_epi8(_mm512_loadu_si512(p), idx);
-      d.dw = _mm512_castsi512_ps(_mm512_slli_epi32(e, 23));  // 2^(e-127); the 1/2 is folded into dx
+      // 2^(e-127), the 1/2 folded into dx; e = 0 is the subnormal 2^-127 (exact, as the reference)
+      d.dw = _mm512_castsi512_ps(
+          _mm512_mask_mov_epi32(_mm512_mask_mov_epi32(_mm512_slli_epi32(e, 23), _mm512_testn_epi32_mask(e, e),
+                                                      _mm512_set1_epi32(0x00400000)),
+                                _mm512_cmpeq_epi32_mask(e, _mm512_set1_epi32(255)), _mm512_set1_epi32(0x7fc00000)));
+      // (e = 255 is NaN in E8M0, as the reference decoder)
     } else {
       const __m128i h = _mm_setr_epi16(static_cast<short>(rd16(p)), static_cast<short>(rd16(p + 18)),
                                        static_cast<short>(rd16(p + 36)), static_cast<short>(rd16(p + 54)), 0, 0, 0, 0);
@@ -278,7 +287,8 @@ struct NibP {
       const __m128i tab = _mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0);
       lo = _mm_shuffle_epi8(tab, lo);
       hi = _mm_shuffle_epi8(tab, hi);
-      const uint32_t bits = static_cast<uint32_t>(blk[0]) << 23;
+      // e = 0: 2^-127 (subnormal); e = 255: NaN
+      const uint32_t bits = blk[0] == 0 ? 0x00400000u : blk[0] == 255 ? 0x7fc00000u : static_cast<uint32_t>(blk[0]) << 23;
       std::memcpy(&dw, &bits, 4);
     } else {
       dw = _cvtsh_ss(rd16(blk));
@@ -388,6 +398,148 @@ void run_q8(const MatView& W, const uint8_t* act, size_t stride, int64_t nt, int
   drive<Q8Tiles<P>, 4, 4>(W.data, W.row_bytes, act, stride, nt, r0, r1, y, ldy, W.cols / 32);
 }
 
+// ------------------------------------------------------------------------------------------------
+// K-quants (Q4_K, Q5_K, Q6_K) x Q8_K activations (block_q8_K as written by quantize_row_q8_K).
+// Per 256-element block and row: the 6-bit (Q4_K/Q5_K) or int8 (Q6_K) scales are widened to s16
+// once; the block is decoded 64 elements at a time, in natural order, to u8 (Q4_K 0..15, Q5_K
+// 0..31, Q6_K 0..63) and used for every token of the tile:
+//   vpmaddubsw(w_u8, a_s8) -> s16 pairs (no saturation: 63 * 127 * 2 < 32767), vpmaddwd with the
+//   sub-block scales -> s32, summed over the block; then y += d_w * d_a * sum.
+// The mins (Q4_K/Q5_K: dmin * m_j) and the Q6_K offset (-32, i.e. 32 * sc_g with scale d) are
+// subtracted through the activation's 16-element sums bsums: y -= dmin_w * d_a * sum_g min_g bsum_g.
+enum class KT { Q4, Q5, Q6 };
+
+template <KT K>
+struct KQ {
+  static constexpr int kBB = K == KT::Q4 ? 144 : K == KT::Q5 ? 176 : 210;
+  static constexpr int kAB = 292;  // sizeof(block_q8_K): float d, int8 qs[256], int16 bsums[16]
+
+  struct Hdr {
+    __m512i sc;      // s16 lanes: Q4/Q5 0..7 scales, 8..15 mins; Q6 0..15 scales
+    __m256i mins16;  // s16 per 16-element group: Q4/Q5 m_{g/2}, Q6 32 * sc_g
+    float d, dmin;
+  };
+
+  static inline Hdr header(const uint8_t* b) {
+    Hdr h;
+    if constexpr (K == KT::Q6) {
+      h.sc = _mm512_cvtepi8_epi16(_mm256_zextsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 192))));
+      h.mins16 = _mm256_slli_epi16(_mm512_castsi512_si256(h.sc), 5);
+      h.d = _cvtsh_ss(rd16(b + 208));
+      h.dmin = h.d;
+    } else {
+      // 12 bytes of packed 6-bit (scale, min) pairs -> 8 scale bytes then 8 min bytes
+      uint32_t u[3];
+      std::memcpy(u, b + 4, 12);
+      const uint32_t sc_lo = u[0] & 0x3f3f3f3fu;
+      const uint32_t sc_hi = (u[2] & 0x0f0f0f0fu) | (((u[0] >> 6) & 0x03030303u) << 4);
+      const uint32_t m_lo = u[1] & 0x3f3f3f3fu;
+      const uint32_t m_hi = ((u[2] >> 4) & 0x0f0f0f0fu) | (((u[1] >> 6) & 0x03030303u) << 4);
+      const __m128i v = _mm_setr_epi32(static_cast<int>(sc_lo), static_cast<int>(sc_hi), static_cast<int>(m_lo),
+                                       static_cast<int>(m_hi));
+      h.sc = _mm512_cvtepu8_epi16(_mm256_zextsi128_si256(v));
+      const __m256i idx = _mm256_setr_epi16(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15);
+      h.mins16 = _mm256_permutexvar_epi16(idx, _mm512_castsi512_si256(h.sc));
+      h.d = _cvtsh_ss(rd16(b));
+      h.dmin = _cvtsh_ss(rd16(b + 2));
+    }
+    return h;
+  }
+
+  // s16 scale per vpmaddubsw output lane (lane l = elements 2l, 2l+1 of the 64) for chunk i
+  static inline __m512i scales(const Hdr& h, int i) {
+    // Q6: lanes 0-7 -> group 4i, 8-15 -> 4i+1, ...; Q4/Q5: lanes 0-15 -> sub-block 2i, 16-31 -> 2i+1
+    const __m512i base = K == KT::Q6 ? _mm512_setr_epi32(0, 0, 0, 0, 0x00010001, 0x00010001, 0x00010001, 0x00010001,
+                                                         0x00020002, 0x00020002, 0x00020002, 0x00020002, 0x00030003,
+                                                         0x00030003, 0x00030003, 0x00030003)
+                                     : _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 0x00010001, 0x00010001, 0x00010001,
+                                                         0x00010001, 0x00010001, 0x00010001, 0x00010001, 0x00010001);
+    const __m512i idx = _mm512_add_epi16(base, _mm512_set1_epi16(static_cast<short>(K == KT::Q6 ? 4 * i : 2 * i)));
+    return _mm512_permutexvar_epi16(idx, h.sc);
+  }
+
+  // elements 64i .. 64i+63 of the block as u8
+  static inline __m512i values(const uint8_t* b, int i) {
+    const __m512i m4 = _mm512_set1_epi8(0x0f);
+    if constexpr (K == KT::Q6) {
+      const int hf = i >> 1, s = (i & 1) * 4;
+      const __m512i ql = _mm512_loadu_si512(b + 64 * hf);
+      const __m512i lo = _mm512_and_si512(s ? _mm512_srli_epi16(ql, 4) : ql, m4);
+      const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 128 + 32 * hf)));
+      const __m512i cnt = _mm512_inserti64x4(_mm512_set1_epi16(static_cast<short>(s)),
+                                             _mm256_set1_epi16(static_cast<short>(s + 2)), 1);
+      const __m512i hb = _mm512_and_si512(_mm512_srlv_epi16(qh, cnt), _mm512_set1_epi8(0x03));
+      return _mm512_or_si512(lo, _mm512_slli_epi16(hb, 4));
+    } else {
+      const uint8_t* qs = b + (K == KT::Q4 ? 16 : 48) + 32 * i;
+      const __m512i q = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs)));
+      const __m512i cnt = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
+      __m512i v = _mm512_and_si512(_mm512_srlv_epi16(q, cnt), m4);
+      if constexpr (K == KT::Q5) {  // bit j of qh[l] is bit 4 of element l of sub-block j = 2i, 2i+1
+        const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16)));
+        const __m512i sel = _mm512_inserti64x4(_mm512_set1_epi8(static_cast<char>(1 << (2 * i))),
+                                               _mm256_set1_epi8(static_cast<char>(1 << (2 * i + 1))), 1);
+        v = _mm512_or_si512(v, _mm512_maskz_mov_epi8(_mm512_test_epi8_mask(qh, sel), _mm512_set1_epi8(16)));
+      }
+      return v;
+    }
+  }
+
+  template <int R, int T>
+  static void tile(const uint8_t* const* w, const uint8_t* const* x, int64_t nb, float* y, int64_t ldy) {
+    __m512 acc[R][T];
+    KIMI_UNROLL for (int r = 0; r < R; ++r)
+      KIMI_UNROLL for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b) {
+      Hdr h[R];
+      KIMI_UNROLL for (int r = 0; r < R; ++r) {
+        if constexpr (T == 1) prefetch_line(w[r] + b * kBB + kPfBytes);
+        h[r] = header(w[r] + b * kBB);
+      }
+      __m512i isum[R][T];
+      KIMI_UNROLL for (int r = 0; r < R; ++r)
+        KIMI_UNROLL for (int t = 0; t < T; ++t) isum[r][t] = _mm512_setzero_si512();
+      KIMI_UNROLL for (int i = 0; i < 4; ++i) {
+        __m512i v[R], sc[R];
+        KIMI_UNROLL for (int r = 0; r < R; ++r) {
+          v[r] = values(w[r] + b * kBB, i);
+          sc[r] = scales(h[r], i);
+        }
+        KIMI_UNROLL for (int t = 0; t < T; ++t) {
+          const __m512i a = _mm512_loadu_si512(x[t] + b * kAB + 4 + 64 * i);
+          KIMI_UNROLL for (int r = 0; r < R; ++r)
+            isum[r][t] = _mm512_add_epi32(isum[r][t], _mm512_madd_epi16(_mm512_maddubs_epi16(v[r], a), sc[r]));
+        }
+      }
+      KIMI_UNROLL for (int t = 0; t < T; ++t) {
+        const uint8_t* ab = x[t] + b * kAB;
+        float da;
+        std::memcpy(&da, ab, 4);
+        const __m256i bs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ab + 260));
+        KIMI_UNROLL for (int r = 0; r < R; ++r) {
+          const __m512 mn = _mm512_cvtepi32_ps(_mm512_zextsi256_si512(_mm256_madd_epi16(bs, h[r].mins16)));
+          acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r][t]), _mm512_set1_ps(h[r].d * da), acc[r][t]);
+          acc[r][t] = _mm512_fnmadd_ps(mn, _mm512_set1_ps(h[r].dmin * da), acc[r][t]);
+        }
+      }
+    }
+    KIMI_UNROLL for (int r = 0; r < R; ++r)
+      KIMI_UNROLL for (int t = 0; t < T; ++t) y[t * ldy + r] = _mm512_reduce_add_ps(acc[r][t]);
+  }
+};
+
+size_t q8_K_bytes(int64_t cols) { return static_cast<size_t>(cols / 256) * 292; }
+void prep_q8_K(const float* x, int64_t cols, uint8_t* out) {
+  kimi::quantize_row_q8_K(x, reinterpret_cast<block_q8_K*>(out), cols);
+}
+
+template <KT K>
+void run_kq(const MatView& W, const uint8_t* act, size_t stride, int64_t nt, int64_t r0, int64_t r1, float* y,
+            int64_t ldy) {
+  if (nt == 1) return drive<KQ<K>, 2, 1>(W.data, W.row_bytes, act, stride, nt, r0, r1, y, ldy, W.cols / 256);
+  drive<KQ<K>, 2, 4>(W.data, W.row_bytes, act, stride, nt, r0, r1, y, ldy, W.cols / 256);
+}
+
 void prep_mxfp4(const float* x, int64_t cols, uint8_t* out) { prep_q8_nib_avx512(x, cols, out, 12, 0.5f); }
 void prep_q4_0(const float* x, int64_t cols, uint8_t* out) { prep_q8_nib_avx512(x, cols, out, 8, 1.0f); }
 void prep_q8_0(const float* x, int64_t cols, uint8_t* out) { prep_q8_byte_avx512(x, cols, out, 128, 1.0f); }
@@ -407,6 +559,7 @@ bool avx512_kernel(GgmlType type, Precision prec, MatKernel* k) {
       case GgmlType::Q8_0: case GgmlType::Q4_0: case GgmlType::MXFP4: case GgmlType::Q4_K: case GgmlType::Q5_K:
       case GgmlType::Q6_K:
         k->run = run_deq;
+        k->scratch_rows = 4;
         return true;
       default: return false;
     }
@@ -417,7 +570,10 @@ bool avx512_kernel(GgmlType type, Precision prec, MatKernel* k) {
     case GgmlType::Q8_0: *k = {q8_byte_act_bytes, prep_q8_0, run_q8<ByteP>}; return true;
     case GgmlType::Q4_0: *k = {q8_nib_act_bytes, prep_q4_0, run_q8<NibP<false>>}; return true;
     case GgmlType::MXFP4: *k = {q8_nib_act_bytes, prep_mxfp4, run_q8<NibP<true>>}; return true;
-    default: return false;  // K-quants: scalar kernels
+    case GgmlType::Q4_K: *k = {q8_K_bytes, prep_q8_K, run_kq<KT::Q4>}; return true;
+    case GgmlType::Q5_K: *k = {q8_K_bytes, prep_q8_K, run_kq<KT::Q5>}; return true;
+    case GgmlType::Q6_K: *k = {q8_K_bytes, prep_q8_K, run_kq<KT::Q6>}; return true;
+    default: return false;
   }
 }
 

@@ -11,11 +11,6 @@ namespace kimi::kern {
 
 namespace {
 
-float* row_scratch(int64_t n) {
-  thread_local std::vector<float> buf;
-  if (static_cast<int64_t>(buf.size()) < n) buf.resize(static_cast<size_t>(n));
-  return buf.data();
-}
 
 // f32 dot with 8 partial sums (less rounding error, vectorizable)
 float dot_f32(const float* a, const float* b, int64_t n) {
@@ -30,7 +25,7 @@ float dot_f32(const float* a, const float* b, int64_t n) {
 // ---- Precision::F32 (and F32 weights): decode each row to f32, dot with the f32 activations ----
 void run_f32(const MatView& W, const uint8_t* act, size_t stride, int64_t nt, int64_t r0, int64_t r1, float* y,
              int64_t ldy) {
-  float* w = W.type == GgmlType::F32 ? nullptr : row_scratch(W.cols);
+  float* w = W.type == GgmlType::F32 ? nullptr : f32_scratch(W.cols, 1);
   for (int64_t r = r0; r < r1; ++r) {
     const uint8_t* src = W.data + static_cast<uint64_t>(r) * W.row_bytes;
     const float* wr;
@@ -203,13 +198,14 @@ bool scalar_kernel(GgmlType type, Precision prec, MatKernel* k) {
       case GgmlType::F32: case GgmlType::F16: case GgmlType::BF16: case GgmlType::Q8_0: case GgmlType::Q4_0:
       case GgmlType::MXFP4: case GgmlType::Q4_K: case GgmlType::Q5_K: case GgmlType::Q6_K:
         k->run = run_f32;
+        k->scratch_rows = type == GgmlType::F32 ? 0 : 1;
         return true;
       default:
         return false;
     }
   }
   switch (type) {
-    case GgmlType::F16: *k = {f16_act_bytes, f16_prep, run_f32}; return true;
+    case GgmlType::F16: *k = {f16_act_bytes, f16_prep, run_f32, 1}; return true;
     case GgmlType::BF16: *k = {bf16_act_bytes, bf16_prep, run_bf16}; return true;
     case GgmlType::Q8_0: *k = {q8_0_act_bytes, q8_0_prep, run_q8_0}; return true;
     case GgmlType::Q4_0: *k = {q8_0_act_bytes, q8_0_prep, run_q4_0}; return true;

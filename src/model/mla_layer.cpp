@@ -78,8 +78,8 @@ void mla_layer(Context::Impl& c, uint32_t il, const float* y, float* out) {
         continue;
       }
       indexer_scores(c, mi, e[t].seq_id, c.iq.data() + t * HI * DI, c.iw.data() + t * HI, nvis, c.idx_scores.data());
-      c.sel_n[t] = static_cast<int32_t>(kern::topk_indices(c.idx_scores.data(), nvis, c.top_k,
-                                                           c.sel_idx.data() + t * c.sel_cap, c.idx_scratch.data()));
+      c.sel_n[t] = static_cast<int32_t>(kern::topk_indices_threshold(
+          c.idx_scores.data(), nvis, c.top_k, c.sel_idx.data() + t * c.sel_cap, c.idx_tmp.data()));
     }
   } else {
     for (int64_t t = 0; t < n; ++t) c.sel_n[t] = -1;

@@ -97,7 +97,9 @@ Context::Impl::Impl(const Model& m, const ContextOptions& o)
     alloc(mo, N * H * hp.n_v);
     alloc(mgate, N * H * hp.n_v);
     ab = std::max<int64_t>({hp.n_nope, hp.kv_lora, hp.n_v});
-    heads_per_item = static_cast<int>(std::min<int64_t>(H, 8));
+    // one thread: all heads (up to 16) share each block's row conversion; else groups of 8 so
+    // a decode token's attention spreads over the threads
+    heads_per_item = static_cast<int>(std::min<int64_t>(H, n_threads == 1 ? 16 : 8));
     th_row_stride = std::max<int64_t>(W, hp.idx_dim);
     th_scores_stride = static_cast<int64_t>(heads_per_item) * nctx;
     if (top_k > 0) {
@@ -107,7 +109,7 @@ Context::Impl::Impl(const Model& m, const ContextOptions& o)
       sel_cap = std::min<int64_t>(top_k, nctx);
       sel_idx.assign(static_cast<size_t>(N * sel_cap), 0);
       alloc(idx_scores, nctx);
-      idx_scratch.resize(static_cast<size_t>(nctx));
+      alloc(idx_tmp, nctx);
     }
     sel_n.assign(static_cast<size_t>(N), -1);
   }
@@ -169,8 +171,7 @@ static void res_mix(Context::Impl& c, const float* cur, const float* w, uint32_t
       return;
     }
     float s[kMaxBank + 1];
-    double ss = 0;
-    for (int64_t j = 0; j < d; ++j) ss += static_cast<double>(ct[j]) * ct[j];
+    const double ss = kern::sum_sq(ct, d);
     const float inv_c = 1.0f / std::sqrt(static_cast<float>(ss / static_cast<double>(d)) + eps);
     for (uint32_t k = 0; k < nb; ++k) {
       const float* b = c.bank.data() + (static_cast<int64_t>(k) * c.N + t) * d;
@@ -218,8 +219,7 @@ void Context::Impl::run_ubatch(const BatchEntry* e, int64_t n, int64_t logit_bas
       float* dst = bank.data() + static_cast<int64_t>(nb) * N * d;
       std::memcpy(dst, P.data(), static_cast<size_t>(n * d) * 4);
       for (int64_t t = 0; t < n; ++t) {
-        double ss = 0;
-        for (int64_t j = 0; j < d; ++j) ss += static_cast<double>(dst[t * d + j]) * dst[t * d + j];
+        const double ss = kern::sum_sq(dst + t * d, d);
         bank_inv[static_cast<size_t>(nb) * N + t] =
             1.0f / std::sqrt(static_cast<float>(ss / static_cast<double>(d)) + hp.rms_eps);
       }

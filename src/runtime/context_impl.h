@@ -59,8 +59,7 @@ struct Context::Impl {
   std::vector<int32_t> sel_idx;                  // [N][sel_cap]
   std::vector<int32_t> sel_n;                    // [N] (-1 = all visible rows)
   int64_t sel_cap = 0;
-  std::vector<float> idx_scores;                 // [n_ctx]
-  std::vector<kern::ScoreIdx> idx_scratch;       // [n_ctx]
+  std::vector<float> idx_scores, idx_tmp;        // [n_ctx]
   // per-thread scratch
   std::vector<float> th_a, th_b;                 // [threads][N * max(nope, kvl, v)]
   std::vector<float> th_row;                     // [threads][row width]

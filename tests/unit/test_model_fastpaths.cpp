@@ -1,8 +1,10 @@
 // The engine's fast paths against double-precision loops written here: the polynomial
 // exp/sigmoid/SiLU/SiTU used in Precision::Fast, the DSA indexer scan (AVX-512 transpose-add
-// kernel and the portable loop) and the KDA step with precomputed decay factors.
+// kernel and the portable loop), the KDA step with precomputed decay factors and the threshold
+// top-k selection (tie rule).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <random>
@@ -11,6 +13,7 @@
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/kda.h"
 #include "kernels/cpu/ops.h"
+#include "kernels/cpu/topk.h"
 #include "tensor/types.h"
 
 using namespace kimi;
@@ -145,5 +148,34 @@ TEST(ModelFastPaths, KdaStepDecayEqualsKdaStepWithExp) {
       for (int j = 0; j < D; ++j) EXPECT_NEAR(o1[j], o2[j], 1e-6 * (1 + std::fabs(o1[j]))) << "D " << D << " j " << j;
     }
     for (size_t i = 0; i < S1.size(); ++i) ASSERT_NEAR(S1[i], S2[i], 1e-6 * (1 + std::fabs(S1[i])));
+  }
+}
+
+TEST(ModelFastPaths, ThresholdTopKFollowsTheTieRule) {
+  // against a direct definition: sort (score desc with NaN lowest, index asc), take k, sort by index
+  std::mt19937 r(3);
+  for (int trial = 0; trial < 200; ++trial) {
+    const int64_t n = 1 + static_cast<int64_t>(r() % 300);
+    const int64_t k = static_cast<int64_t>(r() % (n + 3));
+    std::vector<float> sc(static_cast<size_t>(n));
+    for (auto& v : sc) {
+      const uint32_t u = r() % 20;  // few distinct values: many ties
+      v = u == 0 ? std::numeric_limits<float>::quiet_NaN()
+                 : u == 1 ? -std::numeric_limits<float>::infinity() : static_cast<float>(u % 7) - 3.0f;
+    }
+    std::vector<int64_t> order(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) order[static_cast<size_t>(i)] = i;
+    auto keyf = [&](int64_t i) { return std::isnan(sc[i]) ? -std::numeric_limits<float>::infinity() : sc[i]; };
+    std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+      return keyf(a) != keyf(b) ? keyf(a) > keyf(b) : a < b;
+    });
+    const int64_t kk = std::min(k, n);
+    std::vector<int32_t> want(order.begin(), order.begin() + kk);
+    std::sort(want.begin(), want.end());
+    std::vector<int32_t> got(static_cast<size_t>(n) + 1, -1);
+    std::vector<float> tmp(static_cast<size_t>(n));
+    const int64_t m = kern::topk_indices_threshold(sc.data(), n, k, got.data(), tmp.data());
+    ASSERT_EQ(m, kk) << "n " << n << " k " << k;
+    for (int64_t i = 0; i < m; ++i) ASSERT_EQ(got[static_cast<size_t>(i)], want[static_cast<size_t>(i)]) << "n " << n << " k " << k << " i " << i;
   }
 }

@@ -158,12 +158,19 @@ TEST(ModelKernels, KdaStepMatchesTheDeltaRule) {
 }
 
 TEST(ModelKernels, MlaSparseAndDenseMatchSoftmaxOverTheSelection) {
-  const int W = 40, r = 32, n = 23, nh = 3;
-  auto rows = rnd(n * W, 80), q = rnd(nh * W, 81, 2.0f);
+  struct Cfg {
+    int W, r, n, nh;
+  };
+  // W 40: portable scores; W 96 (% 16 == 0): AVX-512 block scores, 4-head accumulate tiles plus a
+  // tail head, several 16-row blocks with a partial one; nh 17: two head passes
+  for (const Cfg cfg : {Cfg{40, 32, 23, 3}, Cfg{96, 64, 53, 9}, Cfg{96, 48, 37, 17}}) {
+  const int W = cfg.W, r = cfg.r, n = cfg.n, nh = cfg.nh;
+  auto rows = rnd(n * W, 80 + W), q = rnd(nh * W, 81 + nh, 2.0f);
   std::vector<uint16_t> rows_h(n * W);
   std::vector<float> rows_hf(n * W);
   for (int i = 0; i < n * W; ++i) rows_hf[i] = f16_to_f32(rows_h[i] = f32_to_f16(rows[i]));
-  const std::vector<int32_t> sel = {0, 3, 4, 10, 22};
+  std::vector<int32_t> sel = {0, 3, 4, 10, 22};
+  for (int s = 23; s < n; s += 2) sel.push_back(s);  // more than one block when n is large
   std::vector<uint8_t> mask(n, 0);
   for (int s : sel) mask[s] = 1;
   const float scale = 0.2f;
@@ -194,10 +201,11 @@ TEST(ModelKernels, MlaSparseAndDenseMatchSoftmaxOverTheSelection) {
                               zs.data(), rb.data());
       kern::mla_attend_dense(q.data(), nh, lr, n, all ? nullptr : mask.data(), scale, zd.data(), sc.data(), rb.data());
       for (int i = 0; i < nh * r; ++i) {
-        EXPECT_NEAR(zs[i], ref[i], 1e-5);
-        EXPECT_NEAR(zd[i], ref[i], 1e-5);
+        EXPECT_NEAR(zs[i], ref[i], 1e-5) << "W " << W << " nh " << nh << " i " << i;
+        EXPECT_NEAR(zd[i], ref[i], 1e-5) << "W " << W << " nh " << nh << " i " << i;
       }
     }
+  }
   }
 }
 

@@ -69,6 +69,7 @@ void mla_attend_sparse(const float* q, int64_t nh, const LatentRows& rows, const
     return;
   }
   float m[kMaxHeads], l[kMaxHeads], p[kMaxHeads * kBlk];
+  const bool simd_scores = ops_use_avx512() && W % 16 == 0;
   const float* rp[kBlk];
   for (int64_t h0 = 0; h0 < nh; h0 += kMaxHeads) {
     const int64_t nhc = nh - h0 < kMaxHeads ? nh - h0 : kMaxHeads;
@@ -80,12 +81,25 @@ void mla_attend_sparse(const float* q, int64_t nh, const LatentRows& rows, const
     for (int64_t j = 0; j < nhc * r; ++j) zg[j] = 0.0f;
     for (int64_t b0 = 0; b0 < n_sel; b0 += kBlk) {
       const int64_t nb = n_sel - b0 < kBlk ? n_sel - b0 : kBlk;
+      if (idx) {  // gathered rows: fetch the next block's rows while this one is processed
+        const int64_t e = b0 + 2 * kBlk < n_sel ? b0 + 2 * kBlk : n_sel;
+        const int64_t rb = W * (rows.f16 ? 2 : 4);
+        for (int64_t j = b0 + kBlk; j < e; ++j) {
+          const char* base = static_cast<const char*>(rows.data) + idx[j] * rb;
+          for (int64_t o = 0; o < rb; o += 64) __builtin_prefetch(base + o);
+        }
+      }
       for (int64_t j = 0; j < nb; ++j) rp[j] = row_f32(rows, idx ? idx[b0 + j] : b0 + j, buf + j * W);
       for (int64_t h = 0; h < nhc; ++h) {
         float* ph = p + h * kBlk;
+        if (simd_scores) {
+          avx512::block_scores(q + (h0 + h) * W, rp, nb, W, ph);
+        } else {
+          for (int64_t j = 0; j < nb; ++j) ph[j] = dot_f32(q + (h0 + h) * W, rp[j], W);
+        }
         float bm = -INFINITY;
         for (int64_t j = 0; j < nb; ++j) {
-          ph[j] = dot_f32(q + (h0 + h) * W, rp[j], W) * scale;
+          ph[j] *= scale;
           bm = ph[j] > bm ? ph[j] : bm;
         }
         if (bm > m[h]) {

@@ -95,6 +95,27 @@ void indexer_scores(const float* q, const float* w, int64_t H, const void* keys,
     scan<false>(qg, wv, G, keys, D, n, scores);
 }
 
+void block_scores(const float* q, const float* const* rows, int64_t nb, int64_t W, float* out) {
+  // acc[j] = lane-wise partial products of q and row j (rows past nb repeat row 0 and are
+  // dropped); one transpose-add gives the 16 dot products
+  const float* rp[16];
+  for (int j = 0; j < 16; ++j) rp[j] = rows[j < nb ? j : 0];
+  __m512 acc[16];
+#pragma GCC unroll 16
+  for (int j = 0; j < 16; ++j) acc[j] = _mm512_setzero_ps();
+  for (int64_t c = 0; c < W; c += 16) {
+    const __m512 qc = _mm512_loadu_ps(q + c);
+#pragma GCC unroll 16
+    for (int j = 0; j < 16; ++j) acc[j] = _mm512_fmadd_ps(qc, _mm512_loadu_ps(rp[j] + c), acc[j]);
+  }
+  alignas(64) float v[16];
+  _mm512_store_ps(v, transpose_add16(acc));
+  for (int lane = 0; lane < 16; ++lane) {
+    const int j = kBlkBase[lane / 4] + kPosOff[lane % 4];
+    if (j < nb) out[j] = v[lane];
+  }
+}
+
 void attn_accumulate(float* z, int64_t nh, int64_t r, const float* const* rows, int64_t nb, const float* p,
                      int64_t p_stride) {
   // 4 heads x 2 slices of 16 per register tile; rows streamed in order (same per-element

@@ -536,7 +536,7 @@ void prep_q8_K(const float* x, int64_t cols, uint8_t* out) {
 template <KT K>
 void run_kq(const MatView& W, const uint8_t* act, size_t stride, int64_t nt, int64_t r0, int64_t r1, float* y,
             int64_t ldy) {
-  if (nt == 1) return drive<KQ<K>, 2, 1>(W.data, W.row_bytes, act, stride, nt, r0, r1, y, ldy, W.cols / 256);
+  if (nt == 1) return drive<KQ<K>, 1, 1>(W.data, W.row_bytes, act, stride, nt, r0, r1, y, ldy, W.cols / 256);
   drive<KQ<K>, 2, 4>(W.data, W.row_bytes, act, stride, nt, r0, r1, y, ldy, W.cols / 256);
 }
 

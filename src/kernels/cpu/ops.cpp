@@ -19,9 +19,15 @@ static bool detect_avx512() {
 static const bool g_avx512 = detect_avx512();
 bool ops_use_avx512() { return g_avx512; }
 
-void rms_norm(const float* x, const float* w, float* y, int64_t n, float eps) {
+double sum_sq(const float* x, int64_t n) {
+  if (g_avx512) return avx512::sum_sq(x, n);
   double ss = 0;
   for (int64_t i = 0; i < n; ++i) ss += static_cast<double>(x[i]) * x[i];
+  return ss;
+}
+
+void rms_norm(const float* x, const float* w, float* y, int64_t n, float eps) {
+  const double ss = sum_sq(x, n);
   const float scale = 1.0f / std::sqrt(static_cast<float>(ss / static_cast<double>(n)) + eps);
   if (w) {
     for (int64_t i = 0; i < n; ++i) y[i] = x[i] * scale * w[i];
@@ -31,8 +37,7 @@ void rms_norm(const float* x, const float* w, float* y, int64_t n, float eps) {
 }
 
 void l2_norm(const float* x, float* y, int64_t n, float eps) {
-  double ss = 0;
-  for (int64_t i = 0; i < n; ++i) ss += static_cast<double>(x[i]) * x[i];
+  const double ss = sum_sq(x, n);
   const float scale = 1.0f / std::sqrt(static_cast<float>(ss) + eps);
   for (int64_t i = 0; i < n; ++i) y[i] = x[i] * scale;
 }

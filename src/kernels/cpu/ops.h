@@ -31,6 +31,7 @@ void mul_sigmoid_fast(float* x, const float* gate, int64_t n);
 void exp_fast(const float* x, float* y, int64_t n);   // y may alias x
 
 // vector primitives
+double sum_sq(const float* x, int64_t n);  // sum of x^2 accumulated in double (the norms' convention)
 float dot_f32(const float* a, const float* b, int64_t n);
 float dot_f16(const float* a, const uint16_t* b, int64_t n);  // b: IEEE half
 void axpy_f32(float a, const float* x, float* y, int64_t n);   // y += a*x

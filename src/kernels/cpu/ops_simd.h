@@ -5,6 +5,7 @@
 
 namespace kimi::kern::avx512 {
 float dot_f32(const float* a, const float* b, int64_t n);
+double sum_sq(const float* x, int64_t n);
 float dot_f16(const float* a, const uint16_t* b, int64_t n);
 void axpy_f32(float a, const float* x, float* y, int64_t n);
 void axpy_f16(float a, const uint16_t* x, float* y, int64_t n);
@@ -18,6 +19,8 @@ void exp_row(const float* x, float* y, int64_t n);
 // attention_avx512.cpp (D % 16 == 0, D <= 256, H <= 256)
 void indexer_scores(const float* q, const float* w, int64_t H, const void* keys, bool f16, int64_t D, int64_t n,
                     float* scores);
+// out[j] = q . rows[j][:W] for j < nb <= 16 (W % 16 == 0)
+void block_scores(const float* q, const float* const* rows, int64_t nb, int64_t W, float* out);
 // z[h][:r] += sum_j p[h * p_stride + j] * rows[j][:r]  (r % 16 == 0)
 void attn_accumulate(float* z, int64_t nh, int64_t r, const float* const* rows, int64_t nb, const float* p,
                      int64_t p_stride);

@@ -26,6 +26,12 @@ int cmd_eval(int argc, char** argv) {
 
   auto in = kimi::cli::parse_token_list(tokens);
   kimi::check(!in.empty(), "--tokens is empty");
+  {
+    const auto parent = std::filesystem::path(out).parent_path();
+    kimi::check(parent.empty() || std::filesystem::is_directory(parent), "--logits-out {}: directory '{}' does not exist",
+                out, parent.string());
+    kimi::check(!std::filesystem::is_directory(out), "--logits-out {}: is a directory (expected a file path)", out);
+  }
   auto model = kimi::Model::load(ea.model, {ea.verbose});
   const int n = static_cast<int>(in.size());
   kimi::Context ctx(*model, kimi::cli::context_options(ea, n, std::min(n_batch, n)));
@@ -45,7 +51,12 @@ int cmd_eval(int argc, char** argv) {
     std::filesystem::remove(tmp);
     kimi::fail("{}: write failed", out);
   }
-  std::filesystem::rename(tmp, out);
+  std::error_code ec;
+  std::filesystem::rename(tmp, out, ec);
+  if (ec) {
+    std::filesystem::remove(tmp);
+    kimi::fail("{}: cannot write: {}", out, ec.message());
+  }
   std::fprintf(stderr, "wrote %zu x %zu logits to %s\n", all ? in.size() : size_t(1), V, out.c_str());
   return 0;
 }

@@ -3,6 +3,7 @@
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <nlohmann/json.hpp>
@@ -20,6 +21,7 @@
 namespace {
 
 std::string read_text(const std::string& path) {
+  kimi::check(!std::filesystem::is_directory(path), "{}: is a directory (expected a text file)", path);
   std::ifstream f(path, std::ios::binary);
   kimi::check(static_cast<bool>(f), "{}: cannot open the text file", path);
   std::ostringstream ss;
@@ -52,6 +54,13 @@ int cmd_perplexity(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   kimi::check(!text_path.empty() || !kld_base_in.empty(), "perplexity: -f TEXT is required (or --kl-divergence BASE)");
+  if (!kld_base_out.empty()) {  // fail before the run, not after it
+    const auto parent = std::filesystem::path(kld_base_out).parent_path();
+    kimi::check(parent.empty() || std::filesystem::is_directory(parent),
+                "--kl-divergence-base {}: directory '{}' does not exist", kld_base_out, parent.string());
+    kimi::check(!std::filesystem::is_directory(kld_base_out),
+                "--kl-divergence-base {}: is a directory (expected a file path)", kld_base_out);
+  }
 
   // Load the base first: a bad base file should fail before the model is loaded.
   std::optional<kimi::ppl::KldBase> base;

@@ -39,6 +39,7 @@ int cmd_run(int argc, char** argv) {
   bool chat = false;
   app.add_flag("--chat", chat, "wrap -p TEXT in the Kimi chat format (one user turn, thinking on)");
   CLI11_PARSE(app, argc, argv);
+  kimi::check(!(app.count("--prompt") && prompt.empty()), "-p/--prompt: the prompt is empty");
   kimi::check(prompt.empty() != tokens.empty(), "give exactly one of -p/--prompt and --tokens");
   kimi::check(!chat || !prompt.empty(), "--chat needs -p/--prompt");
   if (chat) prompt = kimi::render_single_turn(prompt);
@@ -91,6 +92,7 @@ int cmd_run(int argc, char** argv) {
   }
   auto t2 = clk::now();
   std::printf("\n");
+  std::fflush(stdout);  // the text ends before the stats on stderr
   const double pp_s = std::chrono::duration<double>(t1 - t0).count();
   const double tg_s = std::chrono::duration<double>(t2 - t1).count();
   std::fprintf(stderr, "prompt: %zu tokens in %.3f s (%.2f tok/s); generated %d tokens in %.3f s (%.2f tok/s)\n",

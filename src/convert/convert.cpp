@@ -112,6 +112,7 @@ ConvertResult convert(const ConvertOptions& o) {
   {
     fs::path parent = fs::path(o.out_path).parent_path();
     check(parent.empty() || fs::is_directory(parent), "output directory '{}' does not exist", parent.string());
+    check(!fs::is_directory(o.out_path), "output '{}' is a directory (expected a .gguf file path)", o.out_path);
   }
   HfConfig cfg = HfConfig::load(cfg_path);
   K3Dims dims = read_dims(cfg);

@@ -92,9 +92,16 @@ QuantizeResult quantize(const QuantizeOptions& o, const std::function<void(const
   check(o.dry_run || !o.out_path.empty(), "no output file given");
   auto reader = gguf::Reader::open(o.in_path);
   const gguf::Reader& r = *reader;
+  {
+    const gguf::Value* a = r.find("general.architecture");
+    const std::string arch = a && a->type == gguf::ValueType::STRING ? a->s : std::string();
+    check(arch == "kimi-k3", "{}: general.architecture is '{}', expected 'kimi-k3'", o.in_path,
+          arch.empty() ? "(missing)" : arch);
+  }
   if (!o.dry_run) {
     const fs::path parent = fs::path(o.out_path).parent_path();
     check(parent.empty() || fs::is_directory(parent), "output directory '{}' does not exist", parent.string());
+    check(!fs::is_directory(o.out_path), "output '{}' is a directory (expected a .gguf file path)", o.out_path);
     for (size_t i = 0; i < r.n_files(); ++i)
       check(!same_file(o.out_path, r.file_path(i)), "output '{}' is the input file '{}': choose another output path",
             o.out_path, r.file_path(i));

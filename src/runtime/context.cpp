@@ -16,6 +16,7 @@
 namespace kimi {
 
 static int resolve_threads(int n) {
+  check(n >= 0 && n <= 1024, "context: thread count must be in 0..1024 (0 = all cores; got {})", n);
   if (n > 0) return n;
   unsigned h = std::thread::hardware_concurrency();
   return h ? static_cast<int>(h) : 1;

@@ -32,7 +32,8 @@ inline void add_engine_options(CLI::App& app, EngineArgs& a) {
       ->check(CLI::IsMember({"fast", "f32"}));
   app.add_option("--cache-type", a.cache_type, "cache element type in fast mode: f16 or f32")
       ->check(CLI::IsMember({"f16", "f32"}));
-  app.add_option("-c,--ctx", a.ctx, "context size per sequence (default: what the command needs)");
+  app.add_option("-c,--ctx", a.ctx, "context size per sequence (default: what the command needs)")
+      ->check(CLI::Range(0, 1 << 24));
   app.add_flag("-v,--verbose", a.verbose, "print the model and context summary to stderr");
 }
 

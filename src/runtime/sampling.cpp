@@ -9,7 +9,8 @@ namespace kimi {
 
 Sampler::Sampler(const SamplerParams& p, int n_vocab) : p_(p), n_vocab_(n_vocab), rng_(p.seed) {
   check(n_vocab > 0, "sampler: n_vocab must be > 0");
-  check(p.top_p > 0.0f, "sampler: top_p must be > 0 (got {})", p.top_p);
+  check(p.top_p > 0.0f && p.top_p <= 1.0f, "sampler: top_p must be in (0, 1] (1 = off; got {})", p.top_p);
+  check(p.min_p >= 0.0f && p.min_p <= 1.0f, "sampler: min_p must be in [0, 1] (0 = off; got {})", p.min_p);
   check(p.repeat_penalty > 0.0f, "sampler: repeat_penalty must be > 0 (got {})", p.repeat_penalty);
   cand_.reserve(static_cast<size_t>(n_vocab));
   probs_.reserve(static_cast<size_t>(n_vocab));

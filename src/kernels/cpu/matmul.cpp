@@ -117,7 +117,7 @@ void matmul(const MatView& W, const float* x, int64_t n_tokens, float* y, Thread
     rc = std::max<int64_t>(16, (rc + 15) / 16 * 16);
     const int64_t n_rc = (W.rows + rc - 1) / rc;
     pool.parallel_for(n_rc, [&](int64_t ri, int th) {
-      LendScratch lent(lend ? lend + th * per : nullptr, per);
+      LendScratch lent(lend && th < nth ? lend + th * per : nullptr, per);
       const int64_t r0 = ri * rc, r1 = std::min(W.rows, r0 + rc);
       k.run(W, a.act, a.stride, 1, r0, r1, y, W.rows);
     });
@@ -133,7 +133,7 @@ void matmul(const MatView& W, const float* x, int64_t n_tokens, float* y, Thread
   const int64_t rc = serial ? W.rows : std::min<int64_t>(W.rows, 48);
   const int64_t n_rc = (W.rows + rc - 1) / rc;
   auto item = [&](int64_t it, int th) {
-    LendScratch lent(lend ? lend + th * per : nullptr, per);
+    LendScratch lent(lend && th < nth ? lend + th * per : nullptr, per);
     const int64_t tt = it / n_rc, ri = it % n_rc;
     const int64_t t0 = tt * tok_tile, nt = std::min(tok_tile, n_tokens - t0);
     const int64_t r0 = ri * rc, r1 = std::min(W.rows, r0 + rc);

@@ -391,6 +391,83 @@ void gemv_q8(const MatView& W, const uint8_t* act, int64_t r0, int64_t r1, float
   }
 }
 
+// GEMM over many tokens for the nibble types: each panel of kPanel rows is decoded ONCE into
+// scratch (per group of 4 blocks: lo[64] u8, hi[64] u8, dw[16] f32 = 192 bytes; the nb % 4 tail
+// blocks copied raw after the groups) and the register tiles then read the decoded panel for every
+// token of the tile, so the nibble unpacking / table lookup is not repeated per 4 tokens.
+constexpr int kDecGroup = 192;
+constexpr int kPanel = 4;
+inline size_t dec_row_bytes(int64_t nb, int kbb) { return static_cast<size_t>(nb / 4 * kDecGroup + nb % 4 * kbb); }
+
+template <class P>
+struct DecodedP {  // P's blocks, already decoded (see above)
+  static constexpr int kG = 4, kBB = P::kBB, kAG = P::kAG;
+  static inline Dec decode(const uint8_t* p) {
+    Dec d;
+    d.lo = _mm512_loadu_si512(p);
+    d.hi = _mm512_loadu_si512(p + 64);
+    d.dw = _mm512_loadu_ps(p + 128);
+    return d;
+  }
+  static inline __m512 dot(const Dec& d, const uint8_t* a, __m512 acc) { return P::dot(d, a, acc); }
+};
+
+template <class P>
+struct Q8DecTiles {
+  template <int R, int T>
+  static void tile(const uint8_t* const* w, const uint8_t* const* x, int64_t nb, float* y, int64_t ldy) {
+    __m512 acc[R][T];
+    KIMI_UNROLL for (int r = 0; r < R; ++r)
+      KIMI_UNROLL for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
+    const int64_t ng = nb / 4;
+    for (int64_t g = 0; g < ng; ++g) {
+      Dec d[R];
+      KIMI_UNROLL for (int r = 0; r < R; ++r) d[r] = DecodedP<P>::decode(w[r] + g * kDecGroup);
+      KIMI_UNROLL for (int t = 0; t < T; ++t) {
+        const uint8_t* a = x[t] + g * P::kAG;
+        KIMI_UNROLL for (int r = 0; r < R; ++r) acc[r][t] = P::dot(d[r], a, acc[r][t]);
+      }
+    }
+    float tl[R][T];
+    KIMI_UNROLL for (int r = 0; r < R; ++r)
+      KIMI_UNROLL for (int t = 0; t < T; ++t) tl[r][t] = 0.0f;
+    for (int64_t b = ng * 4; b < nb; ++b)
+      KIMI_UNROLL for (int r = 0; r < R; ++r)
+        KIMI_UNROLL for (int t = 0; t < T; ++t)
+          tl[r][t] += P::tail(w[r] + ng * kDecGroup + (b - ng * 4) * P::kBB,
+                              x[t] + ng * P::kAG + (b - ng * 4) * kTailBlockBytes);
+    KIMI_UNROLL for (int r = 0; r < R; ++r)
+      KIMI_UNROLL for (int t = 0; t < T; ++t) y[t * ldy + r] = _mm512_reduce_add_ps(acc[r][t]) + tl[r][t];
+  }
+};
+
+template <class P>
+void run_q8_nib(const MatView& W, const uint8_t* act, size_t stride, int64_t nt, int64_t r0, int64_t r1, float* y,
+                int64_t ldy) {
+  if (nt == 1) return gemv_q8<P>(W, act, r0, r1, y);
+  if (nt < 8) return drive<Q8Tiles<P>, 4, 4>(W.data, W.row_bytes, act, stride, nt, r0, r1, y, ldy, W.cols / 32);
+  const int64_t nb = W.cols / 32, ng = nb / 4;
+  const size_t drb = dec_row_bytes(nb, P::kBB);
+  // kPanel decoded rows; MatKernel::scratch_rows = 2 covers it (1.5 * cols bytes per row)
+  uint8_t* buf = reinterpret_cast<uint8_t*>(f32_scratch(2 * W.cols, 1));
+  for (int64_t r = r0; r < r1; r += kPanel) {
+    const int64_t rr = r1 - r < kPanel ? r1 - r : kPanel;
+    for (int64_t i = 0; i < rr; ++i) {
+      const uint8_t* src = W.data + static_cast<uint64_t>(r + i) * W.row_bytes;
+      uint8_t* dst = buf + i * drb;
+      for (int64_t g = 0; g < ng; ++g) {
+        const Dec d = P::decode(src + g * (4 * P::kBB));
+        _mm512_storeu_si512(dst + g * kDecGroup, d.lo);
+        _mm512_storeu_si512(dst + g * kDecGroup + 64, d.hi);
+        _mm512_storeu_ps(dst + g * kDecGroup + 128, d.dw);
+      }
+      for (int64_t b = ng * 4; b < nb; ++b)
+        std::memcpy(dst + ng * kDecGroup + (b - ng * 4) * P::kBB, src + b * P::kBB, P::kBB);
+    }
+    drive<Q8DecTiles<P>, 4, 4>(buf, drb, act, stride, nt, 0, rr, y + r, ldy, nb);
+  }
+}
+
 template <class P>
 void run_q8(const MatView& W, const uint8_t* act, size_t stride, int64_t nt, int64_t r0, int64_t r1, float* y,
             int64_t ldy) {
@@ -568,8 +645,8 @@ bool avx512_kernel(GgmlType type, Precision prec, MatKernel* k) {
     case GgmlType::F16: *k = {f16r_act_bytes, prep_f16r_avx512, run_f32act<WK::F16>}; return true;
     case GgmlType::BF16: *k = {bf16_act_bytes, prep_bf16_avx512, run_bf16}; return true;
     case GgmlType::Q8_0: *k = {q8_byte_act_bytes, prep_q8_0, run_q8<ByteP>}; return true;
-    case GgmlType::Q4_0: *k = {q8_nib_act_bytes, prep_q4_0, run_q8<NibP<false>>}; return true;
-    case GgmlType::MXFP4: *k = {q8_nib_act_bytes, prep_mxfp4, run_q8<NibP<true>>}; return true;
+    case GgmlType::Q4_0: *k = {q8_nib_act_bytes, prep_q4_0, run_q8_nib<NibP<false>>, 2}; return true;
+    case GgmlType::MXFP4: *k = {q8_nib_act_bytes, prep_mxfp4, run_q8_nib<NibP<true>>, 2}; return true;
     case GgmlType::Q4_K: *k = {q8_K_bytes, prep_q8_K, run_kq<KT::Q4>}; return true;
     case GgmlType::Q5_K: *k = {q8_K_bytes, prep_q8_K, run_kq<KT::Q5>}; return true;
     case GgmlType::Q6_K: *k = {q8_K_bytes, prep_q8_K, run_kq<KT::Q6>}; return true;

@@ -58,7 +58,12 @@ int cmd_run(int argc, char** argv) {
   kimi::check(!in.empty(), "the prompt is empty");
   const bool text_out = tok.has_value() && !ids;
 
-  const int n_ctx = static_cast<int>(in.size()) + n_predict + 1;
+  const int64_t n_ctx_need = static_cast<int64_t>(in.size()) + n_predict + 1;
+  const uint32_t n_ctx_train = model->hparams().n_ctx_train;
+  kimi::check(ea.ctx > 0 || n_ctx_train == 0 || n_ctx_need <= n_ctx_train,
+              "{}: the prompt ({} tokens) + -n {} exceed the model's context length {} (kimi-k3.context_length)",
+              ea.model, in.size(), n_predict, n_ctx_train);
+  const int n_ctx = static_cast<int>(std::min<int64_t>(n_ctx_need, INT32_MAX));
   kimi::Context ctx(*model, kimi::cli::context_options(ea, n_ctx, std::min<int>(512, static_cast<int>(in.size()))));
   if (ea.verbose) std::fprintf(stderr, "%s", ctx.memory_summary().c_str());
   kimi::Sampler sampler(sp, ctx.n_vocab());

@@ -1,5 +1,6 @@
 // kimi template render REQUEST.json: the Kimi-K3 chat prompt for an OpenAI-style request body.
 #include <CLI/CLI.hpp>
+#include <filesystem>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -34,6 +35,7 @@ int cmd_template(int argc, char** argv) {
     ss << std::cin.rdbuf();
     text = ss.str();
   } else {
+    kimi::check(!std::filesystem::is_directory(file), "request file '{}' is a directory (expected a JSON file)", file);
     std::ifstream f(file, std::ios::binary);
     kimi::check(f.good(), "cannot open request file '{}'", file);
     text.assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());

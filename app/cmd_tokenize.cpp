@@ -2,6 +2,7 @@
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <iterator>
@@ -64,6 +65,7 @@ std::string read_input(const std::string& file) {
     ss << std::cin.rdbuf();
     return ss.str();
   }
+  kimi::check(!std::filesystem::is_directory(file), "input '{}' is a directory (expected a text file)", file);
   std::ifstream f(file, std::ios::binary);
   kimi::check(f.good(), "cannot open input file '{}'", file);
   return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());

@@ -9,6 +9,8 @@
 #include <cstring>
 #include <thread>
 
+#include <unistd.h>
+
 #include "kernels/cpu/ops.h"
 #include "runtime/context_impl.h"
 #include "util/error.h"
@@ -48,6 +50,16 @@ Context::Impl::Impl(const Model& m, const ContextOptions& o)
   }
   // caches
   const size_t es = elt();
+  {  // refuse a context whose caches cannot fit in memory (a clear error instead of a swap storm / OOM kill)
+    const double cache_bytes = double(n_mla) * double(nseq) * double(nctx) *
+                               double(hp.mla_row() + (top_k > 0 ? hp.idx_dim : 0)) * double(es);
+    const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+    const double phys = pages > 0 && page > 0 ? double(pages) * double(page) : 0.0;
+    check(phys == 0.0 || cache_bytes <= 0.75 * phys,
+          "context: {} sequence(s) x {} positions need {:.1f} GiB of attention cache, more than 3/4 of this "
+          "machine's {:.1f} GiB of memory; use a smaller context",
+          nseq, nctx, cache_bytes / 1073741824.0, phys / 1073741824.0);
+  }
   latent.resize(n_mla);
   idx_keys.resize(n_mla);
   for (uint32_t i = 0; i < n_mla; ++i) {

@@ -1,3 +1,4 @@
+#if defined(__x86_64__)  // x86 only; see ops_simd_stubs.cpp for other architectures
 // AVX-512 DSA indexer scan (compiled with AVX-512 flags; entered only after a CPU check).
 // Keys outer: each key row is converted once per 16-head group and dotted with the 16 query
 // heads (L1-resident) into 16 accumulators, which a transpose-add reduces to one vector of 16
@@ -178,3 +179,4 @@ void attn_accumulate(float* z, int64_t nh, int64_t r, const float* const* rows, 
 }
 
 }  // namespace kimi::kern::avx512
+#endif  // __x86_64__

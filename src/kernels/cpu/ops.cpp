@@ -12,9 +12,13 @@ namespace kimi::kern {
 static bool detect_avx512() {
   const char* env = std::getenv("KIMI_ISA");
   if (env && (std::strcmp(env, "scalar") == 0 || std::strcmp(env, "avx2") == 0)) return false;
+#if defined(__x86_64__)
   __builtin_cpu_init();
   return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+#else
+  return false;
+#endif
 }
 static const bool g_avx512 = detect_avx512();
 bool ops_use_avx512() { return g_avx512; }

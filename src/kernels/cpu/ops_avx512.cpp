@@ -1,3 +1,4 @@
+#if defined(__x86_64__)  // x86 only; see ops_simd_stubs.cpp for other architectures
 // AVX-512 vector primitives (compiled with -mavx512f etc.; entered only after a CPU check).
 // gcc 12 reports false "uninitialized" warnings inside its own AVX-512 reduce/convert intrinsics
 #pragma GCC diagnostic ignored "-Wuninitialized"
@@ -205,3 +206,4 @@ void situ(const float* g, const float* u, float* out, int64_t n, float beta, flo
 }
 
 }  // namespace kimi::kern::avx512
+#endif  // __x86_64__

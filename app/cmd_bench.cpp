@@ -40,12 +40,12 @@ int cmd_bench(int argc, char** argv) {
   bool json = false;
   std::string fill = "prefill";
   uint64_t seed = 1;
-  app.add_option("-p,--n-prompt", n_prompt, "prompt tokens (0 = skip pp)")->check(CLI::NonNegativeNumber);
-  app.add_option("-n,--n-gen", n_gen, "generated tokens (0 = skip tg)")->check(CLI::NonNegativeNumber);
+  app.add_option("-p,--n-prompt", n_prompt, "prompt tokens (0 = skip pp)")->check(CLI::Range(0, 1 << 24));
+  app.add_option("-n,--n-gen", n_gen, "generated tokens (0 = skip tg)")->check(CLI::Range(0, 1 << 24));
   app.add_option("-d,--depth", depth, "context depth to fill first (random tokens, batched prefill)")
-      ->check(CLI::NonNegativeNumber);
-  app.add_option("-r,--repetitions", reps, "repetitions")->check(CLI::PositiveNumber);
-  app.add_option("-b,--batch", n_batch, "micro-batch size for prefill")->check(CLI::PositiveNumber);
+      ->check(CLI::Range(0, 1 << 24));
+  app.add_option("-r,--repetitions", reps, "repetitions")->check(CLI::Range(1, INT32_MAX));
+  app.add_option("-b,--batch", n_batch, "micro-batch size for prefill")->check(CLI::Range(1, INT32_MAX));
   app.add_option("--fill", fill,
                  "how the depth is filled: prefill (random tokens through the model, untimed) or synthetic "
                  "(random cache rows, no forward pass: times decode at a depth without the prefill cost)")

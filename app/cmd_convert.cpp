@@ -18,7 +18,7 @@ int cmd_convert(int argc, char** argv) {
   app.add_option("-o,--output", out, "output GGUF path (split output: PREFIX-0000N-of-0000M.gguf)")->required();
   app.add_option("--outtype", outtype, "auto|bf16|f16|f32|q8_0 (MXFP4 experts always stay MXFP4)")
       ->check(CLI::IsMember({"auto", "bf16", "f16", "f32", "q8_0"}, CLI::ignore_case));
-  app.add_option("--layers", layers, "keep only the first N layers")->check(CLI::PositiveNumber);
+  app.add_option("--layers", layers, "keep only the first N layers")->check(CLI::Range(1, INT32_MAX));
   app.add_option("--split-max-size", split, "split output into shards of at most SIZE tensor bytes (e.g. 500M, 2G)");
   app.add_flag("--quiet,-q", quiet, "print only the summary");
   try {

@@ -21,7 +21,7 @@ int cmd_eval(int argc, char** argv) {
   app.add_option("--tokens", tokens, "comma-separated token ids")->required();
   app.add_option("--logits-out", out, "output file")->required();
   app.add_flag("--all-logits", all, "write every position's logits (default: the last one only)");
-  app.add_option("-b,--batch", n_batch, "micro-batch size")->check(CLI::PositiveNumber);
+  app.add_option("-b,--batch", n_batch, "micro-batch size")->check(CLI::Range(1, INT32_MAX));
   CLI11_PARSE(app, argc, argv);
 
   auto in = kimi::cli::parse_token_list(tokens);

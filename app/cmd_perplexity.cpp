@@ -41,8 +41,8 @@ int cmd_perplexity(int argc, char** argv) {
   bool json = false;
   app.add_option("-f,--file", text_path,
                  "text file to score (optional with --kl-divergence: the base holds the tokens)");
-  app.add_option("-b,--batch", n_batch, "micro-batch size (tokens per forward step)")->check(CLI::PositiveNumber);
-  app.add_option("--chunks", chunks, "evaluate at most N chunks")->check(CLI::PositiveNumber);
+  app.add_option("-b,--batch", n_batch, "micro-batch size (tokens per forward step)")->check(CLI::Range(1, INT32_MAX));
+  app.add_option("--chunks", chunks, "evaluate at most N chunks")->check(CLI::Range(1, INT32_MAX));
   auto* o_base = app.add_option("--kl-divergence-base", kld_base_out,
                                 "write the reference distributions (top-N log-probs per scored token) to this file");
   auto* o_cmp =

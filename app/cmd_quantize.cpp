@@ -36,7 +36,7 @@ int cmd_quantize(int argc, char** argv) {
   app.add_flag("--leave-output-tensor", o.rules.leave_output, "keep output.weight as it is");
   app.add_flag("--allow-requantize", o.rules.allow_requantize,
                "allow re-quantizing tensors that are already quantized (other than the MXFP4 experts)");
-  app.add_option("--threads,-t", o.threads, "threads (default: all cores)")->check(CLI::NonNegativeNumber);
+  app.add_option("--threads,-t", o.threads, "threads (default: all cores)")->check(CLI::Range(0, 1024));
   app.add_option("--split-max-size", split, "split the output into shards of at most SIZE tensor bytes (e.g. 2G)");
   app.add_flag("--dry-run", o.dry_run, "decide and print the summary, write nothing");
   app.add_flag("--verbose,-v", verbose, "one line per tensor (name, shape, types, sizes, rule)");

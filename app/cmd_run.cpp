@@ -26,7 +26,7 @@ int cmd_run(int argc, char** argv) {
   kimi::SamplerParams sp;
   app.add_option("-p,--prompt", prompt, "prompt text (needs the tokenizer in the GGUF)");
   app.add_option("--tokens", tokens, "prompt as comma-separated token ids");
-  app.add_option("-n,--n-predict", n_predict, "tokens to generate")->check(CLI::NonNegativeNumber);
+  app.add_option("-n,--n-predict", n_predict, "tokens to generate")->check(CLI::Range(0, INT32_MAX));
   app.add_option("--temp", sp.temp, "temperature (0 = greedy)");
   app.add_option("--top-k", sp.top_k, "top-k sampling (0 = off)");
   app.add_option("--top-p", sp.top_p, "top-p (nucleus) sampling (1 = off)");

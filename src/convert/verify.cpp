@@ -733,6 +733,12 @@ VerifyResult verify(const VerifyOptions& o) {
   HfConfig cfg = HfConfig::load(cfg_path);
   auto ck = st::Checkpoint::open(o.hf_dir);
   auto rd = gguf::Reader::open(o.gguf_path);
+  {
+    const gguf::Value* a = rd->find("general.architecture");
+    const std::string arch = a && a->type == gguf::ValueType::STRING ? a->s : std::string();
+    check(arch == "kimi-k3", "{}: general.architecture is '{}', expected 'kimi-k3'", o.gguf_path,
+          arch.empty() ? "(missing)" : arch);
+  }
 
   Verifier v{o, cfg, *ck, *rd, res, {}};
   v.n_layer_cfg = cfg.get_int("num_hidden_layers");

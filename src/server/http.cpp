@@ -150,12 +150,14 @@ std::string Server::metrics_text() const { return impl_->metrics(); }
 
 int Server::bind() {
   Impl& I = *impl_;
+  errno = 0;
   if (I.o.port == 0) {
     I.port = I.http.bind_to_any_port(I.o.host);
   } else {
     I.port = I.http.bind_to_port(I.o.host, I.o.port) ? I.o.port : -1;
   }
-  check(I.port > 0, "cannot listen on {}:{} ({})", I.o.host, I.o.port, std::strerror(errno));
+  check(I.port > 0, "cannot listen on {}:{} ({})", I.o.host, I.o.port,
+        errno ? std::strerror(errno) : "the address cannot be resolved or is not available");
   return I.port;
 }
 

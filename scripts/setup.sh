@@ -4,11 +4,15 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PKGS=(build-essential cmake ninja-build ccache pkg-config git
       nlohmann-json3-dev libfmt-dev libcli11-dev libpcre2-dev libcpp-httplib-dev
-      libgtest-dev libgmock-dev googletest nodejs npm time)
+      libgtest-dev libgmock-dev googletest time)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
+# Node.js + npm (for the real tiktoken used by the tokenizer's golden tests): Debian's packages,
+# unless a node/npm is already installed (e.g. a nodejs build that bundles npm).
+command -v node >/dev/null || missing+=(nodejs)
+command -v npm >/dev/null || missing+=(npm)
 if ((${#missing[@]})); then
   SUDO=""; [[ $(id -u) -ne 0 ]] && SUDO="sudo"
   echo "setup: installing ${missing[*]}"

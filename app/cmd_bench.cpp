@@ -14,6 +14,7 @@
 #include "runtime/context.h"
 #include "runtime/engine_cli.h"
 #include "util/error.h"
+#include "util/cli.h"
 
 namespace {
 
@@ -52,7 +53,7 @@ int cmd_bench(int argc, char** argv) {
       ->check(CLI::IsMember({"prefill", "synthetic"}));
   app.add_option("--seed", seed, "seed of the random tokens");
   app.add_flag("--json", json, "print JSON instead of a table");
-  CLI11_PARSE(app, argc, argv);
+  if (int rc = kimi::parse_cli(app, argc, argv); rc >= 0) return rc;
 
   auto model = kimi::Model::load(ea.model, {ea.verbose});
   const int n_ctx = depth + std::max(n_prompt, n_gen) + 1;

@@ -21,6 +21,7 @@
 #include "runtime/sampling.h"
 #include "tokenizer/tokenizer.h"
 #include "util/error.h"
+#include "util/cli.h"
 
 namespace {
 
@@ -146,7 +147,7 @@ int cmd_chat(int argc, char** argv) {
   app.add_option("--repeat-penalty", sp.repeat_penalty, "repetition penalty (1 = off)");
   app.add_option("--repeat-last-n", sp.repeat_last_n, "tokens the repetition penalty looks back (-1 = all)");
   app.add_option("--seed", sp.seed, "random seed");
-  CLI11_PARSE(app, argc, argv);
+  if (int rc = kimi::parse_cli(app, argc, argv); rc >= 0) return rc;
   co.thinking = thinking == "on";
 
   auto model = kimi::Model::load(ea.model, {ea.verbose});

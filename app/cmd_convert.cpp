@@ -5,6 +5,7 @@
 #include "command.h"
 #include "convert/convert.h"
 #include "util/progress.h"
+#include "util/cli.h"
 
 namespace {
 
@@ -21,12 +22,7 @@ int cmd_convert(int argc, char** argv) {
   app.add_option("--layers", layers, "keep only the first N layers")->check(CLI::Range(1, INT32_MAX));
   app.add_option("--split-max-size", split, "split output into shards of at most SIZE tensor bytes (e.g. 500M, 2G)");
   app.add_flag("--quiet,-q", quiet, "print only the summary");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    int rc = app.exit(e);  // prints help or the parse error
-    return rc == 0 ? 0 : 2;
-  }
+  if (int rc = kimi::parse_cli(app, argc, argv); rc >= 0) return rc;
   kimi::convert::ConvertOptions o;
   o.hf_dir = hf_dir;
   o.out_path = out;

@@ -8,6 +8,7 @@
 #include "runtime/context.h"
 #include "runtime/engine_cli.h"
 #include "util/error.h"
+#include "util/cli.h"
 
 namespace {
 
@@ -22,7 +23,7 @@ int cmd_eval(int argc, char** argv) {
   app.add_option("--logits-out", out, "output file")->required();
   app.add_flag("--all-logits", all, "write every position's logits (default: the last one only)");
   app.add_option("-b,--batch", n_batch, "micro-batch size")->check(CLI::Range(1, INT32_MAX));
-  CLI11_PARSE(app, argc, argv);
+  if (int rc = kimi::parse_cli(app, argc, argv); rc >= 0) return rc;
 
   auto in = kimi::cli::parse_token_list(tokens);
   kimi::check(!in.empty(), "--tokens is empty");

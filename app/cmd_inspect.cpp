@@ -10,6 +10,7 @@
 #include "command.h"
 #include "io/gguf.h"
 #include "util/error.h"
+#include "util/cli.h"
 
 namespace {
 
@@ -119,7 +120,7 @@ int run(int argc, char** argv) {
                "print one JSON object {version, alignment, metadata, tensors, totals}; arrays longer than 1024 "
                "elements become {type, elem_type, count, first}");
   app.add_flag("--full", full, "with --json: print long arrays in full");
-  CLI11_PARSE(app, argc, argv);
+  if (int rc = kimi::parse_cli(app, argc, argv); rc >= 0) return rc;
 
   auto r = Reader::open(path);
   std::map<std::string, Total> by_type;

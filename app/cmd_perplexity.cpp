@@ -17,6 +17,7 @@
 #include "runtime/perplexity.h"
 #include "tokenizer/tokenizer.h"
 #include "util/error.h"
+#include "util/cli.h"
 
 namespace {
 
@@ -51,7 +52,7 @@ int cmd_perplexity(int argc, char** argv) {
   app.add_option("--top-n", top_n, "tokens kept per scored position in a KLD base (default 32)")
       ->check(CLI::Range(1, 65536));
   app.add_flag("--json", json, "print the final numbers as one JSON object on stdout");
-  CLI11_PARSE(app, argc, argv);
+  if (int rc = kimi::parse_cli(app, argc, argv); rc >= 0) return rc;
 
   kimi::check(!text_path.empty() || !kld_base_in.empty(), "perplexity: -f TEXT is required (or --kl-divergence BASE)");
   if (!kld_base_out.empty()) {  // fail before the run, not after it

@@ -7,6 +7,7 @@
 #include "command.h"
 #include "convert/quantize.h"
 #include "util/progress.h"
+#include "util/cli.h"
 
 namespace {
 
@@ -41,12 +42,7 @@ int cmd_quantize(int argc, char** argv) {
   app.add_flag("--dry-run", o.dry_run, "decide and print the summary, write nothing");
   app.add_flag("--verbose,-v", verbose, "one line per tensor (name, shape, types, sizes, rule)");
   app.add_flag("--quiet,-q", o.quiet, "no progress bar");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    int rc = app.exit(e);  // prints help or the parse error
-    return rc == 0 ? 0 : 2;
-  }
+  if (int rc = kimi::parse_cli(app, argc, argv); rc >= 0) return rc;
   o.in_path = in;
   o.out_path = out;
   o.rules.target = kimi::quant::parse_target(type);

@@ -13,6 +13,7 @@
 #include "runtime/sampling.h"
 #include "tokenizer/tokenizer.h"
 #include "util/error.h"
+#include "util/cli.h"
 
 namespace {
 
@@ -38,7 +39,7 @@ int cmd_run(int argc, char** argv) {
   app.add_flag("--ignore-eos", ignore_eos, "do not stop at end-of-generation tokens");
   bool chat = false;
   app.add_flag("--chat", chat, "wrap -p TEXT in the Kimi chat format (one user turn, thinking on)");
-  CLI11_PARSE(app, argc, argv);
+  if (int rc = kimi::parse_cli(app, argc, argv); rc >= 0) return rc;
   kimi::check(!(app.count("--prompt") && prompt.empty()), "-p/--prompt: the prompt is empty");
   kimi::check(prompt.empty() != tokens.empty(), "give exactly one of -p/--prompt and --tokens");
   kimi::check(!chat || !prompt.empty(), "--chat needs -p/--prompt");

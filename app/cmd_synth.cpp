@@ -5,6 +5,7 @@
 #include "command.h"
 #include "convert/synth.h"
 #include "util/progress.h"
+#include "util/cli.h"
 
 namespace {
 
@@ -27,11 +28,7 @@ int cmd_synth(int argc, char** argv) {
   app.add_option("-o,--output", out, "output directory (written as DIR.tmp, then renamed)")->required();
   app.add_flag("--force", force, "replace an existing non-empty output directory");
   app.add_flag("-q,--quiet", quiet, "no progress output");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e);
-  }
+  if (int rc = kimi::parse_cli(app, argc, argv); rc >= 0) return rc;
 
   auto cfg = kimi::synth::preset(preset_name);
   cfg.seed = seed;

@@ -10,6 +10,7 @@
 #include "command.h"
 #include "tokenizer/chat.h"
 #include "util/error.h"
+#include "util/cli.h"
 
 namespace {
 
@@ -24,11 +25,7 @@ int cmd_template(int argc, char** argv) {
   bool newline = false;
   render->add_option("REQUEST", file, "request JSON file ('-': stdin)")->required();
   render->add_flag("--newline", newline, "end the output with a newline (the prompt itself has none)");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e);
-  }
+  if (int rc = kimi::parse_cli(app, argc, argv); rc >= 0) return rc;
   std::string text;
   if (file == "-") {
     std::ostringstream ss;

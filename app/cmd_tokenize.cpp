@@ -16,6 +16,7 @@
 #include "tokenizer/tokenizer.h"
 #include "tokenizer/unicode.h"
 #include "util/error.h"
+#include "util/cli.h"
 
 namespace {
 
@@ -108,11 +109,7 @@ int cmd_tokenize(int argc, char** argv) {
   app.add_flag("--no-special", no_special, "treat special-token text as ordinary text");
   app.add_option("--bench", bench, "benchmark encoding of this file: prints tokens/s and MB/s");
   app.add_option("--bench-iters", bench_iters, "benchmark iterations (default: as many as fit in ~2 s, at least 3)");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e);
-  }
+  if (int rc = kimi::parse_cli(app, argc, argv); rc >= 0) return rc;
   const Tokenizer tok = load(src);
   const bool allow_special = !no_special;
 
@@ -179,11 +176,7 @@ int cmd_detokenize(int argc, char** argv) {
   bool skip_special = false;
   app.add_option("IDS", args, "token ids");
   app.add_flag("--skip-special", skip_special, "leave out special tokens");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e);
-  }
+  if (int rc = kimi::parse_cli(app, argc, argv); rc >= 0) return rc;
   const Tokenizer tok = load(src);
   std::string all;
   if (args.empty()) {

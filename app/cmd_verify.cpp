@@ -4,6 +4,7 @@
 
 #include "command.h"
 #include "convert/verify.h"
+#include "util/cli.h"
 
 namespace {
 
@@ -16,12 +17,7 @@ int cmd_verify(int argc, char** argv) {
   app.add_option("GGUF", o.gguf_path, "converted GGUF (any shard of a split file)")->required();
   app.add_flag("--quiet,-q", o.quiet, "no progress output");
   app.add_option("--max-report", o.max_report, "print at most N mismatch lines (default 50)");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    int rc = app.exit(e);  // prints help or the parse error
-    return rc == 0 ? 0 : 2;
-  }
+  if (int rc = kimi::parse_cli(app, argc, argv); rc >= 0) return rc;
   auto r = kimi::convert::verify(o);
   for (const auto& p : r.problems) std::printf("MISMATCH %s\n", p.c_str());
   size_t total = r.n_mismatched + r.n_missing + r.n_keys_mismatch;

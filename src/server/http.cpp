@@ -20,6 +20,7 @@
 #include "server/api.h"
 #include "server/server.h"
 #include "util/error.h"
+#include "util/cli.h"
 
 namespace kimi::server {
 
@@ -529,7 +530,7 @@ int serve_main(int argc, char** argv) {
   app.add_option("--timeout", o.timeout_s, "per-request time limit in seconds (0 = none)")->check(CLI::NonNegativeNumber);
   app.add_option("--grace", o.grace_s, "shutdown grace period in seconds")->check(CLI::NonNegativeNumber);
   app.add_flag("-v,--verbose", o.verbose, "log the model summary and every request to stderr");
-  CLI11_PARSE(app, argc, argv);
+  if (int rc = kimi::parse_cli(app, argc, argv); rc >= 0) return rc;
   o.sched.prompt_cache = !no_cache;
 
   // SIGINT/SIGTERM are handled by a dedicated thread (blocked everywhere else)

@@ -64,7 +64,7 @@ int cmd_quantize(int argc, char** argv) {
   return 0;
 }
 
-kimi::app::Registrar reg("quantize", "quantize a GGUF (K-quants, Q8_0, Q4_0; indexer exempt, MXFP4 experts kept)",
+kimi::app::Registrar reg("quantize", "quantize a GGUF (Q8_0, Q6_K, Q5_K_M, Q4_K_M, Q4_0, ...; indexer exempt, MXFP4 experts kept)",
                          cmd_quantize);
 
 }  // namespace

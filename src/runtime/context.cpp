@@ -29,6 +29,7 @@ Context::Impl::Impl(const Model& m, const ContextOptions& o)
   check(opts.n_seq_max >= 1, "context: n_seq_max must be >= 1 (got {})", opts.n_seq_max);
   check(opts.n_ctx_max >= 1, "context: n_ctx_max must be >= 1 (got {})", opts.n_ctx_max);
   check(opts.n_batch_max >= 1, "context: n_batch_max must be >= 1 (got {})", opts.n_batch_max);
+  check(opts.n_snapshots_max >= 1, "context: n_snapshots_max must be >= 1 (got {})", opts.n_snapshots_max);
   check(opts.attn_top_k >= -1, "context: attn_top_k must be -1 (file), 0 (off) or > 0 (got {})", opts.attn_top_k);
   prec = opts.precision;
   cache_f16 = prec == kern::Precision::Fast && opts.cache_type == CacheType::F16;
@@ -349,22 +350,69 @@ void Context::seq_clear(int32_t seq) {
   s.len = 0;
   std::fill(s.conv.begin(), s.conv.end(), 0.0f);
   std::fill(s.rec.begin(), s.rec.end(), 0.0f);
-  s.snap_pos = -1;
-  s.conv_snap.clear();
-  s.rec_snap.clear();
+  s.snaps.clear();
 }
 
 void Context::seq_snapshot(int32_t seq) {
   check_seq(*impl_, seq, "seq_snapshot");
   SeqState& s = impl_->seqs[static_cast<size_t>(seq)];
-  s.snap_pos = s.len;
-  s.conv_snap = s.conv;
-  s.rec_snap = s.rec;
+  // every snapshot is <= len, so the new one is the last; one at the same length is replaced
+  if (!s.snaps.empty() && s.snaps.back().pos == s.len) {
+    s.snaps.back().conv = s.conv;
+    s.snaps.back().rec = s.rec;
+    return;
+  }
+  const size_t cap = static_cast<size_t>(opts_.n_snapshots_max);
+  if (s.snaps.size() >= cap) {
+    // evict the older snapshot whose removal leaves the smallest gap between its neighbours
+    // (the newest one, about to be added at len, is the right neighbour of the last); ties: earlier
+    size_t victim = 0;
+    int64_t best = -1;
+    for (size_t i = 0; i < s.snaps.size(); ++i) {
+      const int64_t lo = i == 0 ? 0 : s.snaps[i - 1].pos;
+      const int64_t hi = i + 1 < s.snaps.size() ? s.snaps[i + 1].pos : s.len;
+      if (best < 0 || hi - lo < best) { best = hi - lo; victim = i; }
+    }
+    SeqState::Snap reuse = std::move(s.snaps[victim]);  // keeps its buffers (no reallocation)
+    s.snaps.erase(s.snaps.begin() + static_cast<std::ptrdiff_t>(victim));
+    reuse.pos = s.len;
+    reuse.conv = s.conv;
+    reuse.rec = s.rec;
+    s.snaps.push_back(std::move(reuse));
+    return;
+  }
+  s.snaps.push_back({s.len, s.conv, s.rec});
 }
 
 int32_t Context::seq_snapshot_pos(int32_t seq) const {
   check_seq(*impl_, seq, "seq_snapshot_pos");
-  return impl_->seqs[static_cast<size_t>(seq)].snap_pos;
+  const SeqState& s = impl_->seqs[static_cast<size_t>(seq)];
+  return s.snaps.empty() ? -1 : s.snaps.back().pos;
+}
+
+std::vector<int32_t> Context::seq_snapshot_positions(int32_t seq) const {
+  check_seq(*impl_, seq, "seq_snapshot_positions");
+  std::vector<int32_t> r;
+  for (const auto& sn : impl_->seqs[static_cast<size_t>(seq)].snaps) r.push_back(sn.pos);
+  return r;
+}
+
+static std::string snap_list(const SeqState& s) {
+  if (s.snaps.empty()) return "none";
+  std::string r;
+  for (const auto& sn : s.snaps) r += (r.empty() ? "" : ", ") + std::to_string(sn.pos);
+  return r;
+}
+
+// the snapshot of s at exactly pos n, or nullptr
+static const SeqState::Snap* find_snap(const SeqState& s, int32_t n) {
+  for (const auto& sn : s.snaps)
+    if (sn.pos == n) return &sn;
+  return nullptr;
+}
+
+static void drop_snaps_after(SeqState& s, int32_t n) {
+  while (!s.snaps.empty() && s.snaps.back().pos > n) s.snaps.pop_back();
 }
 
 void Context::seq_truncate(int32_t seq, int32_t n_keep) {
@@ -372,35 +420,55 @@ void Context::seq_truncate(int32_t seq, int32_t n_keep) {
   SeqState& s = impl_->seqs[static_cast<size_t>(seq)];
   if (n_keep == s.len) return;
   if (n_keep == 0) return seq_clear(seq);
+  check(n_keep > 0 && n_keep < s.len, "seq_truncate: n_keep {} out of range 0..{} (sequence {})", n_keep, s.len, seq);
   if (impl_->n_kda == 0) {  // no recurrent state: any prefix works
-    check(n_keep > 0 && n_keep < s.len, "seq_truncate: n_keep {} out of range 0..{}", n_keep, s.len);
     s.len = n_keep;
-    if (s.snap_pos > n_keep) s.snap_pos = -1;
+    drop_snaps_after(s, n_keep);
     return;
   }
-  check(n_keep == s.snap_pos,
+  const SeqState::Snap* sn = find_snap(s, n_keep);
+  check(sn != nullptr,
         "seq_truncate: sequence {} cannot be truncated to {} tokens: the KDA states are recurrent and can only go "
-        "back to 0 or to a snapshot (current snapshot: {})",
-        seq, n_keep, s.snap_pos < 0 ? std::string("none") : std::to_string(s.snap_pos));
-  s.conv = s.conv_snap;
-  s.rec = s.rec_snap;
+        "back to 0 or to a snapshot (snapshots at: {})",
+        seq, n_keep, snap_list(s));
+  s.conv = sn->conv;
+  s.rec = sn->rec;
   s.len = n_keep;
+  drop_snaps_after(s, n_keep);
 }
 
 void Context::seq_copy(int32_t src, int32_t dst) {
   check_seq(*impl_, src, "seq_copy");
+  seq_copy(src, dst, impl_->seqs[static_cast<size_t>(src)].len);
+}
+
+void Context::seq_copy(int32_t src, int32_t dst, int32_t n) {
+  check_seq(*impl_, src, "seq_copy");
   check_seq(*impl_, dst, "seq_copy");
-  if (src == dst) return;
   Impl& c = *impl_;
   const SeqState& a = c.seqs[static_cast<size_t>(src)];
+  check(n >= 0 && n <= a.len, "seq_copy: n {} out of range 0..{} (length of source sequence {})", n, a.len, src);
+  if (src == dst) return seq_truncate(src, n);
+  if (n == 0) return seq_clear(dst);
+  const SeqState::Snap* sn = nullptr;
+  if (n < a.len && c.n_kda > 0) {
+    sn = find_snap(a, n);
+    check(sn != nullptr,
+          "seq_copy: the first {} positions of sequence {} cannot be copied: the KDA states exist only at 0, its "
+          "length {} and its snapshots (at: {})",
+          n, src, a.len, snap_list(a));
+  }
   SeqState& b = c.seqs[static_cast<size_t>(dst)];
-  b = a;
+  b.len = n;
+  b.conv = sn ? sn->conv : a.conv;  // (n < len without KDA layers: the states are empty)
+  b.rec = sn ? sn->rec : a.rec;
+  b.snaps.clear();
+  for (const auto& x : a.snaps)
+    if (x.pos <= n) b.snaps.push_back(x);
   for (uint32_t mi = 0; mi < c.n_mla; ++mi) {
-    if (a.len > 0) {
-      std::memcpy(c.latent_row(mi, dst, 0), c.latent_row(mi, src, 0), static_cast<size_t>(a.len) * c.hp.mla_row() * c.elt());
-      if (c.top_k > 0)
-        std::memcpy(c.idx_row(mi, dst, 0), c.idx_row(mi, src, 0), static_cast<size_t>(a.len) * c.hp.idx_dim * c.elt());
-    }
+    std::memcpy(c.latent_row(mi, dst, 0), c.latent_row(mi, src, 0), static_cast<size_t>(n) * c.hp.mla_row() * c.elt());
+    if (c.top_k > 0)
+      std::memcpy(c.idx_row(mi, dst, 0), c.idx_row(mi, src, 0), static_cast<size_t>(n) * c.hp.idx_dim * c.elt());
   }
 }
 
@@ -433,9 +501,7 @@ void Context::seq_fill_synthetic(int32_t seq, int32_t n_tokens, uint64_t seed) {
     }
   SeqState& s = c.seqs[static_cast<size_t>(seq)];
   s.len = n_tokens;
-  s.snap_pos = -1;
-  s.conv_snap.clear();
-  s.rec_snap.clear();
+  s.snaps.clear();
 }
 
 uint64_t Context::memory_bytes() const {

@@ -14,7 +14,9 @@
 //
 // KDA states are recurrent (they cannot be rewound), so seq_truncate(seq, n) is allowed only for
 // n == 0 (== seq_clear), n == seq_len(seq) (no-op) and n == the position of a snapshot taken with
-// seq_snapshot(seq) (restores the KDA states saved there; latent/indexer caches are by position).
+// seq_snapshot(seq) (restores the KDA states saved there and drops the snapshots after n;
+// latent/indexer caches are by position). A sequence keeps up to ContextOptions::n_snapshots_max
+// snapshots (seq_snapshot_positions lists them); a model without KDA layers can go back anywhere.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -42,6 +44,8 @@ struct ContextOptions {
   int attn_top_k = -1;    // -1: top_k from the file; 0: indexer disabled (plain attention); >0: override
   kern::Precision precision = kern::Precision::Fast;  // F32: f32 matmuls, f32 caches, no rounding
   CacheType cache_type = CacheType::F16;              // ignored (F32) when precision == F32
+  int n_snapshots_max = 4;  // KDA snapshots kept per sequence (>= 1); a new one beyond evicts the
+                            // interior snapshot leaving the smallest gap (the newest is always kept)
 };
 
 struct BatchEntry {
@@ -86,7 +90,13 @@ class Context {
   void seq_truncate(int32_t seq, int32_t n_keep);  // see the header comment for what is allowed
   void seq_copy(int32_t src, int32_t dst);          // dst becomes an exact copy (incl. snapshot)
   void seq_snapshot(int32_t seq);                   // save KDA states at the current length
-  int32_t seq_snapshot_pos(int32_t seq) const;      // -1 when none
+  int32_t seq_snapshot_pos(int32_t seq) const;      // -1 when none; else the latest (largest)
+  // All snapshot positions of seq, ascending (each <= seq_len(seq)).
+  std::vector<int32_t> seq_snapshot_positions(int32_t seq) const;
+  // dst becomes a copy of the first n positions of src: n == 0 (dst cleared), n == seq_len(src)
+  // (== seq_copy(src, dst)) or n == a snapshot position of src (KDA states from that snapshot;
+  // dst keeps src's snapshots <= n). Only n cache rows are copied. Any n <= len without KDA layers.
+  void seq_copy(int32_t src, int32_t dst, int32_t n);
   // Benchmarks only (`kimi bench --fill synthetic`): makes seq n_tokens long with pseudo-random
   // cache rows (MLA latent rows and indexer keys ~ unit-scale values; KDA states unchanged), so
   // decode speed at a depth can be timed without prefilling it. Not a model state.

@@ -17,8 +17,11 @@ struct SeqState {
   int32_t len = 0;
   std::vector<float> conv;  // per KDA layer: [3 (q,k,v)][C][K-1]
   std::vector<float> rec;   // per KDA layer: [H][D (key i)][D (value j)]
-  int32_t snap_pos = -1;
-  std::vector<float> conv_snap, rec_snap;
+  struct Snap {             // KDA states saved when the sequence was `pos` tokens long
+    int32_t pos = 0;
+    std::vector<float> conv, rec;
+  };
+  std::vector<Snap> snaps;  // ascending pos (all <= len), at most ContextOptions::n_snapshots_max
 };
 
 struct Context::Impl {

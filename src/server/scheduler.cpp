@@ -205,7 +205,6 @@ void Scheduler::loop() {
         if (a->done) continue;
         ctx_->seq_clear(a->seq);
         seqs_[static_cast<size_t>(a->seq)].toks.clear();
-        seqs_[static_cast<size_t>(a->seq)].snap = -1;
         finish(*a, "error", 500, std::string("internal error: ") + e.what());
       }
     }
@@ -250,7 +249,9 @@ void Scheduler::start(Active& a) {
     size_t r = 0;
     if (s.toks.size() <= l) r = s.toks.size();
     else if (any_prefix_) r = l;
-    else if (s.snap > 0 && static_cast<size_t>(s.snap) <= l) r = static_cast<size_t>(s.snap);
+    else  // the longest engine snapshot (chunk or turn boundary) inside the common prefix
+      for (int32_t sp : ctx_->seq_snapshot_positions(i))
+        if (sp > 0 && static_cast<size_t>(sp) <= l) r = std::max(r, static_cast<size_t>(sp));
     if (r == 0 || !so_.prompt_cache) continue;
     const bool better = r > best_r || (r == best_r && src >= 0 && seqs_[static_cast<size_t>(src)].busy && !s.busy);
     if (better) { best_r = r; src = i; }
@@ -267,25 +268,20 @@ void Scheduler::start(Active& a) {
   if (best_r == 0) {
     ctx_->seq_clear(target);
     t.toks.clear();
-    t.snap = -1;
   } else {
     if (target != src) {
+      // only the rows [0, best_r) (and the KDA states of the snapshot there, if any) are copied
       const SeqRec& s = seqs_[static_cast<size_t>(src)];
-      ctx_->seq_copy(src, target);
-      t.toks = s.toks;
-      t.snap = s.snap;
+      ctx_->seq_copy(src, target, static_cast<int32_t>(best_r));
+      t.toks.assign(s.toks.begin(), s.toks.begin() + static_cast<std::ptrdiff_t>(best_r));
       seqs_[static_cast<size_t>(src)].used = ++tick_;
-    }
-    if (t.toks.size() > best_r) {
+    } else if (t.toks.size() > best_r) {
       ctx_->seq_truncate(target, static_cast<int32_t>(best_r));
       t.toks.resize(best_r);
-      if (t.snap > static_cast<int>(best_r)) t.snap = -1;
     }
   }
-  if (best_r > 0 && best_r + 1 == P.size() && t.snap != static_cast<int>(best_r)) {
+  if (best_r > 0 && best_r + 1 == P.size() && ctx_->seq_snapshot_pos(target) != static_cast<int32_t>(best_r))
     ctx_->seq_snapshot(target);
-    t.snap = static_cast<int>(best_r);
-  }
   t.busy = true;
   t.prefix = false;
   t.used = ++tick_;
@@ -318,7 +314,6 @@ void Scheduler::make_prefix_entry(Active& a) {
   SeqRec& d = seqs_[static_cast<size_t>(v)];
   const SeqRec& s = seqs_[static_cast<size_t>(a.seq)];
   d.toks = s.toks;
-  d.snap = s.snap;
   d.prefix = true;
   d.used = ++tick_;
   std::lock_guard<std::mutex> lk(mu_);
@@ -346,6 +341,11 @@ void Scheduler::step() {
     const size_t snap_at = P.size() - 1;
     if (snap_at > 0 && a.pos < snap_at) n = std::min(n, snap_at - a.pos);
     if (a.split_at > static_cast<int>(a.pos)) n = std::min(n, static_cast<size_t>(a.split_at) - a.pos);
+    // stop at multiples of snapshot_every too: a later prompt diverging mid-way resumes there
+    if (chunk_snaps()) {
+      const size_t E = static_cast<size_t>(so_.snapshot_every);
+      n = std::min(n, (a.pos / E + 1) * E - a.pos);
+    }
     const bool last = a.pos + n == P.size();
     const int32_t base = static_cast<int32_t>(seqs_[static_cast<size_t>(a.seq)].toks.size());
     for (size_t i = 0; i < n; ++i) batch_.add(P[a.pos + i], a.seq, base + static_cast<int32_t>(i), last && i + 1 == n);
@@ -365,7 +365,6 @@ void Scheduler::step() {
       if (!a.generating && std::none_of(parts.begin(), parts.end(), [&](const Part& p) { return p.a == &a; })) continue;
       ctx_->seq_clear(a.seq);
       seqs_[static_cast<size_t>(a.seq)].toks.clear();
-      seqs_[static_cast<size_t>(a.seq)].snap = -1;
       finish(a, "error", 500, std::string("decode failed: ") + e.what());
     }
     return;
@@ -393,7 +392,8 @@ void Scheduler::step() {
     }
     if (a.pos + 1 == P.size() && a.pos > 0) {
       ctx_->seq_snapshot(a.seq);  // turn boundary: later turns (or the same prompt) resume here
-      s.snap = static_cast<int>(s.toks.size());
+    } else if (chunk_snaps() && a.pos < P.size() && a.pos % static_cast<size_t>(so_.snapshot_every) == 0) {
+      ctx_->seq_snapshot(a.seq);  // chunk boundary of a long prompt
     }
     if (a.pos == P.size()) {
       a.generating = true;

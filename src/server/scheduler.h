@@ -5,11 +5,13 @@
 // Prompt cache (correct with recurrent KDA layers): the context holds parallel + cache_slots
 // sequences. A finished request leaves its tokens in its sequence. A sequence can be resumed at
 // two kinds of positions only: its current length (the KDA states are current there) and its
-// engine snapshot, which the scheduler takes at the end of every prompt prefill (the turn
-// boundary). A new prompt P restores the longest such position r <= min(LCP, |P| - 1) over all
-// sequences (LCP = common prefix with the sequence's tokens): an idle ordinary sequence is taken
-// over, otherwise it is copied (seq_copy) into the least recently used idle sequence; then
-// P[r..] is prefilled. When P shares a longer prefix L with some sequence than any restore point
+// engine snapshots, which the scheduler takes at the end of every prompt prefill (the turn
+// boundary) and every `snapshot_every` prompt tokens (chunk boundaries; the engine keeps up to
+// ContextOptions::n_snapshots_max per sequence, spread out). A new prompt P restores the longest
+// such position r <= min(LCP, |P| - 1) over all sequences (LCP = common prefix with the
+// sequence's tokens): an idle ordinary sequence is taken over, otherwise its first r positions
+// are copied (seq_copy(src, dst, r)) into the least recently used idle sequence; then P[r..] is
+// prefilled. When P shares a longer prefix L with some sequence than any restore point
 // offers (a common system prompt, a conversation branched mid-way), the prefill is cut at L and
 // the sequence is copied there into a spare "prefix entry" (a restore point at exactly L for later
 // requests). The latent / indexer caches are by position, so rows [0, r) are reused as they are.
@@ -103,6 +105,8 @@ struct SchedulerOptions {
   int max_chunks = 2;     // prefill chunks per step
   int queue_limit = 64;   // waiting requests beyond the active slots; submit() fails beyond
   int min_prefix_entry = 32;  // least gain (tokens) for which a prefix entry is stored
+  int snapshot_every = 256;   // KDA snapshot every this many prompt tokens (0: only at turn ends);
+                              // the engine keeps ContextOptions::n_snapshots_max per sequence
   bool prompt_cache = true;   // false: every request prefills its whole prompt
 };
 
@@ -139,7 +143,6 @@ class Scheduler {
  private:
   struct SeqRec {
     std::vector<int32_t> toks;  // exactly the tokens stored in the context for this sequence
-    int snap = -1;              // engine snapshot position (mirror)
     bool busy = false;
     bool prefix = false;        // a prefix entry: copied from, never taken over
     uint64_t used = 0;
@@ -167,6 +170,7 @@ class Scheduler {
   void emit(Active& a, const std::string& text);
   void finish(Active& a, const std::string& reason, int status = 200, const std::string& err = "");
   int pick_victim(int exclude) const;
+  bool chunk_snaps() const { return so_.prompt_cache && so_.snapshot_every > 0 && !any_prefix_; }
   void make_prefix_entry(Active& a);
 
   const Model& model_;

@@ -78,6 +78,89 @@ void dequantize_row_q4_0(const block_q4_0* x, float* y, int64_t n) {
 }
 
 // ------------------------------------------------------------------------------------------------
+// Q5_0 / Q5_1 (formats-quant.md §4: nibble order as Q4_0, qh bit k = 5th bit of element k)
+namespace {
+
+void pack_q5(const int* q, uint8_t* qs, uint8_t* qh_bytes) {  // q[32] in 0..31
+  uint32_t qh = 0;
+  for (int j = 0; j < 16; ++j) {
+    qs[j] = static_cast<uint8_t>((q[j] & 0xF) | ((q[j + 16] & 0xF) << 4));
+    qh |= static_cast<uint32_t>((q[j] >> 4) & 1) << j;
+    qh |= static_cast<uint32_t>((q[j + 16] >> 4) & 1) << (j + 16);
+  }
+  for (int i = 0; i < 4; ++i) qh_bytes[i] = static_cast<uint8_t>(qh >> (8 * i));
+}
+
+// the 32 levels (0..31) of a Q5 block
+inline void q5_levels(const uint8_t* qs, const uint8_t* qh_bytes, int* q) {
+  const uint32_t qh = static_cast<uint32_t>(qh_bytes[0]) | (static_cast<uint32_t>(qh_bytes[1]) << 8) |
+                      (static_cast<uint32_t>(qh_bytes[2]) << 16) | (static_cast<uint32_t>(qh_bytes[3]) << 24);
+  for (int j = 0; j < 16; ++j) {
+    q[j] = (qs[j] & 0xF) | static_cast<int>(((qh >> j) & 1) << 4);
+    q[j + 16] = (qs[j] >> 4) | static_cast<int>(((qh >> (j + 16)) & 1) << 4);
+  }
+}
+
+}  // namespace
+
+void quantize_row_q5_0(const float* x, block_q5_0* y, int64_t n) {
+  check_blocks(n, QK4_0, "quantize_row_q5_0");
+  int q[32];
+  for (int64_t b = 0; b < n / QK4_0; ++b, x += QK4_0) {
+    float amax = 0.0f, vmax = 0.0f;  // vmax: the signed element of largest magnitude
+    for (int j = 0; j < QK4_0; ++j) {
+      if (amax < std::fabs(x[j])) {
+        amax = std::fabs(x[j]);
+        vmax = x[j];
+      }
+    }
+    const float d = vmax / -16.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    y[b].d = f32_to_f16(d);
+    for (int j = 0; j < QK4_0; ++j) q[j] = std::min(31, static_cast<int>(static_cast<int8_t>(x[j] * id + 16.5f)));
+    pack_q5(q, y[b].qs, y[b].qh);
+  }
+}
+
+void dequantize_row_q5_0(const block_q5_0* x, float* y, int64_t n) {
+  check_blocks(n, QK4_0, "dequantize_row_q5_0");
+  for (int64_t b = 0; b < n / QK4_0; ++b) {
+    const float d = f16_to_f32(x[b].d);
+    int q[32];
+    q5_levels(x[b].qs, x[b].qh, q);
+    for (int j = 0; j < QK4_0; ++j) y[b * QK4_0 + j] = static_cast<float>(q[j] - 16) * d;
+  }
+}
+
+void quantize_row_q5_1(const float* x, block_q5_1* y, int64_t n) {
+  check_blocks(n, QK4_0, "quantize_row_q5_1");
+  int q[32];
+  for (int64_t b = 0; b < n / QK4_0; ++b, x += QK4_0) {
+    float mn = x[0], mx = x[0];
+    for (int j = 1; j < QK4_0; ++j) {
+      mn = std::min(mn, x[j]);
+      mx = std::max(mx, x[j]);
+    }
+    const float d = (mx - mn) / 31.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    y[b].d = f32_to_f16(d);
+    y[b].m = f32_to_f16(mn);
+    for (int j = 0; j < QK4_0; ++j) q[j] = static_cast<int>(static_cast<int8_t>((x[j] - mn) * id + 0.5f));
+    pack_q5(q, y[b].qs, y[b].qh);
+  }
+}
+
+void dequantize_row_q5_1(const block_q5_1* x, float* y, int64_t n) {
+  check_blocks(n, QK4_0, "dequantize_row_q5_1");
+  for (int64_t b = 0; b < n / QK4_0; ++b) {
+    const float d = f16_to_f32(x[b].d), m = f16_to_f32(x[b].m);
+    int q[32];
+    q5_levels(x[b].qs, x[b].qh, q);
+    for (int j = 0; j < QK4_0; ++j) y[b * QK4_0 + j] = static_cast<float>(q[j]) * d + m;
+  }
+}
+
+// ------------------------------------------------------------------------------------------------
 // MXFP4 (ggml convention: doubled kvalues, half scale)
 void quantize_row_mxfp4(const float* x, block_mxfp4* y, int64_t n) {
   check_blocks(n, QK_MXFP4, "quantize_row_mxfp4");
@@ -452,7 +535,7 @@ void quantize_row_q6_K(const float* x, block_q6_K* y, int64_t n) {
 bool can_quantize(GgmlType t) {
   switch (t) {
     case GgmlType::F32: case GgmlType::F16: case GgmlType::BF16: case GgmlType::Q8_0: case GgmlType::Q4_0:
-    case GgmlType::MXFP4: case GgmlType::Q4_K: case GgmlType::Q5_K: case GgmlType::Q6_K: case GgmlType::Q8_K:
+    case GgmlType::Q5_0: case GgmlType::Q5_1: case GgmlType::MXFP4: case GgmlType::Q4_K: case GgmlType::Q5_K: case GgmlType::Q6_K: case GgmlType::Q8_K:
       return true;
     default:
       return false;
@@ -474,6 +557,8 @@ void quantize_row(GgmlType t, const float* x, void* y, int64_t n) {
     }
     case GgmlType::Q8_0: quantize_row_q8_0(x, static_cast<block_q8_0*>(y), n); return;
     case GgmlType::Q4_0: quantize_row_q4_0(x, static_cast<block_q4_0*>(y), n); return;
+    case GgmlType::Q5_0: quantize_row_q5_0(x, static_cast<block_q5_0*>(y), n); return;
+    case GgmlType::Q5_1: quantize_row_q5_1(x, static_cast<block_q5_1*>(y), n); return;
     case GgmlType::MXFP4: quantize_row_mxfp4(x, static_cast<block_mxfp4*>(y), n); return;
     case GgmlType::Q4_K: quantize_row_q4_K(x, static_cast<block_q4_K*>(y), n); return;
     case GgmlType::Q5_K: quantize_row_q5_K(x, static_cast<block_q5_K*>(y), n); return;
@@ -498,6 +583,8 @@ void dequantize_row(GgmlType t, const void* x, float* y, int64_t n) {
     }
     case GgmlType::Q8_0: dequantize_row_q8_0(static_cast<const block_q8_0*>(x), y, n); return;
     case GgmlType::Q4_0: dequantize_row_q4_0(static_cast<const block_q4_0*>(x), y, n); return;
+    case GgmlType::Q5_0: dequantize_row_q5_0(static_cast<const block_q5_0*>(x), y, n); return;
+    case GgmlType::Q5_1: dequantize_row_q5_1(static_cast<const block_q5_1*>(x), y, n); return;
     case GgmlType::MXFP4: dequantize_row_mxfp4(static_cast<const block_mxfp4*>(x), y, n); return;
     case GgmlType::Q4_K: dequantize_row_q4_K(static_cast<const block_q4_K*>(x), y, n); return;
     case GgmlType::Q5_K: dequantize_row_q5_K(static_cast<const block_q5_K*>(x), y, n); return;

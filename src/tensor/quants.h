@@ -23,6 +23,17 @@ struct block_q4_0 {
   uint16_t d;             // f16 scale (may be negative)
   uint8_t qs[QK4_0 / 2];  // low nibble = element j, high nibble = element j+16; x = (q - 8) * d
 };
+struct block_q5_0 {
+  uint16_t d;             // f16 scale (may be negative)
+  uint8_t qh[4];          // u32 LE: bit k = 5th bit of element k
+  uint8_t qs[QK4_0 / 2];  // low nibble = element j, high nibble = element j+16; x = (q - 16) * d
+};
+struct block_q5_1 {
+  uint16_t d;             // f16 scale
+  uint16_t m;             // f16 min
+  uint8_t qh[4];          // u32 LE: bit k = 5th bit of element k
+  uint8_t qs[QK4_0 / 2];  // as Q5_0; x = q * d + m
+};
 struct block_mxfp4 {
   uint8_t e;                 // E8M0 exponent byte
   uint8_t qs[QK_MXFP4 / 2];  // low nibble = element j, high nibble = element j+16 (E2M1 codes)
@@ -55,6 +66,8 @@ struct block_q8_K {
 
 static_assert(sizeof(block_q8_0) == 34);
 static_assert(sizeof(block_q4_0) == 18);
+static_assert(sizeof(block_q5_0) == 22);
+static_assert(sizeof(block_q5_1) == 24);
 static_assert(sizeof(block_mxfp4) == 17);
 static_assert(sizeof(block_q4_K) == 144);
 static_assert(sizeof(block_q5_K) == 176);
@@ -67,6 +80,8 @@ extern const int8_t kvalues_mxfp4[16];
 // ---- reference quantizers (ggml *_ref semantics, bit-exact); n = multiple of the block size ----
 void quantize_row_q8_0(const float* x, block_q8_0* y, int64_t n);  // d = amax/127, q = roundf(x/d)
 void quantize_row_q4_0(const float* x, block_q4_0* y, int64_t n);
+void quantize_row_q5_0(const float* x, block_q5_0* y, int64_t n);  // d = M/-16, q = min(31, trunc(x/d + 16.5))
+void quantize_row_q5_1(const float* x, block_q5_1* y, int64_t n);  // d = (max-min)/31, m = min
 void quantize_row_mxfp4(const float* x, block_mxfp4* y, int64_t n);  // e = floor(log2 amax) - 2 + 127
 void quantize_row_q4_K(const float* x, block_q4_K* y, int64_t n);
 void quantize_row_q5_K(const float* x, block_q5_K* y, int64_t n);
@@ -76,6 +91,8 @@ void quantize_row_q8_K(const float* x, block_q8_K* y, int64_t n);
 // ---- reference dequantizers ----
 void dequantize_row_q8_0(const block_q8_0* x, float* y, int64_t n);
 void dequantize_row_q4_0(const block_q4_0* x, float* y, int64_t n);
+void dequantize_row_q5_0(const block_q5_0* x, float* y, int64_t n);
+void dequantize_row_q5_1(const block_q5_1* x, float* y, int64_t n);
 void dequantize_row_mxfp4(const block_mxfp4* x, float* y, int64_t n);
 void dequantize_row_q4_K(const block_q4_K* x, float* y, int64_t n);
 void dequantize_row_q5_K(const block_q5_K* x, float* y, int64_t n);

@@ -373,7 +373,9 @@ TEST(Server, PromptCacheMultiTurnIdenticalTokensAndFewerPrefilled) {
 }
 
 TEST(Server, PrefixEntryServesASharedSystemPrompt) {
-  Running r(base_opts());
+  ServerOptions po = base_opts();
+  po.sched.snapshot_every = 0;  // no chunk snapshots: the reuse must come from the prefix entry
+  Running r(po);
   const std::string sys(400, 'x');
   auto body = [&](const std::string& u) {
     return ojson{{"messages", {{{"role", "system"}, {"content", "Rules: " + sys}}, {{"role", "user"}, {"content", u}}}},
@@ -712,4 +714,34 @@ TEST(Server, SigtermIsGracefulAndExitsZero) {
   auto res = c.Get("/health");
   EXPECT_FALSE(res);
   ::close(out[0]);
+}
+
+TEST(Server, ChunkSnapshotServesAPromptDivergingMidway) {
+  ServerOptions o = base_opts();
+  o.sched.snapshot_every = 32;  // KDA snapshots at prompt positions 32, 64, ... (and |P| - 1)
+  o.sched.cache_slots = 0;      // no prefix entries: the reuse must come from a chunk snapshot
+  Running r(o);
+  const auto common = ids_prompt(5, 150);
+  auto a_p = common, b_p = common;
+  const auto ta = ids_prompt(6, 20), tb = ids_prompt(7, 20);
+  a_p.insert(a_p.end(), ta.begin(), ta.end());
+  b_p.insert(b_p.end(), tb.begin(), tb.end());
+  ASSERT_NE(ta[0], tb[0]);  // the prompts diverge at position 150, which is no snapshot position
+  int st = 0;
+  const ojson req = {{"max_tokens", 8}, {"temperature", 0}, {"ignore_eos", true}};
+  ojson ra = req, rb = req;
+  ra["prompt"] = a_p;
+  rb["prompt"] = b_p;
+  ojson a = post_json(r, "/v1/completions", ra, &st);
+  ASSERT_EQ(st, 200) << a.dump();
+  EXPECT_EQ(a["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+  ojson b = post_json(r, "/v1/completions", rb, &st);
+  ASSERT_EQ(st, 200) << b.dump();
+  const int cached = b["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>();
+  EXPECT_GT(cached, 0);
+  EXPECT_LE(cached, 150);
+  EXPECT_EQ(cached % 32, 0) << cached;  // resumed at a chunk snapshot
+  EXPECT_GE(cached, 96);                // one of the latest ones (4 kept per sequence, spread out)
+  EXPECT_EQ(a["choices"][0]["text"].get<std::string>(), reference_greedy(a_p, 8));
+  EXPECT_EQ(b["choices"][0]["text"].get<std::string>(), reference_greedy(b_p, 8));
 }

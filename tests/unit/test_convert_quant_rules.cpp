@@ -21,8 +21,6 @@ constexpr GgmlType F32 = GgmlType::F32, F16 = GgmlType::F16, BF16 = GgmlType::BF
                    Q4_0 = GgmlType::Q4_0, Q5_0 = GgmlType::Q5_0, Q5_1 = GgmlType::Q5_1, Q4_K = GgmlType::Q4_K,
                    Q5_K = GgmlType::Q5_K, Q6_K = GgmlType::Q6_K, MXFP4 = GgmlType::MXFP4;
 
-// What the §5.2 fallback type becomes in this build: Q5_0/Q5_1 have no quantizer yet -> Q8_0.
-GgmlType built(GgmlType t) { return can_quantize(t) ? t : Q8_0; }
 
 // A Kimi-K3.1-shaped tensor list (k3-architecture.md §2.3 + spec/README.md decision 2), names,
 // types and shapes only. MLA layers: every 4th (0-based 3, 7, ...) and the last one (24 of 93,
@@ -243,6 +241,8 @@ TEST(QuantRules, MoreBitsLayerSets) {
 }
 
 TEST(QuantRules, BlockSizeFallbackTable) {
+  ASSERT_TRUE(can_quantize(Q5_0));  // the §5.2 fallbacks are writable, so plans use them as-is
+  ASSERT_TRUE(can_quantize(Q5_1));
   // §5.2 (ne[0] % 256 != 0 for K-quants; then F16 if the fallback's block does not fit either)
   EXPECT_EQ(block_fallback(Q4_K, 64), Q5_0);
   EXPECT_EQ(block_fallback(Q5_K, 64), Q5_1);
@@ -312,14 +312,14 @@ TEST(QuantRules, K3Q4KM) {
     EXPECT_EQ(p.type(n + "ssm_dt.bias"), F32);
     // ssm_f_b rows are 128 wide: Q4_K -> Q5_0 (§5.2)
     const Decision& fb = p.at(n + "ssm_f_b.weight");
-    EXPECT_EQ(fb.type, built(Q5_0));
+    EXPECT_EQ(fb.type, Q5_0);
     EXPECT_TRUE(fb.fallback);
     ++iv;
   }
   EXPECT_EQ(iv, 69);
   for (int il = 3; il < 93; il += il == 91 ? 1 : 4) {
     const std::string n = "blk." + std::to_string(il) + ".";
-    EXPECT_EQ(p.type(n + "attn_k_b.weight"), built(Q5_0)) << "qk_nope 128 % 256";
+    EXPECT_EQ(p.type(n + "attn_k_b.weight"), Q5_0) << "qk_nope 128 % 256";
     EXPECT_EQ(p.type(n + "attn_v_b.weight"), Q4_K);
     EXPECT_EQ(p.type(n + "attn_q_b.weight"), Q4_K);
     // the indexer: kept at the converter's type, byte copy
@@ -342,7 +342,7 @@ TEST(QuantRules, K3Q5KMAndQ4KS) {
   EXPECT_EQ(p5.type("blk.12.ffn_down_shexp.weight"), Q5_K);  // not more_bits
   EXPECT_EQ(p5.type("blk.13.ffn_down_shexp.weight"), Q6_K);  // (13 - 11) % 3 == 2
   EXPECT_EQ(p5.type("blk.0.attn_v.weight"), Q6_K);
-  EXPECT_EQ(p5.type("blk.1.ssm_f_b.weight"), built(Q5_1));   // Q5_K at 128 wide -> Q5_1
+  EXPECT_EQ(p5.type("blk.1.ssm_f_b.weight"), Q5_1);   // Q5_K at 128 wide -> Q5_1
   EXPECT_EQ(p5.type("blk.1.attn_output.weight"), Q5_K);
 
   Planned ps = run(k3(93, 896), opts("Q4_K_S"));
@@ -419,7 +419,8 @@ TEST(QuantRules, EightLayerMoreBitsFfnDown) {
 TEST(QuantRules, TinyWidthsFallBack) {
   Planned p = run(k3(8, 8, /*d=*/64), opts("Q4_K_M"));
   const Decision& q = p.at("blk.1.attn_q.weight");
-  EXPECT_EQ(q.type, built(Q5_0));  // Q4_K -> Q5_0 (-> Q8_0 while Q5_0 has no quantizer)
+  EXPECT_EQ(q.type, Q5_0);  // Q4_K -> Q5_0, written as Q5_0 (no "no quantizer" substitution)
+  EXPECT_EQ(q.note.find("no quantizer"), std::string::npos) << q.note;
   EXPECT_TRUE(q.fallback);
   EXPECT_NE(q.note.find("fallback Q4_K -> Q5_0"), std::string::npos) << q.note;
   EXPECT_EQ(p.type("blk.0.ffn_down.weight"), Q6_K) << "33792 % 256 == 0: Q6_K fits";
@@ -427,10 +428,10 @@ TEST(QuantRules, TinyWidthsFallBack) {
   Planned s = run(k3(8, 896, 64), opts("Q4_K_M"));
   EXPECT_EQ(s.type("output.weight"), Q8_0) << "OUTPUT with ne[0] % 256 != 0 -> Q8_0";
   EXPECT_EQ(s.type("blk.1.ffn_routed_up.weight"), Q4_K) << "3584 wide";
-  EXPECT_EQ(s.type("blk.1.ffn_routed_down.weight"), built(Q5_0)) << "64 wide";
+  EXPECT_EQ(s.type("blk.1.ffn_routed_down.weight"), Q5_0) << "64 wide";
   EXPECT_EQ(s.type("blk.1.attn_output.weight"), Q4_K) << "12288 wide";
   Planned s5 = run(k3(8, 896, 64), opts("Q5_K_M"));
-  EXPECT_EQ(s5.type("blk.1.attn_q.weight"), built(Q5_1));
+  EXPECT_EQ(s5.type("blk.1.attn_q.weight"), Q5_1);
   Planned s6 = run(k3(8, 896, 64), opts("Q6_K"));
   EXPECT_EQ(s6.type("blk.1.attn_q.weight"), Q8_0);
   Planned s8 = run(k3(8, 896, 16), opts("Q8_0"));
@@ -453,7 +454,7 @@ TEST(QuantRules, PureOverridesAndFlags) {
   EXPECT_EQ(p.type("output.weight"), Q4_K);
   EXPECT_EQ(p.type("blk.0.ffn_down.weight"), Q4_K);
   EXPECT_EQ(p.type("blk.0.attn_v.weight"), Q4_K);
-  EXPECT_EQ(p.type("blk.1.ssm_f_b.weight"), built(Q5_0)) << "fallback still applies with --pure";
+  EXPECT_EQ(p.type("blk.1.ssm_f_b.weight"), Q5_0) << "fallback still applies with --pure";
 
   o = opts("Q4_K_M");
   o.overrides = {parse_override("attn_k=q4_0"), parse_override("ffn_down=q8_0"), parse_override("ffn=q6_k")};

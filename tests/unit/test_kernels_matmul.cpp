@@ -56,6 +56,17 @@ double ref_elem(GgmlType t, const uint8_t* row, int64_t c) {
       const int q = j < 16 ? (b[2 + j] & 15) : (b[2 + j - 16] >> 4);
       return h16(b) * (q - 8);
     }
+    case GgmlType::Q5_0: case GgmlType::Q5_1: {  // formats-quant.md §4: qh (LE u32) bit j = 5th bit of element j
+      const bool one = t == GgmlType::Q5_1;
+      const uint8_t* b = row + (c / 32) * (one ? 24 : 22);
+      const uint8_t* qh = b + (one ? 4 : 2);
+      const uint8_t* qs = qh + 4;
+      const int j = c % 32;
+      const int lo = j < 16 ? (qs[j] & 15) : (qs[j - 16] >> 4);
+      const int bit = (qh[j / 8] >> (j % 8)) & 1;
+      const int q = lo + 16 * bit;
+      return one ? h16(b) * q + h16(b + 2) : h16(b) * (q - 16);
+    }
     case GgmlType::MXFP4: {
       const uint8_t* b = row + (c / 32) * 17;
       const int j = c % 32;
@@ -141,7 +152,9 @@ void emulate_act(GgmlType t, Precision p, const float* x, int64_t n, double* out
   switch (t) {
     case GgmlType::BF16: for (int64_t i = 0; i < n; ++i) out[i] = bf16_to_f32(f32_to_bf16(x[i])); return;
     case GgmlType::F16: for (int64_t i = 0; i < n; ++i) out[i] = f16_to_f32(f32_to_f16(x[i])); return;
-    case GgmlType::Q8_0: case GgmlType::Q4_0: case GgmlType::MXFP4: emulate_q8_0(x, n, out); return;
+    case GgmlType::Q8_0: case GgmlType::Q4_0: case GgmlType::MXFP4: case GgmlType::Q5_0: case GgmlType::Q5_1:
+      emulate_q8_0(x, n, out);  // Q5_1 pairs with Q8_1, whose d and q are the Q8_0 ones
+      return;
     default: emulate_q8_K(x, n, out); return;
   }
 }
@@ -164,6 +177,13 @@ std::vector<uint8_t> random_weights(GgmlType t, int64_t rows, int64_t cols, std:
       case GgmlType::BF16: for (int64_t c = 0; c < cols; ++c) put16(row + 2 * c, f32_to_bf16(u(rng))); break;
       case GgmlType::Q8_0: for (int64_t b = 0; b < cols / 32; ++b) put16(row + 34 * b, f16_bits(0.002f + 0.01f * std::fabs(u(rng)))); break;
       case GgmlType::Q4_0: for (int64_t b = 0; b < cols / 32; ++b) put16(row + 18 * b, f16_bits(0.05f * u(rng))); break;
+      case GgmlType::Q5_0: for (int64_t b = 0; b < cols / 32; ++b) put16(row + 22 * b, f16_bits(0.03f * u(rng))); break;
+      case GgmlType::Q5_1:
+        for (int64_t b = 0; b < cols / 32; ++b) {
+          put16(row + 24 * b, f16_bits(0.002f + 0.03f * std::fabs(u(rng))));
+          put16(row + 24 * b + 2, f16_bits(-0.5f * std::fabs(u(rng))));
+        }
+        break;
       case GgmlType::MXFP4: for (int64_t b = 0; b < cols / 32; ++b) row[17 * b] = static_cast<uint8_t>(120 + byte(rng) % 12); break;
       case GgmlType::Q4_K: case GgmlType::Q5_K:
         for (int64_t b = 0; b < cols / 256; ++b) {
@@ -223,6 +243,8 @@ TEST_P(MatmulTypes, MatchesFloat64Reference) {
           if (cs.type == GgmlType::Q4_K || cs.type == GgmlType::Q5_K) {
             const uint8_t* blk = w.data() + r * W.row_bytes + (c / 256) * (cs.type == GgmlType::Q4_K ? 144 : 176);
             tol = 3e-7 * (std::fabs(h16(blk)) * 63 * 31 + std::fabs(h16(blk + 2)) * 63);
+          } else if (cs.type == GgmlType::Q5_1) {  // q*d + m: one f32 rounding of the sum
+            tol = 6e-8 * std::fabs(wd[r * cols + c]);
           }
           ASSERT_NEAR(static_cast<double>(drow[c]), wd[r * cols + c], tol) << type_name(cs.type) << " r=" << r << " c=" << c;
         }
@@ -272,7 +294,8 @@ INSTANTIATE_TEST_SUITE_P(
     AllTypes, MatmulTypes,
     ::testing::Values(Case{GgmlType::F32, {1, 7, 33, 4160}}, Case{GgmlType::F16, {1, 7, 33, 4160}},
                       Case{GgmlType::BF16, {1, 7, 33, 64, 4160}}, Case{GgmlType::Q8_0, {32, 96, 4160}},
-                      Case{GgmlType::Q4_0, {32, 96, 4160}}, Case{GgmlType::MXFP4, {32, 96, 160, 4160}},
+                      Case{GgmlType::Q4_0, {32, 96, 4160}}, Case{GgmlType::Q5_0, {32, 96, 4160}},
+                      Case{GgmlType::Q5_1, {32, 96, 4160}}, Case{GgmlType::MXFP4, {32, 96, 160, 4160}},
                       Case{GgmlType::Q4_K, {256, 768}}, Case{GgmlType::Q5_K, {256, 768}},
                       Case{GgmlType::Q6_K, {256, 768}}),
     [](const ::testing::TestParamInfo<Case>& i) { return std::string(type_name(i.param.type)); });

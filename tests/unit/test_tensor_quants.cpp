@@ -26,6 +26,8 @@ std::vector<float> gaussian(int64_t n, unsigned seed, float sigma = 1.0f) {
 TEST(Quants, BlockSizesMatchTypeTraits) {
   EXPECT_EQ(sizeof(block_q8_0), traits(GgmlType::Q8_0).bytes);
   EXPECT_EQ(sizeof(block_q4_0), traits(GgmlType::Q4_0).bytes);
+  EXPECT_EQ(sizeof(block_q5_0), traits(GgmlType::Q5_0).bytes);
+  EXPECT_EQ(sizeof(block_q5_1), traits(GgmlType::Q5_1).bytes);
   EXPECT_EQ(sizeof(block_mxfp4), traits(GgmlType::MXFP4).bytes);
   EXPECT_EQ(sizeof(block_q4_K), traits(GgmlType::Q4_K).bytes);
   EXPECT_EQ(sizeof(block_q5_K), traits(GgmlType::Q5_K).bytes);
@@ -102,6 +104,92 @@ TEST(Quants, Q4_0ByHand) {
   EXPECT_EQ(y[3], -2.0f);
   EXPECT_EQ(y[20], 1.0f);
   EXPECT_EQ(y[0], 0.0f);
+}
+
+// formats-quant.md §4: Q5_0 = d@0, qh u32@2, qs[16]@6; Q5_1 = d@0, m@2, qh@4, qs@8. Literal bytes,
+// levels worked out by hand: qh bits 0, 15, 30, 31 set; qs[0] = 0x3A (e0 low 0xA, e16 high 3),
+// qs[14] = 0x21 (e14 = 1, e30 = 2), qs[15] = 0xF0 (e15 = 0, e31 = 0xF), all other nibbles 0.
+// Levels: e0 = 26, e14 = 1, e15 = 16, e16 = 3, e30 = 18, e31 = 31, the rest 0.
+TEST(Quants, Q5HandDecoded) {
+  const uint8_t q5_0[22] = {0x00, 0x38, 0x01, 0x80, 0x00, 0xC0, 0x3A, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x21, 0xF0};
+  const uint8_t q5_1[24] = {0x00, 0x38, 0x00, 0xBC, 0x01, 0x80, 0x00, 0xC0, 0x3A, 0, 0, 0,
+                            0,    0,    0,    0,    0,    0,    0,    0,    0,    0,    0x21, 0xF0};
+  block_q5_0 a;
+  block_q5_1 b;
+  std::memcpy(&a, q5_0, sizeof(a));
+  std::memcpy(&b, q5_1, sizeof(b));
+  float y0[32], y1[32];
+  dequantize_row_q5_0(&a, y0, 32);  // d = 0.5: (level - 16) * 0.5
+  dequantize_row_q5_1(&b, y1, 32);  // d = 0.5, m = -1: level * 0.5 - 1
+  for (int i = 0; i < 32; ++i) {
+    float e0 = -8.0f, e1 = -1.0f;
+    switch (i) {
+      case 0: e0 = 5.0f; e1 = 12.0f; break;
+      case 14: e0 = -7.5f; e1 = -0.5f; break;
+      case 15: e0 = 0.0f; e1 = 7.0f; break;
+      case 16: e0 = -6.5f; e1 = 0.5f; break;
+      case 30: e0 = 1.0f; e1 = 8.0f; break;
+      case 31: e0 = 7.5f; e1 = 14.5f; break;
+      default: break;
+    }
+    EXPECT_EQ(y0[i], e0) << "q5_0 element " << i;
+    EXPECT_EQ(y1[i], e1) << "q5_1 element " << i;
+  }
+  // generic entry point decodes the same bytes
+  float g[32];
+  dequantize_row(GgmlType::Q5_0, q5_0, g, 32);
+  for (int i = 0; i < 32; ++i) EXPECT_EQ(g[i], y0[i]) << i;
+  dequantize_row(GgmlType::Q5_1, q5_1, g, 32);
+  for (int i = 0; i < 32; ++i) EXPECT_EQ(g[i], y1[i]) << i;
+}
+
+TEST(Quants, Q5_0ByHand) {
+  float x[64] = {};
+  x[3] = -2.0f;   // block 0: signed max magnitude -> d = -2 / -16 = 0.125
+  x[20] = 1.0f;   // 1 / 0.125 + 16.5 = 24.5 -> 24 (0b11000: 5th bit set, nibble 8)
+  x[32] = 2.0f;   // block 1: positive max -> d = -0.125, level 0
+  x[33] = -2.0f;  // -2 / -0.125 + 16.5 = 32.5 -> 32 -> clamped to 31 -> -1.875
+  block_q5_0 b[2];
+  quantize_row_q5_0(x, b, 64);
+  EXPECT_EQ(f16_to_f32(b[0].d), 0.125f);
+  EXPECT_EQ(f16_to_f32(b[1].d), -0.125f);
+  // block 0 levels: e3 = 0, e20 = 24, all others 16 -> qh = every bit but bit 3
+  EXPECT_EQ(b[0].qh[0], 0xF7);
+  EXPECT_EQ(b[0].qh[1], 0xFF);
+  EXPECT_EQ(b[0].qh[2], 0xFF);
+  EXPECT_EQ(b[0].qh[3], 0xFF);
+  EXPECT_EQ(b[0].qs[3], 0x00);  // e3 = 0 (low), e19 = 16 -> nibble 0 (high)
+  EXPECT_EQ(b[0].qs[4], 0x80);  // e4 = 16 -> 0, e20 = 24 -> 8
+  // block 1 levels: e0 = 0, e1 = 31, others 16
+  EXPECT_EQ(b[1].qh[0], 0xFE);
+  EXPECT_EQ(b[1].qs[1], 0x0F);
+  float y[64];
+  dequantize_row_q5_0(b, y, 64);
+  EXPECT_EQ(y[3], -2.0f);
+  EXPECT_EQ(y[20], 1.0f);
+  EXPECT_EQ(y[0], 0.0f);
+  EXPECT_EQ(y[32], 2.0f);
+  EXPECT_EQ(y[33], -1.875f);
+  EXPECT_EQ(y[40], 0.0f);
+}
+
+TEST(Quants, Q5_1ByHand) {
+  float x[32];
+  for (int j = 0; j < 32; ++j) x[j] = -1.0f + 0.25f * j;  // min -1, max 6.75 -> d = 7.75 / 31 = 0.25
+  x[5] += 0.13f;                                         // (x - min) * 4 = 5.52 -> +0.5 -> 6
+  block_q5_1 b;
+  quantize_row_q5_1(x, &b, 32);
+  EXPECT_EQ(f16_to_f32(b.d), 0.25f);
+  EXPECT_EQ(f16_to_f32(b.m), -1.0f);
+  // levels = j (6 at j = 5): element j and j+16 share nibble j & 15; bit 4 set exactly for j >= 16
+  EXPECT_EQ(b.qh[0], 0x00);
+  EXPECT_EQ(b.qh[1], 0x00);
+  EXPECT_EQ(b.qh[2], 0xFF);
+  EXPECT_EQ(b.qh[3], 0xFF);
+  for (int j = 0; j < 16; ++j) EXPECT_EQ(b.qs[j], j == 5 ? 0x56 : j * 0x11) << j;
+  float y[32];
+  dequantize_row_q5_1(&b, y, 32);
+  for (int j = 0; j < 32; ++j) EXPECT_EQ(y[j], j == 5 ? 0.5f : -1.0f + 0.25f * j) << j;
 }
 
 // Hand-packed Q4_K / Q5_K: scale/min values chosen here (both < 16 and >= 16 to exercise the
@@ -216,6 +304,32 @@ TEST(Quants, RoundTripBlock32Types) {
     }
     EXPECT_LT(rel_rmse(x, y), 0.12);
   }
+  {  // Q5_0: levels d * (q - 16), |d| = amax / 16; worst case at the clamped end 1 step
+    std::vector<block_q5_0> q(n / 32);
+    quantize_row_q5_0(x.data(), q.data(), n);
+    dequantize_row_q5_0(q.data(), y.data(), n);
+    for (int64_t b = 0; b < n / 32; ++b) {
+      float amax = 0;
+      for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[32 * b + j]));
+      for (int j = 0; j < 32; ++j) EXPECT_LE(std::fabs(x[32 * b + j] - y[32 * b + j]), 1.01f * amax / 16 + 1e-30f);
+    }
+    for (int j = 32; j < 64; ++j) EXPECT_EQ(y[j], 0.0f);
+    EXPECT_LT(rel_rmse(x, y), 0.06);
+  }
+  {  // Q5_1: d = (max - min) / 31, m = min; |err| <= d/2 + f16 rounding of d (x31) and of m
+    std::vector<block_q5_1> q(n / 32);
+    quantize_row_q5_1(x.data(), q.data(), n);
+    dequantize_row_q5_1(q.data(), y.data(), n);
+    for (int64_t b = 0; b < n / 32; ++b) {
+      float mn = x[32 * b], mx = x[32 * b];
+      for (int j = 0; j < 32; ++j) mn = std::min(mn, x[32 * b + j]), mx = std::max(mx, x[32 * b + j]);
+      const float d = (mx - mn) / 31;
+      for (int j = 0; j < 32; ++j)
+        EXPECT_LE(std::fabs(x[32 * b + j] - y[32 * b + j]), 0.52f * d + 0.0005f * std::fabs(mn) + 1e-30f) << b << " " << j;
+    }
+    for (int j = 32; j < 64; ++j) EXPECT_EQ(y[j], 0.0f);
+    EXPECT_LT(rel_rmse(x, y), 0.04);
+  }
   {  // MXFP4: scale 2^(floor(log2 amax) - 2); worst error half the top spacing or the clip
     std::vector<block_mxfp4> q(n / 32);
     quantize_row_mxfp4(x.data(), q.data(), n);
@@ -282,8 +396,8 @@ TEST(Quants, GenericEntryPointsAndErrors) {
   auto x = gaussian(256, 5);
   std::vector<uint8_t> buf(row_bytes(GgmlType::Q6_K, 256));
   std::vector<float> a(256), b(256);
-  for (GgmlType t : {GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::MXFP4,
-                     GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K}) {
+  for (GgmlType t : {GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q5_0,
+                     GgmlType::Q5_1, GgmlType::MXFP4, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K}) {
     ASSERT_TRUE(can_quantize(t));
     buf.assign(row_bytes(t, 256), 0);
     quantize_row(t, x.data(), buf.data(), 256);
@@ -293,6 +407,8 @@ TEST(Quants, GenericEntryPointsAndErrors) {
   EXPECT_FALSE(can_quantize(GgmlType::IQ2_XXS));
   EXPECT_THROW(quantize_row(GgmlType::IQ2_XXS, x.data(), buf.data(), 256), kimi::Error);
   EXPECT_THROW(quantize_row_q8_0(x.data(), reinterpret_cast<block_q8_0*>(buf.data()), 33), kimi::Error);
+  EXPECT_THROW(quantize_row(GgmlType::Q5_0, x.data(), buf.data(), 48), kimi::Error);
+  EXPECT_THROW(dequantize_row(GgmlType::Q5_1, buf.data(), b.data(), 40), kimi::Error);
   EXPECT_THROW(dequantize_row(GgmlType::Q4_K, buf.data(), b.data(), 100), kimi::Error);
 }
 

@@ -1,4 +1,5 @@
-// Matrix products for every weight type, with run-time ISA dispatch (scalar / AVX2 / AVX-512).
+// Matrix products for every weight type (F32, F16, BF16, Q8_0, Q4_0, Q5_0, Q5_1, MXFP4, Q4_K, Q5_K,
+// Q6_K), with run-time ISA dispatch (scalar / AVX2 / AVX-512).
 // W is a GGUF 2-D weight (or one 2-D slice of a 3-D stacked tensor): `rows` = ne[1] output
 // features, `cols` = ne[0] input features, rows stored one after another (row_bytes apart).
 #pragma once

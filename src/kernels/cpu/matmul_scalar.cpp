@@ -106,6 +106,47 @@ void run_q4_0(const MatView& W, const uint8_t* act, size_t stride, int64_t nt, i
   });
 }
 
+inline uint32_t load_qh(const uint8_t* p) {
+  return static_cast<uint32_t>(p[0]) | (static_cast<uint32_t>(p[1]) << 8) | (static_cast<uint32_t>(p[2]) << 16) |
+         (static_cast<uint32_t>(p[3]) << 24);
+}
+
+// Integer dot of a Q5 block's raw levels (0..31) with the activation q; *sum_a gets sum(a.qs).
+inline int dot_q5_levels(const uint8_t* qs, const uint8_t* qh_bytes, const int8_t* a, int* sum_a) {
+  const uint32_t qh = load_qh(qh_bytes);
+  int s = 0, sa = 0;
+  for (int j = 0; j < 16; ++j) {
+    const int q0 = (qs[j] & 0xF) | static_cast<int>(((qh >> j) & 1) << 4);
+    const int q1 = (qs[j] >> 4) | static_cast<int>(((qh >> (j + 16)) & 1) << 4);
+    s += q0 * a[j] + q1 * a[j + 16];
+    sa += a[j] + a[j + 16];
+  }
+  *sum_a = sa;
+  return s;
+}
+
+// Q5_0: sum((q - 16) a) = sum(q a) - 16 sum(a), exact in int
+void run_q5_0(const MatView& W, const uint8_t* act, size_t stride, int64_t nt, int64_t r0, int64_t r1, float* y,
+              int64_t ldy) {
+  run_q8_0_act<block_q5_0>(W, act, stride, nt, r0, r1, y, ldy, [](const block_q5_0& w, const block_q8_0& a) {
+    int sa = 0;
+    const int s = dot_q5_levels(w.qs, w.qh, a.qs, &sa) - 16 * sa;
+    return static_cast<float>(s) * (f16_to_f32(w.d) * f16_to_f32(a.d));
+  });
+}
+
+// Q5_1 with Q8_1-style activations: sum((q d + m) a da) = d da sum(q a) + m s with s = da sum(a). The
+// activation blocks are the Q8_0 blocks; s is formed here exactly in f32 (f16 da x |sum| < 2^13).
+void run_q5_1(const MatView& W, const uint8_t* act, size_t stride, int64_t nt, int64_t r0, int64_t r1, float* y,
+              int64_t ldy) {
+  run_q8_0_act<block_q5_1>(W, act, stride, nt, r0, r1, y, ldy, [](const block_q5_1& w, const block_q8_0& a) {
+    int sa = 0;
+    const int s = dot_q5_levels(w.qs, w.qh, a.qs, &sa);
+    const float da = f16_to_f32(a.d);
+    return static_cast<float>(s) * (f16_to_f32(w.d) * da) + f16_to_f32(w.m) * (da * static_cast<float>(sa));
+  });
+}
+
 void run_mxfp4(const MatView& W, const uint8_t* act, size_t stride, int64_t nt, int64_t r0, int64_t r1, float* y,
                int64_t ldy) {
   run_q8_0_act<block_mxfp4>(W, act, stride, nt, r0, r1, y, ldy, [](const block_mxfp4& w, const block_q8_0& a) {
@@ -196,7 +237,8 @@ bool scalar_kernel(GgmlType type, Precision prec, MatKernel* k) {
   if (prec == Precision::F32 || type == GgmlType::F32) {
     switch (type) {
       case GgmlType::F32: case GgmlType::F16: case GgmlType::BF16: case GgmlType::Q8_0: case GgmlType::Q4_0:
-      case GgmlType::MXFP4: case GgmlType::Q4_K: case GgmlType::Q5_K: case GgmlType::Q6_K:
+      case GgmlType::Q5_0: case GgmlType::Q5_1: case GgmlType::MXFP4: case GgmlType::Q4_K: case GgmlType::Q5_K:
+      case GgmlType::Q6_K:
         k->run = run_f32;
         k->scratch_rows = type == GgmlType::F32 ? 0 : 1;
         return true;
@@ -209,6 +251,8 @@ bool scalar_kernel(GgmlType type, Precision prec, MatKernel* k) {
     case GgmlType::BF16: *k = {bf16_act_bytes, bf16_prep, run_bf16}; return true;
     case GgmlType::Q8_0: *k = {q8_0_act_bytes, q8_0_prep, run_q8_0}; return true;
     case GgmlType::Q4_0: *k = {q8_0_act_bytes, q8_0_prep, run_q4_0}; return true;
+    case GgmlType::Q5_0: *k = {q8_0_act_bytes, q8_0_prep, run_q5_0}; return true;
+    case GgmlType::Q5_1: *k = {q8_0_act_bytes, q8_0_prep, run_q5_1}; return true;
     case GgmlType::MXFP4: *k = {q8_0_act_bytes, q8_0_prep, run_mxfp4}; return true;
     case GgmlType::Q4_K: *k = {q8_K_act_bytes, q8_K_prep, run_k<block_q4_K, dot_q4_K>}; return true;
     case GgmlType::Q5_K: *k = {q8_K_act_bytes, q8_K_prep, run_k<block_q5_K, dot_q5_K>}; return true;

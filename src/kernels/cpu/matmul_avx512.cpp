@@ -303,6 +303,55 @@ struct NibP {
   }
 };
 
+// Q5_0 (22-byte blocks: f16 d, u32 qh, qs[16]): the Q4_0 nibble layout plus a fifth bit per element
+// from qh (bit j -> element j, bit j+16 -> element j+16), so the u8 operand is q in 0..31 and the
+// activation prep subtracts 16 * sum(a) (offset 16), exactly like Q4_0 with offset 8.
+struct Q5P {
+  static constexpr int kG = 4, kBB = 22, kAG = kNibGroupBytes;
+  static inline Dec decode(const uint8_t* p) {
+    Dec d;
+    const __m512i qs = load4x16(p + 6, kBB);
+    const __m512i m4 = _mm512_set1_epi8(0x0f);
+    uint64_t ml = 0, mh = 0;
+    for (int k = 0; k < 4; ++k) {
+      uint32_t qh;
+      std::memcpy(&qh, p + k * kBB + 2, 4);
+      ml |= static_cast<uint64_t>(qh & 0xffffu) << (16 * k);
+      mh |= static_cast<uint64_t>(qh >> 16) << (16 * k);
+    }
+    const __m512i b16 = _mm512_set1_epi8(16);
+    d.lo = _mm512_and_si512(qs, m4);
+    d.hi = _mm512_and_si512(_mm512_srli_epi16(qs, 4), m4);
+    d.lo = _mm512_mask_add_epi8(d.lo, ml, d.lo, b16);
+    d.hi = _mm512_mask_add_epi8(d.hi, mh, d.hi, b16);
+    const __m128i h = _mm_setr_epi16(static_cast<short>(rd16(p)), static_cast<short>(rd16(p + kBB)),
+                                     static_cast<short>(rd16(p + 2 * kBB)), static_cast<short>(rd16(p + 3 * kBB)), 0, 0,
+                                     0, 0);
+    const __m512i idx = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    d.dw = _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(_mm_cvtph_ps(h)));
+    return d;
+  }
+  static inline __m512 dot(const Dec& d, const uint8_t* a, __m512 acc) { return NibP<false>::dot(d, a, acc); }
+  static inline float tail(const uint8_t* blk, const uint8_t* a) {
+    const __m128i qs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 6));
+    const __m128i m4 = _mm_set1_epi8(0x0f);
+    uint32_t qh;
+    std::memcpy(&qh, blk + 2, 4);
+    const __m128i b16 = _mm_set1_epi8(16);
+    __m128i lo = _mm_and_si128(qs, m4), hi = _mm_and_si128(_mm_srli_epi16(qs, 4), m4);
+    lo = _mm_mask_add_epi8(lo, static_cast<__mmask16>(qh & 0xffffu), lo, b16);
+    hi = _mm_mask_add_epi8(hi, static_cast<__mmask16>(qh >> 16), hi, b16);
+    const float dw = _cvtsh_ss(rd16(blk));
+    __m128i s = _mm_dpbusd_epi32(_mm_setzero_si128(), lo, _mm_loadu_si128(reinterpret_cast<const __m128i*>(a)));
+    s = _mm_dpbusd_epi32(s, hi, _mm_loadu_si128(reinterpret_cast<const __m128i*>(a + 16)));
+    int32_t corr;
+    float dx;
+    std::memcpy(&dx, a + 32, 4);
+    std::memcpy(&corr, a + 36, 4);
+    return static_cast<float>(hsum_epi32_128(s) - corr) * (dw * dx);
+  }
+};
+
 // byte layout (Q8_0 weights): 2 blocks per group
 struct ByteP {
   static constexpr int kG = 2, kBB = 34, kAG = kByteGroupBytes;
@@ -619,6 +668,7 @@ void run_kq(const MatView& W, const uint8_t* act, size_t stride, int64_t nt, int
 
 void prep_mxfp4(const float* x, int64_t cols, uint8_t* out) { prep_q8_nib_avx512(x, cols, out, 12, 0.5f); }
 void prep_q4_0(const float* x, int64_t cols, uint8_t* out) { prep_q8_nib_avx512(x, cols, out, 8, 1.0f); }
+void prep_q5_0(const float* x, int64_t cols, uint8_t* out) { prep_q8_nib_avx512(x, cols, out, 16, 1.0f); }
 void prep_q8_0(const float* x, int64_t cols, uint8_t* out) { prep_q8_byte_avx512(x, cols, out, 128, 1.0f); }
 
 }  // namespace
@@ -646,6 +696,7 @@ bool avx512_kernel(GgmlType type, Precision prec, MatKernel* k) {
     case GgmlType::BF16: *k = {bf16_act_bytes, prep_bf16_avx512, run_bf16}; return true;
     case GgmlType::Q8_0: *k = {q8_byte_act_bytes, prep_q8_0, run_q8<ByteP>}; return true;
     case GgmlType::Q4_0: *k = {q8_nib_act_bytes, prep_q4_0, run_q8_nib<NibP<false>>, 2}; return true;
+    case GgmlType::Q5_0: *k = {q8_nib_act_bytes, prep_q5_0, run_q8_nib<Q5P>, 2}; return true;
     case GgmlType::MXFP4: *k = {q8_nib_act_bytes, prep_mxfp4, run_q8_nib<NibP<true>>, 2}; return true;
     case GgmlType::Q4_K: *k = {q8_K_bytes, prep_q8_K, run_kq<KT::Q4>}; return true;
     case GgmlType::Q5_K: *k = {q8_K_bytes, prep_q8_K, run_kq<KT::Q5>}; return true;

@@ -235,6 +235,18 @@ inline __m512i load4x16(const uint8_t* p, int stride) {
   return v;
 }
 
+// One tail block of a nibble type: lo/hi = the u8 operands of elements 0..15 / 16..31, dw = the
+// weight scale; a = the block's activation (32 s8, then dx f32, then the offset correction i32).
+inline float nib_tail_dot(__m128i lo, __m128i hi, float dw, const uint8_t* a) {
+  __m128i s = _mm_dpbusd_epi32(_mm_setzero_si128(), lo, _mm_loadu_si128(reinterpret_cast<const __m128i*>(a)));
+  s = _mm_dpbusd_epi32(s, hi, _mm_loadu_si128(reinterpret_cast<const __m128i*>(a + 16)));
+  int32_t corr;
+  float dx;
+  std::memcpy(&dx, a + 32, 4);
+  std::memcpy(&corr, a + 36, 4);
+  return static_cast<float>(hsum_epi32_128(s) - corr) * (dw * dx);
+}
+
 // nibble layout: 4 blocks per group
 template <bool MX>
 struct NibP {
@@ -293,13 +305,7 @@ struct NibP {
     } else {
       dw = _cvtsh_ss(rd16(blk));
     }
-    __m128i s = _mm_dpbusd_epi32(_mm_setzero_si128(), lo, _mm_loadu_si128(reinterpret_cast<const __m128i*>(a)));
-    s = _mm_dpbusd_epi32(s, hi, _mm_loadu_si128(reinterpret_cast<const __m128i*>(a + 16)));
-    int32_t corr;
-    float dx;
-    std::memcpy(&dx, a + 32, 4);
-    std::memcpy(&corr, a + 36, 4);
-    return static_cast<float>(hsum_epi32_128(s) - corr) * (dw * dx);
+    return nib_tail_dot(lo, hi, dw, a);
   }
 };
 
@@ -342,13 +348,7 @@ struct Q5P {
     lo = _mm_mask_add_epi8(lo, static_cast<__mmask16>(qh & 0xffffu), lo, b16);
     hi = _mm_mask_add_epi8(hi, static_cast<__mmask16>(qh >> 16), hi, b16);
     const float dw = _cvtsh_ss(rd16(blk));
-    __m128i s = _mm_dpbusd_epi32(_mm_setzero_si128(), lo, _mm_loadu_si128(reinterpret_cast<const __m128i*>(a)));
-    s = _mm_dpbusd_epi32(s, hi, _mm_loadu_si128(reinterpret_cast<const __m128i*>(a + 16)));
-    int32_t corr;
-    float dx;
-    std::memcpy(&dx, a + 32, 4);
-    std::memcpy(&corr, a + 36, 4);
-    return static_cast<float>(hsum_epi32_128(s) - corr) * (dw * dx);
+    return nib_tail_dot(lo, hi, dw, a);
   }
 };
 

@@ -352,6 +352,69 @@ struct Q5P {
   }
 };
 
+// Q5_1 (24-byte blocks: f16 d, f16 m, u32 qh, qs[16]): x = d q + m with q in 0..31, so
+// sum(x a) dx = d dx sum(q a) + m dx sum(a). The activation prep with offset 1 stores sum(a) per
+// dword lane as the "correction", which here is scaled by m instead of subtracted.
+struct Dec51 {
+  __m512i lo, hi;
+  __m512 dw, mw;
+};
+struct Q51P {
+  static constexpr int kG = 4, kBB = 24, kAG = kNibGroupBytes;
+  static inline __m512 bcast4(const uint8_t* p) {  // the f16 at p + k*kBB, k = 0..3, over 4 lanes each
+    const __m128i h = _mm_setr_epi16(static_cast<short>(rd16(p)), static_cast<short>(rd16(p + kBB)),
+                                     static_cast<short>(rd16(p + 2 * kBB)), static_cast<short>(rd16(p + 3 * kBB)), 0, 0,
+                                     0, 0);
+    const __m512i idx = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    return _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(_mm_cvtph_ps(h)));
+  }
+  static inline Dec51 decode(const uint8_t* p) {
+    Dec51 d;
+    const __m512i qs = load4x16(p + 8, kBB);
+    const __m512i m4 = _mm512_set1_epi8(0x0f);
+    uint64_t ml = 0, mh = 0;
+    for (int k = 0; k < 4; ++k) {
+      uint32_t qh;
+      std::memcpy(&qh, p + k * kBB + 4, 4);
+      ml |= static_cast<uint64_t>(qh & 0xffffu) << (16 * k);
+      mh |= static_cast<uint64_t>(qh >> 16) << (16 * k);
+    }
+    const __m512i b16 = _mm512_set1_epi8(16);
+    d.lo = _mm512_and_si512(qs, m4);
+    d.hi = _mm512_and_si512(_mm512_srli_epi16(qs, 4), m4);
+    d.lo = _mm512_mask_add_epi8(d.lo, ml, d.lo, b16);
+    d.hi = _mm512_mask_add_epi8(d.hi, mh, d.hi, b16);
+    d.dw = bcast4(p);
+    d.mw = bcast4(p + 2);
+    return d;
+  }
+  static inline __m512 dot(const Dec51& d, const uint8_t* a, __m512 acc) {
+    __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), d.lo, _mm512_loadu_si512(a));
+    s = _mm512_dpbusd_epi32(s, d.hi, _mm512_loadu_si512(a + 64));
+    const __m512 dx = _mm512_loadu_ps(a + 128);
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_loadu_si512(a + 192)), _mm512_mul_ps(d.mw, dx), acc);
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(d.dw, dx), acc);
+  }
+  static inline float tail(const uint8_t* blk, const uint8_t* a) {
+    const __m128i qs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 8));
+    const __m128i m4 = _mm_set1_epi8(0x0f);
+    uint32_t qh;
+    std::memcpy(&qh, blk + 4, 4);
+    const __m128i b16 = _mm_set1_epi8(16);
+    __m128i lo = _mm_and_si128(qs, m4), hi = _mm_and_si128(_mm_srli_epi16(qs, 4), m4);
+    lo = _mm_mask_add_epi8(lo, static_cast<__mmask16>(qh & 0xffffu), lo, b16);
+    hi = _mm_mask_add_epi8(hi, static_cast<__mmask16>(qh >> 16), hi, b16);
+    __m128i s = _mm_dpbusd_epi32(_mm_setzero_si128(), lo, _mm_loadu_si128(reinterpret_cast<const __m128i*>(a)));
+    s = _mm_dpbusd_epi32(s, hi, _mm_loadu_si128(reinterpret_cast<const __m128i*>(a + 16)));
+    int32_t suma;
+    float dx;
+    std::memcpy(&dx, a + 32, 4);
+    std::memcpy(&suma, a + 36, 4);
+    return static_cast<float>(hsum_epi32_128(s)) * (_cvtsh_ss(rd16(blk)) * dx) +
+           static_cast<float>(suma) * (_cvtsh_ss(rd16(blk + 2)) * dx);
+  }
+};
+
 // byte layout (Q8_0 weights): 2 blocks per group
 struct ByteP {
   static constexpr int kG = 2, kBB = 34, kAG = kByteGroupBytes;
@@ -395,7 +458,7 @@ struct Q8Tiles {
       KIMI_UNROLL for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
     const int64_t ng = nb / P::kG;
     for (int64_t g = 0; g < ng; ++g) {
-      Dec d[R];
+      decltype(P::decode(nullptr)) d[R];
       KIMI_UNROLL for (int r = 0; r < R; ++r) d[r] = P::decode(w[r] + g * (P::kG * P::kBB));
       KIMI_UNROLL for (int t = 0; t < T; ++t) {
         const uint8_t* a = x[t] + g * P::kAG;
@@ -669,6 +732,7 @@ void run_kq(const MatView& W, const uint8_t* act, size_t stride, int64_t nt, int
 void prep_mxfp4(const float* x, int64_t cols, uint8_t* out) { prep_q8_nib_avx512(x, cols, out, 12, 0.5f); }
 void prep_q4_0(const float* x, int64_t cols, uint8_t* out) { prep_q8_nib_avx512(x, cols, out, 8, 1.0f); }
 void prep_q5_0(const float* x, int64_t cols, uint8_t* out) { prep_q8_nib_avx512(x, cols, out, 16, 1.0f); }
+void prep_q5_1(const float* x, int64_t cols, uint8_t* out) { prep_q8_nib_avx512(x, cols, out, 1, 1.0f); }
 void prep_q8_0(const float* x, int64_t cols, uint8_t* out) { prep_q8_byte_avx512(x, cols, out, 128, 1.0f); }
 
 }  // namespace
@@ -697,6 +761,7 @@ bool avx512_kernel(GgmlType type, Precision prec, MatKernel* k) {
     case GgmlType::Q8_0: *k = {q8_byte_act_bytes, prep_q8_0, run_q8<ByteP>}; return true;
     case GgmlType::Q4_0: *k = {q8_nib_act_bytes, prep_q4_0, run_q8_nib<NibP<false>>, 2}; return true;
     case GgmlType::Q5_0: *k = {q8_nib_act_bytes, prep_q5_0, run_q8_nib<Q5P>, 2}; return true;
+    case GgmlType::Q5_1: *k = {q8_nib_act_bytes, prep_q5_1, run_q8<Q51P>}; return true;
     case GgmlType::MXFP4: *k = {q8_nib_act_bytes, prep_mxfp4, run_q8_nib<NibP<true>>, 2}; return true;
     case GgmlType::Q4_K: *k = {q8_K_bytes, prep_q8_K, run_kq<KT::Q4>}; return true;
     case GgmlType::Q5_K: *k = {q8_K_bytes, prep_q8_K, run_kq<KT::Q5>}; return true;

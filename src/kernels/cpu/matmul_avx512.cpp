@@ -309,6 +309,45 @@ struct NibP {
   }
 };
 
+// 5-bit block types (Q5_0, Q5_1): 4 blocks of kbb bytes at p, qh (u32) at byte qh_off and qs[16]
+// at qh_off + 4 of each block; lane k of lo/hi = elements 0..15 / 16..31 of block k, as u8 0..31.
+inline void unpack_q5x4(const uint8_t* p, int kbb, int qh_off, __m512i* lo, __m512i* hi) {
+  const __m512i qs = load4x16(p + qh_off + 4, kbb);
+  const __m512i m4 = _mm512_set1_epi8(0x0f);
+  uint64_t ml = 0, mh = 0;
+  for (int k = 0; k < 4; ++k) {
+    uint32_t qh;
+    std::memcpy(&qh, p + k * kbb + qh_off, 4);
+    ml |= static_cast<uint64_t>(qh & 0xffffu) << (16 * k);
+    mh |= static_cast<uint64_t>(qh >> 16) << (16 * k);
+  }
+  const __m512i b16 = _mm512_set1_epi8(16);
+  *lo = _mm512_and_si512(qs, m4);
+  *hi = _mm512_and_si512(_mm512_srli_epi16(qs, 4), m4);
+  *lo = _mm512_mask_add_epi8(*lo, ml, *lo, b16);
+  *hi = _mm512_mask_add_epi8(*hi, mh, *hi, b16);
+}
+// The same for one block (a tail block).
+inline void unpack_q5x1(const uint8_t* blk, int qh_off, __m128i* lo, __m128i* hi) {
+  const __m128i qs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + qh_off + 4));
+  const __m128i m4 = _mm_set1_epi8(0x0f);
+  uint32_t qh;
+  std::memcpy(&qh, blk + qh_off, 4);
+  const __m128i b16 = _mm_set1_epi8(16);
+  *lo = _mm_and_si128(qs, m4);
+  *hi = _mm_and_si128(_mm_srli_epi16(qs, 4), m4);
+  *lo = _mm_mask_add_epi8(*lo, static_cast<__mmask16>(qh & 0xffffu), *lo, b16);
+  *hi = _mm_mask_add_epi8(*hi, static_cast<__mmask16>(qh >> 16), *hi, b16);
+}
+// The f16 at p + k*kbb (k = 0..3), each broadcast over the 4 dword lanes of 128-bit lane k.
+inline __m512 bcast_f16x4(const uint8_t* p, int kbb) {
+  const __m128i h = _mm_setr_epi16(static_cast<short>(rd16(p)), static_cast<short>(rd16(p + kbb)),
+                                   static_cast<short>(rd16(p + 2 * kbb)), static_cast<short>(rd16(p + 3 * kbb)), 0, 0, 0,
+                                   0);
+  const __m512i idx = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+  return _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(_mm_cvtph_ps(h)));
+}
+
 // Q5_0 (22-byte blocks: f16 d, u32 qh, qs[16]): the Q4_0 nibble layout plus a fifth bit per element
 // from qh (bit j -> element j, bit j+16 -> element j+16), so the u8 operand is q in 0..31 and the
 // activation prep subtracts 16 * sum(a) (offset 16), exactly like Q4_0 with offset 8.
@@ -316,39 +355,15 @@ struct Q5P {
   static constexpr int kG = 4, kBB = 22, kAG = kNibGroupBytes;
   static inline Dec decode(const uint8_t* p) {
     Dec d;
-    const __m512i qs = load4x16(p + 6, kBB);
-    const __m512i m4 = _mm512_set1_epi8(0x0f);
-    uint64_t ml = 0, mh = 0;
-    for (int k = 0; k < 4; ++k) {
-      uint32_t qh;
-      std::memcpy(&qh, p + k * kBB + 2, 4);
-      ml |= static_cast<uint64_t>(qh & 0xffffu) << (16 * k);
-      mh |= static_cast<uint64_t>(qh >> 16) << (16 * k);
-    }
-    const __m512i b16 = _mm512_set1_epi8(16);
-    d.lo = _mm512_and_si512(qs, m4);
-    d.hi = _mm512_and_si512(_mm512_srli_epi16(qs, 4), m4);
-    d.lo = _mm512_mask_add_epi8(d.lo, ml, d.lo, b16);
-    d.hi = _mm512_mask_add_epi8(d.hi, mh, d.hi, b16);
-    const __m128i h = _mm_setr_epi16(static_cast<short>(rd16(p)), static_cast<short>(rd16(p + kBB)),
-                                     static_cast<short>(rd16(p + 2 * kBB)), static_cast<short>(rd16(p + 3 * kBB)), 0, 0,
-                                     0, 0);
-    const __m512i idx = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
-    d.dw = _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(_mm_cvtph_ps(h)));
+    unpack_q5x4(p, kBB, 2, &d.lo, &d.hi);
+    d.dw = bcast_f16x4(p, kBB);
     return d;
   }
   static inline __m512 dot(const Dec& d, const uint8_t* a, __m512 acc) { return NibP<false>::dot(d, a, acc); }
   static inline float tail(const uint8_t* blk, const uint8_t* a) {
-    const __m128i qs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 6));
-    const __m128i m4 = _mm_set1_epi8(0x0f);
-    uint32_t qh;
-    std::memcpy(&qh, blk + 2, 4);
-    const __m128i b16 = _mm_set1_epi8(16);
-    __m128i lo = _mm_and_si128(qs, m4), hi = _mm_and_si128(_mm_srli_epi16(qs, 4), m4);
-    lo = _mm_mask_add_epi8(lo, static_cast<__mmask16>(qh & 0xffffu), lo, b16);
-    hi = _mm_mask_add_epi8(hi, static_cast<__mmask16>(qh >> 16), hi, b16);
-    const float dw = _cvtsh_ss(rd16(blk));
-    return nib_tail_dot(lo, hi, dw, a);
+    __m128i lo, hi;
+    unpack_q5x1(blk, 2, &lo, &hi);
+    return nib_tail_dot(lo, hi, _cvtsh_ss(rd16(blk)), a);
   }
 };
 
@@ -361,31 +376,11 @@ struct Dec51 {
 };
 struct Q51P {
   static constexpr int kG = 4, kBB = 24, kAG = kNibGroupBytes;
-  static inline __m512 bcast4(const uint8_t* p) {  // the f16 at p + k*kBB, k = 0..3, over 4 lanes each
-    const __m128i h = _mm_setr_epi16(static_cast<short>(rd16(p)), static_cast<short>(rd16(p + kBB)),
-                                     static_cast<short>(rd16(p + 2 * kBB)), static_cast<short>(rd16(p + 3 * kBB)), 0, 0,
-                                     0, 0);
-    const __m512i idx = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
-    return _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(_mm_cvtph_ps(h)));
-  }
   static inline Dec51 decode(const uint8_t* p) {
     Dec51 d;
-    const __m512i qs = load4x16(p + 8, kBB);
-    const __m512i m4 = _mm512_set1_epi8(0x0f);
-    uint64_t ml = 0, mh = 0;
-    for (int k = 0; k < 4; ++k) {
-      uint32_t qh;
-      std::memcpy(&qh, p + k * kBB + 4, 4);
-      ml |= static_cast<uint64_t>(qh & 0xffffu) << (16 * k);
-      mh |= static_cast<uint64_t>(qh >> 16) << (16 * k);
-    }
-    const __m512i b16 = _mm512_set1_epi8(16);
-    d.lo = _mm512_and_si512(qs, m4);
-    d.hi = _mm512_and_si512(_mm512_srli_epi16(qs, 4), m4);
-    d.lo = _mm512_mask_add_epi8(d.lo, ml, d.lo, b16);
-    d.hi = _mm512_mask_add_epi8(d.hi, mh, d.hi, b16);
-    d.dw = bcast4(p);
-    d.mw = bcast4(p + 2);
+    unpack_q5x4(p, kBB, 4, &d.lo, &d.hi);
+    d.dw = bcast_f16x4(p, kBB);
+    d.mw = bcast_f16x4(p + 2, kBB);
     return d;
   }
   static inline __m512 dot(const Dec51& d, const uint8_t* a, __m512 acc) {
@@ -396,14 +391,8 @@ struct Q51P {
     return _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(d.dw, dx), acc);
   }
   static inline float tail(const uint8_t* blk, const uint8_t* a) {
-    const __m128i qs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 8));
-    const __m128i m4 = _mm_set1_epi8(0x0f);
-    uint32_t qh;
-    std::memcpy(&qh, blk + 4, 4);
-    const __m128i b16 = _mm_set1_epi8(16);
-    __m128i lo = _mm_and_si128(qs, m4), hi = _mm_and_si128(_mm_srli_epi16(qs, 4), m4);
-    lo = _mm_mask_add_epi8(lo, static_cast<__mmask16>(qh & 0xffffu), lo, b16);
-    hi = _mm_mask_add_epi8(hi, static_cast<__mmask16>(qh >> 16), hi, b16);
+    __m128i lo, hi;
+    unpack_q5x1(blk, 4, &lo, &hi);
     __m128i s = _mm_dpbusd_epi32(_mm_setzero_si128(), lo, _mm_loadu_si128(reinterpret_cast<const __m128i*>(a)));
     s = _mm_dpbusd_epi32(s, hi, _mm_loadu_si128(reinterpret_cast<const __m128i*>(a + 16)));
     int32_t suma;

@@ -8,8 +8,8 @@
 #include <random>
 #include <vector>
 
-#include "kernels/cpu/dispatch.h"
-#include "kernels/cpu/matmul.h"
+#include "backend/cpu/dispatch.h"
+#include "backend/cpu/matmul.h"
 #include "tensor/quants.h"
 
 using namespace kimi;

@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 command -v aarch64-linux-gnu-g++ >/dev/null || apt-get install -y -qq g++-aarch64-linux-gnu
 fails=0
-for f in src/*/*.cpp src/kernels/cpu/*.cpp app/*.cpp; do
+for f in src/*/*.cpp src/backend/cpu/*.cpp app/*.cpp; do
   if ! aarch64-linux-gnu-g++ -std=c++20 -O2 -fsyntax-only -Isrc -Iapp -I/usr/include -DFMT_HEADER_ONLY "$f"; then
     echo "check-arm: FAILED $f"; fails=$((fails + 1))
   fi

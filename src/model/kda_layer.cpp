@@ -4,9 +4,9 @@
 #include <cmath>
 #include <cstring>
 
-#include "kernels/cpu/conv.h"
-#include "kernels/cpu/kda.h"
-#include "kernels/cpu/ops.h"
+#include "backend/cpu/conv.h"
+#include "backend/cpu/kda.h"
+#include "backend/cpu/ops.h"
 #include "runtime/context_impl.h"
 
 namespace kimi {

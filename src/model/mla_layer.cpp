@@ -4,9 +4,9 @@
 #include <cmath>
 #include <cstring>
 
-#include "kernels/cpu/attention.h"
-#include "kernels/cpu/ops.h"
-#include "kernels/cpu/topk.h"
+#include "backend/cpu/attention.h"
+#include "backend/cpu/ops.h"
+#include "backend/cpu/topk.h"
 #include "runtime/context_impl.h"
 
 namespace kimi {

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "io/gguf.h"
-#include "kernels/cpu/matmul.h"
+#include "backend/cpu/matmul.h"
 
 namespace kimi {
 

@@ -11,7 +11,7 @@
 
 #include <unistd.h>
 
-#include "kernels/cpu/ops.h"
+#include "backend/cpu/ops.h"
 #include "runtime/context_impl.h"
 #include "util/error.h"
 

@@ -23,7 +23,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/cpu/matmul.h"
+#include "backend/cpu/matmul.h"
 #include "model/model.h"
 #include "util/thread_pool.h"
 

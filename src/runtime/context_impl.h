@@ -5,8 +5,8 @@
 #include <memory>
 #include <vector>
 
-#include "kernels/cpu/matmul.h"
-#include "kernels/cpu/topk.h"
+#include "backend/cpu/matmul.h"
+#include "backend/cpu/topk.h"
 #include "model/model.h"
 #include "runtime/context.h"
 #include "util/thread_pool.h"

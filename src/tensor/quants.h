@@ -1,6 +1,6 @@
 // ggml block layouts (formats-quant.md §3.3, §4.3, §4.4) and the scalar reference quantizers and
 // dequantizers. Every struct is byte-exact with ggml (static_asserts below); f16 fields are raw
-// IEEE binary16 bits. These are the reference paths: SIMD kernels live in kernels/cpu/.
+// IEEE binary16 bits. These are the reference paths: SIMD kernels live in backend/cpu/.
 #pragma once
 #include <cstdint>
 

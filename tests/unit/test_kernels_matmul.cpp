@@ -11,10 +11,10 @@
 #include <string>
 #include <vector>
 
-#include "kernels/cpu/dispatch.h"
-#include "kernels/cpu/matmul.h"
-#include "kernels/cpu/quantize_act.h"
-#include "kernels/cpu/vec.h"
+#include "backend/cpu/dispatch.h"
+#include "backend/cpu/matmul.h"
+#include "backend/cpu/quantize_act.h"
+#include "backend/cpu/vec.h"
 #include "tensor/quants.h"
 #include "tensor/types.h"
 #include "util/error.h"

@@ -8,8 +8,8 @@
 #include <new>
 #include <vector>
 
-#include "kernels/cpu/dispatch.h"
-#include "kernels/cpu/matmul.h"
+#include "backend/cpu/dispatch.h"
+#include "backend/cpu/matmul.h"
 #include "tensor/types.h"
 
 static std::atomic<long> g_allocs{0};

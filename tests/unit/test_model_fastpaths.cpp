@@ -10,10 +10,10 @@
 #include <random>
 #include <vector>
 
-#include "kernels/cpu/attention.h"
-#include "kernels/cpu/kda.h"
-#include "kernels/cpu/ops.h"
-#include "kernels/cpu/topk.h"
+#include "backend/cpu/attention.h"
+#include "backend/cpu/kda.h"
+#include "backend/cpu/ops.h"
+#include "backend/cpu/topk.h"
 #include "tensor/types.h"
 
 using namespace kimi;

@@ -7,11 +7,11 @@
 #include <random>
 #include <vector>
 
-#include "kernels/cpu/attention.h"
-#include "kernels/cpu/conv.h"
-#include "kernels/cpu/kda.h"
-#include "kernels/cpu/ops.h"
-#include "kernels/cpu/topk.h"
+#include "backend/cpu/attention.h"
+#include "backend/cpu/conv.h"
+#include "backend/cpu/kda.h"
+#include "backend/cpu/ops.h"
+#include "backend/cpu/topk.h"
 #include "runtime/sampling.h"
 #include "tensor/types.h"
 

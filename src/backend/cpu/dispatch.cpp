@@ -1,4 +1,4 @@
-#include "kernels/cpu/dispatch.h"
+#include "backend/cpu/dispatch.h"
 
 #include <atomic>
 #include <cstdlib>

@@ -1,4 +1,4 @@
-#include "kernels/cpu/topk.h"
+#include "backend/cpu/topk.h"
 
 #include <algorithm>
 #include <cmath>

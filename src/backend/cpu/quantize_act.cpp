@@ -1,4 +1,4 @@
-#include "kernels/cpu/quantize_act.h"
+#include "backend/cpu/quantize_act.h"
 
 #include <algorithm>
 #include <cmath>

@@ -4,7 +4,7 @@
 #if !defined(__x86_64__)
 #include <cstdlib>
 
-#include "kernels/cpu/ops_simd.h"
+#include "backend/cpu/ops_simd.h"
 
 namespace kimi::kern::avx512 {
 float dot_f32(const float* a, const float* b, int64_t n) { std::abort(); }

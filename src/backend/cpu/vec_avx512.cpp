@@ -1,5 +1,5 @@
 // AVX-512 bf16 row helpers (only called after the dispatch check in vec.cpp).
-#include "kernels/cpu/vec.h"
+#include "backend/cpu/vec.h"
 
 #if defined(__x86_64__)
 #pragma GCC diagnostic ignored "-Wuninitialized"

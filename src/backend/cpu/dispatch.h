@@ -8,7 +8,7 @@
 #include <optional>
 #include <string_view>
 
-#include "kernels/cpu/matmul.h"
+#include "backend/cpu/matmul.h"
 
 namespace kimi::kern {
 

@@ -1,12 +1,12 @@
 // matmul driver: validation, kernel choice by ISA, activation preparation (once per call) and the
 // split of rows x token tiles over the thread pool.
-#include "kernels/cpu/matmul.h"
+#include "backend/cpu/matmul.h"
 
 #include <algorithm>
 #include <vector>
 
-#include "kernels/cpu/dispatch.h"
-#include "kernels/cpu/vec.h"
+#include "backend/cpu/dispatch.h"
+#include "backend/cpu/vec.h"
 #include "tensor/quants.h"
 #include "util/error.h"
 

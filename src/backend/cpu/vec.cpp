@@ -1,6 +1,6 @@
-#include "kernels/cpu/vec.h"
+#include "backend/cpu/vec.h"
 
-#include "kernels/cpu/dispatch.h"
+#include "backend/cpu/dispatch.h"
 #include "tensor/types.h"
 
 namespace kimi::kern::vec {

@@ -4,7 +4,7 @@
 #include <cstring>
 #include <vector>
 
-#include "kernels/cpu/dispatch.h"
+#include "backend/cpu/dispatch.h"
 #include "tensor/quants.h"
 
 namespace kimi::kern {

@@ -1,9 +1,9 @@
-#include "kernels/cpu/attention.h"
+#include "backend/cpu/attention.h"
 
 #include <cmath>
 
-#include "kernels/cpu/ops.h"
-#include "kernels/cpu/ops_simd.h"
+#include "backend/cpu/ops.h"
+#include "backend/cpu/ops_simd.h"
 
 namespace kimi::kern {
 

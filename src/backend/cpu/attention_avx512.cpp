@@ -10,7 +10,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "kernels/cpu/ops_simd.h"
+#include "backend/cpu/ops_simd.h"
 
 namespace kimi::kern::avx512 {
 

@@ -5,7 +5,7 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 
-#include "kernels/cpu/ops_simd.h"
+#include "backend/cpu/ops_simd.h"
 #include "tensor/types.h"
 
 namespace kimi::kern::avx512 {

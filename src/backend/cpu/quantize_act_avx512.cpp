@@ -1,5 +1,5 @@
 // AVX-512 activation preparation (bit-identical to the scalar versions in quantize_act.cpp).
-#include "kernels/cpu/quantize_act.h"
+#include "backend/cpu/quantize_act.h"
 
 #if defined(__x86_64__)
 // GCC 12 warns about _mm512_undefined_* inside its own intrinsic headers

@@ -6,8 +6,8 @@
 //   Q8_0: vpmaddubsw(|w|, sign(x, w)) (no saturation: 128 * 127 * 2 < 32768), times the scales.
 //   Q4_K / Q5_K / Q6_K: vpmaddubsw with Q8_K activations, vpmaddwd with the sub-block scales.
 // Precision::F32 for quantized weights uses the scalar kernels.
-#include "kernels/cpu/dispatch.h"
-#include "kernels/cpu/quantize_act.h"
+#include "backend/cpu/dispatch.h"
+#include "backend/cpu/quantize_act.h"
 #include "tensor/quants.h"
 
 #if defined(__x86_64__)

@@ -1,4 +1,4 @@
-#include "kernels/cpu/conv.h"
+#include "backend/cpu/conv.h"
 
 namespace kimi::kern {
 

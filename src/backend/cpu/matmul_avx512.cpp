@@ -12,8 +12,8 @@
 //   Precision::F32 for quantized types: rows decoded to f32 (scalar reference decoder), then FMA.
 // Only intrinsics and functions local to this file are used here (no inline library code that
 // could be emitted with AVX-512 instructions and picked by the linker for other callers).
-#include "kernels/cpu/dispatch.h"
-#include "kernels/cpu/quantize_act.h"
+#include "backend/cpu/dispatch.h"
+#include "backend/cpu/quantize_act.h"
 #include "tensor/quants.h"
 
 #if defined(__x86_64__)

@@ -1,10 +1,10 @@
-#include "kernels/cpu/ops.h"
+#include "backend/cpu/ops.h"
 
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 
-#include "kernels/cpu/ops_simd.h"
+#include "backend/cpu/ops_simd.h"
 #include "tensor/types.h"
 
 namespace kimi::kern {

@@ -39,6 +39,11 @@ Context::Impl::Impl(const Model& m, const ContextOptions& o)
   else
     top_k = opts.attn_top_k > 0 ? opts.attn_top_k : static_cast<int>(hp.idx_top_k);
   N = opts.n_batch_max;
+  {
+    std::vector<std::string> names;
+    for (const auto& t : m.reader().tensors()) names.push_back(t.name);
+    placement = resolve_placement(opts.placement, {"cpu"}, names, hp.n_layer);
+  }
 
   const int64_t d = hp.n_embd, H = hp.n_head, nctx = opts.n_ctx_max, nseq = opts.n_seq_max;
   mla_idx.assign(hp.n_layer, -1);

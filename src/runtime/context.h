@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "backend/cpu/matmul.h"
+#include "backend/placement.h"
 #include "model/model.h"
 #include "util/thread_pool.h"
 
@@ -46,6 +47,9 @@ struct ContextOptions {
   CacheType cache_type = CacheType::F16;              // ignored (F32) when precision == F32
   int n_snapshots_max = 4;  // KDA snapshots kept per sequence (>= 1); a new one beyond evicts the
                             // interior snapshot leaving the smallest gap (the newest is always kept)
+  // Which backend holds each weight (-ngl / --cpu-moe / --n-cpu-moe / -ot, backend/placement.h).
+  // Resolved once when the context is made; device 0 is the host CPU backend.
+  PlacementRules placement;
 };
 
 struct BatchEntry {

@@ -34,6 +34,7 @@ struct Context::Impl {
   int top_k = 0;  // effective (0 = indexer off)
   int n_threads = 1;
   int64_t N = 0;  // micro-batch capacity
+  Placement placement;  // resolved from opts.placement (one device for now: the CPU)
 
   // layer -> index among MLA / KDA layers (-1 if other kind)
   std::vector<int32_t> mla_idx, kda_idx;

@@ -5,22 +5,18 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <CLI/CLI.hpp>
 #include <atomic>
 #include <cerrno>
-#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <httplib.h>
 #include <map>
 #include <mutex>
 #include <optional>
-#include <thread>
 
 #include "server/api.h"
 #include "server/server.h"
 #include "util/error.h"
-#include "util/cli.h"
 
 namespace kimi::server {
 
@@ -492,77 +488,6 @@ std::string Server::Impl::metrics() const {
   metric("kimi_uptime_seconds", "gauge", "seconds since start",
          one("kimi_uptime_seconds", std::chrono::duration<double>(Clock::now() - t_start).count()));
   return out;
-}
-
-// ---------------------------------------------------------------------------------------------
-// kimi serve
-
-int serve_main(int argc, char** argv) {
-  CLI::App app{"OpenAI-compatible HTTP server (continuous batching, prompt cache)"};
-  ServerOptions o;
-  app.add_option("-m,--model", o.model_path, "GGUF model file (kimi-k3, with tokenizer)")->required();
-  app.add_option("--host", o.host, "address to bind (default 127.0.0.1; 0.0.0.0 exposes the server)");
-  app.add_option("--port", o.port, "port (0 = ephemeral; the chosen port is printed)")->check(CLI::Range(0, 65535));
-  app.add_option("--alias", o.model_id, "model id reported by the API (default: file name stem)");
-  app.add_option("-t,--threads", o.threads, "engine threads (0 = all cores)");
-  app.add_option("--attn", o.attn, "attention path: sparse or dense")->check(CLI::IsMember({"sparse", "dense"}));
-  app.add_option("--attn-top-k", o.attn_top_k, "DSA top-k: -1 = from the file, 0 = indexer off, N = override");
-  app.add_option("--precision", o.precision, "fast or f32")->check(CLI::IsMember({"fast", "f32"}));
-  app.add_option("--cache-type", o.cache_type, "cache element type in fast mode: f16 or f32")
-      ->check(CLI::IsMember({"f16", "f32"}));
-  app.add_option("-c,--ctx", o.ctx, "context positions per sequence")->check(CLI::Range(8, 1 << 24));
-  app.add_option("-P,--parallel", o.sched.parallel, "slots: requests decoded concurrently")->check(CLI::Range(1, 256));
-  app.add_option("--cache-slots", o.sched.cache_slots, "extra sequences that keep earlier prompts (-1 = --parallel)")
-      ->check(CLI::Range(-1, 256));
-  bool no_cache = false;
-  app.add_flag("--no-prompt-cache", no_cache, "disable the prompt cache (every request prefills its whole prompt)");
-  app.add_option("--chunk", o.sched.chunk, "prefill chunk size (tokens)")->check(CLI::Range(1, 65536));
-  app.add_option("--max-chunks", o.sched.max_chunks, "prefill chunks per step")->check(CLI::Range(1, 64));
-  app.add_option("--queue", o.sched.queue_limit, "requests waiting for a slot before 503")->check(CLI::Range(0, 1 << 20));
-  app.add_option("--api-key", o.api_key, "require Authorization: Bearer KEY (also env KIMI_API_KEY)")->envname("KIMI_API_KEY");
-  app.add_option("--cors", o.cors_origin, "allow cross-origin requests from ORIGIN (or *)");
-  app.add_option("--max-body", o.max_body, "request body limit (bytes)");
-  app.add_option("--max-prompt-tokens", o.max_prompt_tokens, "prompt token limit (0 = ctx - 1)")->check(CLI::NonNegativeNumber);
-  app.add_option("--max-tokens", o.max_tokens, "limit for a request's max_tokens (0 = ctx)")->check(CLI::NonNegativeNumber);
-  app.add_option("--default-max-tokens", o.default_max_tokens, "chat max_tokens when the request has none (0 = up to ctx)")
-      ->check(CLI::NonNegativeNumber);
-  app.add_option("--max-connections", o.max_connections, "concurrent HTTP connections")->check(CLI::Range(1, 4096));
-  app.add_option("--timeout", o.timeout_s, "per-request time limit in seconds (0 = none)")->check(CLI::NonNegativeNumber);
-  app.add_option("--grace", o.grace_s, "shutdown grace period in seconds")->check(CLI::NonNegativeNumber);
-  app.add_flag("-v,--verbose", o.verbose, "log the model summary and every request to stderr");
-  if (int rc = kimi::parse_cli(app, argc, argv); rc >= 0) return rc;
-  o.sched.prompt_cache = !no_cache;
-
-  // SIGINT/SIGTERM are handled by a dedicated thread (blocked everywhere else)
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGINT);
-  sigaddset(&set, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &set, nullptr);
-  std::signal(SIGPIPE, SIG_IGN);
-
-  Server server(o);
-  const int port = server.bind();
-  std::printf("kimi serve: listening on http://%s:%d (model %s, %d slots, ctx %d)\n", o.host.c_str(), port,
-              o.model_path.c_str(), o.sched.parallel, o.ctx);
-  std::fflush(stdout);
-  std::atomic<bool> done{false}, got_signal{false};
-  std::thread sig([&] {
-    int s = 0;
-    sigwait(&set, &s);
-    got_signal.store(true);
-    if (done.load()) return;
-    std::fprintf(stderr, "kimi serve: %s received, shutting down (grace %.1f s)\n", s == SIGINT ? "SIGINT" : "SIGTERM",
-                 o.grace_s);
-    server.shutdown();
-  });
-  server.run();
-  done.store(true);
-  // wake the signal thread if it is still waiting
-  if (!got_signal.load()) pthread_kill(sig.native_handle(), SIGTERM);
-  sig.join();
-  std::fprintf(stderr, "kimi serve: stopped\n");
-  return 0;
 }
 
 }  // namespace kimi::server

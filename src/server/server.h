@@ -61,7 +61,4 @@ class Server {
   std::unique_ptr<Impl> impl_;
 };
 
-// `kimi serve` command line (app/cmd_serve.cpp). Handles SIGINT/SIGTERM (graceful, exit 0).
-int serve_main(int argc, char** argv);
-
 }  // namespace kimi::server

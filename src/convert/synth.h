@@ -40,7 +40,7 @@ struct Config {
   int64_t a_log_len() const { return heads > kda_head_dim ? heads : kda_head_dim; }
 };
 
-// "tiny", "small", "k3-layers" (shared decisions); throws kimi::Error for other names.
+// "tiny", "small", "k3-layers" (docs/spec/README.md, synthetic checkpoints); throws kimi::Error for other names.
 Config preset(const std::string& name);
 const std::vector<std::string>& preset_names();
 // --layers N: keep the first N layers (full_attn_layers entries > N are dropped).
@@ -67,7 +67,7 @@ std::vector<float> tensor_values(const Config& c, const std::string& name);
 // smallest power of two with 6 * scale >= block amax (no clipping); codes are round-to-nearest.
 void mxfp4_quantize_row(const float* x, int64_t n, uint8_t* packed, uint8_t* scales);
 
-// Special token names at ids V-256 .. V-1 (shared decisions).
+// Special token names at ids V-256 .. V-1 (docs/spec/README.md, synthetic checkpoints).
 std::string special_token(int64_t vocab, int64_t id);
 nlohmann::ordered_json config_json(const Config& c);
 nlohmann::ordered_json tokenizer_config_json(const Config& c);

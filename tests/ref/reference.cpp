@@ -286,7 +286,7 @@ struct Fwd {
     return lin(p + "down_proj.weight", c.d, width, a);
   }
 
-  // ---- KDA layer (§3.3) over the whole sequence
+  // ---- KDA layer (k3-architecture.md §3.3) over the whole sequence
   Seq kda(int64_t il, const Seq& y) const {
     const std::string p = "model.layers." + std::to_string(il) + ".self_attn.";
     const int64_t T = static_cast<int64_t>(y.size()), H = c.n_head, D = c.kda_dim, C = H * D, K = c.conv_k;

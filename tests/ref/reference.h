@@ -136,7 +136,7 @@ double situ(double g, double u, double beta, double lambda);
 // ResMix (k3-architecture §3.1): bank entries b_k, current c, fused score vector w.
 std::vector<double> res_mix(const std::vector<const std::vector<double>*>& bank, const std::vector<double>& cur,
                             const std::vector<double>& w, double eps, Trap trap = Trap::None);
-// KDA delta-rule recurrence for one head over T tokens (§3.3 step 7), inputs already normalized:
+// KDA delta-rule recurrence for one head over T tokens (k3-architecture.md §3.3 step 7), inputs already normalized:
 // q,k,v: [T][D]; g: [T][D] log-decay per key channel; beta: [T]; returns o [T][D] (scaled 1/sqrt(D)).
 std::vector<std::vector<double>> kda_recurrence(const std::vector<std::vector<double>>& q,
                                                 const std::vector<std::vector<double>>& k,

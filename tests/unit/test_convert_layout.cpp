@@ -1,5 +1,5 @@
-// The converted tiny model checked by hand against k3-architecture.md §2.2/§2.3 and the shared
-// decisions: every metadata value (computed here from the tiny preset's numbers), tensor names,
+// The converted tiny model checked by hand against k3-architecture.md §2.2/§2.3 and the spec
+// decisions (docs/spec/README.md): every metadata value (computed here from the tiny preset's numbers), tensor names,
 // types and shapes, and the transformed tensors' values re-computed from the safetensors with
 // the index formulas written out in this test.
 #include <gtest/gtest.h>
@@ -18,7 +18,7 @@ using kimi::GgmlType;
 
 namespace {
 
-// tiny preset (shared decisions)
+// tiny preset (docs/spec/README.md, synthetic checkpoints)
 constexpr int64_t V = 1024, D = 64, NL = 8, H = 4, KDA = 16, QL = 32, KVL = 32, NOPE = 16, ROPE = 8, VD = 16;
 constexpr int64_t FF = 128, NE = 8, MF = 32, LAT = 32, IH = 4, ID = 16;
 

@@ -37,7 +37,7 @@ TEST(TokenizerGguf, SynthConvertedVocabularyMatchesItsTiktokenModel) {
   const int32_t V = g.n_vocab();
   ASSERT_EQ(V, 1024);
 
-  // specials exactly as the shared decisions define them, from tokenizer_config.json
+  // specials as docs/spec/README.md (synthetic checkpoints) lists them, from tokenizer_config.json
   json cfg = json::parse(kimi::test::read_file(hf + "/tokenizer_config.json"));
   std::map<std::string, int32_t> specials;
   for (auto& [id, tok] : cfg["added_tokens_decoder"].items()) specials[tok["content"]] = std::stoi(id);

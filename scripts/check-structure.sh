@@ -1,0 +1,294 @@
+#!/usr/bin/env bash
+# Structural checks of the source tree (run by ctest as Structure.SpecRefs and Structure.IncludeRule).
+#
+#   scripts/check-structure.sh spec-refs    [ROOT]   every spec citation in the code resolves in docs/spec/
+#   scripts/check-structure.sh include-rule [ROOT]   every #include obeys the dependency rule below
+#   scripts/check-structure.sh self-test             both checks report the mistakes planted in a temp tree
+#
+# ROOT defaults to the repository root. Exit 0 when clean; exit 1 after listing every problem as
+# `file:line: message` (VERBOSE=1 also lists every resolved reference). Only bash, grep, sed, sort and POSIX awk (mawk) are used.
+set -euo pipefail
+export LC_ALL=C
+
+mode=${1:-}
+root=${2:-$(cd "$(dirname "$0")/.." && pwd)}
+cd "$root"
+
+# ---------------------------------------------------------------------------------------------
+# The dependency rule (docs/architecture.md, "Dependency rule"). One row per module: the folder
+# (longest prefix wins, relative to src/; `app` is the top-level app/ folder) and its layer.
+# A file may include headers of its own module and of modules on a LOWER layer; modules on the
+# same layer do not include each other.
+read -r -d '' MODULES <<'EOF' || true
+util        0
+tensor      1
+io          2
+backend     3
+tokenizer   3
+convert     4
+model       4
+runtime     5
+server      6
+app         7
+EOF
+
+# External headers that only some modules may include: header prefix, then the modules allowed.
+read -r -d '' EXTERNAL <<'EOF' || true
+CLI/        app util
+EOF
+
+# Temporary exceptions: file, included header (as written in the #include), and why it is still
+# there. Each row is deleted when the work named in it lands; a row that no longer matches any
+# #include is reported as a note (not a failure, so that the work can land first).
+read -r -d '' EXCEPTIONS <<'EOF' || true
+src/model/ffn_layer.cpp     runtime/context_impl.h   removed when the forward pass and its scratch move into model/ (issue 10, helper "seam")
+src/model/kda_layer.cpp     runtime/context_impl.h   removed when the forward pass and its scratch move into model/ (issue 10, helper "seam")
+src/model/mla_layer.cpp     runtime/context_impl.h   removed when the forward pass and its scratch move into model/ (issue 10, helper "seam")
+src/runtime/engine_cli.h    CLI/CLI.hpp              removed when engine_cli.h moves to app/ (issue 10, helper "cli")
+EOF
+
+# ---------------------------------------------------------------------------------------------
+spec_refs() {
+  local spec=docs/spec
+  [[ -d $spec ]] || { echo "check-structure: $spec/ missing" >&2; return 1; }
+  # Index of the spec: "S <file> <section>" for every numbered heading (`## 3.` / `### 3.3 ...`, an
+  # optional `§` before the number), "I <file> <section> <n>" for every numbered list item `n. ` in
+  # that section's body, "D <n>" for every `Decision n` heading of README.md, "F <file>" per file.
+  local index
+  index=$(for f in "$spec"/*.md; do
+    awk -v F="$(basename "$f")" '
+      BEGIN { print "F " F; sec = "" }
+      /^#+ / {
+        h = $0; sub(/^#+ +/, "", h); sub(/^§ ?/, "", h)
+        if (match(h, /^[0-9]+(\.[0-9]+)*/)) { sec = substr(h, 1, RLENGTH); print "S " F " " sec }
+        else sec = ""
+        if (match(h, /^Decision [0-9]+/)) print "D " substr(h, 10, RLENGTH - 9)
+        next
+      }
+      sec != "" && match($0, /^ *[0-9]+\. /) {
+        n = $0; sub(/^ */, "", n); sub(/\..*/, "", n); print "I " F " " sec " " n
+      }' "$f"
+  done)
+
+  # Citations: files under src app tests bench fuzz tools (text files only, no node_modules).
+  local files
+  files=$(grep -rIlE '§|[Dd]ecisions? [0-9]|\.md' src app tests bench fuzz tools docs README.md \
+            --exclude-dir=node_modules 2>/dev/null | sort || true)
+  [[ -n $files ]] || { echo "check-structure: no files to scan" >&2; return 1; }
+
+  # shellcheck disable=SC2086
+  {
+    printf '%s\n' "$index"
+    echo "---"
+    awk '
+      # one reference: R <src> <line> <specfile or *> <section> <self> [step|item <n>]; a bare
+      # section (no file named before it on its line) in a docs/spec file means that file
+      function ref(file, sec, extra) {
+        print "R " FILENAME " " FNR " " file " " sec " " (self != "" ? self : "-") extra
+      }
+      FNR == 1 {
+        self = ""
+        if (FILENAME ~ /^docs\/spec\/[^\/]+\.md$/) { self = FILENAME; sub(/^docs\/spec\//, "", self); print "C " FILENAME " " self }
+      }
+      {
+        line = $0; cur = ""
+        while (match(line, /[A-Za-z0-9_-]+\.md|(k3-architecture|dsa-indexer|formats-quant)|spec\/README(\.md)?|(^|[^`\/A-Za-z0-9_.-])docs\/[A-Za-z0-9_\/-]+\.md|§[0-9]+(\.[0-9]+)*|[Dd]ecisions? [0-9]+(-[0-9]+)?|[Tt]ables? [0-9]+\.[0-9]+/)) {
+          tok = substr(line, RSTART, RLENGTH); line = substr(line, RSTART + RLENGTH)
+          if (tok ~ /docs\/[A-Za-z0-9_\/-]+\.md$/ && tok !~ /^spec/) {   # a document of this repository
+            sub(/^[^d]/, "", tok); print "P " FILENAME " " FNR " " tok; cur = ""
+            if (tok ~ /^docs\/spec\/[^\/]+$/) { cur = substr(tok, 11); print "C " FILENAME " " cur }
+            continue
+          }
+          if (tok ~ /^spec\/README/) { cur = "README.md"; print "C " FILENAME " " cur; continue }
+          if (tok ~ /\.md$/ || tok ~ /^(k3-architecture|dsa-indexer|formats-quant)$/) {
+            # a file name: the spec file that the following § refer to (one not in docs/spec is an
+            # error only when a § follows it)
+            cur = tok; if (cur !~ /\.md$/) cur = cur ".md"; print "C " FILENAME " " cur; continue
+          }
+          if (tok ~ /^[Dd]ecision/) {
+            sub(/^[Dd]ecisions? /, "", tok); a = tok; b = tok
+            if (index(tok, "-")) { a = substr(tok, 1, index(tok, "-") - 1); b = substr(tok, index(tok, "-") + 1) }
+            for (n = a + 0; n <= b + 0; n++) print "E " FILENAME " " FNR " " n
+            continue
+          }
+          # a section: §N.N or "table(s) N.N"; then continuations ", N.N" "/N.N" "-N.N" "/§N.N"
+          sub(/^§/, "", tok); sub(/^[Tt]ables? /, "", tok)
+          file = (cur == "" ? "*" : cur)
+          extra = ""
+          if (match(line, /^ (step|item) [0-9]+/)) {
+            extra = " " substr(line, 2, RLENGTH - 1); line = substr(line, RSTART + RLENGTH)
+          }
+          ref(file, tok, extra)
+          while (match(line, /^(, ?|\/|-)[0-9]+\.[0-9]+/)) {
+            t = substr(line, 1, RLENGTH); line = substr(line, RLENGTH + 1)
+            sub(/^[^0-9]+/, "", t); ref(file, t, "")
+          }
+        }
+      }' $files
+  } | awk -v root="$root" -v verbose="${VERBOSE:-0}" '
+    BEGIN { part = 0 }
+    $0 == "---" { part = 1; next }
+    part == 0 {
+      if ($1 == "F") known[$2] = 1
+      else if ($1 == "S") { S[$2 " " $3] = 1; any[$3] = 1 }
+      else if ($1 == "I") I[$2 " " $3 " " $4] = 1
+      else if ($1 == "D") D[$2] = 1
+      next
+    }
+    { n++; kind[n] = $1; rec[n] = $0 }
+    $1 == "C" { cites[$2 " " $3] = 1; ncites[$2]++ }
+    END {
+      for (k = 1; k <= n; k++) {
+        split(rec[k], f, " ")
+        where = f[2] ":" f[3]
+        if (kind[k] == "R") {
+          file = f[4]; sec = f[5]; hint = f[6]; what = (f[7] == "" ? "" : " " f[7] " " f[8]); item = f[8]
+          ok = 0
+          if (file != "*") {
+            if (!(file in known)) { print where ": cites " file ", which is not in docs/spec/"; bad++; continue }
+            ok = (file " " sec) in S
+            tried = file
+          } else if (hint != "-") {
+            file = hint; ok = (file " " sec) in S; tried = file
+          } else {
+            # a bare section: it must exist in one of the spec files this source file cites
+            # (and in only one of them: otherwise the citation has to name its file)
+            tried = ""; hits = ""
+            for (c in cites) {
+              split(c, cc, " ")
+              if (cc[1] != f[2]) continue
+              tried = tried (tried == "" ? "" : ", ") cc[2]
+              if ((cc[2] " " sec) in S) { ok++; file = cc[2]; hits = hits (hits == "" ? "" : " and ") cc[2] }
+            }
+            if (tried == "") { print where ": §" sec " without any spec file named in this source file"; bad++; continue }
+            if (ok > 1) { print where ": §" sec " is ambiguous (a heading of " hits "): name the file"; bad++; continue }
+          }
+          if (!ok) { print where ": §" sec " is not a heading of " tried; bad++; continue }
+          if (what != "" && !((file " " sec " " item) in I)) {
+            print where ": §" sec what ": " file " §" sec " has no list item " item; bad++; continue
+          }
+          good++; if (verbose) print where ": ok " file " §" sec what
+        } else if (kind[k] == "E") {
+          if (!(f[4] in D)) { print where ": decision " f[4] " is not a \"Decision " f[4] "\" heading of docs/spec/README.md"; bad++ }
+          else { good++; if (verbose) print where ": ok decision " f[4] }
+        } else if (kind[k] == "P") {
+          if (system("test -f \"" root "/" f[4] "\"") != 0) { print where ": " f[4] " does not exist"; bad++ }
+          else good++
+        }
+      }
+      printf "spec-refs: %d references resolved, %d unresolved\n", good, bad
+      exit bad > 0
+    }'
+}
+
+# ---------------------------------------------------------------------------------------------
+include_rule() {
+  # every quoted or angled #include of src/ and app/: "<file> <line> <q|a> <header>"
+  local incs
+  incs=$(grep -rnE '^[[:space:]]*#[[:space:]]*include[[:space:]]*["<]' src app --include='*.h' --include='*.cpp' \
+           | sed -E 's/^([^:]+):([0-9]+):[[:space:]]*#[[:space:]]*include[[:space:]]*(["<])([^">]+)[">].*/\1 \2 \3 \4/' \
+           | sed -E 's/ "/ q/; s/ </ a/')
+  {
+    printf '%s\n' "$MODULES" | sed '/^#/d; /^$/d; s/^/M /'
+    printf '%s\n' "$EXTERNAL" | sed '/^#/d; /^$/d; s/^/X /'
+    printf '%s\n' "$EXCEPTIONS" | sed '/^#/d; /^$/d; s/^/T /'
+    echo "---"
+    printf '%s\n' "$incs"
+  } | awk '
+    # module of a path below src/ (or app/): the longest module prefix
+    function module_of(p,   m, best) {
+      best = ""
+      for (m in layer) if ((p == m || index(p, m "/") == 1) && length(m) > length(best)) best = m
+      return best
+    }
+    BEGIN { part = 0 }
+    $0 == "---" { part = 1; next }
+    part == 0 {
+      if ($1 == "M") layer[$2] = $3 + 0
+      else if ($1 == "X") { ext[$2] = " "; for (i = 3; i <= NF; i++) ext[$2] = ext[$2] $i " " }
+      else if ($1 == "T") { nt++; tfile[nt] = $2; thdr[nt] = $3; used[nt] = 0 }
+      next
+    }
+    NF >= 4 {
+      file = $1; ln = $2; q = $3; hdr = $4
+      rel = file; if (rel ~ /^src\//) sub(/^src\//, "", rel); else rel = "app/" substr(rel, 5)
+      from = (file ~ /^app\//) ? "app" : module_of(rel)
+      if (from == "") { print file ":" ln ": file is in no module of the rule table"; bad++; next }
+      msg = ""
+      if (q == "q") {
+        if (index(hdr, "/") == 0) next                      # same folder: same module
+        to = module_of(hdr)
+        if (to == "") next                                  # not a module header (e.g. a generated one)
+        if (to != from && !(layer[to] < layer[from]))
+          msg = from " (layer " layer[from] ") may not include " to " (layer " layer[to] ")"
+      } else {
+        for (x in ext) if (index(hdr, x) == 1 && index(ext[x], " " from " ") == 0)
+          { msg = "<" hdr "> is only for" ext[x]; sub(/ $/, "", msg) }
+      }
+      if (msg == "") { ok++; next }
+      for (t = 1; t <= nt; t++) if (tfile[t] == file && thdr[t] == hdr) { used[t] = 1; excused++; msg = "" }
+      if (msg != "") { print file ":" ln ": #include " (q == "q" ? "\"" hdr "\"" : "<" hdr ">") ": " msg; bad++ }
+    }
+    END {
+      for (t = 1; t <= nt; t++) if (!used[t]) {
+        print "note: exception \"" tfile[t] " " thdr[t] "\" matches no #include any more: delete it from scripts/check-structure.sh"
+      }
+      printf "include-rule: %d includes checked, %d allowed as temporary exceptions, %d violations\n", ok + excused + bad, excused, bad
+      exit bad > 0
+    }'
+}
+
+# ---------------------------------------------------------------------------------------------
+# Both checks on a small made-up tree with planted mistakes: each must be reported, nothing else.
+self_test() {
+  local t; t=$(mktemp -d)
+  mkdir -p "$t/docs/spec" "$t/src/util" "$t/src/model" "$t/src/io" "$t/app"
+  printf '# A\n\n## 3. Forward\n\n### 3.3 KDA\n\n1. one\n7. seven\n' > "$t/docs/spec/k3-architecture.md"
+  printf '# B\n\n### Decision 2 — GGUF\n' > "$t/docs/spec/README.md"
+  cat > "$t/src/model/m.h" <<'SRC'
+// good: k3-architecture.md §3.3 step 7, §3, spec/README.md decision 2, docs/spec/README.md
+// bad: k3-architecture.md §3.9 and §3.3 step 8; decisions 2-4; docs/nope.md; other.md §1
+#include "util/u.h"
+#include "io/g.h"
+SRC
+  cat > "$t/src/util/u.h" <<'SRC'
+// §2 (no file named)
+#include "model/m.h"
+#include <vector>
+SRC
+  printf '#include <CLI/CLI.hpp>\n#include "util/u.h"\n' > "$t/src/io/g.h"
+  printf '#include <CLI/CLI.hpp>\n#include "model/m.h"\n#include "command.h"\n' > "$t/app/main.cpp"
+  local want got
+  want=$(cat <<'OUT'
+src/model/m.h:2: §3.9 is not a heading of k3-architecture.md
+src/model/m.h:2: §3.3 step 8: k3-architecture.md §3.3 has no list item 8
+src/model/m.h:2: decision 3 is not a "Decision 3" heading of docs/spec/README.md
+src/model/m.h:2: decision 4 is not a "Decision 4" heading of docs/spec/README.md
+src/model/m.h:2: docs/nope.md does not exist
+src/model/m.h:2: cites other.md, which is not in docs/spec/
+src/util/u.h:1: §2 without any spec file named in this source file
+spec-refs: 6 references resolved, 7 unresolved
+rc=1
+src/util/u.h:2: #include "model/m.h": util (layer 0) may not include model (layer 4)
+src/io/g.h:1: #include <CLI/CLI.hpp>: <CLI/CLI.hpp> is only for app util
+include-rule: 8 includes checked, 0 allowed as temporary exceptions, 2 violations
+rc=1
+OUT
+)
+  got=$( (cd "$t" && root=$t && spec_refs; echo "rc=$?") 2>&1
+         (cd "$t" && root=$t && EXCEPTIONS="" && include_rule; echo "rc=$?") 2>&1)
+  rm -rf "$t"
+  if [[ "$(printf '%s\n' "$got" | sort)" != "$(printf '%s\n' "$want" | sort)" ]]; then
+    echo "self-test: the checks did not report exactly the planted mistakes (< expected, > got):"
+    diff <(printf '%s\n' "$want" | sort) <(printf '%s\n' "$got" | sort) || true
+    return 1
+  fi
+  echo "self-test: both checks report exactly the planted mistakes"
+}
+
+case $mode in
+  spec-refs) spec_refs ;;
+  include-rule) include_rule ;;
+  self-test) self_test ;;
+  *) echo "usage: $0 spec-refs|include-rule|self-test [ROOT]" >&2; exit 2 ;;
+esac

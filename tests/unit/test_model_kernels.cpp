@@ -9,6 +9,7 @@
 
 #include "backend/cpu/attention.h"
 #include "backend/cpu/conv.h"
+#include "backend/cpu/dispatch.h"
 #include "backend/cpu/kda.h"
 #include "backend/cpu/ops.h"
 #include "backend/cpu/topk.h"
@@ -25,9 +26,24 @@ std::vector<float> rnd(size_t n, uint32_t seed, float scale = 1.0f) {
   for (auto& x : v) x = U(r);
   return v;
 }
+
+// Runs body once per ISA level this CPU supports (the one dispatch moves every kernel family), then
+// restores the level in use.
+template <class F>
+void at_every_isa(F body) {
+  const kern::Isa saved = kern::current_isa();
+  for (kern::Isa isa : {kern::Isa::Scalar, kern::Isa::Avx2, kern::Isa::Avx512}) {
+    if (isa > kern::best_isa()) break;
+    kern::set_isa(isa);
+    SCOPED_TRACE(kern::isa_name(isa));
+    body();
+  }
+  kern::set_isa(saved);
+}
 }  // namespace
 
 TEST(ModelKernels, NormsAndActivations) {
+  at_every_isa([&] {
   const int n = 37;
   auto x = rnd(n, 1, 3.0f), w = rnd(n, 2), b = rnd(n, 3);
   std::vector<float> y(n);
@@ -52,9 +68,11 @@ TEST(ModelKernels, NormsAndActivations) {
   kern::situ(g.data(), u.data(), y.data(), n, 4.0f, 0.0f);  // lambda <= 0: identity up branch
   for (int i = 0; i < n; ++i)
     EXPECT_NEAR(y[i], 4.0 * std::tanh(g[i] / 4.0) / (1 + std::exp(-double(g[i]))) * u[i], 1e-4 * (1 + std::fabs(y[i])));
+  });
 }
 
 TEST(ModelKernels, VectorPrimitivesAllLengths) {
+  at_every_isa([&] {
   for (int n : {1, 7, 16, 31, 32, 33, 100, 576}) {
     auto a = rnd(n, 10 + n), b = rnd(n, 20 + n);
     std::vector<uint16_t> h(n);
@@ -80,6 +98,7 @@ TEST(ModelKernels, VectorPrimitivesAllLengths) {
       EXPECT_EQ(back[i], bh[i]);
     }
   }
+  });
 }
 
 TEST(ModelKernels, TopKTiesGoToTheEarlierPosition) {
@@ -130,6 +149,7 @@ TEST(ModelKernels, ConvStepIsCausalWithLastTapOnCurrentToken) {
 }
 
 TEST(ModelKernels, KdaStepMatchesTheDeltaRule) {
+  at_every_isa([&] {
   for (int D : {8, 32, 64, 128}) {  // 32: generic AVX-512 path; 64, 128: register-resident variants
   const int T = 6;
   std::vector<float> S(D * D, 0.0f), tmp(D), o(D);
@@ -155,9 +175,11 @@ TEST(ModelKernels, KdaStepMatchesTheDeltaRule) {
     }
   }
   }
+  });
 }
 
 TEST(ModelKernels, MlaSparseAndDenseMatchSoftmaxOverTheSelection) {
+  at_every_isa([&] {
   struct Cfg {
     int W, r, n, nh;
   };
@@ -207,6 +229,7 @@ TEST(ModelKernels, MlaSparseAndDenseMatchSoftmaxOverTheSelection) {
     }
   }
   }
+  });
 }
 
 TEST(ModelSampler, GreedyTopKTopPMinPAndPenalty) {

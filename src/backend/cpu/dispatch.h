@@ -1,8 +1,21 @@
-// Run-time CPU dispatch for the CPU kernels. The best level is detected once
-// (__builtin_cpu_supports); env KIMI_ISA=scalar|avx2|avx512 (read on first use) or set_isa() can
-// force a LOWER level, never a higher one. Code in *_avx2.cpp / *_avx512.cpp is only reached
-// through the tables below after this check.
+// Run-time CPU dispatch for ALL the CPU kernels (matmul and its activation preparation, ops,
+// attention, KDA, bf16 rows, top-k, conv): one ISA level, detected once (__builtin_cpu_supports);
+// env KIMI_ISA=scalar|avx2|avx512 (read on first use) or set_isa() can force a LOWER level, never a
+// higher one, and every kernel family follows it. Code in *_avx2.cpp / *_avx512.cpp is only
+// reached after this check, through family_isa() (or the matmul kernel tables below).
+//
+// One feature set per level, the exact set its files are compiled with (CMakeLists.txt):
+//   avx2   = AVX2 + FMA + F16C + BMI2                          (*_avx2.cpp)
+//   avx512 = avx2 + AVX-512 F + BW + DQ + VL + VNNI + BF16     (*_avx512.cpp)
+// Every *_avx512.cpp file gets all six AVX-512 flags, so the compiler may emit any of them there:
+// a CPU with AVX-512F but without VNNI or BF16 (Skylake-X) runs the avx2 level for every family.
+//
+// A family without code at a level uses the next lower level it has (family_isa): ops,
+// attention, KDA, bf16 rows and the activation preparation have scalar + avx512 code, matmul
+// scalar + avx2 + avx512 (per weight type: AVX2 has no Q5_0 / Q5_1 kernel), top-k and conv are
+// portable only.
 #pragma once
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -21,13 +34,55 @@ struct CpuFeatures {
 };
 const CpuFeatures& cpu_features();
 
-Isa best_isa();      // highest level this CPU supports (AVX-512 level needs F/BW/VL/DQ/VNNI/BF16)
-Isa current_isa();   // level in use (after KIMI_ISA / set_isa)
+// The feature-set definition of each level (see above); Scalar is always supported.
+bool isa_supported(Isa isa, const CpuFeatures& f);
+Isa best_isa_for(const CpuFeatures& f);  // highest level whose feature set f has
+
+Isa best_isa();      // best_isa_for(cpu_features())
 Isa set_isa(Isa want);  // force a level (clamped to best_isa()); returns the level now in use
 const char* isa_name(Isa isa);
 std::optional<Isa> isa_from_name(std::string_view name);  // "scalar", "avx2", "avx512"
 
-// ---- internal: one matmul kernel = activation preparation + tile runner ----
+namespace detail {
+extern std::atomic<int> g_isa;  // level in use; -1 until first use (constant-initialised)
+int init_isa();                 // detects best_isa(), applies KIMI_ISA, stores and returns it
+}  // namespace detail
+
+// Level in use (after KIMI_ISA / set_isa). Inline: the kernels check it on every call. Not to be
+// called from *_avx2.cpp / *_avx512.cpp (an inline function emitted there with the ISA flags could
+// be the copy the linker keeps for everyone).
+inline Isa current_isa() {
+  int v = detail::g_isa.load(std::memory_order_relaxed);
+  if (__builtin_expect(v < 0, 0)) v = detail::init_isa();
+  return static_cast<Isa>(v);
+}
+
+// ---- kernel families ----
+enum class KernelFamily : int { Matmul, QuantizeAct, Ops, Attention, Kda, Vec, TopK, Conv };
+constexpr int kKernelFamilies = 8;
+const char* family_name(KernelFamily f);  // "matmul", "quantize_act", "ops", "attention", "kda", "vec", "topk", "conv"
+
+// Whether the family has its own code at that level.
+constexpr bool family_has_code(KernelFamily f, Isa isa) {
+  if (isa == Isa::Scalar) return true;
+  switch (f) {
+    case KernelFamily::Matmul: return true;
+    case KernelFamily::QuantizeAct: case KernelFamily::Ops: case KernelFamily::Attention: case KernelFamily::Kda:
+    case KernelFamily::Vec:
+      return isa == Isa::Avx512;
+    default: return false;  // TopK, Conv: portable only
+  }
+}
+// The level a family runs at now: the highest level <= current_isa() it has code for. Each
+// family's entry points branch on this (and nothing else), so the answer names the code that runs.
+inline Isa family_isa(KernelFamily f) {
+  Isa isa = current_isa();
+  while (isa != Isa::Scalar && !family_has_code(f, isa)) isa = static_cast<Isa>(static_cast<int>(isa) - 1);
+  return isa;
+}
+const char* kernel_impl(KernelFamily f);  // isa_name(family_isa(f))
+
+// ---- matmul: one kernel per (weight type, precision) and level ----
 struct MatKernel {
   // Bytes of one prepared activation row; nullptr = the runner reads the f32 x rows directly.
   size_t (*act_bytes)(int64_t cols) = nullptr;
@@ -50,5 +105,10 @@ float* f32_scratch(int64_t n, int slot = 0);
 bool scalar_kernel(GgmlType type, Precision prec, MatKernel* k);
 bool avx2_kernel(GgmlType type, Precision prec, MatKernel* k);
 bool avx512_kernel(GgmlType type, Precision prec, MatKernel* k);
+
+// The kernel matmul runs for (type, precision) now: the one of the highest level <= current_isa()
+// that has one; *level (optional) gets that level. Fails for a type no level supports.
+MatKernel pick_matmul_kernel(GgmlType type, Precision prec, Isa* level = nullptr);
+Isa matmul_kernel_isa(GgmlType type, Precision prec);  // the level pick_matmul_kernel takes it from
 
 }  // namespace kimi::kern

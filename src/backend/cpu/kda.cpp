@@ -2,14 +2,17 @@
 
 #include <cmath>
 
+#include "backend/cpu/dispatch.h"
 #include "backend/cpu/ops.h"
 #include "backend/cpu/ops_simd.h"
 
 namespace kimi::kern {
 
+static inline bool simd() { return family_isa(KernelFamily::Kda) == Isa::Avx512; }
+
 void kda_step(float* S, const float* q, const float* k, const float* v, const float* g, float beta,
               float scale, float* o, int64_t D, float* tmp) {
-  if (ops_use_avx512() && D % 16 == 0) return avx512::kda_step(S, q, k, v, g, false, beta, scale, o, D, tmp);
+  if (simd() && D % 16 == 0) return avx512::kda_step(S, q, k, v, g, false, beta, scale, o, D, tmp);
   float* p = tmp;
   for (int64_t j = 0; j < D; ++j) p[j] = 0.0f;
   // decay, then predict with the decayed state
@@ -31,7 +34,7 @@ void kda_step(float* S, const float* q, const float* k, const float* v, const fl
 
 void kda_step_decay(float* S, const float* q, const float* k, const float* v, const float* a, float beta,
                     float scale, float* o, int64_t D, float* tmp) {
-  if (ops_use_avx512() && D % 16 == 0) return avx512::kda_step(S, q, k, v, a, true, beta, scale, o, D, tmp);
+  if (simd() && D % 16 == 0) return avx512::kda_step(S, q, k, v, a, true, beta, scale, o, D, tmp);
   float* p = tmp;
   for (int64_t j = 0; j < D; ++j) p[j] = 0.0f;
   for (int64_t i = 0; i < D; ++i) {

@@ -40,14 +40,6 @@ void validate(const MatView& W, const float* x, int64_t n_tokens, const float* y
     check(W.data != nullptr && x != nullptr && y != nullptr, "matmul: null weight/input/output pointer");
 }
 
-MatKernel pick_kernel(GgmlType type, Precision prec) {
-  MatKernel k;
-  Isa isa = current_isa();
-  if (isa == Isa::Avx512 && avx512_kernel(type, prec, &k)) return k;
-  if (isa >= Isa::Avx2 && avx2_kernel(type, prec, &k)) return k;
-  if (scalar_kernel(type, prec, &k)) return k;
-  fail("matmul: no kernel for weight type {}", type_name(type));
-}
 
 // Thread-local scratch that only grows (no allocation once warmed up).
 uint8_t* act_scratch(size_t bytes) {
@@ -74,6 +66,27 @@ Prepared prepare(const MatKernel& k, const float* x, int64_t n_tokens, int64_t c
 }
 
 }  // namespace
+
+MatKernel pick_matmul_kernel(GgmlType type, Precision prec, Isa* level) {
+  MatKernel k;
+  Isa isa = family_isa(KernelFamily::Matmul);
+  Isa got = Isa::Scalar;
+  if (isa == Isa::Avx512 && avx512_kernel(type, prec, &k)) {
+    got = Isa::Avx512;
+  } else if (isa >= Isa::Avx2 && avx2_kernel(type, prec, &k)) {
+    got = Isa::Avx2;
+  } else if (!scalar_kernel(type, prec, &k)) {
+    fail("matmul: no kernel for weight type {}", type_name(type));
+  }
+  if (level) *level = got;
+  return k;
+}
+
+Isa matmul_kernel_isa(GgmlType type, Precision prec) {
+  Isa level = Isa::Scalar;
+  pick_matmul_kernel(type, prec, &level);
+  return level;
+}
 
 namespace {
 thread_local float* t_lent = nullptr;  // scratch lent by matmul to this thread for one item
@@ -103,7 +116,7 @@ float* f32_scratch(int64_t n, int slot) {
 void matmul(const MatView& W, const float* x, int64_t n_tokens, float* y, ThreadPool& pool, Precision prec) {
   validate(W, x, n_tokens, y);
   if (W.rows == 0 || n_tokens == 0) return;
-  const MatKernel k = pick_kernel(W.type, prec);
+  const MatKernel k = pick_matmul_kernel(W.type, prec);
   const Prepared a = prepare(k, x, n_tokens, W.cols, &pool);
   const int nth = pool.size();
   // per-thread decode scratch, owned by the calling thread (grows once; workers never allocate)
@@ -152,7 +165,7 @@ void matmul_rows(const MatView& W, const float* x, int64_t n_tokens, float* y, i
   validate(W, x, n_tokens, y);
   check(r0 >= 0 && r0 <= r1 && r1 <= W.rows, "matmul_rows: row range [{}, {}) outside the {} rows", r0, r1, W.rows);
   if (r0 == r1 || n_tokens == 0) return;
-  const MatKernel k = pick_kernel(W.type, prec);
+  const MatKernel k = pick_matmul_kernel(W.type, prec);
   const Prepared a = prepare(k, x, n_tokens, W.cols, nullptr);
   k.run(W, a.act, a.stride, n_tokens, r0, r1, y, W.rows);
 }

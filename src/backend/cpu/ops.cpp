@@ -1,30 +1,19 @@
 #include "backend/cpu/ops.h"
 
 #include <cmath>
-#include <cstdlib>
-#include <cstring>
 
+#include "backend/cpu/dispatch.h"
 #include "backend/cpu/ops_simd.h"
 #include "tensor/types.h"
 
 namespace kimi::kern {
 
-static bool detect_avx512() {
-  const char* env = std::getenv("KIMI_ISA");
-  if (env && (std::strcmp(env, "scalar") == 0 || std::strcmp(env, "avx2") == 0)) return false;
-#if defined(__x86_64__)
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
-#else
-  return false;
-#endif
-}
-static const bool g_avx512 = detect_avx512();
-bool ops_use_avx512() { return g_avx512; }
+// The AVX-512 versions run when the one dispatch (dispatch.h) puts this family at avx512.
+static inline bool simd() { return family_isa(KernelFamily::Ops) == Isa::Avx512; }
+bool ops_use_avx512() { return simd(); }
 
 double sum_sq(const float* x, int64_t n) {
-  if (g_avx512) return avx512::sum_sq(x, n);
+  if (simd()) return avx512::sum_sq(x, n);
   double ss = 0;
   for (int64_t i = 0; i < n; ++i) ss += static_cast<double>(x[i]) * x[i];
   return ss;
@@ -96,32 +85,32 @@ void mul_sigmoid(float* x, const float* gate, int64_t n) {
 }
 
 void sigmoid_inplace_fast(float* x, int64_t n) {
-  if (g_avx512) return avx512::sigmoid_inplace(x, n);
+  if (simd()) return avx512::sigmoid_inplace(x, n);
   sigmoid_inplace(x, n);
 }
 
 void silu_fast(const float* x, float* y, int64_t n) {
-  if (g_avx512) return avx512::silu(x, y, n);
+  if (simd()) return avx512::silu(x, y, n);
   for (int64_t i = 0; i < n; ++i) y[i] = x[i] / (1.0f + std::exp(-x[i]));
 }
 
 void situ_fast(const float* g, const float* u, float* out, int64_t n, float beta, float lambda) {
-  if (g_avx512) return avx512::situ(g, u, out, n, beta, lambda);
+  if (simd()) return avx512::situ(g, u, out, n, beta, lambda);
   situ(g, u, out, n, beta, lambda);
 }
 
 void mul_sigmoid_fast(float* x, const float* gate, int64_t n) {
-  if (g_avx512) return avx512::mul_sigmoid(x, gate, n);
+  if (simd()) return avx512::mul_sigmoid(x, gate, n);
   mul_sigmoid(x, gate, n);
 }
 
 void exp_fast(const float* x, float* y, int64_t n) {
-  if (g_avx512) return avx512::exp_row(x, y, n);
+  if (simd()) return avx512::exp_row(x, y, n);
   for (int64_t i = 0; i < n; ++i) y[i] = std::exp(x[i]);
 }
 
 float dot_f32(const float* a, const float* b, int64_t n) {
-  if (g_avx512) return avx512::dot_f32(a, b, n);
+  if (simd()) return avx512::dot_f32(a, b, n);
   float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   int64_t i = 0;
   for (; i + 8 <= n; i += 8)
@@ -132,7 +121,7 @@ float dot_f32(const float* a, const float* b, int64_t n) {
 }
 
 float dot_f16(const float* a, const uint16_t* b, int64_t n) {
-  if (g_avx512) return avx512::dot_f16(a, b, n);
+  if (simd()) return avx512::dot_f16(a, b, n);
   float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   int64_t i = 0;
   for (; i + 8 <= n; i += 8)
@@ -143,12 +132,12 @@ float dot_f16(const float* a, const uint16_t* b, int64_t n) {
 }
 
 void axpy_f32(float a, const float* x, float* y, int64_t n) {
-  if (g_avx512) return avx512::axpy_f32(a, x, y, n);
+  if (simd()) return avx512::axpy_f32(a, x, y, n);
   for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
 }
 
 void axpy_f16(float a, const uint16_t* x, float* y, int64_t n) {
-  if (g_avx512) return avx512::axpy_f16(a, x, y, n);
+  if (simd()) return avx512::axpy_f16(a, x, y, n);
   for (int64_t i = 0; i < n; ++i) y[i] += a * f16_to_f32(x[i]);
 }
 
@@ -157,12 +146,12 @@ void scale_f32(float a, float* y, int64_t n) {
 }
 
 void f16_to_f32_row(const uint16_t* x, float* y, int64_t n) {
-  if (g_avx512) return avx512::f16_to_f32_row(x, y, n);
+  if (simd()) return avx512::f16_to_f32_row(x, y, n);
   for (int64_t i = 0; i < n; ++i) y[i] = f16_to_f32(x[i]);
 }
 
 void f32_to_f16_row(const float* x, uint16_t* y, int64_t n) {
-  if (g_avx512) return avx512::f32_to_f16_row(x, y, n);
+  if (simd()) return avx512::f32_to_f16_row(x, y, n);
   for (int64_t i = 0; i < n; ++i) y[i] = f32_to_f16(x[i]);
 }
 

@@ -1,6 +1,7 @@
 // Elementwise ops, norms, activations and small vector primitives used by the forward pass.
-// All f32 in / f32 out. Vector primitives (dot, axpy, f16 rows) have AVX-512 versions picked at
-// run time (KIMI_ISA=scalar forces the portable path).
+// All f32 in / f32 out. Vector primitives (dot, axpy, f16 rows) and the fast activations have
+// AVX-512 versions, used when the one kernel dispatch (dispatch.h: KernelFamily::Ops) is at avx512;
+// KIMI_ISA=avx2|scalar or set_isa() below avx512 selects the portable path.
 #pragma once
 #include <cstdint>
 
@@ -40,7 +41,7 @@ void scale_f32(float a, float* y, int64_t n);                  // y *= a
 void f16_to_f32_row(const uint16_t* x, float* y, int64_t n);
 void f32_to_f16_row(const float* x, uint16_t* y, int64_t n);
 
-// true when the AVX-512 versions are in use
+// true when the AVX-512 versions are in use (family_isa(KernelFamily::Ops) == Isa::Avx512)
 bool ops_use_avx512();
 
 }  // namespace kimi::kern

@@ -1,5 +1,5 @@
 // Non-x86 builds: the AVX-512 engine kernels (ops/attention/kda *_avx512.cpp) are not compiled,
-// and ops_use_avx512() is always false there, so these definitions are never called; they
+// and the dispatch never puts a family above scalar there, so these definitions are never called; they
 // only satisfy the linker.
 #if !defined(__x86_64__)
 #include <cstdlib>

@@ -129,6 +129,9 @@ struct WriterOptions {
   uint32_t alignment = 32;          // written as general.alignment only when != 32
   uint64_t split_max_bytes = 0;     // 0 = one file; else shards of at most this many tensor bytes
                                     // (a single larger tensor gets a shard of its own)
+  std::vector<std::string> inputs;  // files being read: begin() refuses (before creating anything)
+                                    // to write any output file, every shard included, that is one of
+                                    // them (util/paths.h check_outputs_distinct)
 };
 
 // Streaming writer. Usage:
@@ -138,7 +141,8 @@ struct WriterOptions {
 //   for each tensor in declaration order: w.write_tensor_data(name, bytes, n) (may be called
 //     several times per tensor with consecutive chunks; the total must equal the tensor's nbytes)
 //   w.finish();                                              // pads, fsyncs, renames temp -> final
-// If the Writer is destroyed without finish() the temp files are removed (no half-written output).
+// Temp files are FINAL.kimi-tmp.<pid>.<random> (util/tempfile.h): removed if the Writer is destroyed
+// without finish() or the process gets SIGINT/SIGTERM/SIGHUP, and by a later run if left by a dead one.
 // With splitting, output names are PREFIX-0000N-of-0000M.gguf derived from out_path (a trailing
 // ".gguf" is stripped to get PREFIX); split.no / split.count / split.tensors.count are added, and
 // all other KVs go to the first shard only.

@@ -13,6 +13,8 @@
 #include "io/gguf.h"
 #include "io/gguf_internal.h"
 #include "util/error.h"
+#include "util/paths.h"
+#include "util/tempfile.h"
 
 namespace kimi::gguf {
 
@@ -238,10 +240,15 @@ struct Writer::Impl {
   void open_shard(size_t s) {
     cur_shard = s;
     Shard& sh = shards[s];
-    sh.tmp_path = fmt::format("{}.tmp{}", sh.final_path, ::getpid());
-    f = std::fopen(sh.tmp_path.c_str(), "wb");
-    if (!f) fail("cannot create '{}': {}", sh.tmp_path, std::strerror(errno));
+    TempFile tf = create_temp_file(sh.final_path);  // unique name, removed on SIGINT/SIGTERM/SIGHUP
+    sh.tmp_path = tf.path;
     tmp_created.push_back(sh.tmp_path);
+    f = ::fdopen(tf.fd, "wb");
+    if (!f) {
+      const int e = errno;
+      ::close(tf.fd);
+      fail("cannot open '{}' for writing: {}", sh.tmp_path, std::strerror(e));
+    }
     std::setvbuf(f, nullptr, _IOFBF, 1 << 20);
     file_pos = 0;
     const std::string h = header(s);
@@ -284,7 +291,7 @@ struct Writer::Impl {
       std::fclose(f);
       f = nullptr;
     }
-    for (const auto& p : tmp_created) ::unlink(p.c_str());
+    for (const auto& p : tmp_created) discard_temp(p);
     tmp_created.clear();
   }
 };
@@ -366,6 +373,12 @@ void Writer::begin() {
   Impl& m = *impl_;
   check(m.state == Impl::State::Declaring, "{}: begin() called twice", m.out_path);
   m.shards = m.plan();
+  {
+    // every name this writer will create, before any of them is created
+    std::vector<std::string> outs;
+    for (const auto& sh : m.shards) outs.push_back(sh.final_path);
+    check_outputs_distinct(m.opts.inputs, outs);
+  }
   check(m.shards.size() <= 65535, "{}: {} split files (limit 65535): raise split_max_bytes", m.out_path,
         m.shards.size());
   check(m.tensors.size() <= static_cast<size_t>(INT32_MAX), "{}: too many tensors", m.out_path);
@@ -435,8 +448,7 @@ void Writer::finish() {
     m.ensure_shard(m.shards.size() - 1);
     m.close_shard();
     for (auto& sh : m.shards) {
-      if (std::rename(sh.tmp_path.c_str(), sh.final_path.c_str()) != 0)
-        fail("cannot rename '{}' to '{}': {}", sh.tmp_path, sh.final_path, std::strerror(errno));
+      commit_temp(sh.tmp_path, sh.final_path);
     }
   } catch (...) {
     m.state = Impl::State::Failed;

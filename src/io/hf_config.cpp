@@ -3,12 +3,12 @@
 
 #include <cerrno>
 #include <cstring>
-#include <fstream>
 #include <limits>
 #include <set>
-#include <sstream>
 
 #include "util/error.h"
+#include "util/json.h"
+#include "util/paths.h"
 
 using nlohmann::json;
 
@@ -16,18 +16,7 @@ namespace kimi {
 
 namespace {
 
-std::pair<size_t, size_t> line_col(const std::string& text, size_t pos) {
-  size_t line = 1, col = 1;
-  for (size_t i = 0; i < pos && i < text.size(); ++i) {
-    if (text[i] == '\n') {
-      ++line;
-      col = 1;
-    } else {
-      ++col;
-    }
-  }
-  return {line, col};
-}
+constexpr uint64_t kMaxConfigBytes = 64ull << 20;  // config.json is a few KB
 
 // Looks KEY up in J: the literal key first, then (if it contains '.') as a path of nested
 // objects, e.g. "linear_attn_config.head_dim". Returns nullptr when absent.
@@ -86,22 +75,17 @@ bool as_bool(const json& v, const std::string& label, const std::string& key) {
 }  // namespace
 
 HfConfig HfConfig::load(const std::string& config_json_path) {
-  std::ifstream f(config_json_path, std::ios::binary);
-  if (!f.good()) fail("cannot open '{}': {}", config_json_path, std::strerror(errno));
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  check(!f.bad(), "error reading '{}'", config_json_path);
-  return parse(ss.str(), config_json_path);
+  return parse(read_input_file(config_json_path, kMaxConfigBytes), config_json_path);
 }
 
 HfConfig HfConfig::parse(const std::string& text, const std::string& label) {
   HfConfig c;
   c.path = label;
   try {
-    c.root = json::parse(text);
-  } catch (const json::parse_error& e) {
-    size_t pos = e.byte > 0 ? e.byte - 1 : 0;
-    auto [line, col] = line_col(text, pos);
+    c.root = parse_json<json>(text, label);
+  } catch (const JsonError& e) {
+    if (e.too_deep) throw;
+    auto [line, col] = json_line_col(text, e.byte);
     fail("{}: invalid JSON at line {}, column {}: {}", label, line, col, e.what());
   }
   check(c.root.is_object(), "{}: top level must be a JSON object, got {}", label, c.root.type_name());

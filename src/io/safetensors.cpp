@@ -17,6 +17,9 @@
 #include <utility>
 
 #include "util/error.h"
+#include "util/json.h"
+#include "util/paths.h"
+#include "util/tempfile.h"
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -47,25 +50,12 @@ const DtypeInfo& info(Dtype d) {
 }
 
 constexpr uint64_t kMaxHeader = 100000000;  // reference implementation limit
+constexpr uint64_t kMaxIndexBytes = 1ull << 30;  // model.safetensors.index.json (K3: a few MB)
 
 uint64_t read_u64le(const uint8_t* p) {
   uint64_t v = 0;
   for (int i = 7; i >= 0; --i) v = (v << 8) | p[i];
   return v;
-}
-
-// 1-based line and column of byte offset `pos` in `text` (nlohmann reports 1-based byte counts).
-std::pair<size_t, size_t> line_col(const char* text, size_t len, size_t pos) {
-  size_t line = 1, col = 1;
-  for (size_t i = 0; i < pos && i < len; ++i) {
-    if (text[i] == '\n') {
-      ++line;
-      col = 1;
-    } else {
-      ++col;
-    }
-  }
-  return {line, col};
 }
 
 // Parses JSON text strictly: any syntax error is reported with its line/column. Duplicate keys
@@ -105,10 +95,11 @@ json parse_json_strict(const char* text, size_t len, const std::string& label, c
   };
   json j;
   try {
-    j = json::parse(text, text + len, cb, /*allow_exceptions=*/true, /*ignore_comments=*/false);
-  } catch (const json::parse_error& e) {
-    size_t pos = e.byte > 0 ? e.byte - 1 : 0;
-    auto [line, col] = line_col(text, len, pos);
+    // the same nesting limit as every other JSON the program reads (util/json.h)
+    j = parse_json_with<json>(std::string_view(text, len), label + ": " + what, cb);
+  } catch (const JsonError& e) {
+    if (e.too_deep) throw;
+    auto [line, col] = json_line_col(std::string_view(text, len), e.byte);
     fail("{}: invalid JSON in {} at line {}, column {}: {}", label, what, line, col, e.what());
   }
   if (!found) dup->clear();
@@ -274,12 +265,7 @@ bool ends_with(const std::string& s, const std::string& suf) {
 }
 
 std::string read_text_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  check(f.good(), "cannot open '{}': {}", path, std::strerror(errno));
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  check(!f.bad(), "error reading '{}'", path);
-  return ss.str();
+  return read_input_file(path, kMaxIndexBytes);  // regular files only: a FIFO would block
 }
 
 }  // namespace
@@ -382,6 +368,7 @@ struct CheckpointLoader {
       shards.insert(shard);
     }
     std::unique_ptr<Checkpoint> c(new Checkpoint());
+    c->index_path_ = index_path;
     std::set<std::string> seen;
     for (const auto& shard : shards) {
       const std::string p = dir.empty() ? shard : dir + "/" + shard;
@@ -429,6 +416,13 @@ std::unique_ptr<Checkpoint> Checkpoint::open(const std::string& path) {
   check(fs::exists(path, ec), "'{}': no such file or directory", path);
   if (ends_with(path, ".index.json")) return CheckpointLoader::open_index(path);
   return CheckpointLoader::open_single(path);
+}
+
+std::vector<std::string> Checkpoint::file_paths() const {
+  std::vector<std::string> v;
+  for (const auto& f : files_) v.push_back(f.path());
+  if (!index_path_.empty()) v.push_back(index_path_);
+  return v;
 }
 
 const Tensor* Checkpoint::find(const std::string& name) const {
@@ -495,13 +489,12 @@ struct Writer::Impl {
       std::fclose(f);
       f = nullptr;
     }
-    if (!tmp.empty()) ::unlink(tmp.c_str());
+    if (!tmp.empty()) discard_temp(tmp);
   }
 };
 
 Writer::Writer(std::string path) : impl_(std::make_unique<Impl>()) {
-  impl_->path = std::move(path);
-  impl_->tmp = impl_->path + ".tmp";
+  impl_->path = std::move(path);  // the temp (PATH.kimi-tmp.<pid>.<random>) is created by begin()
 }
 
 Writer::~Writer() {
@@ -566,8 +559,14 @@ void Writer::begin() {
   std::string text = h.dump();
   while (text.size() % 8 != 0) text.push_back(' ');
 
-  I.f = std::fopen(I.tmp.c_str(), "wb");
-  if (!I.f) fail("cannot create '{}': {}", I.tmp, std::strerror(errno));
+  TempFile tf = create_temp_file(I.path);
+  I.tmp = tf.path;
+  I.f = ::fdopen(tf.fd, "wb");
+  if (!I.f) {
+    int e = errno;
+    ::close(tf.fd);
+    fail("cannot open '{}' for writing: {}", I.tmp, std::strerror(e));
+  }
   I.state = Impl::State::Writing;
   std::setvbuf(I.f, nullptr, _IOFBF, 1 << 20);
   uint8_t len[8];
@@ -615,10 +614,11 @@ void Writer::finish() {
     I.state = Impl::State::Failed;
     fail("{}: error flushing data: {}", I.tmp, std::strerror(!ok ? e1 : e2));
   }
-  if (std::rename(I.tmp.c_str(), I.path.c_str()) != 0) {
-    int e = errno;
+  try {
+    commit_temp(I.tmp, I.path);
+  } catch (...) {
     I.state = Impl::State::Failed;
-    fail("cannot rename '{}' to '{}': {}", I.tmp, I.path, std::strerror(e));
+    throw;
   }
   I.state = Impl::State::Finished;
 }

@@ -41,12 +41,15 @@ class Checkpoint {
   const Tensor& get(const std::string& name) const;  // throws "tensor 'X' not found in <path>"
   const std::map<std::string, std::string>& metadata() const { return metadata_; }  // first file's __metadata__
   size_t n_files() const { return files_.size(); }
+  // Every file the checkpoint was read from: the shards and model.safetensors.index.json (if used).
+  std::vector<std::string> file_paths() const;
   // Advise the kernel that a tensor's pages are no longer needed (keeps RSS bounded while streaming).
   void release(const Tensor& t) const;
 
  private:
   Checkpoint() = default;
   std::vector<MappedFile> files_;
+  std::string index_path_;
   std::map<std::string, Tensor> tensors_;
   std::vector<std::string> names_;
   std::map<std::string, std::string> metadata_;
@@ -58,7 +61,8 @@ std::vector<Tensor> parse_buffer(const uint8_t* data, size_t size, const std::st
 
 // Streaming writer for one .safetensors file: declare all tensors, then write their bytes in
 // declaration order (chunks allowed). The header is padded with spaces to a multiple of 8.
-// Writes to PATH.tmp and renames in finish(); the temp file is removed if finish() never runs.
+// Writes to a unique temp PATH.kimi-tmp.<pid>.<random> (util/tempfile.h) and renames it in finish();
+// the temp file is removed if finish() never runs or the process gets SIGINT/SIGTERM/SIGHUP.
 class Writer {
  public:
   explicit Writer(std::string path);

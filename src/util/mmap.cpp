@@ -10,21 +10,18 @@
 #include <utility>
 
 #include "util/error.h"
+#include "util/paths.h"
 
 namespace kimi {
 
 MappedFile::MappedFile(const std::string& path) : path_(path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) fail("cannot open '{}': {}", path, std::strerror(errno));
+  // open_input_file refuses FIFOs, devices and directories without blocking on them
+  int fd = open_input_file(path);
   struct stat st {};
   if (::fstat(fd, &st) != 0) {
     int e = errno;
     ::close(fd);
     fail("cannot stat '{}': {}", path, std::strerror(e));
-  }
-  if (!S_ISREG(st.st_mode)) {
-    ::close(fd);
-    fail("'{}' is not a regular file", path);
   }
   size_ = static_cast<size_t>(st.st_size);
   if (size_ > 0) {

@@ -21,6 +21,16 @@ using kimi::test::TempDir;
 
 namespace {
 
+// True when PATH's directory holds a temp of PATH (PATH.kimi-tmp.*, or the old fixed PATH.tmp).
+bool has_temp(const std::string& path) {
+  const std::string base = fs::path(path).filename().string();
+  for (const auto& e : fs::directory_iterator(fs::path(path).parent_path())) {
+    const std::string n = e.path().filename().string();
+    if (n.rfind(base + ".kimi-tmp.", 0) == 0 || n == base + ".tmp") return true;
+  }
+  return false;
+}
+
 // Runs fn, expects a kimi::Error whose message contains every one of `parts`.
 void expect_error(const std::function<void()>& fn, const std::vector<std::string>& parts) {
   try {
@@ -146,7 +156,7 @@ TEST(Safetensors, RoundTripEveryDtype) {
     }
     w.finish();
   }
-  EXPECT_FALSE(fs::exists(path + ".tmp"));
+  EXPECT_FALSE(has_temp(path));
 
   // Independent check of the byte layout.
   std::string raw = kimi::test::read_file(path);
@@ -429,9 +439,9 @@ TEST(SafetensorsWriter, TempRemovedWithoutFinish) {
     w.begin();
     uint8_t b[2] = {1, 2};
     w.write("a", b, 2);
-    EXPECT_TRUE(fs::exists(path + ".tmp"));
+    EXPECT_TRUE(has_temp(path));
   }
-  EXPECT_FALSE(fs::exists(path + ".tmp"));
+  EXPECT_FALSE(has_temp(path));
   EXPECT_FALSE(fs::exists(path));
 }
 
@@ -476,7 +486,7 @@ TEST(SafetensorsWriter, DeclarationErrors) {
 
 TEST(SafetensorsWriter, UnwritableDirectory) {
   kimi::st::Writer w("/nonexistent-dir-kimi/x.safetensors");
-  expect_error([&] { w.begin(); }, {"/nonexistent-dir-kimi/x.safetensors.tmp"});
+  expect_error([&] { w.begin(); }, {"/nonexistent-dir-kimi/x.safetensors.kimi-tmp."});
 }
 
 // ---------------------------------------------------------------------------------------------

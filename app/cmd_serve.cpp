@@ -44,7 +44,14 @@ int cmd_serve(int argc, char** argv) {
   app.add_option("--max-tokens", o.max_tokens, "limit for a request's max_tokens (0 = ctx)")->check(CLI::NonNegativeNumber);
   app.add_option("--default-max-tokens", o.default_max_tokens, "chat max_tokens when the request has none (0 = up to ctx)")
       ->check(CLI::NonNegativeNumber);
-  app.add_option("--max-connections", o.max_connections, "concurrent HTTP connections")->check(CLI::Range(1, 4096));
+  app.add_option("--max-connections", o.max_connections, "requests handled concurrently (handler threads)")
+      ->check(CLI::Range(1, 4096));
+  app.add_option("--max-open-connections", o.max_open_connections, "open connections (slow or idle ones hold no thread)")
+      ->check(CLI::Range(1, 1 << 20));
+  app.add_option("--head-timeout", o.head_timeout_s, "seconds within which a whole request head must arrive")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--body-timeout", o.body_timeout_s, "seconds within which a whole request body must arrive")
+      ->check(CLI::PositiveNumber);
   app.add_option("--timeout", o.timeout_s, "per-request time limit in seconds (0 = none)")->check(CLI::NonNegativeNumber);
   app.add_option("--grace", o.grace_s, "shutdown grace period in seconds")->check(CLI::NonNegativeNumber);
   app.add_flag("-v,--verbose", o.verbose, "log the model summary and every request to stderr");

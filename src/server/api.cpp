@@ -6,6 +6,7 @@
 #include <random>
 
 #include "util/error.h"
+#include "util/json.h"
 
 namespace kimi::server {
 
@@ -44,21 +45,89 @@ bool constant_time_equal(const std::string& a, const std::string& b) {
   return diff == 0;
 }
 
-ojson parse_body(const std::string& body) {
-  ojson j = ojson::parse(body, nullptr, false);
-  if (j.is_discarded()) {
-    // re-parse with exceptions for the position of the error
-    std::string where;
-    try {
-      const ojson unused = ojson::parse(body);
-      (void)unused;
-    } catch (const ojson::parse_error& e) {
-      where = fmt::format(" (at byte {})", e.byte);
+namespace {
+
+// Second pass over a body that failed to parse: follows the key path (SAX, no values built) up
+// to the error, so that the message can name the field ("messages[0].content").
+struct ErrorPath : nlohmann::json_sax<ojson> {
+  struct Level {
+    bool array;
+    size_t index = 0;
+    std::string key;
+  };
+  std::vector<Level> levels;
+  size_t byte = 0;
+  std::string message;
+
+  void value_done() {
+    if (!levels.empty() && levels.back().array) ++levels.back().index;
+  }
+  bool push(bool array) {
+    if (levels.size() > static_cast<size_t>(kJsonMaxDepth)) return false;
+    levels.push_back({array, 0, {}});
+    return true;
+  }
+  bool pop() {
+    if (!levels.empty()) levels.pop_back();
+    value_done();
+    return true;
+  }
+  bool null() override { return value_done(), true; }
+  bool boolean(bool) override { return value_done(), true; }
+  bool number_integer(number_integer_t) override { return value_done(), true; }
+  bool number_unsigned(number_unsigned_t) override { return value_done(), true; }
+  bool number_float(number_float_t, const string_t&) override { return value_done(), true; }
+  bool string(string_t&) override { return value_done(), true; }
+  bool binary(binary_t&) override { return value_done(), true; }
+  bool start_object(std::size_t) override { return push(false); }
+  bool key(string_t& k) override {
+    if (!levels.empty()) levels.back().key = k;
+    return true;
+  }
+  bool end_object() override { return pop(); }
+  bool start_array(std::size_t) override { return push(true); }
+  bool end_array() override { return pop(); }
+  bool parse_error(std::size_t position, const std::string&, const nlohmann::detail::exception& ex) override {
+    byte = position;
+    message = ex.what();
+    const size_t b = message.find("] ");  // drop nlohmann's "[json.exception.parse_error.101] " prefix
+    if (message.rfind("[json.exception.", 0) == 0 && b != std::string::npos) message.erase(0, b + 2);
+    return false;
+  }
+  std::string path() const {
+    std::string p;
+    for (const Level& l : levels) {
+      if (l.array) p += fmt::format("[{}]", l.index);
+      else if (!l.key.empty()) p += (p.empty() ? "" : ".") + l.key;
     }
-    throw ApiError(400, "request body is not valid JSON" + where, "invalid_request_error", "", "invalid_json");
+    return p;
+  }
+};
+
+}  // namespace
+
+ojson parse_body(const std::string& body) {
+  ojson j;
+  try {
+    j = parse_json<ojson>(body, "request body");
+  } catch (const JsonError& e) {
+    if (e.too_deep)
+      throw ApiError(400, fmt::format("request body: JSON nested deeper than {} levels", kJsonMaxDepth),
+                     "invalid_request_error", "", "invalid_json");
+    ErrorPath ep;
+    ojson::sax_parse(body, &ep);
+    const std::string where = ep.path();
+    throw ApiError(400,
+                   fmt::format("request body is not valid JSON (at byte {}{}): {}", ep.byte,
+                               where.empty() ? "" : ", in '" + where + "'", ep.message.empty() ? e.what() : ep.message),
+                   "invalid_request_error", where, "invalid_json");
   }
   if (!j.is_object()) throw ApiError(400, "request body must be a JSON object", "invalid_request_error");
   return j;
+}
+
+int prompt_limit(const Limits& lim) {
+  return lim.max_prompt_tokens > 0 ? std::min(lim.max_prompt_tokens, lim.n_ctx - 1) : lim.n_ctx - 1;
 }
 
 namespace {
@@ -85,16 +154,38 @@ int64_t integer(const ojson& b, const char* k, int64_t dflt, int64_t lo, int64_t
   const ojson* v = field(b, k);
   if (!v) return dflt;
   if (!v->is_number_integer()) {
-    if (v->is_number_float() && std::floor(v->get<double>()) == v->get<double>() && std::abs(v->get<double>()) < 9e15)
-      ;  // 16.0 is accepted as 16
-    else
-      bad(k, fmt::format("'{}' must be an integer (got {})", k, v->is_number() ? "a fraction" : v->type_name()));
+    if (!v->is_number_float()) bad(k, fmt::format("'{}' must be an integer (got {})", k, v->type_name()));
+    const double d = v->get<double>();
+    if (std::floor(d) != d) bad(k, fmt::format("'{}' must be an integer (got {})", k, d));
+    if (!(d >= static_cast<double>(lo) && d <= static_cast<double>(hi)))
+      bad(k, fmt::format("'{}' must be between {} and {} (got {})", k, lo, hi, d));
+    // 16.0 is accepted as 16
   }
-  const int64_t x = v->is_number_integer() ? (v->is_number_unsigned() && v->get<uint64_t>() > INT64_MAX ? INT64_MAX
-                                                                                                         : v->get<int64_t>())
-                                           : static_cast<int64_t>(v->get<double>());
+  if (v->is_number_unsigned() && v->get<uint64_t>() > static_cast<uint64_t>(INT64_MAX))
+    bad(k, fmt::format("'{}' must be between {} and {} (got {})", k, lo, hi, v->get<uint64_t>()));
+  const int64_t x = v->is_number_integer() ? v->get<int64_t>() : static_cast<int64_t>(v->get<double>());
   if (x < lo || x > hi) bad(k, fmt::format("'{}' must be between {} and {} (got {})", k, lo, hi, x));
   return x;
+}
+
+[[noreturn]] void too_long(const Limits& lim, bool chat, const std::string& size) {
+  throw ApiError(400,
+                 fmt::format("the prompt has {}, more than the limit of {} tokens (context {})", size, prompt_limit(lim),
+                             lim.n_ctx),
+                 "invalid_request_error", chat ? "messages" : "prompt", "context_length_exceeded");
+}
+
+// Tokenizes a prompt text without working on more than the limit allows: a text that cannot fit
+// at any tokenization (more bytes than limit * the longest token) is refused untokenized, and the
+// tokenizer stops once the limit is passed.
+std::vector<int32_t> encode_prompt(const tok::Tokenizer& tok, const std::string& text, const Limits& lim, bool chat) {
+  const size_t limit = static_cast<size_t>(std::max(0, prompt_limit(lim)));
+  if (lim.max_token_bytes > 0 && text.size() > limit * lim.max_token_bytes)
+    too_long(lim, chat, fmt::format("{} bytes (at least {} tokens)", text.size(),
+                                    (text.size() + lim.max_token_bytes - 1) / lim.max_token_bytes));
+  std::vector<int32_t> ids = tok.encode_limited(text, limit, true);
+  if (ids.size() > limit) too_long(lim, chat, fmt::format("more than {} tokens", limit));
+  return ids;
 }
 
 bool boolean(const ojson& b, const char* k, bool dflt) {
@@ -126,7 +217,9 @@ void common_params(const ojson& b, ParsedRequest& r, const Limits& lim, bool cha
   sp.top_k = static_cast<int>(integer(b, "top_k", 0, 0, INT32_MAX));
   sp.min_p = static_cast<float>(number(b, "min_p", 0.0, 0.0, 1.0));
   sp.repeat_penalty = static_cast<float>(number(b, "repeat_penalty", 1.0, 1e-3, 100.0));
-  if (field(b, "seed")) {
+  if (const ojson* sd = field(b, "seed"); sd && sd->is_number_unsigned()) {
+    sp.seed = sd->get<uint64_t>();  // any 64-bit seed
+  } else if (sd) {
     sp.seed = static_cast<uint64_t>(integer(b, "seed", 0, INT64_MIN, INT64_MAX));
   } else {
     std::random_device rd;
@@ -147,16 +240,12 @@ void common_params(const ojson& b, ParsedRequest& r, const Limits& lim, bool cha
     }
   }
   const int max_limit = lim.max_tokens > 0 ? lim.max_tokens : lim.n_ctx;
-  const int max_prompt = lim.max_prompt_tokens > 0 ? std::min(lim.max_prompt_tokens, lim.n_ctx - 1) : lim.n_ctx - 1;
+  const int max_prompt = prompt_limit(lim);
   const int64_t mt_dflt = chat ? (lim.default_max_tokens > 0 ? lim.default_max_tokens : max_limit) : 16;
   const char* key = field(b, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
   r.gen.max_tokens = static_cast<int>(integer(b, key, std::min<int64_t>(mt_dflt, max_limit), 1, max_limit));
   if (r.prompt.empty()) bad(chat ? "messages" : "prompt", "the prompt is empty");
-  if (static_cast<int>(r.prompt.size()) > max_prompt)
-    throw ApiError(400,
-                   fmt::format("the prompt has {} tokens, more than the limit of {} (context {})", r.prompt.size(),
-                               max_prompt, lim.n_ctx),
-                   "invalid_request_error", chat ? "messages" : "prompt", "context_length_exceeded");
+  if (static_cast<int>(r.prompt.size()) > max_prompt) too_long(lim, chat, fmt::format("{} tokens", r.prompt.size()));
   if (lim.timeout_s > 0)
     r.gen.deadline = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(lim.timeout_s * 1000));
 }
@@ -237,7 +326,7 @@ ParsedRequest parse_chat_request(const std::string& body_text, const tok::Tokeni
         if (fn.contains("arguments") && !fn["arguments"].is_null()) {
           const ojson& a = fn["arguments"];
           if (a.is_string()) {
-            const ojson pa = ojson::parse(a.get<std::string>(), nullptr, false);
+            const ojson pa = try_parse_json<ojson>(a.get<std::string>());
             if (!a.get<std::string>().empty() && (pa.is_discarded() || !pa.is_object()))
               bad(cw + ".function.arguments", fmt::format("'{}.function.arguments' must be a JSON object (as a string)", cw));
           } else if (!a.is_object()) {
@@ -281,6 +370,12 @@ ParsedRequest parse_chat_request(const std::string& body_text, const tok::Tokeni
   }
   if (const ojson* rf = field(b, "response_format")) {
     if (!rf->is_object()) bad("response_format", "'response_format' must be an object");
+    if (const ojson* t = field(*rf, "type")) {
+      if (!t->is_string() || (*t != "text" && *t != "json_object" && *t != "json_schema"))
+        bad("response_format.type", "'response_format.type' must be \"text\", \"json_object\" or \"json_schema\"");
+    }
+    if (const ojson* js = field(*rf, "json_schema"))
+      if (!js->is_object()) bad("response_format.json_schema", "'response_format.json_schema' must be an object");
     req["response_format"] = *rf;
   }
   bool thinking = true;
@@ -288,14 +383,20 @@ ParsedRequest parse_chat_request(const std::string& body_text, const tok::Tokeni
     req["thinking"] = *th;
     thinking = truthy(*th);
   }
-  if (const ojson* e = field(b, "thinking_effort")) req["thinking_effort"] = *e;
-  else if (const ojson* e2 = field(b, "reasoning_effort")) req["thinking_effort"] = *e2;
+  for (const char* k : {"thinking_effort", "reasoning_effort"}) {
+    const ojson* e = field(b, k);
+    if (!e) continue;
+    if (!e->is_string() || (*e != "low" && *e != "medium" && *e != "high" && *e != "max"))
+      bad(k, fmt::format("'{}' must be one of \"low\", \"medium\", \"high\", \"max\"", k));
+    req["thinking_effort"] = *e;
+    break;
+  }
   try {
     r.rendered = tok::render_chat_request(req);
-  } catch (const kimi::Error& e) {
+  } catch (const std::exception& e) {  // kimi::Error from the template, or a JSON type error
     bad("messages", std::string("cannot render the chat: ") + e.what());
   }
-  r.prompt = tok.encode(r.rendered, true);
+  r.prompt = encode_prompt(tok, r.rendered, lim, true);
   r.gen.chat = true;
   r.gen.start_in_think = thinking;
   common_params(b, r, lim, true);
@@ -310,10 +411,12 @@ ParsedRequest parse_completion_request(const std::string& body_text, const tok::
   if (field(b, "suffix")) bad("suffix", "'suffix' is not supported");
   if (boolean(b, "echo", false)) bad("echo", "'echo' is not supported");
   if (p->is_string()) {
-    r.prompt = tok.encode(p->get<std::string>(), true);
+    r.prompt = encode_prompt(tok, p->get<std::string>(), lim, false);
   } else if (p->is_array() && p->size() == 1 && (*p)[0].is_string()) {
-    r.prompt = tok.encode((*p)[0].get<std::string>(), true);
+    r.prompt = encode_prompt(tok, (*p)[0].get<std::string>(), lim, false);
   } else if (p->is_array()) {
+    if (p->size() > static_cast<size_t>(std::max(0, prompt_limit(lim))))
+      too_long(lim, false, fmt::format("{} tokens", p->size()));
     const int64_t nv = tok.n_vocab();
     for (size_t i = 0; i < p->size(); ++i) {
       const ojson& t = (*p)[i];
@@ -341,7 +444,7 @@ void apply_chat_text(tok::ChatParser& parser, const std::string& text, JobOutput
 ojson tool_call_json(const tok::ParsedToolCall& c, const std::string& id) {
   std::string args;
   if (!c.raw_json.empty()) {
-    const ojson parsed = ojson::parse(c.raw_json, nullptr, false);
+    const ojson parsed = try_parse_json<ojson>(c.raw_json);
     args = !parsed.is_discarded() && parsed.is_object() ? parsed.dump() : c.raw_json;
   } else {
     args = c.arguments.dump();

@@ -34,7 +34,12 @@ struct Limits {
   int max_tokens = 0;           // upper bound for a request's max_tokens (0: n_ctx)
   int default_max_tokens = 0;   // chat default when the request has none (0: what the context allows)
   double timeout_s = 600;       // per request (0: none)
+  size_t max_token_bytes = 0;   // longest token in bytes (Tokenizer::max_token_bytes; 0: unknown):
+                                // a prompt text longer than limit * this is refused untokenized
 };
+
+// The prompt token limit these limits give (max_prompt_tokens or n_ctx - 1, whichever is smaller).
+int prompt_limit(const Limits& lim);
 
 struct ParsedRequest {
   std::vector<int32_t> prompt;
@@ -50,7 +55,8 @@ struct ParsedRequest {
 ParsedRequest parse_chat_request(const std::string& body, const tok::Tokenizer& tok, const Limits& lim);
 ParsedRequest parse_completion_request(const std::string& body, const tok::Tokenizer& tok, const Limits& lim);
 
-// Parses a JSON body into an object (ApiError 400 for malformed JSON / not an object).
+// Parses a JSON body into an object (ApiError 400 for malformed JSON, nesting deeper than
+// kJsonMaxDepth, a number out of range (the message and `param` name the field), not an object).
 ojson parse_body(const std::string& body);
 
 // Feeds raw model text through a chat parser into `out` (what the scheduler does per token).

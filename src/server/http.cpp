@@ -1,20 +1,13 @@
-// HTTP layer of `kimi serve` (cpp-httplib).
-#include <arpa/inet.h>
-#include <dirent.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
+// HTTP endpoints of `kimi serve` on the small HTTP/1.1 server in httpd.h.
 #include <atomic>
-#include <cerrno>
 #include <cstdio>
 #include <filesystem>
-#include <httplib.h>
 #include <map>
 #include <mutex>
 #include <optional>
 
 #include "server/api.h"
+#include "server/httpd.h"
 #include "server/server.h"
 #include "util/error.h"
 
@@ -22,67 +15,40 @@ namespace kimi::server {
 
 namespace {
 
-// ---- connection liveness (httplib 0.11 has no API for it): find the accepted socket of a
-// request by its addresses and peek it. recv() == 0 means the peer closed its side.
-bool sock_port(const sockaddr_storage& ss, std::string* addr, int* port) {
-  char buf[INET6_ADDRSTRLEN] = {0};
-  if (ss.ss_family == AF_INET) {
-    auto* a = reinterpret_cast<const sockaddr_in*>(&ss);
-    inet_ntop(AF_INET, &a->sin_addr, buf, sizeof buf);
-    *port = ntohs(a->sin_port);
-  } else if (ss.ss_family == AF_INET6) {
-    auto* a = reinterpret_cast<const sockaddr_in6*>(&ss);
-    inet_ntop(AF_INET6, &a->sin6_addr, buf, sizeof buf);
-    *port = ntohs(a->sin6_port);
-  } else {
-    return false;
-  }
-  *addr = buf;
-  return true;
-}
-
-int find_connection_fd(const std::string& remote_addr, int remote_port, int local_port) {
-  DIR* d = opendir("/proc/self/fd");
-  if (!d) return -1;
-  int found = -1;
-  while (dirent* e = readdir(d)) {
-    char* end = nullptr;
-    const long fd = std::strtol(e->d_name, &end, 10);
-    if (!end || *end || fd < 0) continue;
-    sockaddr_storage peer{}, local{};
-    socklen_t pl = sizeof peer, ll = sizeof local;
-    if (getpeername(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&peer), &pl) != 0) continue;
-    if (getsockname(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&local), &ll) != 0) continue;
-    std::string pa, la;
-    int pp = -1, lp = -1;
-    if (!sock_port(peer, &pa, &pp) || !sock_port(local, &la, &lp)) continue;
-    if (pp == remote_port && lp == local_port && pa == remote_addr) {
-      found = static_cast<int>(fd);
-      break;
-    }
-  }
-  closedir(d);
-  return found;
-}
-
-bool peer_closed(int fd) {
-  if (fd < 0) return false;
-  char c;
-  const ssize_t n = ::recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
-  if (n > 0) return false;
-  if (n == 0) return true;
-  return !(errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR);
-}
-
 int64_t unix_now() { return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count(); }
 
 std::string sse(const ojson& j) { return "data: " + j.dump(-1, ' ', false, ojson::error_handler_t::replace) + "\n\n"; }
 
-void set_error(httplib::Response& res, int status, const std::string& msg, const std::string& type = "",
-               const std::string& param = "", const std::string& code = "") {
-  res.status = status;
-  res.set_content(error_json(status, msg, type, param, code).dump(), "application/json");
+std::string dump(const ojson& j) { return j.dump(-1, ' ', false, ojson::error_handler_t::replace); }
+
+httpd::Reply json_reply(const ojson& j, int status = 200) {
+  httpd::Reply r;
+  r.status = status;
+  r.body = dump(j);
+  return r;
 }
+
+httpd::Reply error_reply(int status, const std::string& msg, const std::string& type = "", const std::string& param = "",
+                         const std::string& code = "") {
+  return json_reply(error_json(status, msg, type, param, code), status);
+}
+
+// `Authorization: Bearer KEY`; the scheme is case-insensitive (RFC 9110 11.1).
+std::string bearer_token(const std::string* h) {
+  if (!h) return {};
+  const std::string& v = *h;
+  size_t i = 0;
+  while (i < v.size() && v[i] != ' ' && v[i] != '\t') ++i;
+  const std::string scheme = v.substr(0, i);
+  if (scheme.size() != 6) return {};
+  for (size_t k = 0; k < 6; ++k)
+    if (std::tolower(static_cast<unsigned char>(scheme[k])) != "bearer"[k]) return {};
+  while (i < v.size() && (v[i] == ' ' || v[i] == '\t')) ++i;
+  return v.substr(i);
+}
+
+const char* const kKnownPaths[] = {"/health", "/metrics", "/v1/models", "/v1/chat/completions", "/v1/completions",
+                                   "/tokenize", "/detokenize"};
 
 }  // namespace
 
@@ -91,7 +57,7 @@ struct Server::Impl {
   std::unique_ptr<Model> model;
   std::optional<tok::Tokenizer> tok;
   std::unique_ptr<Scheduler> sched;
-  httplib::Server http;
+  std::unique_ptr<httpd::HttpServer> http;
   Limits lim;
   int port = -1;
   std::atomic<bool> stopping{false};
@@ -105,8 +71,17 @@ struct Server::Impl {
   double ttft_sum = 0;
   uint64_t ttft_n = 0;
 
-  void routes();
-  void generate(const httplib::Request& req, httplib::Response& res, bool chat);
+  bool quick(const httpd::Request& req, bool workers_free, bool draining, httpd::Reply& out);
+  void handle(const httpd::Request& req, httpd::Responder& res);
+  void log(const httpd::Request& req, int status);
+  httpd::Reply health() const;
+  httpd::Reply models() const;
+  httpd::Reply tokenize(const httpd::Request& req) const;
+  httpd::Reply detokenize(const httpd::Request& req) const;
+  void generate(const httpd::Request& req, httpd::Responder& res, bool chat);
+  void stream(const std::shared_ptr<Job>& job, httpd::Responder& res, bool chat, bool include_usage,
+              const std::string& id);
+  void record_ttft(const Job::Result& r);
   std::string metrics() const;
   std::string new_id(const char* prefix) { return fmt::format("{}{:08x}", prefix, next_id.fetch_add(1)); }
 };
@@ -134,11 +109,31 @@ Server::Server(const ServerOptions& opts) : impl_(std::make_unique<Impl>()) {
   I.lim.max_tokens = opts.max_tokens;
   I.lim.default_max_tokens = opts.default_max_tokens;
   I.lim.timeout_s = opts.timeout_s;
-  I.routes();
+  I.lim.max_token_bytes = I.tok->max_token_bytes();
+
+  httpd::Options h;
+  h.host = opts.host;
+  h.port = opts.port;
+  h.workers = std::max(1, opts.max_connections);
+  h.max_open = std::max(opts.max_connections, opts.max_open_connections);
+  h.max_body = opts.max_body;
+  h.head_timeout_s = opts.head_timeout_s;
+  h.body_timeout_s = opts.body_timeout_s;
+  if (!opts.cors_origin.empty())
+    h.default_headers = {{"Access-Control-Allow-Origin", opts.cors_origin},
+                         {"Access-Control-Allow-Headers", "Authorization, Content-Type"},
+                         {"Access-Control-Allow-Methods", "GET, POST, OPTIONS"},
+                         {"Vary", "Origin"}};
+  h.error_reply = [](int status, const std::string& msg) { return error_reply(status, msg); };
+  I.http = std::make_unique<httpd::HttpServer>(
+      h, [&I](const httpd::Request& rq, httpd::Responder& rs) { I.handle(rq, rs); },
+      [&I](const httpd::Request& rq, bool free, bool draining, httpd::Reply& out) { return I.quick(rq, free, draining, out); },
+      [&I](const httpd::Request& rq, int status) { I.log(rq, status); });
 }
 
 Server::~Server() {
   shutdown();
+  impl_->http.reset();  // joins the handler threads (run() may never have been called)
   if (impl_->sched) impl_->sched->shutdown(std::chrono::milliseconds(0));
 }
 
@@ -147,22 +142,16 @@ std::string Server::metrics_text() const { return impl_->metrics(); }
 
 int Server::bind() {
   Impl& I = *impl_;
-  errno = 0;
-  if (I.o.port == 0) {
-    I.port = I.http.bind_to_any_port(I.o.host);
-  } else {
-    I.port = I.http.bind_to_port(I.o.host, I.o.port) ? I.o.port : -1;
-  }
-  check(I.port > 0, "cannot listen on {}:{} ({})", I.o.host, I.o.port,
-        errno ? std::strerror(errno) : "the address cannot be resolved or is not available");
+  I.port = I.http->bind();
   return I.port;
 }
 
 void Server::run() {
   Impl& I = *impl_;
   check(I.port > 0, "Server::run() before bind()");
-  if (!I.stopping.load()) I.http.listen_after_bind();
-  // listen returns after stop(); its worker threads are joined (in-flight requests finished)
+  // returns once shutdown() was called and no request is being handled any more; until then
+  // /health answers 503 and new requests are refused with 503
+  I.http->run();
   I.sched->shutdown(std::chrono::milliseconds(static_cast<int64_t>(I.o.grace_s * 1000)));
 }
 
@@ -172,167 +161,171 @@ void Server::shutdown() {
     I.stopping.store(true);
     // the scheduler keeps serving in-flight requests for the grace period, then cancels them
     I.sched->request_stop(std::chrono::milliseconds(static_cast<int64_t>(I.o.grace_s * 1000)));
-    I.http.stop();
+    I.http->drain();
   });
 }
 
-void Server::Impl::routes() {
-  http.new_task_queue = [this] { return new httplib::ThreadPool(static_cast<size_t>(std::max(2, o.max_connections))); };
-  http.set_payload_max_length(o.max_body);
-  http.set_keep_alive_timeout(5);
-  http.set_read_timeout(30);
-  http.set_write_timeout(30);
-  if (!o.cors_origin.empty()) {
-    http.set_default_headers({{"Access-Control-Allow-Origin", o.cors_origin},
-                              {"Access-Control-Allow-Headers", "Authorization, Content-Type"},
-                              {"Access-Control-Allow-Methods", "GET, POST, OPTIONS"},
-                              {"Vary", "Origin"}});
+void Server::Impl::log(const httpd::Request& req, int status) {
+  {
+    std::lock_guard<std::mutex> lk(mmu);
+    bool known = false;
+    for (const char* p : kKnownPaths) known = known || req.path == p;
+    ++http_counts[{known ? req.path : std::string("other"), status}];
   }
-  http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-    if (req.method == "OPTIONS" && !o.cors_origin.empty()) {
-      res.status = 204;
-      return httplib::Server::HandlerResponse::Handled;
-    }
-    if (!o.api_key.empty() && req.path != "/health") {
-      const std::string h = req.get_header_value("Authorization");
-      const std::string prefix = "Bearer ";
-      const std::string given = h.compare(0, prefix.size(), prefix) == 0 ? h.substr(prefix.size()) : std::string();
-      if (!constant_time_equal(given, o.api_key)) {
-        set_error(res, 401, "invalid or missing API key (Authorization: Bearer KEY)", "authentication_error", "",
-                  "invalid_api_key");
-        return httplib::Server::HandlerResponse::Handled;
-      }
-    }
-    if (in_flight.load() >= o.max_connections) {
-      set_error(res, 503, "too many concurrent requests", "server_unavailable_error");
-      return httplib::Server::HandlerResponse::Handled;
-    }
-    return httplib::Server::HandlerResponse::Unhandled;
-  });
-  http.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
-    if (!res.body.empty()) return;
-    std::string msg = res.status == 404   ? "no such endpoint: " + req.method + " " + req.path
-                      : res.status == 413 ? "request body too large"
-                      : res.status == 405 ? "method not allowed"
-                                          : "bad request";
-    set_error(res, res.status, msg);
-  });
-  http.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
-    try {
-      std::rethrow_exception(ep);
-    } catch (const ApiError& e) {
-      set_error(res, e.status, e.what(), e.type, e.param, e.code);
-    } catch (const std::exception& e) {
-      set_error(res, 500, std::string("internal error: ") + e.what());
-    } catch (...) {
-      set_error(res, 500, "internal error");
-    }
-  });
-  http.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
-    {
-      std::lock_guard<std::mutex> lk(mmu);
-      const bool known = req.path == "/health" || req.path == "/metrics" || req.path == "/v1/models" ||
-                         req.path == "/v1/chat/completions" || req.path == "/v1/completions" ||
-                         req.path == "/tokenize" || req.path == "/detokenize";
-      ++http_counts[{known ? req.path : std::string("other"), res.status}];
-    }
-    if (o.verbose) std::fprintf(stderr, "%s %s -> %d\n", req.method.c_str(), req.path.c_str(), res.status);
-  });
-
-  // wraps a handler: in-flight count, ApiError -> OpenAI error shape
-  auto wrap = [this](auto fn) {
-    return [this, fn](const httplib::Request& req, httplib::Response& res) {
-      in_flight.fetch_add(1);
-      struct Dec { std::atomic<int>& c; ~Dec() { c.fetch_sub(1); } } dec{in_flight};
-      try {
-        fn(req, res);
-      } catch (const ApiError& e) {
-        set_error(res, e.status, e.what(), e.type, e.param, e.code);
-      } catch (const kimi::Error& e) {
-        set_error(res, 400, e.what());
-      } catch (const std::exception& e) {
-        set_error(res, 500, std::string("internal error: ") + e.what());
-      }
-    };
-  };
-
-  http.Get("/health", wrap([this](const httplib::Request&, httplib::Response& res) {
-    if (stopping.load()) {
-      res.status = 503;
-      res.set_content(R"({"status":"shutting down"})", "application/json");
-      return;
-    }
-    const SchedulerStats s = sched->stats();
-    ojson j = {{"status", "ok"}, {"slots", s.slots}, {"slots_busy", s.active}, {"queue", s.queue_depth}};
-    res.set_content(j.dump(), "application/json");
-  }));
-  http.Get("/v1/models", wrap([this](const httplib::Request&, httplib::Response& res) {
-    const auto& hp = model->hparams();
-    ojson m = {{"id", o.model_id},
-               {"object", "model"},
-               {"created", unix_now()},
-               {"owned_by", "kimi.cpp"},
-               {"meta", {{"n_ctx", o.ctx}, {"n_vocab", hp.n_vocab}, {"n_layer", hp.n_layer}, {"n_embd", hp.n_embd}}}};
-    res.set_content(ojson{{"object", "list"}, {"data", ojson::array({m})}}.dump(), "application/json");
-  }));
-  http.Get("/metrics", wrap([this](const httplib::Request&, httplib::Response& res) {
-    res.set_content(metrics(), "text/plain; version=0.0.4");
-  }));
-  http.Post("/tokenize", wrap([this](const httplib::Request& req, httplib::Response& res) {
-    const ojson b = parse_body(req.body);
-    const ojson* c = nullptr;
-    for (const char* k : {"content", "text", "prompt"})
-      if (b.contains(k)) { c = &b[k]; break; }
-    if (!c) throw ApiError(400, "'content' is required", "invalid_request_error", "content");
-    if (!c->is_string()) throw ApiError(400, "'content' must be a string", "invalid_request_error", "content");
-    bool special = true;
-    if (b.contains("special")) {
-      if (!b["special"].is_boolean()) throw ApiError(400, "'special' must be a boolean", "invalid_request_error", "special");
-      special = b["special"].get<bool>();
-    }
-    bool pieces = false;
-    if (b.contains("with_pieces")) {
-      if (!b["with_pieces"].is_boolean()) throw ApiError(400, "'with_pieces' must be a boolean", "invalid_request_error", "with_pieces");
-      pieces = b["with_pieces"].get<bool>();
-    }
-    const std::vector<int32_t> ids = tok->encode(c->get<std::string>(), special);
-    ojson out = ojson::object();
-    if (pieces) {
-      ojson arr = ojson::array();
-      for (int32_t id : ids) arr.push_back({{"id", id}, {"piece", tok->token_to_piece(id)}});
-      out["tokens"] = std::move(arr);
-    } else {
-      out["tokens"] = ids;
-    }
-    out["count"] = ids.size();
-    res.set_content(out.dump(-1, ' ', false, ojson::error_handler_t::replace), "application/json");
-  }));
-  http.Post("/detokenize", wrap([this](const httplib::Request& req, httplib::Response& res) {
-    const ojson b = parse_body(req.body);
-    if (!b.contains("tokens")) throw ApiError(400, "'tokens' is required", "invalid_request_error", "tokens");
-    const ojson& t = b["tokens"];
-    if (!t.is_array()) throw ApiError(400, "'tokens' must be an array of token ids", "invalid_request_error", "tokens");
-    std::vector<int32_t> ids;
-    const int64_t nv = tok->n_vocab();
-    for (size_t i = 0; i < t.size(); ++i) {
-      if (!t[i].is_number_integer())
-        throw ApiError(400, fmt::format("'tokens[{}]' must be an integer", i), "invalid_request_error", "tokens");
-      const int64_t id = t[i].get<int64_t>();
-      if (id < 0 || id >= nv)
-        throw ApiError(400, fmt::format("'tokens[{}]': token id {} is out of range 0..{}", i, id, nv - 1),
-                       "invalid_request_error", "tokens");
-      ids.push_back(static_cast<int32_t>(id));
-    }
-    ojson out = {{"content", tok->decode(ids)}};
-    res.set_content(out.dump(-1, ' ', false, ojson::error_handler_t::replace), "application/json");
-  }));
-  http.Post("/v1/chat/completions",
-            wrap([this](const httplib::Request& req, httplib::Response& res) { generate(req, res, true); }));
-  http.Post("/v1/completions",
-            wrap([this](const httplib::Request& req, httplib::Response& res) { generate(req, res, false); }));
+  if (o.verbose) std::fprintf(stderr, "%s %s -> %d\n", req.method.c_str(), req.path.c_str(), status);
 }
 
-void Server::Impl::generate(const httplib::Request& req, httplib::Response& res, bool chat) {
+// On the event thread: everything that needs no engine work and never blocks.
+bool Server::Impl::quick(const httpd::Request& req, bool workers_free, bool draining, httpd::Reply& out) {
+  if (req.method == "OPTIONS" && !o.cors_origin.empty()) {
+    out.status = 204;
+    out.body.clear();
+    return true;
+  }
+  if (!o.api_key.empty() && req.path != "/health" &&
+      !constant_time_equal(bearer_token(req.header("authorization")), o.api_key)) {
+    out = error_reply(401, "invalid or missing API key (Authorization: Bearer KEY)", "authentication_error", "",
+                      "invalid_api_key");
+    return true;
+  }
+  const bool get = req.method == "GET";
+  const bool post = req.method == "POST";
+  auto wrong_method = [&](const char* m) {
+    out = error_reply(405, fmt::format("method not allowed: {} {} (use {})", req.method, req.path, m));
+    out.headers.emplace_back("Allow", m);
+    return true;
+  };
+  if (req.path == "/health") {
+    if (!get) return wrong_method("GET");
+    out = health();
+    return true;
+  }
+  if (req.path == "/metrics" || req.path == "/v1/models") {
+    if (!get) return wrong_method("GET");
+    if (req.path == "/v1/models") {
+      out = models();
+    } else {
+      out.content_type = "text/plain; version=0.0.4";
+      out.body = metrics();
+    }
+    return true;
+  }
+  if (req.path == "/v1/chat/completions" || req.path == "/v1/completions" || req.path == "/tokenize" ||
+      req.path == "/detokenize") {
+    if (!post) return wrong_method("POST");
+    if (draining || stopping.load()) {
+      out = error_reply(503, "server is shutting down", "server_unavailable_error");
+      return true;
+    }
+    if (!workers_free) {
+      out = error_reply(503, "too many concurrent requests", "server_unavailable_error");
+      return true;
+    }
+    return false;  // to a handler thread
+  }
+  out = error_reply(404, "no such endpoint: " + req.method + " " + req.path);
+  return true;
+}
+
+httpd::Reply Server::Impl::health() const {
+  if (stopping.load()) return json_reply(ojson{{"status", "shutting down"}}, 503);
+  const SchedulerStats s = sched->stats();
+  return json_reply(ojson{{"status", "ok"}, {"slots", s.slots}, {"slots_busy", s.active}, {"queue", s.queue_depth}});
+}
+
+httpd::Reply Server::Impl::models() const {
+  const auto& hp = model->hparams();
+  ojson m = {{"id", o.model_id},
+             {"object", "model"},
+             {"created", unix_now()},
+             {"owned_by", "kimi.cpp"},
+             {"meta", {{"n_ctx", o.ctx}, {"n_vocab", hp.n_vocab}, {"n_layer", hp.n_layer}, {"n_embd", hp.n_embd}}}};
+  return json_reply(ojson{{"object", "list"}, {"data", ojson::array({m})}});
+}
+
+// On a handler thread.
+void Server::Impl::handle(const httpd::Request& req, httpd::Responder& res) {
+  in_flight.fetch_add(1);
+  struct Dec {
+    std::atomic<int>& c;
+    ~Dec() { c.fetch_sub(1); }
+  } dec{in_flight};
+  try {
+    if (req.path == "/v1/chat/completions") return generate(req, res, true);
+    if (req.path == "/v1/completions") return generate(req, res, false);
+    if (req.path == "/tokenize") return void(res.send(tokenize(req)));
+    if (req.path == "/detokenize") return void(res.send(detokenize(req)));
+    res.send(error_reply(404, "no such endpoint: " + req.method + " " + req.path));
+  } catch (const ApiError& e) {
+    if (!res.started()) res.send(error_reply(e.status, e.what(), e.type, e.param, e.code));
+  } catch (const kimi::Error& e) {
+    if (!res.started()) res.send(error_reply(400, e.what()));
+  } catch (const std::exception& e) {
+    if (!res.started()) res.send(error_reply(500, std::string("internal error: ") + e.what()));
+  }
+}
+
+httpd::Reply Server::Impl::tokenize(const httpd::Request& req) const {
+  const ojson b = parse_body(req.body);
+  const ojson* c = nullptr;
+  for (const char* k : {"content", "text", "prompt"})
+    if (b.contains(k)) {
+      c = &b[k];
+      break;
+    }
+  if (!c) throw ApiError(400, "'content' is required", "invalid_request_error", "content");
+  if (!c->is_string()) throw ApiError(400, "'content' must be a string", "invalid_request_error", "content");
+  bool special = true;
+  if (b.contains("special")) {
+    if (!b["special"].is_boolean()) throw ApiError(400, "'special' must be a boolean", "invalid_request_error", "special");
+    special = b["special"].get<bool>();
+  }
+  bool pieces = false;
+  if (b.contains("with_pieces")) {
+    if (!b["with_pieces"].is_boolean())
+      throw ApiError(400, "'with_pieces' must be a boolean", "invalid_request_error", "with_pieces");
+    pieces = b["with_pieces"].get<bool>();
+  }
+  const std::vector<int32_t> ids = tok->encode(c->get<std::string>(), special);
+  ojson out = ojson::object();
+  if (pieces) {
+    ojson arr = ojson::array();
+    for (int32_t id : ids) arr.push_back({{"id", id}, {"piece", tok->token_to_piece(id)}});
+    out["tokens"] = std::move(arr);
+  } else {
+    out["tokens"] = ids;
+  }
+  out["count"] = ids.size();
+  return json_reply(out);
+}
+
+httpd::Reply Server::Impl::detokenize(const httpd::Request& req) const {
+  const ojson b = parse_body(req.body);
+  if (!b.contains("tokens")) throw ApiError(400, "'tokens' is required", "invalid_request_error", "tokens");
+  const ojson& t = b["tokens"];
+  if (!t.is_array()) throw ApiError(400, "'tokens' must be an array of token ids", "invalid_request_error", "tokens");
+  std::vector<int32_t> ids;
+  const int64_t nv = tok->n_vocab();
+  for (size_t i = 0; i < t.size(); ++i) {
+    if (!t[i].is_number_integer())
+      throw ApiError(400, fmt::format("'tokens[{}]' must be an integer", i), "invalid_request_error", "tokens");
+    const int64_t id = t[i].is_number_unsigned() && t[i].get<uint64_t>() > static_cast<uint64_t>(INT64_MAX) ? -1 : t[i].get<int64_t>();
+    if (id < 0 || id >= nv)
+      throw ApiError(400, fmt::format("'tokens[{}]': token id {} is out of range 0..{}", i, t[i].dump(), nv - 1),
+                     "invalid_request_error", "tokens");
+    ids.push_back(static_cast<int32_t>(id));
+  }
+  return json_reply(ojson{{"content", tok->decode(ids)}});
+}
+
+void Server::Impl::record_ttft(const Job::Result& r) {
+  if (r.ttft_s < 0) return;
+  std::lock_guard<std::mutex> lk(mmu);
+  ttft_sum += r.ttft_s;
+  ++ttft_n;
+}
+
+void Server::Impl::generate(const httpd::Request& req, httpd::Responder& res, bool chat) {
   if (stopping.load()) throw ApiError(503, "server is shutting down", "server_unavailable_error");
   ParsedRequest pr = chat ? parse_chat_request(req.body, *tok, lim) : parse_completion_request(req.body, *tok, lim);
   auto job = std::make_shared<Job>(std::move(pr.prompt), pr.gen);
@@ -342,109 +335,99 @@ void Server::Impl::generate(const httplib::Request& req, httplib::Response& res,
                    "server_unavailable_error", "", "queue_full");
   }
   const std::string id = new_id(chat ? "chatcmpl-" : "cmpl-");
-  const int64_t created = unix_now();
-  const std::string model_id = o.model_id;
-  const int local_port = port;
-  const std::string raddr = req.remote_addr;
-  const int rport = req.remote_port;
-  auto record_ttft = [this](const Job::Result& r) {
-    if (r.ttft_s < 0) return;
-    std::lock_guard<std::mutex> lk(mmu);
-    ttft_sum += r.ttft_s;
-    ++ttft_n;
-  };
+  if (pr.stream) return stream(job, res, chat, pr.include_usage, id);
 
-  if (!pr.stream) {
-    const int fd = find_connection_fd(raddr, rport, local_port);
-    JobOutput out;
-    int polls = 0;
-    while (!job->wait(out, std::chrono::milliseconds(50))) {
-      if (++polls % 2 == 0 && peer_closed(fd)) job->cancel();
-    }
-    const Job::Result r = job->result();
-    record_ttft(r);
-    if (r.http_status >= 400) throw ApiError(r.http_status, r.error.empty() ? r.finish_reason : r.error);
-    if (r.finish_reason == "cancelled")
-      throw ApiError(503, "the request was cancelled (client gone or server shutting down)", "server_unavailable_error");
-    const ojson j = chat ? chat_response(id, model_id, created, out, r) : completion_response(id, model_id, created, out, r);
-    res.set_content(j.dump(-1, ' ', false, ojson::error_handler_t::replace), "application/json");
+  JobOutput out;
+  int polls = 0;
+  while (!job->wait(out, std::chrono::milliseconds(50))) {
+    if (++polls % 2 == 0 && res.peer_closed()) job->cancel();
+  }
+  const Job::Result r = job->result();
+  record_ttft(r);
+  if (r.http_status >= 400) throw ApiError(r.http_status, r.error.empty() ? r.finish_reason : r.error);
+  if (r.finish_reason == "cancelled")
+    throw ApiError(503, "the request was cancelled (client gone or server shutting down)", "server_unavailable_error");
+  const int64_t created = unix_now();
+  const ojson j = chat ? chat_response(id, o.model_id, created, out, r) : completion_response(id, o.model_id, created, out, r);
+  res.send(json_reply(j));
+}
+
+// Server-sent events. A stream that does not end normally (an engine error, a timeout, the
+// shutdown grace running out) ends with an error event and no [DONE]: a client can tell it from a
+// finished answer.
+void Server::Impl::stream(const std::shared_ptr<Job>& job, httpd::Responder& res, bool chat, bool include_usage,
+                          const std::string& id) {
+  const int64_t created = unix_now();
+  const std::string& model_id = o.model_id;
+  if (!res.begin_stream(200, "text/event-stream", {{"Cache-Control", "no-cache"}, {"X-Accel-Buffering", "no"}})) {
+    job->cancel();
     return;
   }
-
-  res.set_header("Cache-Control", "no-cache");
-  res.set_header("X-Accel-Buffering", "no");
-  const bool include_usage = pr.include_usage;
-  res.set_chunked_content_provider(
-      "text/event-stream",
-      [job, id, model_id, created, chat, include_usage, raddr, rport, local_port, record_ttft](
-          size_t, httplib::DataSink& sink) {
-        const int fd = find_connection_fd(raddr, rport, local_port);
-        auto write = [&](const std::string& s) {
-          if (!sink.write(s.data(), s.size())) {
-            job->cancel();
-            return false;
-          }
-          return true;
-        };
-        if (chat && !write(sse(chat_chunk(id, model_id, created, {{"role", "assistant"}, {"content", ""}}, ""))))
-          return false;
-        int n_tool = 0;
-        auto idle_since = Clock::now();
-        for (;;) {
-          JobOutput out;
-          const bool done = job->wait(out, std::chrono::milliseconds(50));
-          std::string buf;
-          if (chat) {
-            if (!out.reasoning.empty())
-              buf += sse(chat_chunk(id, model_id, created, {{"reasoning_content", out.reasoning}}, ""));
-            if (!out.content.empty()) buf += sse(chat_chunk(id, model_id, created, {{"content", out.content}}, ""));
-            for (const auto& c : out.tool_calls) {
-              ojson tc = tool_call_json(c, fmt::format("call_{}_{}", id, n_tool));
-              ojson d = {{"tool_calls", ojson::array({ojson{{"index", n_tool}, {"id", tc["id"]}, {"type", "function"},
-                                                            {"function", tc["function"]}}})}};
-              ++n_tool;
-              buf += sse(chat_chunk(id, model_id, created, d, ""));
-            }
-          } else if (!out.text.empty()) {
-            buf += sse(completion_chunk(id, model_id, created, out.text, ""));
-          }
-          if (!buf.empty()) {
-            if (!write(buf)) return false;
-            idle_since = Clock::now();
-          } else if (!done) {
-            if (peer_closed(fd)) {
-              job->cancel();
-            } else if (Clock::now() - idle_since > std::chrono::seconds(5)) {
-              if (!write(": keep-alive\n\n")) return false;  // SSE comment; also detects a dead peer
-              idle_since = Clock::now();
-            }
-          }
-          if (!done) continue;
-          const Job::Result r = job->result();
-          record_ttft(r);
-          std::string tail;
-          if (r.http_status >= 400) {
-            tail += sse(error_json(r.http_status, r.error.empty() ? r.finish_reason : r.error));
-          } else {
-            const std::string fr = openai_finish_reason(r.finish_reason);
-            tail += sse(chat ? chat_chunk(id, model_id, created, ojson::object(), fr)
-                             : completion_chunk(id, model_id, created, "", fr));
-            if (include_usage) {
-              ojson u = {{"id", id},         {"object", chat ? "chat.completion.chunk" : "text_completion"},
-                         {"created", created}, {"model", model_id},
-                         {"choices", ojson::array()}, {"usage", usage_json(r)}};
-              tail += sse(u);
-            }
-          }
-          tail += "data: [DONE]\n\n";
-          if (!write(tail)) return false;
-          sink.done();
-          return true;
+  auto write = [&](const std::string& s) {
+    if (res.write(s)) return true;
+    job->cancel();
+    return false;
+  };
+  try {
+    if (chat && !write(sse(chat_chunk(id, model_id, created, {{"role", "assistant"}, {"content", ""}}, "")))) return;
+    int n_tool = 0;
+    auto idle_since = Clock::now();
+    for (;;) {
+      JobOutput out;
+      const bool done = job->wait(out, std::chrono::milliseconds(50));
+      std::string buf;
+      if (chat) {
+        if (!out.reasoning.empty()) buf += sse(chat_chunk(id, model_id, created, {{"reasoning_content", out.reasoning}}, ""));
+        if (!out.content.empty()) buf += sse(chat_chunk(id, model_id, created, {{"content", out.content}}, ""));
+        for (const auto& c : out.tool_calls) {
+          ojson tc = tool_call_json(c, fmt::format("call_{}_{}", id, n_tool));
+          ojson d = {{"tool_calls", ojson::array({ojson{{"index", n_tool}, {"id", tc["id"]}, {"type", "function"},
+                                                        {"function", tc["function"]}}})}};
+          ++n_tool;
+          buf += sse(chat_chunk(id, model_id, created, d, ""));
         }
-      },
-      [job](bool success) {
-        if (!success) job->cancel();
-      });
+      } else if (!out.text.empty()) {
+        buf += sse(completion_chunk(id, model_id, created, out.text, ""));
+      }
+      if (!buf.empty()) {
+        if (!write(buf)) return;
+        idle_since = Clock::now();
+      } else if (!done) {
+        if (res.peer_closed()) {
+          job->cancel();
+        } else if (Clock::now() - idle_since > std::chrono::seconds(5)) {
+          if (!write(": keep-alive\n\n")) return;  // SSE comment; also detects a dead peer
+          idle_since = Clock::now();
+        }
+      }
+      if (!done) continue;
+      const Job::Result r = job->result();
+      record_ttft(r);
+      std::string tail;
+      if (r.http_status >= 400) {
+        tail = sse(error_json(r.http_status, r.error.empty() ? r.finish_reason : r.error));
+      } else if (r.finish_reason == "cancelled") {
+        tail = sse(error_json(503, "the request was cancelled (server shutting down); the output is incomplete",
+                              "server_unavailable_error", "", "cancelled"));
+      } else {
+        const std::string fr = openai_finish_reason(r.finish_reason);
+        tail += sse(chat ? chat_chunk(id, model_id, created, ojson::object(), fr)
+                         : completion_chunk(id, model_id, created, "", fr));
+        if (include_usage) {
+          ojson u = {{"id", id},         {"object", chat ? "chat.completion.chunk" : "text_completion"},
+                     {"created", created}, {"model", model_id},
+                     {"choices", ojson::array()}, {"usage", usage_json(r)}};
+          tail += sse(u);
+        }
+        tail += "data: [DONE]\n\n";
+      }
+      if (write(tail)) res.end();
+      return;
+    }
+  } catch (const std::exception& e) {
+    job->cancel();
+    if (write(sse(error_json(500, std::string("internal error: ") + e.what())))) res.end();
+  }
 }
 
 std::string Server::Impl::metrics() const {

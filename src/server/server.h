@@ -1,5 +1,5 @@
-// `kimi serve`: an OpenAI-compatible HTTP server (cpp-httplib, one thread per connection) in
-// front of the continuous-batching Scheduler. See docs/server.md for endpoints and flags.
+// `kimi serve`: an OpenAI-compatible HTTP server (httpd.h: one event thread reads requests,
+// handler threads answer them) in front of the continuous-batching Scheduler. See docs/server.md for endpoints and flags.
 //
 //   kimi::server::ServerOptions o;  o.model_path = "m.gguf";  o.port = 0;   // 0: ephemeral
 //   kimi::server::Server s(o);      // loads the model, starts the scheduler thread
@@ -36,7 +36,10 @@ struct ServerOptions {
   int max_prompt_tokens = 0;        // 0: ctx - 1
   int max_tokens = 0;               // per-request max_tokens limit (0: ctx)
   int default_max_tokens = 0;       // chat default (0: what the context allows)
-  int max_connections = 64;         // concurrent HTTP connections (threads)
+  int max_connections = 64;         // requests handled concurrently (handler threads)
+  int max_open_connections = 1024;  // open connections (slow or idle ones cost no thread)
+  double head_timeout_s = 10;       // a whole request head must arrive within this
+  double body_timeout_s = 60;       // a whole request body must arrive within this
   double timeout_s = 600;           // per request, 0 = none
   double grace_s = 10;              // shutdown grace period
   bool verbose = false;             // log requests to stderr
@@ -51,7 +54,8 @@ class Server {
 
   int bind();        // throws kimi::Error when the address cannot be bound; returns the port
   void run();        // serves until shutdown(); returns once in-flight requests are done
-  void shutdown();   // thread-safe, returns immediately (run() returns when drained)
+  void shutdown();   // thread-safe, returns immediately (run() returns when drained; meanwhile
+                     // /health and new requests get 503)
   Scheduler& scheduler();
   std::string metrics_text() const;
 

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cstdint>
 
 #include "util/error.h"
 
@@ -257,14 +258,19 @@ Pretokenizer& Pretokenizer::operator=(Pretokenizer&&) noexcept = default;
 bool Pretokenizer::jit() const { return code_->jit; }
 
 void Pretokenizer::split(std::string_view text, std::vector<std::string_view>& out) const {
+  split_from(text, 0, SIZE_MAX, out);
+}
+
+size_t Pretokenizer::split_from(std::string_view text, size_t start, size_t max_pieces,
+                                std::vector<std::string_view>& out) const {
   ThreadMatchState& st = match_state();
   const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
   const size_t n = text.size();
-  size_t pos = 0;
-  while (pos < n) {
+  size_t pos = start, got = 0;
+  while (pos < n && got < max_pieces) {
     const int rc = code_->jit ? pcre2_jit_match(code_->re, subject, n, pos, 0, st.md, st.mctx)
                               : pcre2_match(code_->re, subject, n, pos, PCRE2_NO_UTF_CHECK, st.md, st.mctx);
-    if (rc == PCRE2_ERROR_NOMATCH) break;
+    if (rc == PCRE2_ERROR_NOMATCH) return n;
     if (rc < 0) fail("pre-tokenizer: PCRE2 match failed at byte {} of a {}-byte text: {}", pos, n, pcre2_message(rc));
     const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(st.md);
     const size_t s = ov[0], e = ov[1];
@@ -275,8 +281,10 @@ void Pretokenizer::split(std::string_view text, std::vector<std::string_view>& o
       continue;
     }
     out.push_back(text.substr(s, e - s));
+    ++got;
     pos = e;
   }
+  return pos < n ? pos : n;
 }
 
 }  // namespace kimi::tok

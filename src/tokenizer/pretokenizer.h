@@ -35,6 +35,9 @@ class Pretokenizer {
   // leftmost-first matches, as tiktoken's find_iter yields them (text between matches, if a
   // pattern leaves any, is skipped just as tiktoken skips it).
   void split(std::string_view text, std::vector<std::string_view>& out) const;
+  // The same from byte `start` of `text` (matching still sees the text before it), stopping after
+  // `max_pieces` pieces; returns the byte where the next call continues (text.size() at the end).
+  size_t split_from(std::string_view text, size_t start, size_t max_pieces, std::vector<std::string_view>& out) const;
 
   const std::string& pattern() const { return pattern_; }
   const std::string& pcre2_pattern() const { return translated_; }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cstdint>
 #include <mutex>
 #include <unordered_map>
 
@@ -253,29 +254,41 @@ Tokenizer Tokenizer::from_ranks(const std::vector<std::pair<std::string, int32_t
   return Tokenizer(std::move(impl));
 }
 
-void Tokenizer::encode(std::string_view text, std::vector<int32_t>& out, bool allow_special) const {
+namespace {
+// Encodes `text` (appending to `out`) until out has more than `limit` tokens. The pre-tokenizer runs
+// in windows of pieces, so the piece list stays small whatever the length of the text.
+template <class Impl>
+void encode_upto(const Impl& I, std::string_view text, std::vector<int32_t>& out, bool allow_special, size_t limit) {
   std::string sanitized;
   if (!utf8_valid(text)) {
     sanitized = utf8_sanitize(text);
     text = sanitized;
   }
-  const Impl& I = *impl_;
   std::unique_lock<std::mutex> lk(I.cache_mu, std::try_to_lock);
   const bool use_cache = lk.owns_lock();
-  thread_local std::vector<std::string_view> pieces;
+  constexpr size_t kWindow = 4096;  // pieces per pre-tokenizer call
+  std::vector<std::string_view> pieces;
+  pieces.reserve(std::min<size_t>(kWindow, text.size() / 2 + 1));
   size_t pos = 0;
-  while (pos < text.size()) {
+  while (pos < text.size() && out.size() <= limit) {
     auto [sp, sid] = allow_special ? I.next_special(text, pos) : std::pair<size_t, int32_t>{std::string_view::npos, -1};
     const size_t end = sp == std::string_view::npos ? text.size() : sp;
-    if (end > pos) {
+    const std::string_view seg = text.substr(pos, end - pos);  // as one split() of the segment
+    size_t at = 0;
+    while (at < seg.size() && out.size() <= limit) {
       pieces.clear();
-      I.pre->split(text.substr(pos, end - pos), pieces);
+      at = I.pre->split_from(seg, at, kWindow, pieces);
       for (std::string_view p : pieces) I.encode_piece(p, out, use_cache);
     }
-    if (sp == std::string_view::npos) break;
+    if (sp == std::string_view::npos || out.size() > limit) break;
     out.push_back(sid);
     pos = sp + I.pieces[sid].size();
   }
+}
+}  // namespace
+
+void Tokenizer::encode(std::string_view text, std::vector<int32_t>& out, bool allow_special) const {
+  encode_upto(*impl_, text, out, allow_special, SIZE_MAX);
 }
 
 std::vector<int32_t> Tokenizer::encode(std::string_view text, bool allow_special) const {
@@ -283,6 +296,19 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool allow_special
   out.reserve(text.size() / 3 + 4);
   encode(text, out, allow_special);
   return out;
+}
+
+std::vector<int32_t> Tokenizer::encode_limited(std::string_view text, size_t max_tokens, bool allow_special) const {
+  std::vector<int32_t> out;
+  out.reserve(std::min(text.size() / 3, max_tokens) + 4);
+  encode_upto(*impl_, text, out, allow_special, max_tokens);
+  return out;
+}
+
+size_t Tokenizer::max_token_bytes() const {
+  size_t m = 1;
+  for (const std::string& p : impl_->pieces) m = std::max(m, p.size());
+  return m;
 }
 
 std::vector<std::string> Tokenizer::split(std::string_view text, bool allow_special) const {

@@ -65,6 +65,13 @@ class Tokenizer {
 
   std::vector<int32_t> encode(std::string_view text, bool allow_special = true) const;
   void encode(std::string_view text, std::vector<int32_t>& out, bool allow_special = true) const;  // appends
+  // As encode(), but stops as soon as more than `max_tokens` tokens are produced: the result is the
+  // whole encoding when it has at most `max_tokens` tokens, otherwise a prefix of it that is longer
+  // (for callers that refuse long inputs without tokenizing all of them).
+  std::vector<int32_t> encode_limited(std::string_view text, size_t max_tokens, bool allow_special = true) const;
+  // Length in bytes of the longest token (special tokens as their text): a text of B bytes has at
+  // least ceil(B / max_token_bytes()) tokens.
+  size_t max_token_bytes() const;
   // Pre-tokenizer pieces (raw bytes; a matched special token is one piece of its own).
   std::vector<std::string> split(std::string_view text, bool allow_special = true) const;
 

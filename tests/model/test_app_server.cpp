@@ -4,6 +4,7 @@
 
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -11,8 +12,11 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <httplib.h>
+#include <iterator>
 #include <memory>
 #include <thread>
 
@@ -24,6 +28,7 @@
 #include "test_util.h"
 #include "tokenizer/chat.h"
 #include "tokenizer/tokenizer.h"
+#include "util/error.h"
 
 using namespace kimi;
 using namespace kimi::server;
@@ -744,4 +749,452 @@ TEST(Server, ChunkSnapshotServesAPromptDivergingMidway) {
   EXPECT_GE(cached, 96);                // one of the latest ones (4 kept per sequence, spread out)
   EXPECT_EQ(a["choices"][0]["text"].get<std::string>(), reference_greedy(a_p, 8));
   EXPECT_EQ(b["choices"][0]["text"].get<std::string>(), reference_greedy(b_p, 8));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Hardening (issue 9): hostile inputs get a clear 4xx and the server keeps serving.
+
+namespace {
+
+int raw_connect(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+bool raw_send(int fd, const std::string& s) {
+  return ::send(fd, s.data(), s.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(s.size());
+}
+
+// Reads until `done(got)` or EOF or `timeout`; *eof tells whether the server closed.
+std::string raw_read(int fd, std::chrono::milliseconds timeout, const std::function<bool(const std::string&)>& done,
+                     bool* eof = nullptr) {
+  std::string got;
+  const auto end = std::chrono::steady_clock::now() + timeout;
+  if (eof) *eof = false;
+  while (!done(got)) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(end - std::chrono::steady_clock::now());
+    if (left.count() <= 0) break;
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, static_cast<int>(left.count())) <= 0) break;
+    char buf[65536];
+    const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+    if (n <= 0) {
+      if (eof) *eof = true;
+      break;
+    }
+    got.append(buf, static_cast<size_t>(n));
+  }
+  return got;
+}
+
+// Splits complete HTTP/1.1 responses (Content-Length bodies) off the front of `s`.
+struct RawResponse {
+  int status = 0;
+  std::string head, body;
+};
+std::vector<RawResponse> split_responses(const std::string& s) {
+  std::vector<RawResponse> out;
+  size_t p = 0;
+  for (;;) {
+    const size_t e = s.find("\r\n\r\n", p);
+    if (e == std::string::npos) break;
+    RawResponse r;
+    r.head = s.substr(p, e - p);
+    r.status = std::atoi(r.head.c_str() + 9);
+    size_t len = 0;
+    std::string lower = r.head;
+    for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    const size_t cl = lower.find("content-length:");
+    if (cl != std::string::npos) len = std::stoul(lower.substr(cl + 15));
+    if (s.size() < e + 4 + len) break;
+    r.body = s.substr(e + 4, len);
+    out.push_back(r);
+    p = e + 4 + len;
+  }
+  return out;
+}
+
+const ojson kHi = ojson::array({{{"role", "user"}, {"content", "hi"}}});
+
+}  // namespace
+
+TEST(ServerHardening, DeepJsonNestingIs400AndTheServerKeepsServing) {
+  Running r(base_opts());
+  auto c = r.client();
+  const int depth = 50000;
+  const std::string deep = std::string(depth, '[') + std::string(depth, ']');
+  // a 100 KB body nested 50 000 levels (far below --max-body), in the body itself and inside the
+  // string of a tool call's arguments (parsed by the server too)
+  ojson call_msgs = ojson::array(
+      {{{"role", "user"}, {"content", "x"}},
+       {{"role", "assistant"},
+        {"content", nullptr},
+        {"tool_calls", ojson::array({{{"id", "c1"}, {"type", "function"},
+                                      {"function", {{"name", "f"}, {"arguments", "{\"a\":" + deep + "}"}}}}})}}});
+  struct Case { std::string path, body, param; };
+  const std::vector<Case> cases = {
+      {"/v1/chat/completions", "{\"messages\":" + deep + "}", ""},
+      {"/v1/completions", "{\"prompt\":" + deep + "}", ""},
+      {"/tokenize", "{\"content\":" + deep + "}", ""},
+      {"/v1/chat/completions", ojson{{"messages", call_msgs}}.dump(), "messages[1].tool_calls[0].function.arguments"},
+  };
+  for (const Case& k : cases) {
+    auto res = c.Post(k.path.c_str(), k.body, "application/json");
+    ASSERT_TRUE(res) << "no reply (server crashed?) for " << k.path;
+    EXPECT_EQ(res->status, 400) << res->body.substr(0, 300);
+    const ojson j = ojson::parse(res->body, nullptr, false);
+    expect_error_shape(j, k.path);
+    if (k.param.empty()) EXPECT_NE(j["error"]["message"].get<std::string>().find("nested deeper than"), std::string::npos) << res->body;
+    else EXPECT_EQ(j["error"]["param"], k.param) << res->body;
+  }
+  int st = 0;
+  ojson ok = post_json(r, "/v1/chat/completions", {{"messages", kHi}, {"max_tokens", 2}}, &st);
+  EXPECT_EQ(st, 200) << ok.dump();
+}
+
+TEST(ServerHardening, EveryBadFieldValueIs400NamingTheField) {
+  ServerOptions o = base_opts();
+  o.max_tokens = 50;
+  Running r(o);
+  auto c = r.client();
+  const std::string m = R"("messages":[{"role":"user","content":"hi"}])";
+  struct Case { std::string path, body, param; };
+  const std::vector<Case> cases = {
+      // numbers out of the range of a double (nlohmann refuses them while parsing)
+      {"/v1/chat/completions", "{" + m + R"(,"temperature":1e400})", "temperature"},
+      {"/v1/chat/completions", "{" + m + R"(,"top_p":-1e999})", "top_p"},
+      {"/v1/completions", R"({"prompt":"a","max_tokens":1e400})", "max_tokens"},
+      {"/v1/chat/completions", R"({"messages":[{"role":"user","content":1e400}]})", "messages[0].content"},
+      // out of range
+      {"/v1/chat/completions", "{" + m + R"(,"temperature":-0.5})", "temperature"},
+      {"/v1/chat/completions", "{" + m + R"(,"top_p":0})", "top_p"},
+      {"/v1/chat/completions", "{" + m + R"(,"top_k":-1})", "top_k"},
+      {"/v1/chat/completions", "{" + m + R"(,"min_p":1.5})", "min_p"},
+      {"/v1/chat/completions", "{" + m + R"(,"repeat_penalty":0})", "repeat_penalty"},
+      {"/v1/chat/completions", "{" + m + R"(,"max_tokens":1e18})", "max_tokens"},
+      {"/v1/chat/completions", "{" + m + R"(,"max_tokens":18446744073709551615})", "max_tokens"},
+      {"/v1/chat/completions", "{" + m + R"(,"max_completion_tokens":51})", "max_completion_tokens"},
+      {"/v1/chat/completions", "{" + m + R"(,"n":99999999999999999999})", "n"},
+      {"/v1/chat/completions", "{" + m + R"(,"seed":1e30})", "seed"},
+      {"/v1/chat/completions", "{" + m + R"(,"seed":1.5})", "seed"},
+      // wrong types
+      {"/v1/chat/completions", "{" + m + R"(,"temperature":true})", "temperature"},
+      {"/v1/chat/completions", "{" + m + R"(,"max_tokens":"5"})", "max_tokens"},
+      {"/v1/chat/completions", "{" + m + R"(,"max_tokens":2.5})", "max_tokens"},
+      {"/v1/chat/completions", "{" + m + R"(,"model":5})", "model"},
+      {"/v1/chat/completions", "{" + m + R"(,"stream":1})", "stream"},
+      {"/v1/chat/completions", "{" + m + R"(,"stream_options":"yes"})", "stream_options"},
+      {"/v1/chat/completions", "{" + m + R"(,"stream_options":{"include_usage":"yes"}})", "include_usage"},
+      {"/v1/chat/completions", "{" + m + R"(,"stop":[1]})", "stop"},
+      {"/v1/chat/completions", "{" + m + R"(,"stop":["a","b","c","d","e"]})", "stop"},
+      {"/v1/chat/completions", "{" + m + R"(,"ignore_eos":"no"})", "ignore_eos"},
+      {"/v1/chat/completions", "{" + m + R"(,"logprobs":true})", "logprobs"},
+      {"/v1/chat/completions", "{" + m + R"(,"tools":{}})", "tools"},
+      {"/v1/chat/completions", "{" + m + R"(,"tools":[{"function":{"name":5}}]})", "tools[0].function.name"},
+      {"/v1/chat/completions", "{" + m + R"(,"tool_choice":5})", "tool_choice"},
+      {"/v1/chat/completions", "{" + m + R"(,"response_format":"json"})", "response_format"},
+      {"/v1/chat/completions", "{" + m + R"(,"response_format":{"type":5}})", "response_format.type"},
+      {"/v1/chat/completions", "{" + m + R"(,"response_format":{"type":"json_schema","json_schema":7}})", "response_format.json_schema"},
+      {"/v1/chat/completions", "{" + m + R"(,"thinking_effort":5})", "thinking_effort"},
+      {"/v1/chat/completions", "{" + m + R"(,"reasoning_effort":"extreme"})", "reasoning_effort"},
+      {"/v1/chat/completions", R"({"messages":[{"role":"user","content":"x","name":5}]})", "messages[0].name"},
+      {"/v1/chat/completions", R"({"messages":[{"role":"assistant","content":null,"tool_calls":[{"function":{"name":"f","arguments":"[1]"}}]}]})", "messages[0].tool_calls[0].function.arguments"},
+      {"/v1/completions", R"({"prompt":[1.5]})", "prompt"},
+      {"/v1/completions", R"({"prompt":[[1]]})", "prompt"},
+      {"/v1/completions", R"({"prompt":[18446744073709551615]})", "prompt"},
+      {"/v1/completions", R"({"prompt":"a","echo":true})", "echo"},
+      {"/v1/completions", R"({"prompt":"a","suffix":"b"})", "suffix"},
+  };
+  for (const Case& k : cases) {
+    auto res = c.Post(k.path.c_str(), k.body, "application/json");
+    ASSERT_TRUE(res) << k.body;
+    EXPECT_EQ(res->status, 400) << k.body << " -> " << res->body;
+    const ojson j = ojson::parse(res->body, nullptr, false);
+    expect_error_shape(j, k.body);
+    if (j.is_object() && j.contains("error")) {
+      EXPECT_EQ(j["error"]["param"], k.param) << k.body << " -> " << res->body;
+      EXPECT_EQ(j["error"]["message"].get<std::string>().find("json.exception"), std::string::npos) << res->body;
+    }
+  }
+  // a seed beyond INT64_MAX is a valid 64-bit seed
+  int st = 0;
+  post_json(r, "/v1/completions", ojson::parse(R"({"prompt":"a","max_tokens":1,"seed":18446744073709551615})"), &st);
+  EXPECT_EQ(st, 200);
+}
+
+TEST(ServerHardening, OversizedPromptsAreRefusedBeforeTokenizingAndMemoryIsReturned) {
+  ServerOptions o = base_opts();
+  Running r(o);
+  const size_t limit = static_cast<size_t>(o.ctx - 1);
+  const size_t max_bytes = tiny_tok().max_token_bytes();
+  ASSERT_GE(max_bytes, 1u);
+  // encode_limited: the whole encoding when short enough, else a longer prefix of it
+  const std::string text = "The sea, the sea! " + std::string(300, 'x') + " and more words here, 123 456.";
+  const auto full = tiny_tok().encode(text);
+  ASSERT_GT(full.size(), 20u);
+  EXPECT_EQ(tiny_tok().encode_limited(text, full.size()), full);
+  const auto cut = tiny_tok().encode_limited(text, 10);
+  ASSERT_GT(cut.size(), 10u);
+  ASSERT_LE(cut.size(), full.size());
+  EXPECT_TRUE(std::equal(cut.begin(), cut.end(), full.begin()));
+
+  auto too_long = [&](const std::string& prompt, const std::string& want_in_message) {
+    auto c = r.client();
+    auto res = c.Post("/v1/completions", ojson{{"prompt", prompt}, {"max_tokens", 1}}.dump(), "application/json");
+    ASSERT_TRUE(res);
+    EXPECT_EQ(res->status, 400) << res->body.substr(0, 300);
+    const ojson j = ojson::parse(res->body, nullptr, false);
+    ASSERT_TRUE(j.contains("error")) << res->body.substr(0, 300);
+    EXPECT_EQ(j["error"]["code"], "context_length_exceeded");
+    EXPECT_NE(j["error"]["message"].get<std::string>().find(want_in_message), std::string::npos) << res->body;
+  };
+  // below the byte bound but above the token limit: tokenized up to the limit only
+  std::string words;
+  while (words.size() + 2 <= limit * max_bytes && words.size() < 2 * limit * 2 + 2) words += "a ";
+  ASSERT_GT(tiny_tok().encode(words).size(), limit);
+  too_long(words, "more than " + std::to_string(limit) + " tokens");
+  // 8 MB of text: refused by its size
+  std::string big;
+  big.reserve(8000000);
+  for (uint32_t i = 0; big.size() < 8000000 - 16; ++i) big += "w" + std::to_string(i % 977) + " ";
+  too_long(big, "bytes");
+  // warm up the handler threads, then 16 concurrent 8 MB bodies, three times
+  auto round = [&] {
+    std::vector<std::thread> th;
+    for (int i = 0; i < 16; ++i) th.emplace_back([&] { too_long(big, "bytes"); });
+    for (auto& t : th) t.join();
+  };
+  round();
+  std::this_thread::sleep_for(200ms);
+  const long rss0 = rss_kb();
+  for (int i = 0; i < 3; ++i) round();
+  std::this_thread::sleep_for(200ms);
+  const long rss1 = rss_kb();
+  EXPECT_LT(rss1 - rss0, 48 * 1024) << "RSS " << rss0 << " kB -> " << rss1 << " kB after 48 oversized 8 MB requests";
+  int st = 0;
+  post_json(r, "/v1/completions", {{"prompt", "abc"}, {"max_tokens", 2}}, &st);
+  EXPECT_EQ(st, 200);
+}
+
+TEST(ServerHardening, APortInUseIsAnErrorWhoeverHoldsIt) {
+  Running r(base_opts());
+  // a second server on the same port (in-process and `kimi serve`)
+  ServerOptions o = base_opts();
+  o.port = r.port;
+  Server second(o);
+  try {
+    second.bind();
+    ADD_FAILURE() << "a second server bound port " << r.port;
+  } catch (const kimi::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("in use"), std::string::npos) << e.what();
+  }
+  const std::string cmd = std::string(KIMI_BIN) + " serve -m " + test::tiny_gguf() + " -t 1 -c 64 --port " +
+                          std::to_string(r.port) + " > /dev/null 2> " + ::testing::TempDir() + "/serve2.err";
+  const int rc = std::system(("timeout 60 " + cmd).c_str());
+  EXPECT_TRUE(WIFEXITED(rc) && WEXITSTATUS(rc) != 0 && WEXITSTATUS(rc) != 124) << rc;
+  std::ifstream f(::testing::TempDir() + "/serve2.err");
+  const std::string err((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  EXPECT_NE(err.find("Address already in use"), std::string::npos) << err;
+  // the first server still answers
+  auto c = r.client();
+  auto h = c.Get("/health");
+  ASSERT_TRUE(h);
+  EXPECT_EQ(h->status, 200);
+  // a listener that is not kimi's
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(::listen(fd, 4), 0);
+  socklen_t al = sizeof a;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &al);
+  ServerOptions o3 = base_opts();
+  o3.port = ntohs(a.sin_port);
+  Server third(o3);
+  EXPECT_THROW(third.bind(), kimi::Error);
+  ::close(fd);
+}
+
+TEST(ServerHardening, SlowClientsDoNotMakeHealthUnreachable) {
+  ServerOptions o = base_opts();
+  o.head_timeout_s = 2;  // the default is 10 s
+  o.body_timeout_s = 2;
+  Running r(o);
+  ASSERT_EQ(o.max_connections, 64);
+  // 64 connections (= --max-connections) that trickle a request head one byte at a time
+  const std::string head = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 20\r\n\r\n";
+  std::vector<int> fds;
+  for (int i = 0; i < 64; ++i) {
+    const int fd = raw_connect(r.port);
+    ASSERT_GE(fd, 0);
+    fds.push_back(fd);
+  }
+  // and one that sends its head, then its body slowly
+  const int body_fd = raw_connect(r.port);
+  ASSERT_TRUE(raw_send(body_fd, head + "{\"pro"));
+  std::atomic<bool> stop{false};
+  const auto t0 = std::chrono::steady_clock::now();
+  std::thread trickle([&] {
+    for (size_t k = 0; k < head.size() && !stop; ++k) {
+      for (int fd : fds) raw_send(fd, head.substr(k, 1));
+      std::this_thread::sleep_for(40ms);
+    }
+  });
+  // /health answers at once, all the time
+  for (int i = 0; i < 10; ++i) {
+    httplib::Client c("127.0.0.1", r.port);
+    c.set_connection_timeout(1, 0);
+    c.set_read_timeout(1, 0);
+    const auto a = std::chrono::steady_clock::now();
+    auto h = c.Get("/health");
+    ASSERT_TRUE(h) << "/health unreachable while 64 clients trickle (try " << i << ")";
+    EXPECT_EQ(h->status, 200);
+    EXPECT_LT(std::chrono::steady_clock::now() - a, 500ms);
+    std::this_thread::sleep_for(100ms);
+  }
+  // the whole head must arrive within the head timeout: each slow client gets 408 and is closed
+  int timed_out = 0;
+  for (int fd : fds) {
+    bool eof = false;
+    const std::string got = raw_read(fd, 5000ms, [](const std::string&) { return false; }, &eof);
+    if (got.rfind("HTTP/1.1 408", 0) == 0 && eof) ++timed_out;
+  }
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  stop = true;
+  trickle.join();
+  EXPECT_EQ(timed_out, 64);
+  EXPECT_LT(waited, 2 + 4.0);  // head timeout + slack
+  bool eof = false;
+  const std::string got = raw_read(body_fd, 5000ms, [](const std::string&) { return false; }, &eof);
+  EXPECT_EQ(got.rfind("HTTP/1.1 408", 0), 0u) << got;
+  EXPECT_TRUE(eof);
+  for (int fd : fds) ::close(fd);
+  ::close(body_fd);
+  int st = 0;
+  post_json(r, "/v1/completions", {{"prompt", "abc"}, {"max_tokens", 2}}, &st);
+  EXPECT_EQ(st, 200);
+}
+
+TEST(ServerHardening, BadContentLengthIs400AtOnce) {
+  Running r(base_opts());
+  for (const std::string cl : {"-5", "18446744073709551616", "99999999999999999999999", "1e3", "+5", "5 5", ""}) {
+    const int fd = raw_connect(r.port);
+    ASSERT_GE(fd, 0);
+    ASSERT_TRUE(raw_send(fd, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: " + cl + "\r\n\r\n{}"));
+    const auto a = std::chrono::steady_clock::now();
+    bool eof = false;
+    const std::string got = raw_read(fd, 3000ms, [](const std::string& s) { return s.find("\r\n\r\n") != std::string::npos; }, &eof);
+    EXPECT_EQ(got.rfind("HTTP/1.1 400", 0), 0u) << "Content-Length: '" << cl << "' -> " << got;
+    EXPECT_LT(std::chrono::steady_clock::now() - a, 1000ms);
+    ::close(fd);
+  }
+  // conflicting lengths, and a length with a chunked body, are refused too
+  for (const std::string h : {"Content-Length: 2\r\nContent-Length: 3\r\n", "Content-Length: 2\r\nTransfer-Encoding: chunked\r\n"}) {
+    const int fd = raw_connect(r.port);
+    ASSERT_TRUE(raw_send(fd, "POST /tokenize HTTP/1.1\r\nHost: x\r\n" + h + "\r\n{}"));
+    const std::string got = raw_read(fd, 3000ms, [](const std::string& s) { return s.find("\r\n\r\n") != std::string::npos; });
+    EXPECT_EQ(got.rfind("HTTP/1.1 400", 0), 0u) << h << " -> " << got;
+    ::close(fd);
+  }
+}
+
+TEST(ServerHardening, PipelinedRequestsAreAllAnsweredInOrder) {
+  Running r(base_opts());
+  const int fd = raw_connect(r.port);
+  ASSERT_GE(fd, 0);
+  const std::string tb = R"({"content":"Hello world"})";
+  const std::string cb = "5\r\n{\"con\r\n14\r\ntent\":\"Hello world\"}\r\n0\r\n\r\n";  // the same body, chunked
+  const std::string all = "GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+                          "POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Length: " + std::to_string(tb.size()) + "\r\n\r\n" + tb +
+                          "GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n"
+                          "POST /tokenize HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n" + cb +
+                          "GET /nothing HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+                          "GET /health HTTP/1.1\r\nHost: x\r\n\r\n";  // after Connection: close: not answered
+  ASSERT_TRUE(raw_send(fd, all));
+  bool eof = false;
+  const std::string got = raw_read(fd, 5000ms, [](const std::string&) { return false; }, &eof);
+  EXPECT_TRUE(eof) << "the server keeps the connection open after Connection: close";
+  const auto rs = split_responses(got);
+  ASSERT_EQ(rs.size(), 5u) << got;
+  EXPECT_EQ(rs[0].status, 200);
+  EXPECT_EQ(ojson::parse(rs[0].body)["status"], "ok");
+  const auto ids = tiny_tok().encode("Hello world");
+  EXPECT_EQ(rs[1].status, 200);
+  EXPECT_EQ(ojson::parse(rs[1].body)["tokens"].get<std::vector<int32_t>>(), ids);
+  EXPECT_EQ(rs[2].status, 200);
+  EXPECT_EQ(ojson::parse(rs[2].body)["object"], "list");
+  EXPECT_EQ(rs[3].status, 200);
+  EXPECT_EQ(ojson::parse(rs[3].body)["tokens"].get<std::vector<int32_t>>(), ids);
+  EXPECT_EQ(rs[4].status, 404);
+  EXPECT_NE(rs[4].head.find("Connection: close"), std::string::npos) << rs[4].head;
+  ::close(fd);
+}
+
+TEST(ServerHardening, BearerSchemeIsCaseInsensitive) {
+  ServerOptions o = base_opts();
+  o.api_key = "s3cret";
+  Running r(o);
+  auto c = r.client();
+  for (const std::string h : {"Bearer s3cret", "bearer s3cret", "BEARER s3cret", "bEaReR   s3cret"}) {
+    auto res = c.Get("/v1/models", {{"Authorization", h}});
+    ASSERT_TRUE(res);
+    EXPECT_EQ(res->status, 200) << h;
+  }
+  for (const std::string h : {"Basic s3cret", "Bearers3cret", "Bearer s3cre", "s3cret", "Bearer"}) {
+    auto res = c.Get("/v1/models", {{"Authorization", h}});
+    ASSERT_TRUE(res);
+    EXPECT_EQ(res->status, 401) << h;
+  }
+}
+
+TEST(ServerHardening, DrainAnswers503AndACancelledStreamEndsWithAnError) {
+  ServerOptions o = base_opts();
+  o.ctx = 32768;
+  o.sched.parallel = 1;
+  o.sched.cache_slots = 0;
+  o.grace_s = 1.0;
+  o.threads = 1;
+  Running r(o);
+  std::string got;
+  std::atomic<bool> started{false};
+  std::thread t([&] {
+    post_stream(r, "/v1/completions",
+                {{"prompt", ids_prompt(2, 10)}, {"max_tokens", 32000}, {"ignore_eos", true}, {"stream", true}},
+                [&](const std::string& g) {
+                  got = g;
+                  started = true;
+                  return true;
+                });
+  });
+  for (int i = 0; i < 1000 && !started; ++i) std::this_thread::sleep_for(5ms);
+  ASSERT_TRUE(started);
+  r.s->shutdown();
+  // draining: /health says so, new work is refused, both with 503 (not a refused connection)
+  auto c = r.client();
+  auto h = c.Get("/health");
+  ASSERT_TRUE(h) << "/health refused while draining";
+  EXPECT_EQ(h->status, 503);
+  EXPECT_EQ(ojson::parse(h->body)["status"], "shutting down");
+  auto p = c.Post("/v1/completions", ojson{{"prompt", "abc"}, {"max_tokens", 2}}.dump(), "application/json");
+  ASSERT_TRUE(p);
+  EXPECT_EQ(p->status, 503);
+  t.join();
+  // the grace ran out mid-stream: an error event, never finish_reason "stop", no [DONE]
+  bool done = false;
+  const auto ev = sse_events(got, &done);
+  ASSERT_FALSE(ev.empty());
+  EXPECT_FALSE(done) << got.substr(got.size() > 400 ? got.size() - 400 : 0);
+  ASSERT_TRUE(ev.back().contains("error")) << ev.back().dump();
+  EXPECT_EQ(ev.back()["error"]["code"], "cancelled");
+  for (const auto& e : ev)
+    if (e.contains("choices")) EXPECT_TRUE(e["choices"][0]["finish_reason"].is_null()) << e.dump();
 }

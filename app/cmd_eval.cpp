@@ -2,12 +2,15 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <filesystem>
+#include <unistd.h>
 
 #include "command.h"
 #include "model/model.h"
 #include "runtime/context.h"
 #include "runtime/engine_cli.h"
 #include "util/error.h"
+#include "util/paths.h"
+#include "util/tempfile.h"
 #include "util/cli.h"
 
 namespace {
@@ -34,6 +37,11 @@ int cmd_eval(int argc, char** argv) {
     kimi::check(!std::filesystem::is_directory(out), "--logits-out {}: is a directory (expected a file path)", out);
   }
   auto model = kimi::Model::load(ea.model, {ea.verbose});
+  {  // the logits must not replace the model (or one of its shards)
+    std::vector<std::string> inputs;
+    for (size_t i = 0; i < model->reader().n_files(); ++i) inputs.push_back(model->reader().file_path(i));
+    kimi::check_outputs_distinct(inputs, {out}, "--logits-out");
+  }
   const int n = static_cast<int>(in.size());
   kimi::Context ctx(*model, kimi::cli::context_options(ea, n, std::min(n_batch, n)));
   if (ea.verbose) std::fprintf(stderr, "%s", ctx.memory_summary().c_str());
@@ -41,22 +49,27 @@ int cmd_eval(int argc, char** argv) {
   b.add_sequence(in, 0, 0, true, all);
   ctx.decode(b);
 
-  const std::string tmp = out + ".tmp";
-  FILE* f = std::fopen(tmp.c_str(), "wb");
-  kimi::check(f != nullptr, "{}: cannot open for writing", tmp);
+  const kimi::TempFile tf = kimi::create_temp_file(out);  // unique name, removed on SIGINT/SIGTERM/SIGHUP
+  const std::string& tmp = tf.path;
+  FILE* f = ::fdopen(tf.fd, "wb");
+  if (!f) {
+    ::close(tf.fd);
+    kimi::discard_temp(tmp);
+    kimi::fail("{}: cannot open for writing", tmp);
+  }
   const size_t V = static_cast<size_t>(ctx.n_vocab());
   bool ok = true;
   for (size_t i = all ? 0 : in.size() - 1; i < in.size(); ++i) ok &= std::fwrite(ctx.logits(i), 4, V, f) == V;
   ok &= std::fclose(f) == 0;
   if (!ok) {
-    std::filesystem::remove(tmp);
+    kimi::discard_temp(tmp);
     kimi::fail("{}: write failed", out);
   }
-  std::error_code ec;
-  std::filesystem::rename(tmp, out, ec);
-  if (ec) {
-    std::filesystem::remove(tmp);
-    kimi::fail("{}: cannot write: {}", out, ec.message());
+  try {
+    kimi::commit_temp(tmp, out);
+  } catch (...) {
+    kimi::discard_temp(tmp);
+    throw;
   }
   std::fprintf(stderr, "wrote %zu x %zu logits to %s\n", all ? in.size() : size_t(1), V, out.c_str());
   return 0;

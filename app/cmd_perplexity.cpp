@@ -17,18 +17,15 @@
 #include "runtime/perplexity.h"
 #include "tokenizer/tokenizer.h"
 #include "util/error.h"
+#include "util/paths.h"
 #include "util/cli.h"
 
 namespace {
 
 std::string read_text(const std::string& path) {
   kimi::check(!std::filesystem::is_directory(path), "{}: is a directory (expected a text file)", path);
-  std::ifstream f(path, std::ios::binary);
-  kimi::check(static_cast<bool>(f), "{}: cannot open the text file", path);
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  kimi::check(!f.bad(), "{}: read error", path);
-  return ss.str();
+  kimi::check(std::filesystem::exists(path), "{}: cannot open the text file (no such file)", path);
+  return kimi::read_input_file(path);  // regular files only: a FIFO would block
 }
 
 int cmd_perplexity(int argc, char** argv) {
@@ -65,10 +62,20 @@ int cmd_perplexity(int argc, char** argv) {
 
   // Load the base first: a bad base file should fail before the model is loaded.
   std::optional<kimi::ppl::KldBase> base;
-  if (!kld_base_in.empty()) base.emplace(kimi::ppl::KldBase::load(kld_base_in));
+  if (!kld_base_in.empty()) {
+    if (std::filesystem::exists(kld_base_in)) kimi::check_input_regular(kld_base_in);  // a FIFO would block
+    base.emplace(kimi::ppl::KldBase::load(kld_base_in));
+  }
 
   auto model = kimi::Model::load(ea.model, {ea.verbose});
   const int n_vocab = static_cast<int>(model->hparams().n_vocab);
+  if (!kld_base_out.empty()) {  // the base must not replace the model, the text or the other base
+    std::vector<std::string> inputs;
+    for (size_t i = 0; i < model->reader().n_files(); ++i) inputs.push_back(model->reader().file_path(i));
+    if (!text_path.empty()) inputs.push_back(text_path);
+    if (!kld_base_in.empty()) inputs.push_back(kld_base_in);
+    kimi::check_outputs_distinct(inputs, {kld_base_out}, "--kl-divergence-base");
+  }
 
   kimi::ppl::Options po;
   po.top_n = top_n;

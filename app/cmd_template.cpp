@@ -10,6 +10,8 @@
 #include "command.h"
 #include "tokenizer/chat.h"
 #include "util/error.h"
+#include "util/json.h"
+#include "util/paths.h"
 #include "util/cli.h"
 
 namespace {
@@ -33,14 +35,14 @@ int cmd_template(int argc, char** argv) {
     text = ss.str();
   } else {
     kimi::check(!std::filesystem::is_directory(file), "request file '{}' is a directory (expected a JSON file)", file);
-    std::ifstream f(file, std::ios::binary);
-    kimi::check(f.good(), "cannot open request file '{}'", file);
-    text.assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+    kimi::check(std::filesystem::exists(file), "cannot open request file '{}': no such file", file);
+    text = kimi::read_input_file(file);  // regular files only: a FIFO would block
   }
   kimi::tok::ojson body;
   try {
-    body = kimi::tok::ojson::parse(text);
-  } catch (const std::exception& e) {
+    body = kimi::parse_json<kimi::tok::ojson>(text, file);  // depth-limited
+  } catch (const kimi::JsonError& e) {
+    if (e.too_deep) throw;
     kimi::fail("{}: not valid JSON: {}", file, e.what());
   }
   std::string prompt;

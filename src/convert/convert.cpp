@@ -9,6 +9,7 @@
 #include "io/hf_config.h"
 #include "io/safetensors.h"
 #include "util/error.h"
+#include "util/paths.h"
 #include "util/progress.h"
 
 namespace fs = std::filesystem;
@@ -114,9 +115,17 @@ ConvertResult convert(const ConvertOptions& o) {
     check(parent.empty() || fs::is_directory(parent), "output directory '{}' does not exist", parent.string());
     check(!fs::is_directory(o.out_path), "output '{}' is a directory (expected a .gguf file path)", o.out_path);
   }
+  // every file of the source the converter reads: no output file (shards included) may be one of them
+  std::vector<std::string> inputs;
+  for (const char* f : {"config.json", "model.safetensors.index.json", "model.safetensors", "tiktoken.model",
+                        "tokenizer.json", "tokenizer_config.json", "chat_template.jinja"})
+    inputs.push_back((fs::path(o.hf_dir) / f).string());
+  check_outputs_distinct(inputs, {o.out_path});
   HfConfig cfg = HfConfig::load(cfg_path);
-  K3Dims dims = read_dims(cfg);
-  auto ckpt = st::Checkpoint::open(o.hf_dir);
+  auto ckpt = st::Checkpoint::open(o.hf_dir);  // first: its tensor count bounds the counts in config.json
+  K3Dims dims = read_dims(cfg, ckpt->names().size());
+  for (auto& p : ckpt->file_paths()) inputs.push_back(p);
+  check_outputs_distinct(inputs, {o.out_path});
   Plan plan = make_plan(dims, *ckpt, o.outtype, o.layers, o.hf_dir);
   const int64_t n_layers = o.layers < 0 ? dims.n_layer : o.layers;
 
@@ -124,6 +133,7 @@ ConvertResult convert(const ConvertOptions& o) {
 
   gguf::WriterOptions wo;
   wo.split_max_bytes = o.split_max_bytes;
+  wo.inputs = inputs;
   gguf::Writer w(o.out_path, wo);
   for (auto& kv : kvs) w.add_kv(kv.key, kv.value);
   for (const auto& t : plan.tensors) w.add_tensor(t.name, t.type, t.ne);

@@ -13,6 +13,7 @@
 
 #include "tensor/quants.h"
 #include "util/error.h"
+#include "util/paths.h"
 #include "util/progress.h"
 #include "util/thread_pool.h"
 
@@ -33,10 +34,10 @@ std::string shape_of(const std::array<int64_t, 4>& ne) {
   return s + "}";
 }
 
-bool same_file(const std::string& a, const std::string& b) {
-  std::error_code ec;
-  if (!fs::exists(a, ec) || !fs::exists(b, ec)) return false;
-  return fs::equivalent(a, b, ec);
+std::vector<std::string> input_files(const gguf::Reader& r) {
+  std::vector<std::string> v;
+  for (size_t i = 0; i < r.n_files(); ++i) v.push_back(r.file_path(i));
+  return v;
 }
 
 }  // namespace
@@ -102,9 +103,9 @@ QuantizeResult quantize(const QuantizeOptions& o, const std::function<void(const
     const fs::path parent = fs::path(o.out_path).parent_path();
     check(parent.empty() || fs::is_directory(parent), "output directory '{}' does not exist", parent.string());
     check(!fs::is_directory(o.out_path), "output '{}' is a directory (expected a .gguf file path)", o.out_path);
-    for (size_t i = 0; i < r.n_files(); ++i)
-      check(!same_file(o.out_path, r.file_path(i)), "output '{}' is the input file '{}': choose another output path",
-            o.out_path, r.file_path(i));
+    // the shard names the writer will derive from OUT are checked by gguf::Writer::begin (before
+    // anything is created); OUT itself is checked here, before the planning work
+    check_outputs_distinct(input_files(r), {o.out_path});
   }
 
   // ---- plan ----
@@ -169,6 +170,7 @@ QuantizeResult quantize(const QuantizeOptions& o, const std::function<void(const
   gguf::WriterOptions wo;
   wo.alignment = r.alignment();
   wo.split_max_bytes = o.split_max_bytes;
+  wo.inputs = input_files(r);
   gguf::Writer w(o.out_path, wo);
   bool have_qv = false;
   for (const auto& kv : r.kvs()) {

@@ -13,6 +13,7 @@
 #include "tensor/types.h"
 #include "util/error.h"
 #include "util/progress.h"
+#include "util/tempfile.h"
 #include "util/thread_pool.h"
 
 namespace fs = std::filesystem;
@@ -689,10 +690,13 @@ Summary write_checkpoint(const Config& c, const std::string& dir, const WriteOpt
     }
     replace = true;
   }
-  const fs::path tmp = final_path.string() + ".tmp";
-  fs::remove_all(tmp, ec);  // leftover of an interrupted run
-  fs::create_directories(tmp, ec);
-  check(!ec, "synth: cannot create directory '{}': {}", tmp.string(), ec.message());
+  // a fresh temp directory of our own (FINAL.kimi-tmp.<pid>.<random>): never someone's FINAL.tmp; its
+  // files are removed on SIGINT/SIGTERM/SIGHUP, and stale ones of dead runs by create_temp_dir
+  if (final_path.has_parent_path()) {
+    fs::create_directories(final_path.parent_path(), ec);
+    check(!ec, "synth: cannot create directory '{}': {}", final_path.parent_path().string(), ec.message());
+  }
+  const fs::path tmp = create_temp_dir(final_path.string());
 
   Summary sum;
   try {
@@ -757,7 +761,7 @@ Summary write_checkpoint(const Config& c, const std::string& dir, const WriteOpt
     auto vocab = learn_vocab(c.vocab, &sum.vocab_text_bytes);
     write_text(tmp / "tiktoken.model", bpe::to_tiktoken(vocab));
   } catch (...) {
-    fs::remove_all(tmp, ec);
+    discard_temp(tmp.string());
     throw;
   }
 
@@ -766,11 +770,15 @@ Summary write_checkpoint(const Config& c, const std::string& dir, const WriteOpt
     fs::rename(final_path, old, ec);
     check(!ec, "synth: cannot move the old '{}' aside: {}", final_path.string(), ec.message());
     fs::rename(tmp, final_path, ec);
+    if (ec) discard_temp(tmp.string());
     check(!ec, "synth: cannot rename '{}' to '{}': {}", tmp.string(), final_path.string(), ec.message());
+    unregister_temp(tmp.string());
     fs::remove_all(old, ec);
   } else {
     fs::rename(tmp, final_path, ec);
+    if (ec) discard_temp(tmp.string());
     check(!ec, "synth: cannot rename '{}' to '{}': {}", tmp.string(), final_path.string(), ec.message());
+    unregister_temp(tmp.string());
   }
   return sum;
 }

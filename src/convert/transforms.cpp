@@ -50,7 +50,7 @@ void refuse_indexer_rope(const HfConfig& cfg) {
   if (cfg.merged.contains("linear_attn_config")) scan(cfg.merged["linear_attn_config"], "linear_attn_config.");
 }
 
-K3Dims read_dims(const HfConfig& c) {
+K3Dims read_dims(const HfConfig& c, uint64_t max_tensors) {
   const std::string arch = c.top_architecture();
   check(arch == "KimiK3ForConditionalGeneration",
         "{}: unsupported architecture '{}' (architectures[0]); expected 'KimiK3ForConditionalGeneration'", c.path,
@@ -68,7 +68,14 @@ K3Dims read_dims(const HfConfig& c) {
   if (c.has("moe_layer_freq"))
     check(c.get_int("moe_layer_freq") == 1, "{}: key 'moe_layer_freq' must be 1", c.path);
   K3Dims d;
-  d.n_layer = pos_int(c, "num_hidden_layers");
+  auto bounded = [&](const std::string& key, const char* what) {
+    const int64_t v = pos_int(c, key);
+    check(static_cast<uint64_t>(v) <= max_tensors,
+          "{}: key '{}' = {} is more {} than the checkpoint can hold: it has only {} tensors", c.path, key, v, what,
+          max_tensors);
+    return v;
+  };
+  d.n_layer = bounded("num_hidden_layers", "layers");
   d.d = pos_int(c, "hidden_size");
   d.vocab = pos_int(c, "vocab_size");
   d.n_head = pos_int(c, "num_attention_heads");
@@ -83,7 +90,7 @@ K3Dims read_dims(const HfConfig& c) {
   if (c.has("prefix_dense_intermediate_size")) d.ff_dense = pos_int(c, "prefix_dense_intermediate_size");
   else if (c.has("dense_intermediate_size")) d.ff_dense = pos_int(c, "dense_intermediate_size");
   else d.ff_dense = pos_int(c, "intermediate_size");
-  d.n_expert = pos_int(c, "num_experts");
+  d.n_expert = bounded("num_experts", "routed experts");
   d.n_expert_used = pos_int(c, "num_experts_per_token");
   check(d.n_expert_used <= d.n_expert, "{}: num_experts_per_token {} > num_experts {}", c.path, d.n_expert_used,
         d.n_expert);

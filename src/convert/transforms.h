@@ -34,7 +34,10 @@ struct K3Dims {
   std::vector<bool> is_mla;  // per 0-based layer
   bool is_moe(int64_t il) const { return il >= first_dense; }
 };
-K3Dims read_dims(const HfConfig& cfg);
+// max_tensors: how many tensors the checkpoint holds. Every count that sizes per-item structures
+// (layers, routed experts) is refused above it before anything is allocated: each layer and each
+// routed expert has tensors of its own, so a larger count cannot be a real checkpoint.
+K3Dims read_dims(const HfConfig& cfg, uint64_t max_tensors = UINT64_MAX);
 // Throws if any config key (merged dict or linear_attn_config) names both "index" and "rope".
 void refuse_indexer_rope(const HfConfig& cfg);
 

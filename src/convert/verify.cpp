@@ -22,6 +22,8 @@
 #include "tensor/quants.h"
 #include "tensor/types.h"
 #include "util/error.h"
+#include "util/json.h"
+#include "util/paths.h"
 #include "util/progress.h"
 
 namespace fs = std::filesystem;
@@ -182,11 +184,7 @@ std::vector<std::string> naive_merges(const std::vector<std::string>& ranks) {
 }
 
 std::string slurp(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  check(static_cast<bool>(f), "cannot read '{}'", path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
+  return read_input_file(path);  // regular files only (a FIFO would block), bounded size
 }
 
 // ------------------------------------------------------------------ the verifier
@@ -637,11 +635,8 @@ struct Verifier {
     fs::path dir(o.hf_dir);
     nlohmann::json tc = nlohmann::json::object();
     if (fs::exists(dir / "tokenizer_config.json")) {
-      try {
-        tc = nlohmann::json::parse(slurp((dir / "tokenizer_config.json").string()));
-      } catch (const nlohmann::json::exception& e) {
-        fail("{}: invalid JSON: {}", (dir / "tokenizer_config.json").string(), e.what());
-      }
+      const std::string p = (dir / "tokenizer_config.json").string();
+      tc = parse_json<nlohmann::json>(slurp(p), p);  // depth-limited; the error names the file
     }
     std::vector<std::string> want_tok(static_cast<size_t>(V));
     std::vector<int64_t> want_type(static_cast<size_t>(V), 0);
@@ -667,7 +662,8 @@ struct Verifier {
         }
       }
     } else if (fs::exists(dir / "tokenizer.json")) {
-      auto tj = nlohmann::json::parse(slurp((dir / "tokenizer.json").string()));
+      const std::string p = (dir / "tokenizer.json").string();
+      auto tj = parse_json<nlohmann::json>(slurp(p), p);
       for (auto it = tj["model"]["vocab"].begin(); it != tj["model"]["vocab"].end(); ++it) {
         int64_t id = it.value().get<int64_t>();
         if (id >= 0 && id < V) want_tok[id] = it.key(), want_type[id] = 1;

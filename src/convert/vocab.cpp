@@ -10,6 +10,8 @@
 
 #include "io/hf_config.h"
 #include "util/error.h"
+#include "util/json.h"
+#include "util/paths.h"
 
 namespace fs = std::filesystem;
 
@@ -42,28 +44,16 @@ std::array<uint32_t, 256> byte_codepoints() {
 }
 
 std::string read_text(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  check(static_cast<bool>(f), "cannot read '{}'", path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
+  return read_input_file(path);  // regular files only (a FIFO would block), bounded size
 }
 
 nlohmann::json parse_json_file(const std::string& path) {
   std::string text = read_text(path);
   try {
-    return nlohmann::json::parse(text);
-  } catch (const nlohmann::json::parse_error& e) {
-    // locate line/column of the byte offset
-    size_t off = e.byte > 0 ? e.byte - 1 : 0, line = 1, col = 1;
-    for (size_t i = 0; i < off && i < text.size(); ++i) {
-      if (text[i] == '\n') {
-        ++line;
-        col = 1;
-      } else {
-        ++col;
-      }
-    }
+    return parse_json<nlohmann::json>(text, path);  // depth-limited
+  } catch (const JsonError& e) {
+    if (e.too_deep) throw;
+    auto [line, col] = json_line_col(text, e.byte);
     fail("{}: invalid JSON at line {}, column {}: {}", path, line, col, e.what());
   }
 }

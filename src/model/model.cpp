@@ -8,6 +8,7 @@
 #include <map>
 #include <set>
 
+#include "model/hparams_check.h"
 #include "util/error.h"
 
 namespace kimi {
@@ -336,6 +337,7 @@ std::unique_ptr<Model> Model::load(const std::string& path, const ModelOptions& 
   if (ld.arch != "kimi-k3")
     fail("{}: general.architecture is '{}', expected 'kimi-k3'", path, ld.arch);
   ld.read_hparams();
+  validate_hparams(m->hp_, r, path);  // every value the loader and forward pass compute with (hparams_check.h)
   ld.bind_all();
   if (opts.verbose) fmt::print(stderr, "{}", m->summary());
   return m;

@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "util/error.h"
+#include "util/json.h"
 
 namespace kimi::tok {
 
@@ -526,7 +527,7 @@ void ChatParser::handle_tag(bool open, std::string_view header, ChatDelta& d) {
       if (arg_type_ == "string" || arg_type_.empty()) {
         v = arg_value_;
       } else {
-        v = ojson::parse(arg_value_, nullptr, false);
+        v = try_parse_json<ojson>(arg_value_);  // depth-limited (model output)
         if (v.is_discarded()) v = arg_value_;  // malformed typed value: keep the text
       }
       msg_.tool_calls.back().arguments[arg_key_] = std::move(v);
@@ -534,7 +535,7 @@ void ChatParser::handle_tag(bool open, std::string_view header, ChatDelta& d) {
     where_ = Where::Call;
   } else if (name == "json") {
     if (!msg_.tool_calls.empty()) {
-      ojson v = ojson::parse(msg_.tool_calls.back().raw_json, nullptr, false);
+      ojson v = try_parse_json<ojson>(msg_.tool_calls.back().raw_json);
       if (!v.is_discarded() && v.is_object()) msg_.tool_calls.back().arguments = std::move(v);
     }
     where_ = Where::Call;

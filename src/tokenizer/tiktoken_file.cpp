@@ -5,6 +5,7 @@
 #include <charconv>
 
 #include "util/error.h"
+#include "util/json.h"
 #include "util/mmap.h"
 
 namespace kimi::tok {
@@ -75,8 +76,9 @@ void parse_plain(std::string_view content, const std::string& label, TiktokenDat
 void parse_npm_json(std::string_view content, const std::string& label, TiktokenData& d) {
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(content);
-  } catch (const std::exception& e) {
+    j = parse_json<nlohmann::json>(content, label);  // depth-limited
+  } catch (const JsonError& e) {
+    if (e.too_deep) throw;
     fail("{}: not valid JSON: {}", label, e.what());
   }
   check(j.is_object() && j.contains("bpe_ranks") && j["bpe_ranks"].is_string(),

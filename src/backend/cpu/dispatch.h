@@ -101,6 +101,16 @@ struct MatKernel {
 // buffer lent to this thread by matmul (see MatKernel::scratch_rows) when one is lent and large enough.
 float* f32_scratch(int64_t n, int slot = 0);
 
+// A level's matmul kernels: one row per (weight type, precision) it has a kernel for. `f32`: the
+// Precision::F32 kernel (f32 activations, no rounding); F32 weights take their f32 row at either
+// precision. select_kernel applies that rule to a table (the one type switch of every level).
+struct KernelRow {
+  GgmlType type;
+  bool f32;
+  MatKernel k;
+};
+bool select_kernel(const KernelRow* table, size_t n, GgmlType type, Precision prec, MatKernel* k);
+
 // Fill *k for (type, precision) at that level; false when the level has no kernel for it.
 bool scalar_kernel(GgmlType type, Precision prec, MatKernel* k);
 bool avx2_kernel(GgmlType type, Precision prec, MatKernel* k);

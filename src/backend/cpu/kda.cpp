@@ -10,15 +10,16 @@ namespace kimi::kern {
 
 static inline bool simd() { return family_isa(KernelFamily::Kda) == Isa::Avx512; }
 
-void kda_step(float* S, const float* q, const float* k, const float* v, const float* g, float beta,
-              float scale, float* o, int64_t D, float* tmp) {
-  if (simd() && D % 16 == 0) return avx512::kda_step(S, q, k, v, g, false, beta, scale, o, D, tmp);
+// The portable step; kDecayed: g holds exp(g) already.
+template <bool kDecayed>
+static void step_portable(float* S, const float* q, const float* k, const float* v, const float* g, float beta,
+                          float scale, float* o, int64_t D, float* tmp) {
   float* p = tmp;
   for (int64_t j = 0; j < D; ++j) p[j] = 0.0f;
   // decay, then predict with the decayed state
   for (int64_t i = 0; i < D; ++i) {
     float* Si = S + i * D;
-    scale_f32(std::exp(g[i]), Si, D);
+    scale_f32(kDecayed ? g[i] : std::exp(g[i]), Si, D);
     axpy_f32(k[i], Si, p, D);
   }
   for (int64_t j = 0; j < D; ++j) p[j] = beta * (v[j] - p[j]);  // delta
@@ -32,24 +33,16 @@ void kda_step(float* S, const float* q, const float* k, const float* v, const fl
   for (int64_t j = 0; j < D; ++j) o[j] *= scale;
 }
 
+void kda_step(float* S, const float* q, const float* k, const float* v, const float* g, float beta,
+              float scale, float* o, int64_t D, float* tmp) {
+  if (simd() && D % 16 == 0) return avx512::kda_step(S, q, k, v, g, false, beta, scale, o, D, tmp);
+  step_portable<false>(S, q, k, v, g, beta, scale, o, D, tmp);
+}
+
 void kda_step_decay(float* S, const float* q, const float* k, const float* v, const float* a, float beta,
                     float scale, float* o, int64_t D, float* tmp) {
   if (simd() && D % 16 == 0) return avx512::kda_step(S, q, k, v, a, true, beta, scale, o, D, tmp);
-  float* p = tmp;
-  for (int64_t j = 0; j < D; ++j) p[j] = 0.0f;
-  for (int64_t i = 0; i < D; ++i) {
-    float* Si = S + i * D;
-    scale_f32(a[i], Si, D);
-    axpy_f32(k[i], Si, p, D);
-  }
-  for (int64_t j = 0; j < D; ++j) p[j] = beta * (v[j] - p[j]);
-  for (int64_t j = 0; j < D; ++j) o[j] = 0.0f;
-  for (int64_t i = 0; i < D; ++i) {
-    float* Si = S + i * D;
-    axpy_f32(k[i], p, Si, D);
-    axpy_f32(q[i], Si, o, D);
-  }
-  for (int64_t j = 0; j < D; ++j) o[j] *= scale;
+  step_portable<true>(S, q, k, v, a, beta, scale, o, D, tmp);
 }
 
 }  // namespace kimi::kern

@@ -67,6 +67,17 @@ Prepared prepare(const MatKernel& k, const float* x, int64_t n_tokens, int64_t c
 
 }  // namespace
 
+bool select_kernel(const KernelRow* table, size_t n, GgmlType type, Precision prec, MatKernel* k) {
+  const bool f32 = prec == Precision::F32 || type == GgmlType::F32;
+  for (size_t i = 0; i < n; ++i)
+    if (table[i].type == type && table[i].f32 == f32) {
+      *k = table[i].k;
+      return true;
+    }
+  *k = MatKernel{};
+  return false;
+}
+
 MatKernel pick_matmul_kernel(GgmlType type, Precision prec, Isa* level) {
   MatKernel k;
   Isa isa = family_isa(KernelFamily::Matmul);

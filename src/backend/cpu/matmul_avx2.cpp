@@ -1,5 +1,6 @@
-// AVX2 + FMA + F16C matmul kernels; reached only via dispatch (avx2_kernel). Same register-tile
-// structure as the AVX-512 file (R rows x T tokens), 8-lane vectors:
+// AVX2 + FMA + F16C matmul kernels; reached only via dispatch (avx2_kernel). The micro-kernels
+// only: register tiles of R rows x T tokens (8-lane vectors) driven by matmul_driver.h, as in the
+// AVX-512 file, and the table of this level's kernels at the end.
 //   F32/F16/BF16 x f32 activations and BF16 x bf16 activations: widen to f32, FMA.
 //   Q4_0 / MXFP4: vpmaddubsw of the (offset, non-negative) 4-bit weights with the s8 activation,
 //     minus the precomputed offset * sum(q) (quantize_act.h nibble layout), times the scales.
@@ -7,40 +8,20 @@
 //   Q4_K / Q5_K / Q6_K: vpmaddubsw with Q8_K activations, vpmaddwd with the sub-block scales.
 // Precision::F32 for quantized weights uses the scalar kernels.
 #include "backend/cpu/dispatch.h"
-#include "backend/cpu/quantize_act.h"
-#include "tensor/quants.h"
 
 #if defined(__x86_64__)
-#include <immintrin.h>
-
-#include <cstring>
-
-// GCC does not fully unroll the R x T tile loops on its own at -O2 (the accumulators then live on
-// the stack): force it so every accumulator stays in a register.
-#define KIMI_UNROLL _Pragma("GCC unroll 16")
+#include "backend/cpu/matmul_driver.h"
+#include "backend/cpu/quantize_act.h"
 
 namespace kimi::kern {
 
 namespace {
 
-using TileFn = void (*)(const uint8_t* const* w, const uint8_t* const* x, int64_t n, float* y, int64_t ldy);
-using Table = TileFn[2][4];
-
-inline uint16_t rd16(const uint8_t* p) {
-  uint16_t v;
-  std::memcpy(&v, p, 2);
-  return v;
-}
 inline float hsum8(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
   s = _mm_add_ss(s, _mm_movehdup_ps(s));
   return _mm_cvtss_f32(s);
-}
-inline int hsum_epi32_128(__m128i v) {
-  v = _mm_add_epi32(v, _mm_shuffle_epi32(v, 0x4e));
-  v = _mm_add_epi32(v, _mm_shuffle_epi32(v, 0xb1));
-  return _mm_cvtsi128_si32(v);
 }
 inline float bf16f(uint16_t h) {
   const uint32_t u = static_cast<uint32_t>(h) << 16;
@@ -48,32 +29,6 @@ inline float bf16f(uint16_t h) {
   std::memcpy(&f, &u, 4);
   return f;
 }
-
-void drive(const Table& tab, int R, const uint8_t* base, uint64_t row_bytes, const uint8_t* act, size_t stride,
-           int64_t nt, int64_t r0, int64_t r1, float* y, int64_t ldy, int64_t n) {
-  const uint8_t* wp[2];
-  const uint8_t* xp[4];
-  for (int64_t r = r0; r < r1; r += R) {
-    const int rr = static_cast<int>(r1 - r < R ? r1 - r : R);
-    for (int i = 0; i < rr; ++i) wp[i] = base + static_cast<uint64_t>(r + i) * row_bytes;
-    for (int64_t t = 0; t < nt; t += 4) {
-      const int tt = static_cast<int>(nt - t < 4 ? nt - t : 4);
-      for (int j = 0; j < tt; ++j) xp[j] = act + static_cast<size_t>(t + j) * stride;
-      tab[rr - 1][tt - 1](wp, xp, n, y + t * ldy + r, ldy);
-    }
-  }
-}
-
-#define KIMI_TILE_TABLE(P)                                                                             \
-  {                                                                                                    \
-    {&P::template tile<1, 1>, &P::template tile<1, 2>, &P::template tile<1, 3>, &P::template tile<1, 4>}, \
-    {&P::template tile<2, 1>, &P::template tile<2, 2>, &P::template tile<2, 3>, &P::template tile<2, 4>}  \
-  }
-#define KIMI_TILE_TABLE1(P)                                                                            \
-  {                                                                                                    \
-    {&P::template tile<1, 1>, &P::template tile<1, 2>, &P::template tile<1, 3>, &P::template tile<1, 4>}, \
-    {nullptr, nullptr, nullptr, nullptr}                                                               \
-  }
 
 // ------------------------------------------------------------------------------------------------
 // widen-to-f32 kernels. W: weight kind; X: activation kind (f32 or bf16)
@@ -93,9 +48,7 @@ struct Widen {
   template <K Kind>
   static inline float load1(const uint8_t* p) {
     if constexpr (Kind == K::F32) {
-      float f;
-      std::memcpy(&f, p, 4);
-      return f;
+      return rd_f32(p);
     } else if constexpr (Kind == K::F16) {
       return _cvtsh_ss(rd16(p));
     } else {
@@ -123,14 +76,10 @@ struct Widen {
         y[t * ldy + r] = s;
       }
   }
-  static constexpr Table table = KIMI_TILE_TABLE(Widen);
 };
 
 template <K W, K X>
-void run_widen(const MatView& Wm, const uint8_t* act, size_t stride, int64_t nt, int64_t r0, int64_t r1, float* y,
-               int64_t ldy) {
-  drive(Widen<W, X>::table, 2, Wm.data, Wm.row_bytes, act, stride, nt, r0, r1, y, ldy, Wm.cols);
-}
+constexpr auto run_widen = run_tiles<Widen<W, X>, 2, 4, 1>;
 
 // ------------------------------------------------------------------------------------------------
 // 8-bit dot products
@@ -148,22 +97,13 @@ template <bool MX>
 struct NibP {
   static constexpr int kG = 4, kBB = MX ? 17 : 18, kAG = kNibGroupBytes, kQs = MX ? 1 : 2;
   static inline float wscale(const uint8_t* blk) {
-    if constexpr (MX) {
-      // 2^(e-127), the 1/2 folded into dx; e = 0 is the subnormal 2^-127 (exact, as the reference)
-      const uint32_t bits =
-          blk[0] == 0 ? 0x00400000u : blk[0] == 255 ? 0x7fc00000u : static_cast<uint32_t>(blk[0]) << 23;  // 255: NaN
-      float f;
-      std::memcpy(&f, &bits, 4);
-      return f;
-    } else {
-      return _cvtsh_ss(rd16(blk));
-    }
+    if constexpr (MX) return e8m0_scale(blk[0]);
+    else return _cvtsh_ss(rd16(blk));
   }
   static inline Dec decode(const uint8_t* p) {
     Dec d;
     const __m256i m4 = _mm256_set1_epi8(0x0f);
-    const __m256i tab = _mm256_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0, 12, 13, 14, 15,
-                                         16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0);
+    const __m256i tab = _mm256_broadcastsi128_si256(mxfp4_plus12_table());
     for (int h = 0; h < 2; ++h) {
       const uint8_t* b = p + 2 * h * kBB;
       const __m256i qs = load2x16(b + kQs, kBB);
@@ -196,18 +136,14 @@ struct NibP {
     const __m128i m4 = _mm_set1_epi8(0x0f);
     __m128i lo = _mm_and_si128(qs, m4), hi = _mm_and_si128(_mm_srli_epi16(qs, 4), m4);
     if constexpr (MX) {
-      const __m128i tab = _mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0);
+      const __m128i tab = mxfp4_plus12_table();
       lo = _mm_shuffle_epi8(tab, lo);
       hi = _mm_shuffle_epi8(tab, hi);
     }
     const __m128i p = _mm_add_epi16(_mm_maddubs_epi16(lo, _mm_loadu_si128(reinterpret_cast<const __m128i*>(a))),
                                     _mm_maddubs_epi16(hi, _mm_loadu_si128(reinterpret_cast<const __m128i*>(a + 16))));
     const __m128i s = _mm_madd_epi16(p, _mm_set1_epi16(1));
-    int32_t corr;
-    float dx;
-    std::memcpy(&dx, a + 32, 4);
-    std::memcpy(&corr, a + 36, 4);
-    return static_cast<float>(hsum_epi32_128(s) - corr) * (wscale(blk) * dx);
+    return static_cast<float>(hsum_epi32_128(s) - rd_i32(a + 36)) * (wscale(blk) * rd_f32(a + 32));
   }
 };
 
@@ -234,18 +170,14 @@ struct ByteP {
       const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + 32 * k));
       const __m256i p = _mm256_maddubs_epi16(d.hi[k], _mm256_sign_epi8(xv, d.lo[k]));
       const __m256i s = _mm256_madd_epi16(p, _mm256_set1_epi16(1));
-      float dx;
-      std::memcpy(&dx, a + 64 + 32 * k, 4);
-      acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(d.dw[k], _mm256_set1_ps(dx)), acc);
+      acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(d.dw[k], _mm256_set1_ps(rd_f32(a + 64 + 32 * k))), acc);
     }
     return acc;
   }
   static inline float tail(const uint8_t* blk, const uint8_t* a) {
     const __m256i s = dot32(blk + 2, a);
     const __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
-    float dx;
-    std::memcpy(&dx, a + 32, 4);
-    return static_cast<float>(hsum_epi32_128(s4)) * (_cvtsh_ss(rd16(blk)) * dx);
+    return static_cast<float>(hsum_epi32_128(s4)) * (_cvtsh_ss(rd16(blk)) * rd_f32(a + 32));
   }
 };
 
@@ -273,14 +205,10 @@ struct Q8Tiles {
         y[t * ldy + r] = s;
       }
   }
-  static constexpr Table table = KIMI_TILE_TABLE1(Q8Tiles);
 };
 
 template <class P>
-void run_q8(const MatView& W, const uint8_t* act, size_t stride, int64_t nt, int64_t r0, int64_t r1, float* y,
-            int64_t ldy) {
-  drive(Q8Tiles<P>::table, 1, W.data, W.row_bytes, act, stride, nt, r0, r1, y, ldy, W.cols / 32);
-}
+constexpr auto run_q8 = run_tiles<Q8Tiles<P>, 1, 4, 32>;
 
 // ------------------------------------------------------------------------------------------------
 // K-quants x Q8_K activations (block_q8_K), same scheme as the AVX-512 file with 32-element
@@ -371,8 +299,7 @@ struct KQ {
       }
       KIMI_UNROLL for (int t = 0; t < T; ++t) {
         const uint8_t* ab = x[t] + b * kAB;
-        float da;
-        std::memcpy(&da, ab, 4);
+        const float da = rd_f32(ab);
         const __m256i bs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ab + 260));
         const __m256 mn = _mm256_cvtepi32_ps(_mm256_madd_epi16(bs, h.mins16));
         acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t]), _mm256_set1_ps(h.d * da), acc[t]);
@@ -381,50 +308,30 @@ struct KQ {
     }
     KIMI_UNROLL for (int t = 0; t < T; ++t) y[t * ldy] = hsum8(acc[t]);
   }
-  static constexpr Table table = KIMI_TILE_TABLE1(KQ);
 };
 
-size_t q8_K_bytes(int64_t cols) { return static_cast<size_t>(cols / 256) * 292; }
-void prep_q8_K(const float* x, int64_t cols, uint8_t* out) {
-  kimi::quantize_row_q8_K(x, reinterpret_cast<block_q8_K*>(out), cols);
-}
-
 template <KT Kt>
-void run_kq(const MatView& W, const uint8_t* act, size_t stride, int64_t nt, int64_t r0, int64_t r1, float* y,
-            int64_t ldy) {
-  drive(KQ<Kt>::table, 1, W.data, W.row_bytes, act, stride, nt, r0, r1, y, ldy, W.cols / 256);
-}
+constexpr auto run_kq = run_tiles<KQ<Kt>, 1, 4, 256>;
 
-void prep_mxfp4(const float* x, int64_t cols, uint8_t* out) { prep_q8_nib(x, cols, out, 12, 0.5f); }
-void prep_q4_0(const float* x, int64_t cols, uint8_t* out) { prep_q8_nib(x, cols, out, 8, 1.0f); }
-void prep_q8_0(const float* x, int64_t cols, uint8_t* out) { prep_q8_byte(x, cols, out, 128, 1.0f); }
+// The AVX2 kernels (Precision::F32 for quantized weights: none, the scalar level decodes them).
+const KernelRow kAvx2Kernels[] = {
+    {GgmlType::F32, true, {nullptr, nullptr, run_widen<K::F32, K::F32>}},
+    {GgmlType::F16, true, {nullptr, nullptr, run_widen<K::F16, K::F32>}},
+    {GgmlType::BF16, true, {nullptr, nullptr, run_widen<K::BF16, K::F32>}},
+    {GgmlType::F16, false, {f16r_act_bytes, prep_f16r, run_widen<K::F16, K::F32>}},
+    {GgmlType::BF16, false, {bf16_act_bytes, prep_bf16, run_widen<K::BF16, K::BF16>}},
+    {GgmlType::Q8_0, false, {q8_byte_act_bytes, prep_act_q8_0, run_q8<ByteP>}},
+    {GgmlType::Q4_0, false, {q8_nib_act_bytes, prep_act_q4_0, run_q8<NibP<false>>}},
+    {GgmlType::MXFP4, false, {q8_nib_act_bytes, prep_act_mxfp4, run_q8<NibP<true>>}},
+    {GgmlType::Q4_K, false, {q8_K_act_bytes, prep_q8_K, run_kq<KT::Q4>}},
+    {GgmlType::Q5_K, false, {q8_K_act_bytes, prep_q8_K, run_kq<KT::Q5>}},
+    {GgmlType::Q6_K, false, {q8_K_act_bytes, prep_q8_K, run_kq<KT::Q6>}},
+};
 
 }  // namespace
 
 bool avx2_kernel(GgmlType type, Precision prec, MatKernel* k) {
-  *k = MatKernel{};
-  if (type == GgmlType::F32) {
-    k->run = run_widen<K::F32, K::F32>;
-    return true;
-  }
-  if (prec == Precision::F32) {
-    switch (type) {
-      case GgmlType::F16: k->run = run_widen<K::F16, K::F32>; return true;
-      case GgmlType::BF16: k->run = run_widen<K::BF16, K::F32>; return true;
-      default: return false;
-    }
-  }
-  switch (type) {
-    case GgmlType::F16: *k = {f16r_act_bytes, prep_f16r, run_widen<K::F16, K::F32>}; return true;
-    case GgmlType::BF16: *k = {bf16_act_bytes, prep_bf16, run_widen<K::BF16, K::BF16>}; return true;
-    case GgmlType::Q8_0: *k = {q8_byte_act_bytes, prep_q8_0, run_q8<ByteP>}; return true;
-    case GgmlType::Q4_0: *k = {q8_nib_act_bytes, prep_q4_0, run_q8<NibP<false>>}; return true;
-    case GgmlType::MXFP4: *k = {q8_nib_act_bytes, prep_mxfp4, run_q8<NibP<true>>}; return true;
-    case GgmlType::Q4_K: *k = {q8_K_bytes, prep_q8_K, run_kq<KT::Q4>}; return true;
-    case GgmlType::Q5_K: *k = {q8_K_bytes, prep_q8_K, run_kq<KT::Q5>}; return true;
-    case GgmlType::Q6_K: *k = {q8_K_bytes, prep_q8_K, run_kq<KT::Q6>}; return true;
-    default: return false;
-  }
+  return select_kernel(kAvx2Kernels, sizeof(kAvx2Kernels) / sizeof(kAvx2Kernels[0]), type, prec, k);
 }
 
 }  // namespace kimi::kern

@@ -10,76 +10,29 @@
 //   GEMV (one token) for BF16 and the Q8_0-activation types: one sequential stream over the rows
 //     with software prefetch (see gemv_bf16).
 //   Precision::F32 for quantized types: rows decoded to f32 (scalar reference decoder), then FMA.
-// Only intrinsics and functions local to this file are used here (no inline library code that
-// could be emitted with AVX-512 instructions and picked by the linker for other callers).
+// The tile driver is matmul_driver.h; this level's kernel table is at the end.
+// Only intrinsics and functions local to this file (or to its copy of matmul_driver.h) are used here
+// (no inline library code that could be emitted with AVX-512 instructions and picked by the linker
+// for other callers).
 #include "backend/cpu/dispatch.h"
-#include "backend/cpu/quantize_act.h"
-#include "tensor/quants.h"
 
 #if defined(__x86_64__)
 // GCC 12 warns about _mm512_undefined_* inside its own intrinsic headers
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#include <immintrin.h>
-
-#include <cstring>
-#include <utility>
-
-// GCC does not fully unroll the R x T tile loops on its own at -O2 (the accumulators then live on
-// the stack): force it so every accumulator stays in a register.
-#define KIMI_UNROLL _Pragma("GCC unroll 16")
+#include "backend/cpu/matmul_driver.h"
+#include "backend/cpu/quantize_act.h"
+#include "tensor/quants.h"
 
 namespace kimi::kern {
 
 namespace {
 
-using TileFn = void (*)(const uint8_t* const* w, const uint8_t* const* x, int64_t n, float* y, int64_t ldy);
-
 inline __mmask16 mask16(int64_t n) { return n >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << n) - 1); }
 inline __mmask32 mask32(int64_t n) { return n >= 32 ? 0xffffffffu : static_cast<__mmask32>((1u << n) - 1); }
-inline uint16_t rd16(const uint8_t* p) {
-  uint16_t v;
-  std::memcpy(&v, p, 2);
-  return v;
-}
-inline int hsum_epi32_128(__m128i v) {
-  v = _mm_add_epi32(v, _mm_shuffle_epi32(v, 0x4e));
-  v = _mm_add_epi32(v, _mm_shuffle_epi32(v, 0xb1));
-  return _mm_cvtsi128_si32(v);
-}
 
 constexpr int kPfBytes = 2048;
 inline void prefetch_line(const uint8_t* p) { _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T0); }
-
-// Tile tables: f[(rr - 1) * T + tt - 1] = P::tile<rr, tt> for the edge tiles of a R x T blocking
-// (a plain array: no library inline functions in this file, see above).
-template <int N>
-struct TileTab {
-  TileFn f[N];
-};
-template <class P, int T, size_t... i>
-constexpr TileTab<sizeof...(i)> tile_table(std::index_sequence<i...>) {
-  return {{&P::template tile<static_cast<int>(i / T) + 1, static_cast<int>(i % T) + 1>...}};
-}
-
-// Drive P's R x T register tiles over rows [r0, r1) x tokens [0, nt): for each panel of R rows
-// (which stays in L1) the token tiles stream by (the caller keeps nt small enough for L2).
-template <class P, int R, int T>
-void drive(const uint8_t* base, uint64_t row_bytes, const uint8_t* act, size_t stride, int64_t nt, int64_t r0,
-           int64_t r1, float* y, int64_t ldy, int64_t n) {
-  static constexpr TileTab<R * T> tab = tile_table<P, T>(std::make_index_sequence<R * T>{});
-  const uint8_t* wp[R];
-  const uint8_t* xp[T];
-  for (int64_t r = r0; r < r1; r += R) {
-    const int rr = static_cast<int>(r1 - r < R ? r1 - r : R);
-    for (int i = 0; i < rr; ++i) wp[i] = base + static_cast<uint64_t>(r + i) * row_bytes;
-    for (int64_t t = 0; t < nt; t += T) {
-      const int tt = static_cast<int>(nt - t < T ? nt - t : T);
-      for (int j = 0; j < tt; ++j) xp[j] = act + static_cast<size_t>(t + j) * stride;
-      tab.f[(rr - 1) * T + tt - 1](wp, xp, n, y + t * ldy + r, ldy);
-    }
-  }
-}
 
 // ------------------------------------------------------------------------------------------------
 // f32 activations; weights F32 / F16 / BF16 widened to f32
@@ -129,10 +82,7 @@ struct F32Act {
 };
 
 template <WK K>
-void run_f32act(const MatView& W, const uint8_t* act, size_t stride, int64_t nt, int64_t r0, int64_t r1, float* y,
-                int64_t ldy) {
-  drive<F32Act<K>, 4, 4>(W.data, W.row_bytes, act, stride, nt, r0, r1, y, ldy, W.cols);
-}
+constexpr auto run_f32act = run_tiles<F32Act<K>, 4, 4, 1>;
 
 // Precision::F32 for quantized weights: decode 4 rows at a time, then the f32 tiles.
 void run_deq(const MatView& W, const uint8_t* act, size_t stride, int64_t nt, int64_t r0, int64_t r1, float* y,
@@ -240,11 +190,7 @@ inline __m512i load4x16(const uint8_t* p, int stride) {
 inline float nib_tail_dot(__m128i lo, __m128i hi, float dw, const uint8_t* a) {
   __m128i s = _mm_dpbusd_epi32(_mm_setzero_si128(), lo, _mm_loadu_si128(reinterpret_cast<const __m128i*>(a)));
   s = _mm_dpbusd_epi32(s, hi, _mm_loadu_si128(reinterpret_cast<const __m128i*>(a + 16)));
-  int32_t corr;
-  float dx;
-  std::memcpy(&dx, a + 32, 4);
-  std::memcpy(&corr, a + 36, 4);
-  return static_cast<float>(hsum_epi32_128(s) - corr) * (dw * dx);
+  return static_cast<float>(hsum_epi32_128(s) - rd_i32(a + 36)) * (dw * rd_f32(a + 32));
 }
 
 // nibble layout: 4 blocks per group
@@ -253,7 +199,7 @@ struct NibP {
   static constexpr int kG = 4, kBB = MX ? 17 : 18, kAG = kNibGroupBytes, kQs = MX ? 1 : 2;
   static inline __m512i table() {
     // MXFP4: kvalues + 12 (so the u8 operand is non-negative); unused for Q4_0
-    return _mm512_broadcast_i32x4(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
+    return _mm512_broadcast_i32x4(mxfp4_plus12_table());
   }
   static inline Dec decode(const uint8_t* p) {
     Dec d;
@@ -296,12 +242,10 @@ struct NibP {
     __m128i lo = _mm_and_si128(qs, m4), hi = _mm_and_si128(_mm_srli_epi16(qs, 4), m4);
     float dw;
     if constexpr (MX) {
-      const __m128i tab = _mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0);
+      const __m128i tab = mxfp4_plus12_table();
       lo = _mm_shuffle_epi8(tab, lo);
       hi = _mm_shuffle_epi8(tab, hi);
-      // e = 0: 2^-127 (subnormal); e = 255: NaN
-      const uint32_t bits = blk[0] == 0 ? 0x00400000u : blk[0] == 255 ? 0x7fc00000u : static_cast<uint32_t>(blk[0]) << 23;
-      std::memcpy(&dw, &bits, 4);
+      dw = e8m0_scale(blk[0]);
     } else {
       dw = _cvtsh_ss(rd16(blk));
     }
@@ -395,12 +339,9 @@ struct Q51P {
     unpack_q5x1(blk, 4, &lo, &hi);
     __m128i s = _mm_dpbusd_epi32(_mm_setzero_si128(), lo, _mm_loadu_si128(reinterpret_cast<const __m128i*>(a)));
     s = _mm_dpbusd_epi32(s, hi, _mm_loadu_si128(reinterpret_cast<const __m128i*>(a + 16)));
-    int32_t suma;
-    float dx;
-    std::memcpy(&dx, a + 32, 4);
-    std::memcpy(&suma, a + 36, 4);
+    const float dx = rd_f32(a + 32);
     return static_cast<float>(hsum_epi32_128(s)) * (_cvtsh_ss(rd16(blk)) * dx) +
-           static_cast<float>(suma) * (_cvtsh_ss(rd16(blk + 2)) * dx);
+           static_cast<float>(rd_i32(a + 36)) * (_cvtsh_ss(rd16(blk + 2)) * dx);
   }
 };
 
@@ -430,11 +371,7 @@ struct ByteP {
     const __m256i s = _mm256_dpbusd_epi32(_mm256_setzero_si256(), w,
                                           _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a)));
     const __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
-    int32_t corr;
-    float dx;
-    std::memcpy(&dx, a + 32, 4);
-    std::memcpy(&corr, a + 36, 4);
-    return static_cast<float>(hsum_epi32_128(s4) - corr) * (_cvtsh_ss(rd16(blk)) * dx);
+    return static_cast<float>(hsum_epi32_128(s4) - rd_i32(a + 36)) * (_cvtsh_ss(rd16(blk)) * rd_f32(a + 32));
   }
 };
 
@@ -691,8 +628,7 @@ struct KQ {
       }
       KIMI_UNROLL for (int t = 0; t < T; ++t) {
         const uint8_t* ab = x[t] + b * kAB;
-        float da;
-        std::memcpy(&da, ab, 4);
+        const float da = rd_f32(ab);
         const __m256i bs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ab + 260));
         KIMI_UNROLL for (int r = 0; r < R; ++r) {
           const __m512 mn = _mm512_cvtepi32_ps(_mm512_zextsi256_si512(_mm256_madd_epi16(bs, h[r].mins16)));
@@ -706,11 +642,6 @@ struct KQ {
   }
 };
 
-size_t q8_K_bytes(int64_t cols) { return static_cast<size_t>(cols / 256) * 292; }
-void prep_q8_K(const float* x, int64_t cols, uint8_t* out) {
-  kimi::quantize_row_q8_K(x, reinterpret_cast<block_q8_K*>(out), cols);
-}
-
 template <KT K>
 void run_kq(const MatView& W, const uint8_t* act, size_t stride, int64_t nt, int64_t r0, int64_t r1, float* y,
             int64_t ldy) {
@@ -718,45 +649,33 @@ void run_kq(const MatView& W, const uint8_t* act, size_t stride, int64_t nt, int
   drive<KQ<K>, 2, 4>(W.data, W.row_bytes, act, stride, nt, r0, r1, y, ldy, W.cols / 256);
 }
 
-void prep_mxfp4(const float* x, int64_t cols, uint8_t* out) { prep_q8_nib_avx512(x, cols, out, 12, 0.5f); }
-void prep_q4_0(const float* x, int64_t cols, uint8_t* out) { prep_q8_nib_avx512(x, cols, out, 8, 1.0f); }
-void prep_q5_0(const float* x, int64_t cols, uint8_t* out) { prep_q8_nib_avx512(x, cols, out, 16, 1.0f); }
-void prep_q5_1(const float* x, int64_t cols, uint8_t* out) { prep_q8_nib_avx512(x, cols, out, 1, 1.0f); }
-void prep_q8_0(const float* x, int64_t cols, uint8_t* out) { prep_q8_byte_avx512(x, cols, out, 128, 1.0f); }
+// The AVX-512 kernels (Q5_0 / Q5_1 at Precision::F32: none, the scalar level decodes them).
+const KernelRow kAvx512Kernels[] = {
+    {GgmlType::F32, true, {nullptr, nullptr, run_f32act<WK::F32>}},
+    {GgmlType::F16, true, {nullptr, nullptr, run_f32act<WK::F16>}},
+    {GgmlType::BF16, true, {nullptr, nullptr, run_f32act<WK::BF16>}},
+    {GgmlType::Q8_0, true, {nullptr, nullptr, run_deq, 4}},
+    {GgmlType::Q4_0, true, {nullptr, nullptr, run_deq, 4}},
+    {GgmlType::MXFP4, true, {nullptr, nullptr, run_deq, 4}},
+    {GgmlType::Q4_K, true, {nullptr, nullptr, run_deq, 4}},
+    {GgmlType::Q5_K, true, {nullptr, nullptr, run_deq, 4}},
+    {GgmlType::Q6_K, true, {nullptr, nullptr, run_deq, 4}},
+    {GgmlType::F16, false, {f16r_act_bytes, prep_f16r_avx512, run_f32act<WK::F16>}},
+    {GgmlType::BF16, false, {bf16_act_bytes, prep_bf16_avx512, run_bf16}},
+    {GgmlType::Q8_0, false, {q8_byte_act_bytes, prep_act_q8_0_avx512, run_q8<ByteP>}},
+    {GgmlType::Q4_0, false, {q8_nib_act_bytes, prep_act_q4_0_avx512, run_q8_nib<NibP<false>>, 2}},
+    {GgmlType::Q5_0, false, {q8_nib_act_bytes, prep_act_q5_0_avx512, run_q8_nib<Q5P>, 2}},
+    {GgmlType::Q5_1, false, {q8_nib_act_bytes, prep_act_q5_1_avx512, run_q8<Q51P>}},
+    {GgmlType::MXFP4, false, {q8_nib_act_bytes, prep_act_mxfp4_avx512, run_q8_nib<NibP<true>>, 2}},
+    {GgmlType::Q4_K, false, {q8_K_act_bytes, prep_q8_K, run_kq<KT::Q4>}},
+    {GgmlType::Q5_K, false, {q8_K_act_bytes, prep_q8_K, run_kq<KT::Q5>}},
+    {GgmlType::Q6_K, false, {q8_K_act_bytes, prep_q8_K, run_kq<KT::Q6>}},
+};
 
 }  // namespace
 
 bool avx512_kernel(GgmlType type, Precision prec, MatKernel* k) {
-  *k = MatKernel{};
-  if (type == GgmlType::F32) {
-    k->run = run_f32act<WK::F32>;
-    return true;
-  }
-  if (prec == Precision::F32) {
-    switch (type) {
-      case GgmlType::F16: k->run = run_f32act<WK::F16>; return true;
-      case GgmlType::BF16: k->run = run_f32act<WK::BF16>; return true;
-      case GgmlType::Q8_0: case GgmlType::Q4_0: case GgmlType::MXFP4: case GgmlType::Q4_K: case GgmlType::Q5_K:
-      case GgmlType::Q6_K:
-        k->run = run_deq;
-        k->scratch_rows = 4;
-        return true;
-      default: return false;
-    }
-  }
-  switch (type) {
-    case GgmlType::F16: *k = {f16r_act_bytes, prep_f16r_avx512, run_f32act<WK::F16>}; return true;
-    case GgmlType::BF16: *k = {bf16_act_bytes, prep_bf16_avx512, run_bf16}; return true;
-    case GgmlType::Q8_0: *k = {q8_byte_act_bytes, prep_q8_0, run_q8<ByteP>}; return true;
-    case GgmlType::Q4_0: *k = {q8_nib_act_bytes, prep_q4_0, run_q8_nib<NibP<false>>, 2}; return true;
-    case GgmlType::Q5_0: *k = {q8_nib_act_bytes, prep_q5_0, run_q8_nib<Q5P>, 2}; return true;
-    case GgmlType::Q5_1: *k = {q8_nib_act_bytes, prep_q5_1, run_q8<Q51P>}; return true;
-    case GgmlType::MXFP4: *k = {q8_nib_act_bytes, prep_mxfp4, run_q8_nib<NibP<true>>, 2}; return true;
-    case GgmlType::Q4_K: *k = {q8_K_bytes, prep_q8_K, run_kq<KT::Q4>}; return true;
-    case GgmlType::Q5_K: *k = {q8_K_bytes, prep_q8_K, run_kq<KT::Q5>}; return true;
-    case GgmlType::Q6_K: *k = {q8_K_bytes, prep_q8_K, run_kq<KT::Q6>}; return true;
-    default: return false;
-  }
+  return select_kernel(kAvx512Kernels, sizeof(kAvx512Kernels) / sizeof(kAvx512Kernels[0]), type, prec, k);
 }
 
 }  // namespace kimi::kern

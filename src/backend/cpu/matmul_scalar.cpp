@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "backend/cpu/dispatch.h"
+#include "backend/cpu/quantize_act.h"
 #include "tensor/quants.h"
 
 namespace kimi::kern {
@@ -40,19 +41,9 @@ void run_f32(const MatView& W, const uint8_t* act, size_t stride, int64_t nt, in
   }
 }
 
-// ---- F16 weights, Fast: activation rounded to f16 (stored as f32 values) ----
-size_t f16_act_bytes(int64_t cols) { return static_cast<size_t>(cols) * sizeof(float); }
-void f16_prep(const float* x, int64_t cols, uint8_t* out) {
-  float* o = reinterpret_cast<float*>(out);
-  for (int64_t i = 0; i < cols; ++i) o[i] = f16_to_f32(f32_to_f16(x[i]));
-}
+// F16 weights, Fast: the activation rounded to f16 (prep_f16r, stored as f32 values), then run_f32.
 
-// ---- BF16 weights, Fast: activation rounded to bf16; exact bf16 x bf16 products summed in f32 ----
-size_t bf16_act_bytes(int64_t cols) { return static_cast<size_t>(cols) * sizeof(uint16_t); }
-void bf16_prep(const float* x, int64_t cols, uint8_t* out) {
-  uint16_t* o = reinterpret_cast<uint16_t*>(out);
-  for (int64_t i = 0; i < cols; ++i) o[i] = f32_to_bf16(x[i]);
-}
+// ---- BF16 weights, Fast: activation rounded to bf16 (prep_bf16); exact bf16 x bf16 products summed in f32 ----
 void run_bf16(const MatView& W, const uint8_t* act, size_t stride, int64_t nt, int64_t r0, int64_t r1, float* y,
               int64_t ldy) {
   for (int64_t r = r0; r < r1; ++r) {
@@ -157,28 +148,11 @@ void run_mxfp4(const MatView& W, const uint8_t* act, size_t stride, int64_t nt, 
   });
 }
 
-// ---- Q8_K activations (K-quants) ----
-size_t q8_K_act_bytes(int64_t cols) { return static_cast<size_t>(cols / QK_K) * sizeof(block_q8_K); }
-void q8_K_prep(const float* x, int64_t cols, uint8_t* out) {
-  quantize_row_q8_K(x, reinterpret_cast<block_q8_K*>(out), cols);
-}
+// ---- K-quants x Q8_K activations (quantize_act.h: prep_q8_K) ----
 
-float dot_q4_K(const block_q4_K& w, const block_q8_K& a) {
-  int sumi = 0, summ = 0;
-  for (int j = 0; j < 8; ++j) {
-    uint8_t sc, m;
-    get_scale_min_k4(j, w.scales, &sc, &m);
-    const uint8_t* q = w.qs + 32 * (j / 2);
-    const int8_t* x = a.qs + 32 * j;
-    int s = 0;
-    for (int l = 0; l < 32; ++l) s += ((j & 1) ? (q[l] >> 4) : (q[l] & 0xF)) * x[l];
-    sumi += sc * s;
-    summ += m * (a.bsums[2 * j] + a.bsums[2 * j + 1]);
-  }
-  return a.d * (f16_to_f32(w.d) * static_cast<float>(sumi) - f16_to_f32(w.dmin) * static_cast<float>(summ));
-}
-
-float dot_q5_K(const block_q5_K& w, const block_q8_K& a) {
+// Q4_K / Q5_K (Q5_K: a fifth bit per element from qh, bit j for sub-block j)
+template <typename Block, bool kQ5>
+float dot_q45_K(const Block& w, const block_q8_K& a) {
   int sumi = 0, summ = 0;
   for (int j = 0; j < 8; ++j) {
     uint8_t sc, m;
@@ -188,7 +162,8 @@ float dot_q5_K(const block_q5_K& w, const block_q8_K& a) {
     int s = 0;
     for (int l = 0; l < 32; ++l) {
       const int lo = (j & 1) ? (q[l] >> 4) : (q[l] & 0xF);
-      const int hi = (w.qh[l] >> j) & 1;
+      int hi = 0;
+      if constexpr (kQ5) hi = (w.qh[l] >> j) & 1;
       s += (lo | (hi << 4)) * x[l];
     }
     sumi += sc * s;
@@ -196,6 +171,8 @@ float dot_q5_K(const block_q5_K& w, const block_q8_K& a) {
   }
   return a.d * (f16_to_f32(w.d) * static_cast<float>(sumi) - f16_to_f32(w.dmin) * static_cast<float>(summ));
 }
+float dot_q4_K(const block_q4_K& w, const block_q8_K& a) { return dot_q45_K<block_q4_K, false>(w, a); }
+float dot_q5_K(const block_q5_K& w, const block_q8_K& a) { return dot_q45_K<block_q5_K, true>(w, a); }
 
 float dot_q6_K(const block_q6_K& w, const block_q8_K& a) {
   int sumi = 0;
@@ -230,35 +207,35 @@ void run_k(const MatView& W, const uint8_t* act, size_t stride, int64_t nt, int6
   }
 }
 
+// Every type at Precision::F32 (and F32 weights at both): rows decoded to f32, then dotted.
+const KernelRow kScalarKernels[] = {
+    {GgmlType::F32, true, {nullptr, nullptr, run_f32, 0}},
+    {GgmlType::F16, true, {nullptr, nullptr, run_f32, 1}},
+    {GgmlType::BF16, true, {nullptr, nullptr, run_f32, 1}},
+    {GgmlType::Q8_0, true, {nullptr, nullptr, run_f32, 1}},
+    {GgmlType::Q4_0, true, {nullptr, nullptr, run_f32, 1}},
+    {GgmlType::Q5_0, true, {nullptr, nullptr, run_f32, 1}},
+    {GgmlType::Q5_1, true, {nullptr, nullptr, run_f32, 1}},
+    {GgmlType::MXFP4, true, {nullptr, nullptr, run_f32, 1}},
+    {GgmlType::Q4_K, true, {nullptr, nullptr, run_f32, 1}},
+    {GgmlType::Q5_K, true, {nullptr, nullptr, run_f32, 1}},
+    {GgmlType::Q6_K, true, {nullptr, nullptr, run_f32, 1}},
+    {GgmlType::F16, false, {f16r_act_bytes, prep_f16r, run_f32, 1}},
+    {GgmlType::BF16, false, {bf16_act_bytes, prep_bf16, run_bf16}},
+    {GgmlType::Q8_0, false, {q8_0_act_bytes, q8_0_prep, run_q8_0}},
+    {GgmlType::Q4_0, false, {q8_0_act_bytes, q8_0_prep, run_q4_0}},
+    {GgmlType::Q5_0, false, {q8_0_act_bytes, q8_0_prep, run_q5_0}},
+    {GgmlType::Q5_1, false, {q8_0_act_bytes, q8_0_prep, run_q5_1}},
+    {GgmlType::MXFP4, false, {q8_0_act_bytes, q8_0_prep, run_mxfp4}},
+    {GgmlType::Q4_K, false, {q8_K_act_bytes, prep_q8_K, run_k<block_q4_K, dot_q4_K>}},
+    {GgmlType::Q5_K, false, {q8_K_act_bytes, prep_q8_K, run_k<block_q5_K, dot_q5_K>}},
+    {GgmlType::Q6_K, false, {q8_K_act_bytes, prep_q8_K, run_k<block_q6_K, dot_q6_K>}},
+};
+
 }  // namespace
 
 bool scalar_kernel(GgmlType type, Precision prec, MatKernel* k) {
-  *k = MatKernel{};
-  if (prec == Precision::F32 || type == GgmlType::F32) {
-    switch (type) {
-      case GgmlType::F32: case GgmlType::F16: case GgmlType::BF16: case GgmlType::Q8_0: case GgmlType::Q4_0:
-      case GgmlType::Q5_0: case GgmlType::Q5_1: case GgmlType::MXFP4: case GgmlType::Q4_K: case GgmlType::Q5_K:
-      case GgmlType::Q6_K:
-        k->run = run_f32;
-        k->scratch_rows = type == GgmlType::F32 ? 0 : 1;
-        return true;
-      default:
-        return false;
-    }
-  }
-  switch (type) {
-    case GgmlType::F16: *k = {f16_act_bytes, f16_prep, run_f32, 1}; return true;
-    case GgmlType::BF16: *k = {bf16_act_bytes, bf16_prep, run_bf16}; return true;
-    case GgmlType::Q8_0: *k = {q8_0_act_bytes, q8_0_prep, run_q8_0}; return true;
-    case GgmlType::Q4_0: *k = {q8_0_act_bytes, q8_0_prep, run_q4_0}; return true;
-    case GgmlType::Q5_0: *k = {q8_0_act_bytes, q8_0_prep, run_q5_0}; return true;
-    case GgmlType::Q5_1: *k = {q8_0_act_bytes, q8_0_prep, run_q5_1}; return true;
-    case GgmlType::MXFP4: *k = {q8_0_act_bytes, q8_0_prep, run_mxfp4}; return true;
-    case GgmlType::Q4_K: *k = {q8_K_act_bytes, q8_K_prep, run_k<block_q4_K, dot_q4_K>}; return true;
-    case GgmlType::Q5_K: *k = {q8_K_act_bytes, q8_K_prep, run_k<block_q5_K, dot_q5_K>}; return true;
-    case GgmlType::Q6_K: *k = {q8_K_act_bytes, q8_K_prep, run_k<block_q6_K, dot_q6_K>}; return true;
-    default: return false;
-  }
+  return select_kernel(kScalarKernels, sizeof(kScalarKernels) / sizeof(kScalarKernels[0]), type, prec, k);
 }
 
 }  // namespace kimi::kern

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "tensor/quants.h"
 #include "tensor/types.h"
 
 namespace kimi::kern {
@@ -110,6 +111,17 @@ void prep_f16r(const float* x, int64_t cols, uint8_t* out) {
   for (int64_t i = 0; i < cols; ++i) o[i] = f16_to_f32(f32_to_f16(x[i]));
 }
 
+size_t q8_K_act_bytes(int64_t cols) { return static_cast<size_t>(cols / QK_K) * sizeof(block_q8_K); }
+void prep_q8_K(const float* x, int64_t cols, uint8_t* out) {
+  quantize_row_q8_K(x, reinterpret_cast<block_q8_K*>(out), cols);
+}
+
+void prep_act_q8_0(const float* x, int64_t cols, uint8_t* out) { prep_q8_byte(x, cols, out, 128, 1.0f); }
+void prep_act_q4_0(const float* x, int64_t cols, uint8_t* out) { prep_q8_nib(x, cols, out, 8, 1.0f); }
+void prep_act_q5_0(const float* x, int64_t cols, uint8_t* out) { prep_q8_nib(x, cols, out, 16, 1.0f); }
+void prep_act_q5_1(const float* x, int64_t cols, uint8_t* out) { prep_q8_nib(x, cols, out, 1, 1.0f); }
+void prep_act_mxfp4(const float* x, int64_t cols, uint8_t* out) { prep_q8_nib(x, cols, out, 12, 0.5f); }
+
 #if !defined(__x86_64__)
 void quant_block_q8_0_avx512(const float* x, int8_t* q, float* d, int* sum) { quant_block_q8_0(x, q, d, sum); }
 void prep_q8_nib_avx512(const float* x, int64_t cols, uint8_t* out, int offset, float dscale) {
@@ -120,6 +132,11 @@ void prep_q8_byte_avx512(const float* x, int64_t cols, uint8_t* out, int offset,
 }
 void prep_bf16_avx512(const float* x, int64_t cols, uint8_t* out) { prep_bf16(x, cols, out); }
 void prep_f16r_avx512(const float* x, int64_t cols, uint8_t* out) { prep_f16r(x, cols, out); }
+void prep_act_q8_0_avx512(const float* x, int64_t cols, uint8_t* out) { prep_act_q8_0(x, cols, out); }
+void prep_act_q4_0_avx512(const float* x, int64_t cols, uint8_t* out) { prep_act_q4_0(x, cols, out); }
+void prep_act_q5_0_avx512(const float* x, int64_t cols, uint8_t* out) { prep_act_q5_0(x, cols, out); }
+void prep_act_q5_1_avx512(const float* x, int64_t cols, uint8_t* out) { prep_act_q5_1(x, cols, out); }
+void prep_act_mxfp4_avx512(const float* x, int64_t cols, uint8_t* out) { prep_act_mxfp4(x, cols, out); }
 #endif
 
 }  // namespace kimi::kern

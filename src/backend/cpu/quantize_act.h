@@ -48,11 +48,29 @@ using QuantBlockFn = void (*)(const float* x, int8_t* q, float* d, int* sum);
 void prep_q8_nib_with(QuantBlockFn qb, const float* x, int64_t cols, uint8_t* out, int offset, float dscale);
 void prep_q8_byte_with(QuantBlockFn qb, const float* x, int64_t cols, uint8_t* out, int offset, float dscale);
 
+// Q8_K activation rows (K-quant weights): block_q8_K (tensor/quants.h) per 256 values.
+size_t q8_K_act_bytes(int64_t cols);
+void prep_q8_K(const float* x, int64_t cols, uint8_t* out);
+
+// The preparation of each weight type's activations (the offset / dscale rules above):
+// q8 byte layout for Q8_0 (128 / 1), q8 nibble layout for Q4_0 (8 / 1), Q5_0 (16 / 1),
+// Q5_1 (1 / 1: corr = sum(q), scaled by the block min instead of subtracted), MXFP4 (12 / 0.5).
+void prep_act_q8_0(const float* x, int64_t cols, uint8_t* out);
+void prep_act_q4_0(const float* x, int64_t cols, uint8_t* out);
+void prep_act_q5_0(const float* x, int64_t cols, uint8_t* out);
+void prep_act_q5_1(const float* x, int64_t cols, uint8_t* out);
+void prep_act_mxfp4(const float* x, int64_t cols, uint8_t* out);
+
 // AVX-512 versions (same bytes out); only call when dispatch allows AVX-512.
 void quant_block_q8_0_avx512(const float* x, int8_t* q, float* d, int* sum);
 void prep_q8_nib_avx512(const float* x, int64_t cols, uint8_t* out, int offset, float dscale);
 void prep_q8_byte_avx512(const float* x, int64_t cols, uint8_t* out, int offset, float dscale);
 void prep_bf16_avx512(const float* x, int64_t cols, uint8_t* out);
 void prep_f16r_avx512(const float* x, int64_t cols, uint8_t* out);
+void prep_act_q8_0_avx512(const float* x, int64_t cols, uint8_t* out);
+void prep_act_q4_0_avx512(const float* x, int64_t cols, uint8_t* out);
+void prep_act_q5_0_avx512(const float* x, int64_t cols, uint8_t* out);
+void prep_act_q5_1_avx512(const float* x, int64_t cols, uint8_t* out);
+void prep_act_mxfp4_avx512(const float* x, int64_t cols, uint8_t* out);
 
 }  // namespace kimi::kern

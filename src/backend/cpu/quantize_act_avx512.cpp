@@ -44,6 +44,12 @@ void prep_q8_byte_avx512(const float* x, int64_t cols, uint8_t* out, int offset,
   prep_q8_byte_with(quant_block_q8_0_avx512, x, cols, out, offset, dscale);
 }
 
+void prep_act_q8_0_avx512(const float* x, int64_t cols, uint8_t* out) { prep_q8_byte_avx512(x, cols, out, 128, 1.0f); }
+void prep_act_q4_0_avx512(const float* x, int64_t cols, uint8_t* out) { prep_q8_nib_avx512(x, cols, out, 8, 1.0f); }
+void prep_act_q5_0_avx512(const float* x, int64_t cols, uint8_t* out) { prep_q8_nib_avx512(x, cols, out, 16, 1.0f); }
+void prep_act_q5_1_avx512(const float* x, int64_t cols, uint8_t* out) { prep_q8_nib_avx512(x, cols, out, 1, 1.0f); }
+void prep_act_mxfp4_avx512(const float* x, int64_t cols, uint8_t* out) { prep_q8_nib_avx512(x, cols, out, 12, 0.5f); }
+
 void prep_bf16_avx512(const float* x, int64_t cols, uint8_t* out) {
   int64_t i = 0;
   for (; i + 32 <= cols; i += 32) {

@@ -26,10 +26,13 @@ ThreadPool& pool() {
   return p;
 }
 
-// Random weights of a type: quantized from random floats (plain types converted).
-std::vector<uint8_t> make_weights(GgmlType t, int64_t rows, int64_t cols) {
+// Random weights of a type: quantized from random floats (plain types converted), `copies`
+// copies of one rows x cols matrix one after another (the copies only have to be different
+// memory, so the matrix is quantized once: the reference quantizers are slow).
+std::vector<uint8_t> make_weights(GgmlType t, int64_t rows, int64_t cols, int copies = 1) {
   const uint64_t rb = row_bytes(t, static_cast<uint64_t>(cols));
-  std::vector<uint8_t> w(rb * static_cast<uint64_t>(rows));
+  const uint64_t mat = rb * static_cast<uint64_t>(rows);
+  std::vector<uint8_t> w(mat * static_cast<uint64_t>(copies));
   std::mt19937 rng(42);
   std::normal_distribution<float> nd(0.0f, 0.02f);
   std::vector<float> row(static_cast<size_t>(cols));
@@ -37,6 +40,7 @@ std::vector<uint8_t> make_weights(GgmlType t, int64_t rows, int64_t cols) {
     for (auto& v : row) v = nd(rng);
     quantize_row(t, row.data(), w.data() + static_cast<uint64_t>(r) * rb, cols);
   }
+  for (int c = 1; c < copies; ++c) std::memcpy(w.data() + mat * static_cast<uint64_t>(c), w.data(), mat);
   return w;
 }
 
@@ -50,7 +54,7 @@ std::vector<float> make_x(int64_t n) {
 
 // GEMV over `copies` stacked copies of a rows x cols matrix (total > cache), one copy per call.
 void gemv(benchmark::State& st, GgmlType t, int64_t rows, int64_t cols, int copies, Precision prec) {
-  const auto w = make_weights(t, rows * copies, cols);
+  const auto w = make_weights(t, rows, cols, copies);
   const uint64_t mat_bytes = row_bytes(t, static_cast<uint64_t>(cols)) * static_cast<uint64_t>(rows);
   const auto x = make_x(cols);
   std::vector<float> y(static_cast<size_t>(rows));
@@ -68,7 +72,7 @@ void gemv(benchmark::State& st, GgmlType t, int64_t rows, int64_t cols, int copi
 // MoE decode pattern: 8 of 64 experts (each rows x cols MXFP4) per iteration.
 void moe_gemv(benchmark::State& st, int64_t rows, int64_t cols) {
   const int n_exp = 64;
-  const auto w = make_weights(GgmlType::MXFP4, rows * n_exp, cols);
+  const auto w = make_weights(GgmlType::MXFP4, rows, cols, n_exp);
   const uint64_t rb = row_bytes(GgmlType::MXFP4, static_cast<uint64_t>(cols));
   const uint64_t exp_bytes = rb * static_cast<uint64_t>(rows);
   const auto x = make_x(cols);

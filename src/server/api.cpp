@@ -411,9 +411,9 @@ ParsedRequest parse_completion_request(const std::string& body_text, const tok::
   if (field(b, "suffix")) bad("suffix", "'suffix' is not supported");
   if (boolean(b, "echo", false)) bad("echo", "'echo' is not supported");
   if (p->is_string()) {
-    r.prompt = encode_prompt(tok, p->get<std::string>(), lim, false);
+    r.prompt = encode_prompt(tok, p->get_ref<const std::string&>(), lim, false);
   } else if (p->is_array() && p->size() == 1 && (*p)[0].is_string()) {
-    r.prompt = encode_prompt(tok, (*p)[0].get<std::string>(), lim, false);
+    r.prompt = encode_prompt(tok, (*p)[0].get_ref<const std::string&>(), lim, false);
   } else if (p->is_array()) {
     if (p->size() > static_cast<size_t>(std::max(0, prompt_limit(lim))))
       too_long(lim, false, fmt::format("{} tokens", p->size()));

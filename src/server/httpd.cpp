@@ -227,6 +227,7 @@ struct HttpServer::Impl {
   std::vector<std::thread> workers;
 
   std::vector<std::unique_ptr<Conn>> conns;   // event thread only
+  Clock::time_point accept_pause_until{};     // out of file descriptors: stop polling the listener briefly
 
   void wake() {
     const char c = 1;
@@ -432,7 +433,10 @@ void HttpServer::Impl::accept_all() {
     const int fd = ::accept4(listen_fd, reinterpret_cast<sockaddr*>(&ss), &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) {
       if (errno == EINTR || errno == ECONNABORTED) continue;
-      return;  // EAGAIN, or out of descriptors (EMFILE): try again at the next wake-up
+      // out of descriptors (EMFILE, ENFILE) or memory: the pending connection stays in the backlog;
+      // leave the listener alone for a moment instead of spinning on it
+      if (errno != EAGAIN && errno != EWOULDBLOCK) accept_pause_until = after(Clock::now(), 0.1);
+      return;
     }
     if (static_cast<int>(conns.size()) >= o.max_open) {
       const std::string s = format_reply(error(503, "too many open connections"), o.default_headers, true, 1);
@@ -631,8 +635,13 @@ Step HttpServer::Impl::advance(Conn& c, int* status, std::string* msg) {
   }
   if (c.st == Conn::St::Body) {
     if (c.in.size() < c.body_len) return Step::More;
-    c.req.body.assign(c.in, 0, static_cast<size_t>(c.body_len));
-    c.in.erase(0, static_cast<size_t>(c.body_len));
+    if (c.in.size() == c.body_len) {
+      c.req.body.swap(c.in);  // the usual case: no copy of a large body
+      c.in.clear();
+    } else {
+      c.req.body.assign(c.in, 0, static_cast<size_t>(c.body_len));
+      c.in.erase(0, static_cast<size_t>(c.body_len));
+    }
     return Step::Ready;
   }
   if (c.st == Conn::St::Chunked) return read_chunked(c, status, msg);
@@ -739,7 +748,7 @@ void HttpServer::Impl::loop() {
     }
     pfd.clear();
     pfd.push_back({wake_r, POLLIN, 0});
-    pfd.push_back({listen_fd, POLLIN, 0});
+    pfd.push_back({listen_fd, static_cast<short>(Clock::now() < accept_pause_until ? 0 : POLLIN), 0});
     for (auto& c : conns) {
       short ev = 0;
       if (!c->out.empty()) ev = POLLOUT;

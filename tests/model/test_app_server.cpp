@@ -1198,3 +1198,29 @@ TEST(ServerHardening, DrainAnswers503AndACancelledStreamEndsWithAnError) {
   for (const auto& e : ev)
     if (e.contains("choices")) EXPECT_TRUE(e["choices"][0]["finish_reason"].is_null()) << e.dump();
 }
+
+TEST(ServerHardening, AStreamCutByATimeoutEndsWithAnErrorAndNoDone) {
+  ServerOptions o = base_opts();
+  o.ctx = 32768;
+  o.sched.parallel = 1;
+  o.sched.cache_slots = 0;
+  o.threads = 1;
+  o.timeout_s = 0.5;
+  Running r(o);
+  int st = 0;
+  const std::string raw = post_stream(
+      r, "/v1/completions", {{"prompt", ids_prompt(3, 10)}, {"max_tokens", 32000}, {"ignore_eos", true}, {"stream", true}},
+      nullptr, &st);
+  EXPECT_EQ(st, 200);
+  bool done = false;
+  const auto ev = sse_events(raw, &done);
+  ASSERT_GE(ev.size(), 2u) << raw.substr(0, 400);
+  EXPECT_FALSE(done);
+  ASSERT_TRUE(ev.back().contains("error")) << ev.back().dump();
+  EXPECT_EQ(ev.back()["error"]["type"], "timeout_error");
+  for (const auto& e : ev)
+    if (e.contains("choices")) EXPECT_TRUE(e["choices"][0]["finish_reason"].is_null()) << e.dump();
+  // the connection and the server are fine afterwards
+  post_json(r, "/v1/completions", {{"prompt", "abc"}, {"max_tokens", 2}}, &st);
+  EXPECT_EQ(st, 200);
+}

@@ -4,7 +4,8 @@
 //   auto m = kimi::Model::load("model.gguf");          // throws kimi::Error on any bad key/tensor
 //   fmt::print("{}", m->summary(kimi::CacheType::F16)); // parameters, bytes by type, cache sizes
 //
-// The forward pass lives in runtime/ (kimi::Context, runtime/context.h).
+// The forward pass over these weights is model/forward.h; sequences and batching are
+// runtime/context.h.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -12,7 +13,7 @@
 #include <vector>
 
 #include "io/gguf.h"
-#include "backend/cpu/matmul.h"
+#include "backend/backend.h"  // kern::MatView
 
 namespace kimi {
 

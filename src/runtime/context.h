@@ -1,4 +1,5 @@
-// Inference context: per-sequence caches/states, work buffers, the batched forward pass.
+// Inference context: sequences, batches and logits over the model's forward pass
+// (model/forward.h), which runs on the backends the placement rules choose (backend/).
 //
 //   auto model = kimi::Model::load(path);
 //   kimi::Context ctx(*model, {.n_threads = 2, .n_seq_max = 2});
@@ -23,17 +24,12 @@
 #include <string>
 #include <vector>
 
-#include "backend/cpu/matmul.h"
+#include "backend/backend.h"  // BatchEntry, AttnPath, kern::Precision
 #include "backend/placement.h"
 #include "model/model.h"
 #include "util/thread_pool.h"
 
 namespace kimi {
-
-enum class AttnPath {
-  Sparse,  // gather the selected latent rows, online softmax (cost ~ top-k)
-  Dense,   // softmax over the whole visible cache with -inf for unselected rows
-};
 
 struct ContextOptions {
   int n_threads = 0;      // 0 = all hardware threads
@@ -48,15 +44,10 @@ struct ContextOptions {
   int n_snapshots_max = 4;  // KDA snapshots kept per sequence (>= 1); a new one beyond evicts the
                             // interior snapshot leaving the smallest gap (the newest is always kept)
   // Which backend holds each weight (-ngl / --cpu-moe / --n-cpu-moe / -ot, backend/placement.h).
-  // Resolved once when the context is made; device 0 is the host CPU backend.
+  // Resolved once when the context is made; device 0 is the context's own CPU backend, devices
+  // 1.. are extra_backends in order (not owned; they must outlive the context).
   PlacementRules placement;
-};
-
-struct BatchEntry {
-  int32_t token = 0;
-  int32_t seq_id = 0;
-  int32_t pos = 0;
-  bool want_logits = false;
+  std::vector<Backend*> extra_backends;
 };
 
 struct Batch {
@@ -114,6 +105,7 @@ class Context {
   uint64_t memory_bytes() const; // caches + states + work buffers
   std::string memory_summary() const;
   ThreadPool& pool();
+  const Placement& placement() const;
 
   struct Impl;
 

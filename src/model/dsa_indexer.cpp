@@ -1,0 +1,41 @@
+// The K3.1 DSA indexer (docs/spec dsa-indexer): every token's key goes into the layer's indexer
+// cache; each query that sees more positions than top_k scores them,
+//   score(s) = sum_h w_h ReLU(q_h . k_s),
+// and keeps the top_k best (ties: the earlier position) as the rows its MLA attention visits.
+#include <cmath>
+
+#include "model/layers.h"
+
+namespace kimi {
+
+void dsa_indexer(const PartRun& r, const LayerWeights& L, const CacheRows& keys, IndexerScratch& s, int top_k,
+                 const float* x, const float* q_latent, MlaScratch& sel) {
+  const HParams& hp = r.hp;
+  Backend& be = r.be;
+  const int64_t n = r.n, HI = hp.idx_heads, DI = hp.idx_dim;
+
+  // 1. keys (layer-normed) of every token, written to the cache
+  be.matmul(L.idx_k.mat, x, n, s.k.p);
+  be.layer_norm_rows(s.k.p, L.idx_k_norm_w.f32, L.idx_k_norm_b.f32, n, DI, 1e-6f);
+  be.store_cache_rows(s.k.p, DI, r.e, n, keys);
+
+  // 2. queries from the MLA query latent, per-head weights
+  be.matmul(L.idx_q_b.mat, q_latent, n, s.q.p);
+  be.matmul(L.idx_proj.mat, x, n, s.head_w.p);
+  be.scale_rows(s.head_w.p, n, HI, 1.0f / std::sqrt(static_cast<float>(HI * DI)));
+
+  // 3. per query: score -> top-k -> selection. The query's own key is read back from the cache
+  // like every other key (f16-rounded in F16 mode), so prefill == decode.
+  for (int64_t t = 0; t < n; ++t) {
+    const int64_t n_visible = static_cast<int64_t>(r.e[t].pos) + 1;
+    if (top_k >= n_visible) {  // everything visible is selected: plain attention, no scoring
+      be.set_i32(sel.n_selected.p + t, 1, -1);
+      continue;
+    }
+    be.indexer_scores(keys, r.e[t].seq_id, s.q.p + t * HI * DI, s.head_w.p + t * HI, HI, n_visible, s.scores.p);
+    be.indexer_topk(s.scores.p, n_visible, top_k, sel.selected.p + t * sel.sel_cap, sel.n_selected.p + t,
+                    s.topk_tmp.p);
+  }
+}
+
+}  // namespace kimi

@@ -1,0 +1,405 @@
+// The forward pass (forward.h): weight placement onto the backends, per-backend scratch and
+// stores, and the layer loop with the ResMix residual attention (docs/spec architecture).
+#include "model/forward.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "model/layers.h"
+#include "util/error.h"
+
+namespace kimi {
+
+// What one backend holds for this forward pass: its store (caches/states of the layers whose
+// attention it runs) and the scratch of the part kinds it runs.
+struct Forward::Device {
+  Backend* be = nullptr;
+  std::unique_ptr<StateStore> store;
+  bool runs_any = false, runs_mla = false, runs_kda = false, runs_dense = false, runs_moe = false;
+  bool runs_remote_experts = false, runs_output = false;
+  int n_mla = 0, n_kda = 0;
+  ResidualScratch res;
+  MlaScratch mla;
+  IndexerScratch idx;
+  KdaScratch kda;
+  FfnScratch ffn;
+  MoeScratch moe;
+  ExpertScratch experts;
+  HeadScratch head;
+};
+
+namespace {
+
+template <class F>
+void for_each_weight(LayerWeights& L, F&& f) {
+  for (WeightView* w :
+       {&L.attn_norm, &L.ffn_norm, &L.attn_res_score, &L.ffn_res_score, &L.attn_q, &L.attn_k, &L.attn_v, &L.conv_q,
+        &L.conv_k, &L.conv_v, &L.ssm_f_a, &L.ssm_f_b, &L.ssm_beta, &L.ssm_a, &L.ssm_dt_b, &L.ssm_g, &L.ssm_norm,
+        &L.attn_q_a, &L.attn_q_a_norm, &L.attn_q_b, &L.attn_kv_a_mqa, &L.attn_kv_a_norm, &L.attn_k_b, &L.attn_v_b,
+        &L.attn_gate, &L.attn_output, &L.idx_q_b, &L.idx_k, &L.idx_k_norm_w, &L.idx_k_norm_b, &L.idx_proj,
+        &L.ffn_gate, &L.ffn_up, &L.ffn_down, &L.ffn_gate_inp, &L.exp_probs_b, &L.ffn_gate_exps, &L.ffn_up_exps,
+        &L.ffn_down_exps, &L.ffn_routed_down, &L.ffn_routed_up, &L.ffn_routed_norm, &L.ffn_gate_shexp,
+        &L.ffn_up_shexp, &L.ffn_down_shexp})
+    f(*w);
+}
+
+// the view of w as the backend that holds it reads it
+void place(WeightView& w, Backend& be) {
+  if (!w) return;
+  const uint8_t* host = w.info->data;
+  const uint8_t* at = be.place_weight(w.info->name, host, w.info->nbytes);
+  if (w.mat.data) w.mat.data = at + (w.mat.data - host);
+  if (w.f32) w.f32 = reinterpret_cast<const float*>(at + (reinterpret_cast<const uint8_t*>(w.f32) - host));
+}
+
+}  // namespace
+
+Forward::Forward(const Model& m, const std::vector<Backend*>& backends, const Placement& placement,
+                 const ForwardOptions& o)
+    : model_(m), hp_(m.hparams()), opts_(o), place_(placement) {
+  const HParams& hp = hp_;
+  check(!backends.empty() && backends.size() == place_.devices.size(),
+        "forward: {} backends for a placement over {} devices", backends.size(), place_.devices.size());
+  const int64_t N = o.n_batch, d = hp.n_embd, H = hp.n_head, nctx = o.n_ctx;
+  for (Backend* b : backends) {
+    devs_.push_back(std::make_unique<Device>());
+    devs_.back()->be = b;
+  }
+  auto dev = [&](int i) -> Device& { return *devs_[static_cast<size_t>(i)]; };
+
+  // 1. weights onto the backends that run their parts
+  layers_.resize(hp.n_layer);
+  for (uint32_t il = 0; il < hp.n_layer; ++il) {
+    layers_[il] = m.layer(il);
+    for_each_weight(layers_[il], [&](WeightView& w) {
+      if (w) place(w, *dev(place_.device_of(w.info->name)).be);
+    });
+  }
+  token_embd_ = m.token_embd();
+  place(token_embd_, *dev(place_.input).be);
+  output_ = m.output();
+  output_norm_ = m.output_norm();
+  output_res_score_ = m.output_res_score();
+  for (WeightView* w : {&output_, &output_norm_, &output_res_score_}) place(*w, *dev(place_.output).be);
+
+  // 2. which part kinds each backend runs; cache/state slots
+  dev(place_.input).runs_any = true;
+  dev(place_.output).runs_any = dev(place_.output).runs_output = true;
+  cache_slot_.assign(hp.n_layer, -1);
+  for (uint32_t il = 0; il < hp.n_layer; ++il) {
+    Device& a = dev(place_.attn[il]);
+    Device& f = dev(place_.ffn[il]);
+    a.runs_any = f.runs_any = true;
+    if (hp.is_mla[il]) {
+      a.runs_mla = true;
+      cache_slot_[il] = a.n_mla++;
+    } else {
+      a.runs_kda = true;
+      cache_slot_[il] = a.n_kda++;
+    }
+    if (!hp.is_moe(il)) {
+      f.runs_dense = true;
+    } else {
+      f.runs_moe = true;
+      if (place_.experts[il] != place_.ffn[il]) dev(place_.experts[il]).runs_remote_experts = true;
+    }
+  }
+
+  // 3. stores and scratch, on each backend for what it runs
+  n_bank_max_ = hp.attn_res_block ? (hp.n_layer + hp.attn_res_block - 1) / hp.attn_res_block : 0;
+  check(n_bank_max_ <= 255, "context: {} residual-attention bank entries (block_count / attn_res.block_size) exceed 255",
+        n_bank_max_);
+  const int64_t C = hp.kda_channels(), D = hp.kda_head_dim, W = hp.mla_row();
+  const int64_t E = hp.n_expert, k = hp.n_expert_used, F = hp.n_ff_exp, Lw = hp.n_latent ? hp.n_latent : d;
+  StateStore::Shape shape;
+  shape.n_seq = o.n_seq;
+  shape.n_ctx = o.n_ctx;
+  shape.f16 = o.cache_f16;
+  shape.latent_width = W;
+  shape.index_width = o.top_k > 0 ? hp.idx_dim : 0;
+  shape.conv_floats = hp.n_kda_layers() ? 3 * C * (hp.conv_kernel - 1) : 0;
+  shape.rec_floats = hp.n_kda_layers() ? H * D * D : 0;
+  shape.n_snapshots = o.n_snapshots;
+  int64_t rank = 0;
+  for (uint32_t il = 0; il < hp.n_layer; ++il)
+    if (!hp.is_mla[il]) rank = std::max<int64_t>(rank, m.layer(il).ssm_f_a.mat.rows);
+  int64_t fw = 0;  // dense / shared-expert MLP width
+  if (hp.n_dense_lead > 0) fw = hp.n_ff;
+  if (hp.n_dense_lead < hp.n_layer) fw = std::max<int64_t>(fw, F * hp.n_expert_shared);
+
+  for (auto& dp : devs_) {
+    Device& v = *dp;
+    Backend& be = *v.be;
+    v.store = std::make_unique<StateStore>(be, shape, v.n_mla, v.n_kda);
+    WorkLimits lim;
+    lim.n_tokens = N;
+    lim.n_ctx = nctx;
+    lim.n_heads = H;
+    lim.dense_attn = o.attn == AttnPath::Dense && v.runs_mla;
+    if (v.runs_mla) {
+      lim.head_io = std::max<int64_t>({hp.n_nope, hp.kv_lora, hp.n_v});
+      lim.row = std::max<int64_t>(W, hp.idx_dim);
+    }
+    if (v.runs_kda) lim.row = std::max<int64_t>(lim.row, D);
+    if ((v.runs_moe && hp.n_dense_lead < hp.n_layer) || v.runs_remote_experts) {
+      lim.n_expert = E;
+      lim.n_expert_used = k;
+      lim.expert_ff = F;
+      lim.expert_width = Lw;
+    }
+    be.reserve(lim);
+    if (v.runs_any) {
+      v.res.stream.alloc(be, N * d, "residual stream");
+      v.res.mixed.alloc(be, N * d, "resmix output");
+      v.res.normed.alloc(be, N * d, "normed input");
+      v.res.mixer_out.alloc(be, N * d, "attention output");
+      v.res.ffn_out.alloc(be, N * d, "ffn output");
+      v.res.bank.alloc(be, static_cast<int64_t>(n_bank_max_) * N * d, "resmix bank");
+      v.res.bank_inv.alloc(be, static_cast<int64_t>(n_bank_max_) * N, "resmix bank 1/rms");
+    }
+    if (v.runs_mla) {
+      MlaScratch& s = v.mla;
+      s.q_latent.alloc(be, N * hp.q_lora, "mla q latent");
+      s.q.alloc(be, N * H * hp.n_kq, "mla q");
+      s.kv_row.alloc(be, N * W, "mla kv row");
+      s.q_absorbed.alloc(be, N * H * W, "mla absorbed q");
+      s.z.alloc(be, N * H * hp.kv_lora, "mla z");
+      s.heads_out.alloc(be, N * H * hp.n_v, "mla heads out");
+      s.gate.alloc(be, N * H * hp.n_v, "mla gate");
+      s.sel_cap = o.top_k > 0 ? std::min<int64_t>(o.top_k, nctx) : 0;
+      s.selected.alloc(be, N * s.sel_cap, "dsa selection");
+      s.n_selected.alloc(be, N, "dsa selection counts");
+      if (o.top_k > 0) {
+        IndexerScratch& x = v.idx;
+        x.q.alloc(be, N * hp.idx_heads * hp.idx_dim, "indexer q");
+        x.k.alloc(be, N * hp.idx_dim, "indexer k");
+        x.head_w.alloc(be, N * hp.idx_heads, "indexer head weights");
+        x.scores.alloc(be, nctx, "indexer scores");
+        x.topk_tmp.alloc(be, nctx, "indexer top-k scratch");
+      }
+    }
+    if (v.runs_kda) {
+      KdaScratch& s = v.kda;
+      for (auto* b : {&s.q, &s.k, &s.v, &s.decay, &s.gate, &s.out}) b->alloc(be, N * C, "kda activations");
+      s.f_low.alloc(be, N * rank, "kda f low-rank");
+      s.beta.alloc(be, N * H, "kda beta");
+    }
+    if (v.runs_dense || v.runs_moe) {
+      v.ffn.gate.alloc(be, N * fw, "ffn gate");
+      v.ffn.up.alloc(be, N * fw, "ffn up");
+      if (v.runs_moe && hp.n_expert_shared > 0) v.ffn.shared_out.alloc(be, N * d, "shared experts out");
+    }
+    if (v.runs_moe) {
+      MoeScratch& s = v.moe;
+      s.router_logits.alloc(be, N * E, "router logits");
+      s.router_probs.alloc(be, N * E, "router probabilities");
+      s.sel.alloc(be, N * k, "routed experts");
+      s.weights.alloc(be, N * k, "routed expert weights");
+      if (hp.n_latent) s.latent_in.alloc(be, N * Lw, "moe latent input");
+      s.latent_acc.alloc(be, N * Lw, "moe latent sum");
+    }
+    if (v.runs_remote_experts) {
+      v.experts.x.alloc(be, N * Lw, "experts input");
+      v.experts.sel.alloc(be, N * k, "experts routing");
+      v.experts.weights.alloc(be, N * k, "experts weights");
+      v.experts.acc.alloc(be, N * Lw, "experts output");
+    }
+    if (v.runs_output) {
+      v.head.rows.alloc(be, N * d, "lm head rows");
+      if (!be.host_visible()) v.head.logits.alloc(be, N * hp.n_vocab, "logits");
+    }
+  }
+  wanted_.assign(static_cast<size_t>(N), 0);
+}
+
+Forward::~Forward() = default;
+
+// The residual stream (and the ResMix bank) moves to the backend of the next part.
+void Forward::move_residual(int& dev, int to, int64_t n, uint32_t nb) {
+  if (dev == to) return;
+  Device& a = *devs_[static_cast<size_t>(dev)];
+  Device& b = *devs_[static_cast<size_t>(to)];
+  const int64_t d = hp_.n_embd, N = opts_.n_batch;
+  copy_between(*b.be, b.res.stream.p, *a.be, a.res.stream.p, static_cast<uint64_t>(n * d) * 4);
+  for (uint32_t k = 0; k < nb; ++k) {
+    const int64_t off = static_cast<int64_t>(k) * N;
+    copy_between(*b.be, b.res.bank.p + off * d, *a.be, a.res.bank.p + off * d, static_cast<uint64_t>(n * d) * 4);
+    copy_between(*b.be, b.res.bank_inv.p + off, *a.be, a.res.bank_inv.p + off, static_cast<uint64_t>(n) * 4);
+  }
+  dev = to;
+}
+
+void Forward::run(const BatchEntry* e, int64_t n, float* logits) {
+  const HParams& hp = hp_;
+  const int64_t d = hp.n_embd, N = opts_.n_batch;
+  const uint32_t B = hp.attn_res_block;
+  const float eps = hp.rms_eps;
+
+  // embeddings
+  int dev = place_.input;
+  devs_[static_cast<size_t>(dev)]->be->embed_rows(token_embd_.mat, e, n, devs_[static_cast<size_t>(dev)]->res.stream.p);
+
+  uint32_t nb = 0;  // ResMix bank entries so far
+  // ResMix (when the file has it) of the bank and the stream: the input of the part's RMSNorm
+  auto resmix = [&](Device& v, const WeightView& score) {
+    const float* x = v.res.stream.p;
+    if (B > 0) {
+      v.be->res_mix(v.res.stream.p, score.f32, v.res.bank.p, v.res.bank_inv.p, nb, N, n, d, eps, v.res.mixed.p);
+      x = v.res.mixed.p;
+    }
+    return x;
+  };
+  for (uint32_t il = 0; il < hp.n_layer; ++il) {
+    const LayerWeights& L = layers_[il];
+
+    // attention part: ResMix, bank entry at block starts, norm, MLA or KDA, residual
+    move_residual(dev, place_.attn[il], n, nb);
+    {
+      Device& v = *devs_[static_cast<size_t>(dev)];
+      Backend& be = *v.be;
+      const float* x = resmix(v, L.attn_res_score);
+      const bool bank_layer = B > 0 && il % B == 0;
+      if (bank_layer) {
+        be.bank_append(v.res.stream.p, n, d, eps, v.res.bank.p + static_cast<int64_t>(nb) * N * d,
+                       v.res.bank_inv.p + static_cast<int64_t>(nb) * N);
+        ++nb;
+      }
+      be.rms_norm_rows(x, d, L.attn_norm.f32, v.res.normed.p, d, n, d, eps);
+      const PartRun r{be, hp, e, n};
+      const int slot = cache_slot_[il];
+      if (hp.is_mla[il]) {
+        const MlaCache cache{v.store->latent(slot), v.store->index_keys(slot)};
+        mla_attention(r, L, cache, v.mla, opts_.top_k > 0 ? &v.idx : nullptr, opts_.top_k, opts_.attn,
+                      v.res.normed.p, v.res.mixer_out.p);
+      } else {
+        kda_attention(r, L, v.store->conv(slot), v.store->rec(slot), v.kda, v.res.normed.p, v.res.mixer_out.p);
+      }
+      if (bank_layer)  // a block starts: the stream restarts from this mixer's output
+        be.copy(v.res.stream.p, v.res.mixer_out.p, static_cast<uint64_t>(n * d) * 4);
+      else
+        be.add(v.res.stream.p, v.res.mixer_out.p, n * d);
+    }
+
+    // FFN part: ResMix, norm, dense MLP or MoE, residual
+    move_residual(dev, place_.ffn[il], n, nb);
+    {
+      Device& v = *devs_[static_cast<size_t>(dev)];
+      Backend& be = *v.be;
+      const float* x = resmix(v, L.ffn_res_score);
+      be.rms_norm_rows(x, d, L.ffn_norm.f32, v.res.normed.p, d, n, d, eps);
+      const PartRun r{be, hp, e, n};
+      if (!hp.is_moe(il)) {
+        dense_ffn(r, L.ffn_gate, L.ffn_up, L.ffn_down, v.ffn, v.res.normed.p, v.res.ffn_out.p);
+      } else {
+        ExpertSite site;
+        if (place_.experts[il] != dev) {
+          Device& xd = *devs_[static_cast<size_t>(place_.experts[il])];
+          site = {xd.be, &xd.experts};
+        }
+        moe_ffn(r, L, v.moe, v.ffn, site, v.res.normed.p, v.res.ffn_out.p);
+      }
+      be.add(v.res.stream.p, v.res.ffn_out.p, n * d);
+    }
+  }
+
+  // final ResMix, norm, lm head for the requested rows
+  move_residual(dev, place_.output, n, nb);
+  Device& v = *devs_[static_cast<size_t>(dev)];
+  Backend& be = *v.be;
+  const float* fin = resmix(v, output_res_score_);
+  int64_t nw = 0;
+  for (int64_t t = 0; t < n; ++t)
+    if (e[t].want_logits) wanted_[static_cast<size_t>(nw++)] = static_cast<int32_t>(t);
+  if (nw == 0) return;
+  be.gather_rows(fin, d, wanted_.data(), nw, v.head.rows.p);
+  be.rms_norm_rows(v.head.rows.p, d, output_norm_.f32, v.head.rows.p, d, nw, d, eps);
+  const int64_t V = hp.n_vocab;
+  if (be.host_visible()) {
+    be.matmul(output_.mat, v.head.rows.p, nw, logits);
+  } else {
+    be.matmul(output_.mat, v.head.rows.p, nw, v.head.logits.p);
+    be.sync();
+    be.download(logits, v.head.logits.p, static_cast<uint64_t>(nw * V) * 4);
+  }
+}
+
+// ---- per-sequence state on every backend ----
+
+void Forward::seq_clear(int32_t seq) {
+  for (auto& v : devs_) v->store->seq_clear(seq);
+}
+void Forward::seq_copy(int32_t src, int32_t dst, int32_t n_rows) {
+  for (auto& v : devs_) v->store->seq_copy(src, dst, n_rows);
+}
+void Forward::snapshot_save(int32_t seq, int32_t slot) {
+  for (auto& v : devs_) v->store->snapshot_save(seq, slot);
+}
+void Forward::snapshot_restore(int32_t src, int32_t slot, int32_t dst) {
+  for (auto& v : devs_) v->store->snapshot_restore(src, slot, dst);
+}
+void Forward::snapshot_copy(int32_t src, int32_t dst, int32_t slot) {
+  for (auto& v : devs_) v->store->snapshot_copy(src, dst, slot);
+}
+
+void Forward::fill_synthetic(int32_t seq, int32_t n_tokens, uint64_t seed) {
+  uint64_t st = seed * 0x9E3779B97F4A7C15ull + 1;
+  auto next = [&]() {  // ~N(0, 1): sum of 4 uniforms, rescaled
+    float acc = 0;
+    for (int i = 0; i < 4; ++i) {
+      st ^= st << 13;
+      st ^= st >> 7;
+      st ^= st << 17;
+      acc += static_cast<float>(st >> 40) * (1.0f / 16777216.0f);
+    }
+    return (acc - 2.0f) * 1.7320508f;
+  };
+  const int64_t W = hp_.mla_row(), DI = hp_.idx_dim;
+  std::vector<float> row(static_cast<size_t>(std::max<int64_t>(W, DI)));
+  // layers in order (the same numbers as a single-backend context)
+  for (uint32_t il = 0; il < hp_.n_layer; ++il) {
+    if (!hp_.is_mla[il]) continue;
+    StateStore& st_ = *devs_[static_cast<size_t>(place_.attn[il])]->store;
+    const CacheRows lat = st_.latent(cache_slot_[il]);
+    const CacheRows keys = st_.index_keys(cache_slot_[il]);
+    for (int32_t p = 0; p < n_tokens; ++p) {
+      for (int64_t j = 0; j < W; ++j) row[static_cast<size_t>(j)] = next();
+      st_.write_row(lat, seq, p, row.data());
+      if (keys.data) {
+        for (int64_t j = 0; j < DI; ++j) row[static_cast<size_t>(j)] = next();
+        st_.write_row(keys, seq, p, row.data());
+      }
+    }
+  }
+}
+
+uint64_t Forward::cache_bytes() const {
+  uint64_t b = 0;
+  for (auto& v : devs_) b += v->store->cache_bytes();
+  return b;
+}
+
+uint64_t Forward::state_bytes() const {
+  uint64_t b = 0;
+  for (auto& v : devs_) b += v->store->state_bytes();
+  return b;
+}
+
+uint64_t Forward::work_bytes() const {
+  uint64_t b = 0;
+  for (auto& vp : devs_) {
+    const Device& v = *vp;
+    b += v.be->scratch_bytes();
+    for (auto* x : {&v.res.stream, &v.res.mixed, &v.res.normed, &v.res.mixer_out, &v.res.ffn_out, &v.res.bank,
+                    &v.res.bank_inv, &v.mla.q_latent, &v.mla.q, &v.mla.kv_row, &v.mla.q_absorbed, &v.mla.z,
+                    &v.mla.heads_out, &v.mla.gate, &v.idx.q, &v.idx.k, &v.idx.head_w, &v.idx.scores,
+                    &v.idx.topk_tmp, &v.kda.q, &v.kda.k, &v.kda.v, &v.kda.f_low, &v.kda.decay, &v.kda.beta,
+                    &v.kda.gate, &v.kda.out, &v.ffn.gate, &v.ffn.up, &v.ffn.shared_out, &v.moe.router_logits,
+                    &v.moe.router_probs, &v.moe.weights, &v.moe.latent_in, &v.moe.latent_acc, &v.experts.x,
+                    &v.experts.weights, &v.experts.acc, &v.head.rows, &v.head.logits})
+      b += x->bytes();
+    b += v.mla.selected.bytes() + v.mla.n_selected.bytes() + v.moe.sel.bytes() + v.experts.sel.bytes();
+  }
+  return b;
+}
+
+}  // namespace kimi

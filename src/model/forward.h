@@ -1,0 +1,75 @@
+// The Kimi-K3 / K3.1 forward pass over one or more backends (src/backend/backend.h):
+//
+//   embeddings -> for each layer: [ResMix] -> RMSNorm -> MLA (+ DSA indexer) or KDA -> residual
+//                                 [ResMix] -> RMSNorm -> dense SiTU MLP or latent MoE -> residual
+//              -> [ResMix] -> RMSNorm -> lm head
+//
+// (docs/spec: the architecture; forward.cpp reads top to bottom in this order.) Every part of a
+// layer runs on the backend the Placement gives it; the residual stream is copied when
+// consecutive parts are on different backends, the routed experts' inputs and outputs when the
+// experts are placed apart from their layer. Caches and states live in one StateStore per
+// backend. The runtime (runtime/context.h) owns sequences and batching and calls run().
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "backend/backend.h"
+#include "backend/placement.h"
+#include "backend/state_store.h"
+#include "model/model.h"
+#include "model/scratch.h"
+
+namespace kimi {
+
+struct ForwardOptions {
+  int n_seq = 1;          // sequence ids 0..n_seq-1
+  int n_ctx = 1;          // positions per sequence
+  int n_batch = 1;        // tokens per run() (micro-batch capacity)
+  int top_k = 0;          // DSA top-k (0 = indexer off, plain attention)
+  AttnPath attn = AttnPath::Sparse;
+  bool cache_f16 = true;  // cache element type
+  int n_snapshots = 1;    // KDA snapshot slots per sequence
+};
+
+class Forward {
+ public:
+  // backends[0] is the host CPU backend; placement.devices must match backends in number.
+  Forward(const Model& m, const std::vector<Backend*>& backends, const Placement& placement, const ForwardOptions& o);
+  ~Forward();
+
+  // Evaluates n <= n_batch tokens (the caller validated them: positions continue each sequence)
+  // and writes the logits of the entries with want_logits, in order, to logits (host, rows of V).
+  void run(const BatchEntry* e, int64_t n, float* logits);
+
+  // per-sequence caches and states, on every backend
+  void seq_clear(int32_t seq);
+  void seq_copy(int32_t src, int32_t dst, int32_t n_rows);
+  void snapshot_save(int32_t seq, int32_t slot);
+  void snapshot_restore(int32_t src, int32_t slot, int32_t dst);
+  void snapshot_copy(int32_t src, int32_t dst, int32_t slot);
+  // benchmark fill: pseudo-random cache rows 0..n-1 of seq (see Context::seq_fill_synthetic)
+  void fill_synthetic(int32_t seq, int32_t n, uint64_t seed);
+
+  const Placement& placement() const { return place_; }
+  uint64_t cache_bytes() const;
+  uint64_t state_bytes() const;
+  uint64_t work_bytes() const;  // scratch of every part and backend
+
+  struct Device;  // per-backend scratch and store (forward.cpp)
+
+ private:
+  void move_residual(int& dev, int to, int64_t n, uint32_t nb);
+  const Model& model_;
+  const HParams& hp_;
+  ForwardOptions opts_;
+  Placement place_;
+  std::vector<std::unique_ptr<Device>> devs_;
+  std::vector<LayerWeights> layers_;      // weights as placed (data on their backend)
+  WeightView token_embd_, output_, output_norm_, output_res_score_;
+  std::vector<int32_t> cache_slot_;       // layer -> MLA or KDA slot in its attn backend's store
+  std::vector<int32_t> wanted_;           // rows of the micro-batch that want logits (host)
+  uint32_t n_bank_max_ = 0;
+};
+
+}  // namespace kimi

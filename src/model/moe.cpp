@@ -1,0 +1,59 @@
+// Latent MoE (docs/spec architecture): router on the full width, routed experts grouped per
+// expert on the latent width, latent up-projection, shared experts at full width.
+#include "model/layers.h"
+
+namespace kimi {
+
+void moe_ffn(const PartRun& r, const LayerWeights& L, MoeScratch& s, FfnScratch& f, const ExpertSite& site,
+             const float* x, float* out) {
+  const HParams& hp = r.hp;
+  Backend& be = r.be;
+  const int64_t n = r.n, d = hp.n_embd, k = hp.n_expert_used, E = hp.n_expert;
+  const bool latent = hp.n_latent > 0;
+  const int64_t Lw = latent ? hp.n_latent : d;
+
+  // 1. router: probabilities, selection (+ bias), weights (unbiased, renormalised, scaled)
+  be.matmul(L.ffn_gate_inp.mat, x, n, s.router_logits.p);
+  const RouterParams rp{E, k, hp.gating_func == 1, hp.expert_weights_norm, hp.expert_weights_scale};
+  be.moe_route(s.router_logits.p, L.exp_probs_b ? L.exp_probs_b.f32 : nullptr, n, rp, s.router_probs.p, s.sel.p,
+               s.weights.p);
+
+  // 2. the routed experts' input: the latent projection of x (or x itself)
+  const float* xl = x;
+  if (latent) {
+    be.matmul(L.ffn_routed_down.mat, x, n, s.latent_in.p);
+    xl = s.latent_in.p;
+  }
+
+  // 3. routed experts, weighted sum (on the experts' backend, with copies when it is another one)
+  const ExpertMats em{L.ffn_gate_exps.mat, L.ffn_up_exps.mat, L.ffn_down_exps.mat,
+                      L.ffn_gate_exps.slice_bytes, L.ffn_up_exps.slice_bytes, L.ffn_down_exps.slice_bytes};
+  if (site.be == nullptr || site.be == &be) {
+    be.moe_experts(em, xl, n, Lw, s.sel.p, s.weights.p, k, E, hp.situ_beta, hp.situ_lambda, s.latent_acc.p);
+  } else {
+    Backend& xb = *site.be;
+    ExpertScratch& es = *site.s;
+    copy_between(xb, es.x.p, be, xl, static_cast<uint64_t>(n * Lw) * 4);
+    copy_between(xb, es.sel.p, be, s.sel.p, static_cast<uint64_t>(n * k) * 4);
+    copy_between(xb, es.weights.p, be, s.weights.p, static_cast<uint64_t>(n * k) * 4);
+    xb.moe_experts(em, es.x.p, n, Lw, es.sel.p, es.weights.p, k, E, hp.situ_beta, hp.situ_lambda, es.acc.p);
+    copy_between(be, s.latent_acc.p, xb, es.acc.p, static_cast<uint64_t>(n * Lw) * 4);
+  }
+
+  // 4. back to the full width
+  if (latent) {
+    if (L.ffn_routed_norm)
+      be.rms_norm_rows(s.latent_acc.p, Lw, L.ffn_routed_norm.f32, s.latent_acc.p, Lw, n, Lw, hp.rms_eps);
+    be.matmul(L.ffn_routed_up.mat, s.latent_acc.p, n, out);
+  } else {
+    be.copy(out, s.latent_acc.p, static_cast<uint64_t>(n * d) * 4);
+  }
+
+  // 5. shared experts at full width
+  if (L.ffn_gate_shexp) {
+    dense_ffn(r, L.ffn_gate_shexp, L.ffn_up_shexp, L.ffn_down_shexp, f, x, f.shared_out.p);
+    be.add(out, f.shared_out.p, n * d);
+  }
+}
+
+}  // namespace kimi

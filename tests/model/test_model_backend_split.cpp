@@ -1,0 +1,406 @@
+// The backend seam with a second backend: "dev1" is the CPU backend wrapped as a device with its
+// own memory (one arena, tagged allocations), weights uploaded as copies, and
+// - every dev1 op checks that each pointer it gets lies in dev1 memory (so a missing copy fails
+//   with the op's name), and
+// - outside dev1's own ops its memory is PROT_NONE, so any op of device 0 (the context's CPU
+//   backend) that reads or writes dev1 memory faults (reported by a SIGSEGV handler).
+// The whole model then runs with layers, routed experts, input and output split between the two by
+// placement rules (-ngl, --cpu-moe, --n-cpu-moe, -ot), and its logits must equal the
+// single-backend logits bit for bit (same kernels, same order): prefill, decode, a second
+// sequence interleaved, snapshot + truncate, with and without the DSA indexer, both precisions.
+#include <gtest/gtest.h>
+
+#include <signal.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "backend/cpu/cpu_backend.h"
+#include "engine_fixture.h"
+#include "model/model.h"
+#include "runtime/context.h"
+#include "test_util.h"
+
+using namespace kimi;
+
+namespace {
+
+constexpr uint64_t kArenaBytes = uint64_t{1} << 30;  // address space only (MAP_NORESERVE)
+uint8_t* g_arena = nullptr;
+uint64_t g_used = 0;
+int g_open = 0;  // nesting depth of dev1 calls (an op may call another op of its own backend)
+
+void on_segv(int, siginfo_t* si, void*) {
+  const auto* a = static_cast<const uint8_t*>(si->si_addr);
+  if (g_arena && a >= g_arena && a < g_arena + kArenaBytes) {
+    const char msg[] = "FAIL: device-0 code touched dev1 memory (a missing copy between backends)\n";
+    (void)!::write(2, msg, sizeof msg - 1);
+  }
+  _exit(3);
+}
+
+class DevBuffer final : public Buffer {
+ public:
+  DevBuffer(Backend* o, void* p, uint64_t b) : Buffer(o, p, b) {}
+};
+
+// The CPU backend as "device 1": its own memory, explicit copies, every pointer checked.
+class FakeDevice final : public CpuBackend {
+ public:
+  FakeDevice(ThreadPool& pool, kern::Precision prec) : CpuBackend(pool, prec) {
+    if (!g_arena) {
+      void* p = ::mmap(nullptr, kArenaBytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+      EXPECT_NE(p, MAP_FAILED);
+      g_arena = static_cast<uint8_t*>(p);
+      struct sigaction sa {};
+      sa.sa_sigaction = on_segv;
+      sa.sa_flags = SA_SIGINFO;
+      sigaction(SIGSEGV, &sa, nullptr);
+    }
+    base_ = g_used;  // each fake device takes the arena from where the last one stopped
+  }
+  ~FakeDevice() override {  // its buffers are gone (the contexts died first): give the arena back
+    if (g_used > base_) ::madvise(g_arena + base_, g_used - base_, MADV_DONTNEED);
+    g_used = base_;
+  }
+  const char* name() const override { return "dev1"; }
+  bool host_visible() const override { return false; }
+  int64_t n_ops = 0, n_uploads = 0, n_downloads = 0;
+
+  // ---- memory ----
+  std::unique_ptr<Buffer> alloc(uint64_t bytes, const char* what) override {
+    Open o(this);
+    void* p = take(bytes);
+    std::memset(p, 0, bytes);
+    tags_.push_back(what);
+    return std::make_unique<DevBuffer>(this, p, bytes);
+  }
+  const uint8_t* place_weight(const std::string& name, const uint8_t* host, uint64_t bytes) override {
+    Open o(this);
+    auto* p = static_cast<uint8_t*>(take(bytes));
+    std::memcpy(p, host, bytes);
+    tags_.push_back(name);
+    return p;
+  }
+  void upload(void* dst, const void* src, uint64_t bytes) override {
+    Open o(this);
+    own(dst, "upload");
+    ++n_uploads;
+    std::memcpy(dst, src, bytes);
+  }
+  void download(void* dst, const void* src, uint64_t bytes) override {
+    Open o(this);
+    own(src, "download");
+    ++n_downloads;
+    std::memcpy(dst, src, bytes);
+  }
+  void copy(void* d, const void* s, uint64_t b) override { Op o(this, "copy", {d, s}); CpuBackend::copy(d, s, b); }
+  void fill_zero(void* d, uint64_t b) override { Op o(this, "fill_zero", {d}); CpuBackend::fill_zero(d, b); }
+
+  // ---- ops: check, then the CPU implementation ----
+  void matmul(const kern::MatView& W, const float* x, int64_t n, float* y) override {
+    Op o(this, "matmul", {W.data, x, y});
+    CpuBackend::matmul(W, x, n, y);
+  }
+  void embed_rows(const kern::MatView& t, const BatchEntry* e, int64_t n, float* out) override {
+    Op o(this, "embed_rows", {t.data, out});
+    CpuBackend::embed_rows(t, e, n, out);
+  }
+  void rms_norm_rows(const float* x, int64_t ldx, const float* w, float* y, int64_t ldy, int64_t n, int64_t width,
+                     float eps) override {
+    Op o(this, "rms_norm_rows", {x, w, y});
+    CpuBackend::rms_norm_rows(x, ldx, w, y, ldy, n, width, eps);
+  }
+  void layer_norm_rows(float* x, const float* w, const float* b, int64_t n, int64_t width, float eps) override {
+    Op o(this, "layer_norm_rows", {x, w, b});
+    CpuBackend::layer_norm_rows(x, w, b, n, width, eps);
+  }
+  void l2_norm_rows(float* x, int64_t n, int64_t width, float eps) override {
+    Op o(this, "l2_norm_rows", {x});
+    CpuBackend::l2_norm_rows(x, n, width, eps);
+  }
+  void add(float* y, const float* x, int64_t count) override {
+    Op o(this, "add", {y, x});
+    CpuBackend::add(y, x, count);
+  }
+  void scale_rows(float* x, int64_t n, int64_t width, float a) override {
+    Op o(this, "scale_rows", {x});
+    CpuBackend::scale_rows(x, n, width, a);
+  }
+  void sigmoid(float* x, int64_t count) override {
+    Op o(this, "sigmoid", {x});
+    CpuBackend::sigmoid(x, count);
+  }
+  void mul_sigmoid_rows(float* x, const float* g, int64_t n, int64_t w) override {
+    Op o(this, "mul_sigmoid_rows", {x, g});
+    CpuBackend::mul_sigmoid_rows(x, g, n, w);
+  }
+  void situ_rows(float* g, const float* u, int64_t n, int64_t w, float b, float l) override {
+    Op o(this, "situ_rows", {g, u});
+    CpuBackend::situ_rows(g, u, n, w, b, l);
+  }
+  void gather_rows(const float* src, int64_t width, const int32_t* rows, int64_t n, float* dst) override {
+    Op o(this, "gather_rows", {src, dst});
+    CpuBackend::gather_rows(src, width, rows, n, dst);
+  }
+  void set_i32(int32_t* dst, int64_t count, int32_t v) override {
+    Op o(this, "set_i32", {dst});
+    CpuBackend::set_i32(dst, count, v);
+  }
+  void res_mix(const float* cur, const float* w, const float* bank, const float* inv, uint32_t nb, int64_t bt,
+               int64_t n, int64_t d, float eps, float* dst) override {
+    Op o(this, "res_mix", {cur, w, bank, inv, dst});
+    CpuBackend::res_mix(cur, w, bank, inv, nb, bt, n, d, eps, dst);
+  }
+  void bank_append(const float* src, int64_t n, int64_t d, float eps, float* be, float* ie) override {
+    Op o(this, "bank_append", {src, be, ie});
+    CpuBackend::bank_append(src, n, d, eps, be, ie);
+  }
+  void store_cache_rows(const float* src, int64_t ld, const BatchEntry* e, int64_t n, const CacheRows& r) override {
+    Op o(this, "store_cache_rows", {src, r.data});
+    CpuBackend::store_cache_rows(src, ld, e, n, r);
+  }
+  void mla_absorb_queries(const kern::MatView& kb, uint64_t sb, const float* q, int64_t n, int64_t H, int64_t nope,
+                          int64_t pe, float* qc) override {
+    Op o(this, "mla_absorb_queries", {kb.data, q, qc});
+    CpuBackend::mla_absorb_queries(kb, sb, q, n, H, nope, pe, qc);
+  }
+  void mla_attention(const CacheRows& lat, int64_t kvl, const BatchEntry* e, int64_t n, int64_t H, const float* qc,
+                     const int32_t* si, const int32_t* sn, int64_t cap, float scale, AttnPath path,
+                     float* z) override {
+    Op o(this, "mla_attention", {lat.data, qc, cap ? si : nullptr, sn, z});
+    CpuBackend::mla_attention(lat, kvl, e, n, H, qc, si, sn, cap, scale, path, z);
+  }
+  void mla_value_heads(const kern::MatView& vb, uint64_t sb, const float* z, int64_t n, int64_t H, float* out) override {
+    Op o(this, "mla_value_heads", {vb.data, z, out});
+    CpuBackend::mla_value_heads(vb, sb, z, n, H, out);
+  }
+  void indexer_scores(const CacheRows& k, int32_t seq, const float* q, const float* w, int64_t h, int64_t nv,
+                      float* s) override {
+    Op o(this, "indexer_scores", {k.data, q, w, s});
+    CpuBackend::indexer_scores(k, seq, q, w, h, nv, s);
+  }
+  void indexer_topk(const float* s, int64_t n, int64_t k, int32_t* sel, int32_t* sn, float* tmp) override {
+    Op o(this, "indexer_topk", {s, sel, sn, tmp});
+    CpuBackend::indexer_topk(s, n, k, sel, sn, tmp);
+  }
+  void kda_conv_silu(const float* const w[3], int64_t K, int64_t C, const SeqStates& conv, const BatchEntry* e,
+                     int64_t n, float* const x[3]) override {
+    Op o(this, "kda_conv_silu", {w[0], w[1], w[2], conv.data, x[0], x[1], x[2]});
+    CpuBackend::kda_conv_silu(w, K, C, conv, e, n, x);
+  }
+  void kda_gate(float* g, const float* dtb, const float* a, int64_t n, int64_t H, int64_t D,
+                const KdaGateParams& p) override {
+    Op o(this, "kda_gate", {g, dtb, a});
+    CpuBackend::kda_gate(g, dtb, a, n, H, D, p);
+  }
+  void kda_scan(const SeqStates& rec, const BatchEntry* e, int64_t n, int64_t H, int64_t D, const float* q,
+                const float* k, const float* v, const float* g, const float* beta, float scale, float* out) override {
+    Op o(this, "kda_scan", {rec.data, q, k, v, g, beta, out});
+    CpuBackend::kda_scan(rec, e, n, H, D, q, k, v, g, beta, scale, out);
+  }
+  void moe_route(float* lg, const float* bias, int64_t n, const RouterParams& p, float* pr, int32_t* sel,
+                 float* w) override {
+    Op o(this, "moe_route", {lg, bias, pr, sel, w});
+    CpuBackend::moe_route(lg, bias, n, p, pr, sel, w);
+  }
+  void moe_experts(const ExpertMats& m, const float* x, int64_t n, int64_t width, const int32_t* sel, const float* w,
+                   int64_t k, int64_t E, float b, float l, float* acc) override {
+    Op o(this, "moe_experts", {m.gate.data, m.up.data, m.down.data, x, sel, w, acc});
+    CpuBackend::moe_experts(m, x, n, width, sel, w, k, E, b, l, acc);
+  }
+
+ private:
+  // dev1 memory is accessible only while one of its own calls runs
+  struct Open {
+    explicit Open(FakeDevice*) {
+      if (g_open++ == 0) protect(PROT_READ | PROT_WRITE);
+    }
+    ~Open() {
+      if (--g_open == 0) protect(PROT_NONE);
+    }
+  };
+  struct Op : Open {
+    Op(FakeDevice* f, const char* what, std::initializer_list<const void*> ptrs) : Open(f) {
+      ++f->n_ops;
+      for (const void* p : ptrs)
+        if (p) f->own(p, what);
+    }
+  };
+  static void protect(int prot) {
+    if (g_used) ::mprotect(g_arena, (g_used + 4095) / 4096 * 4096, prot);
+  }
+  void* take(uint64_t bytes) {
+    const uint64_t at = (g_used + 63) / 64 * 64;
+    if (at + bytes > kArenaBytes) {
+      ADD_FAILURE() << "dev1 arena full";
+      std::abort();
+    }
+    g_used = at + bytes + 64;  // a gap between allocations
+    if (g_open > 0) protect(PROT_READ | PROT_WRITE);  // the new range too
+    return g_arena + at;
+  }
+  void own(const void* p, const char* op) const {
+    const auto* a = static_cast<const uint8_t*>(p);
+    if (!(a >= g_arena + base_ && a < g_arena + g_used)) {
+      std::fprintf(stderr, "FAIL: dev1 op '%s' got a pointer that is not dev1 memory (a missing copy)\n", op);
+      std::abort();
+    }
+  }
+  uint64_t base_ = 0;
+  std::vector<std::string> tags_;  // what each allocation holds, in order
+};
+
+struct Run {
+  std::vector<std::vector<float>> logits;  // every logits row, in request order
+};
+
+// prefill seq 0, decode, a second sequence interleaved with seq 0's decode, a snapshot + truncate
+Run drive(const Model& m, ContextOptions o) {
+  Context c(m, o);
+  Run r;
+  const int V = c.n_vocab();
+  auto take = [&](const Batch& b) {
+    for (size_t i = 0; i < b.size(); ++i)
+      if (b.entries[i].want_logits) r.logits.emplace_back(c.logits(i), c.logits(i) + V);
+  };
+  Batch b;
+  std::vector<int32_t> p0;
+  for (int i = 0; i < 21; ++i) p0.push_back((i * 37 + 5) % V);
+  b.add_sequence(p0, 0, 0, true, true);  // 21 tokens > n_batch 8: three micro-batches
+  c.decode(b);
+  take(b);
+  c.seq_snapshot(0);
+  for (int i = 0; i < 4; ++i) {
+    b.clear();
+    b.add((i * 11 + 3) % V, 0, c.seq_len(0), true);
+    c.decode(b);
+    take(b);
+  }
+  b.clear();  // seq 1 prefill (5 tokens) interleaved with a seq 0 decode token
+  for (int i = 0; i < 5; ++i) b.add((i * 53 + 7) % V, 1, i, i == 4);
+  b.add(17, 0, c.seq_len(0), true);
+  c.decode(b);
+  take(b);
+  c.seq_truncate(0, 21);  // back to the snapshot (KDA states restored on every backend)
+  b.clear();
+  b.add(99, 0, 21, true);
+  c.decode(b);
+  take(b);
+  c.seq_copy(0, 1);
+  b.clear();
+  b.add(5, 1, c.seq_len(1), true);
+  c.decode(b);
+  take(b);
+  return r;
+}
+
+void expect_same(const Run& a, const Run& b, const std::string& what) {
+  ASSERT_EQ(a.logits.size(), b.logits.size()) << what;
+  for (size_t i = 0; i < a.logits.size(); ++i)
+    ASSERT_EQ(0, std::memcmp(a.logits[i].data(), b.logits[i].data(), a.logits[i].size() * 4))
+        << what << ": logits row " << i << " differ";
+}
+
+struct Split {
+  const char* what;
+  PlacementRules rules;
+  int want_uploads_min;  // copies expected (at least one residual move per ubatch when split)
+};
+
+std::vector<Split> splits() {
+  std::vector<Split> v;
+  PlacementRules r;
+  r.n_gpu_layers = 4;  // layers 4..7 on dev1, head on device 0
+  v.push_back({"ngl 4", r, 1});
+  r = {};
+  r.n_gpu_layers = -1;  // all on dev1 incl. the head, routed experts stay on device 0
+  r.cpu_moe = true;
+  v.push_back({"ngl all + cpu-moe", r, 1});
+  r = {};
+  r.n_gpu_layers = 6;  // layers 2..7 on dev1, experts of layers 0..4 on device 0
+  r.n_cpu_moe = 5;
+  v.push_back({"ngl 6 + n-cpu-moe 5", r, 1});
+  r = {};
+  // MLA layer 3 on dev1; experts of 5 and 6 on dev1 while their layers stay; FFN part of layer 2
+  // on dev1 (attention on device 0); embeddings and head on dev1
+  r.overrides = parse_tensor_overrides(
+      "blk\\.3\\.=dev1,blk\\.[56]\\.ffn_.*_exps=1,blk\\.2\\.(ffn|exp_probs)=1,token_embd=1,^output=1");
+  v.push_back({"-ot mix", r, 1});
+  return v;
+}
+
+struct TinyModel {
+  test::TempDir d;
+  std::unique_ptr<Model> m;
+  explicit TinyModel(int top_k) {
+    test::TinySpec sp;
+    sp.top_k = top_k;
+    const std::string path = d.file("tiny.gguf");
+    test::write_tiny_gguf(path, sp);
+    m = Model::load(path);
+  }
+};
+
+void check_splits(const Model& m, kern::Precision prec, AttnPath path) {
+  ContextOptions o;
+  o.n_threads = 2;
+  o.n_ctx_max = 64;
+  o.n_seq_max = 2;
+  o.n_batch_max = 8;
+  o.precision = prec;
+  o.attn = path;
+  const Run ref = drive(m, o);
+  ASSERT_GT(ref.logits.size(), 25u);
+  for (const Split& s : splits()) {
+    ThreadPool pool(2);
+    FakeDevice dev1(pool, prec);
+    ContextOptions os = o;
+    os.placement = s.rules;
+    os.extra_backends = {&dev1};
+    {
+      Context probe(m, os);
+      EXPECT_FALSE(probe.placement().single_device()) << s.what;
+      EXPECT_NE(probe.memory_summary().find("device 1 (dev1)"), std::string::npos) << s.what;
+    }
+    const Run got = drive(m, os);
+    expect_same(ref, got, s.what);
+    EXPECT_GT(dev1.n_ops, 100) << s.what << ": dev1 ran nothing";
+    EXPECT_GE(dev1.n_uploads, s.want_uploads_min) << s.what;
+    EXPECT_GE(dev1.n_downloads, 1) << s.what;
+  }
+}
+
+}  // namespace
+
+TEST(ModelBackendSplit, PlacementSplitsGiveIdenticalLogitsF32) {
+  TinyModel t(16);
+  check_splits(*t.m, kern::Precision::F32, AttnPath::Sparse);
+}
+
+TEST(ModelBackendSplit, PlacementSplitsGiveIdenticalLogitsFast) {
+  TinyModel t(16);
+  check_splits(*t.m, kern::Precision::Fast, AttnPath::Sparse);
+}
+
+TEST(ModelBackendSplit, WithoutIndexerAndDenseAttention) {
+  TinyModel t(0);
+  check_splits(*t.m, kern::Precision::F32, AttnPath::Sparse);
+  TinyModel t2(16);
+  check_splits(*t2.m, kern::Precision::F32, AttnPath::Dense);
+}
+
+// The checks themselves work: a dev1 op handed device-0 memory stops the process.
+TEST(ModelBackendSplit, FakeDeviceRefusesForeignMemory) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  ThreadPool pool(1);
+  FakeDevice dev1(pool, kern::Precision::F32);
+  auto own = dev1.alloc(64 * 4, "x");
+  std::vector<float> host(64, 1.0f);
+  EXPECT_DEATH(dev1.add(own->as<float>(), host.data(), 64), "not dev1 memory");
+  EXPECT_DEATH(host[0] = *own->as<float>(), "");  // PROT_NONE outside dev1's own calls
+  dev1.add(own->as<float>(), own->as<float>(), 64);  // its own buffers: fine
+}

@@ -10,11 +10,10 @@
 #include <sys/resource.h>
 
 #include "command.h"
+#include "engine_args.h"
 #include "model/model.h"
 #include "runtime/context.h"
-#include "runtime/engine_cli.h"
 #include "util/error.h"
-#include "util/cli.h"
 
 namespace {
 
@@ -35,9 +34,9 @@ Stat stats(const std::vector<double>& v) {
 
 int cmd_bench(int argc, char** argv) {
   CLI::App app{"Benchmark prompt processing (pp) and generation (tg) speed"};
-  kimi::cli::EngineArgs ea;
-  kimi::cli::add_engine_options(app, ea);
-  int n_prompt = 512, n_gen = 128, depth = 0, reps = 3, n_batch = 512;
+  kimi::app::EngineArgs ea;
+  kimi::app::add_engine_options(app, ea);
+  int n_prompt = 512, n_gen = 128, depth = 0, reps = 3;
   bool json = false;
   std::string fill = "prefill";
   uint64_t seed = 1;
@@ -46,18 +45,17 @@ int cmd_bench(int argc, char** argv) {
   app.add_option("-d,--depth", depth, "context depth to fill first (random tokens, batched prefill)")
       ->check(CLI::Range(0, 1 << 24));
   app.add_option("-r,--repetitions", reps, "repetitions")->check(CLI::Range(1, INT32_MAX));
-  app.add_option("-b,--batch", n_batch, "micro-batch size for prefill")->check(CLI::Range(1, INT32_MAX));
   app.add_option("--fill", fill,
                  "how the depth is filled: prefill (random tokens through the model, untimed) or synthetic "
                  "(random cache rows, no forward pass: times decode at a depth without the prefill cost)")
       ->check(CLI::IsMember({"prefill", "synthetic"}));
   app.add_option("--seed", seed, "seed of the random tokens");
   app.add_flag("--json", json, "print JSON instead of a table");
-  if (int rc = kimi::parse_cli(app, argc, argv); rc >= 0) return rc;
+  if (int rc = kimi::app::parse_engine_cli(app, argc, argv); rc >= 0) return rc;
 
-  auto model = kimi::Model::load(ea.model, {ea.verbose});
+  auto model = kimi::Model::load(ea.model, kimi::app::model_options(ea));
   const int n_ctx = depth + std::max(n_prompt, n_gen) + 1;
-  kimi::Context ctx(*model, kimi::cli::context_options(ea, n_ctx, std::max(1, std::min(n_batch, std::max(n_prompt, std::max(depth, 1))))));
+  kimi::Context ctx(*model, kimi::app::context_options(ea, n_ctx, std::max(1, std::min(ea.batch, std::max(n_prompt, std::max(depth, 1))))));
   if (ea.verbose) std::fprintf(stderr, "%s", ctx.memory_summary().c_str());
   std::mt19937_64 rng(seed);
   const int V = ctx.n_vocab();

@@ -14,14 +14,13 @@
 #include <string>
 
 #include "command.h"
+#include "engine_args.h"
 #include "model/model.h"
 #include "runtime/chat_session.h"
 #include "runtime/context.h"
-#include "runtime/engine_cli.h"
 #include "runtime/sampling.h"
 #include "tokenizer/tokenizer.h"
 #include "util/error.h"
-#include "util/cli.h"
 
 namespace {
 
@@ -128,8 +127,8 @@ std::string trim(const std::string& s) {
 int cmd_chat(int argc, char** argv) {
   CLI::App app{"Interactive chat with a kimi-k3 GGUF model (stdin may be a pipe: one user turn per line)",
                "kimi chat"};
-  kimi::cli::EngineArgs ea;
-  kimi::cli::add_engine_options(app, ea);
+  kimi::app::EngineArgs ea;
+  kimi::app::add_engine_options(app, ea);
   kimi::ChatOptions co;
   kimi::SamplerParams sp;
   std::string thinking = "on";
@@ -140,23 +139,17 @@ int cmd_chat(int argc, char** argv) {
       ->check(CLI::IsMember({"low", "medium", "high", "max"}));
   app.add_option("-n,--n-predict", co.max_tokens, "maximum tokens per reply (-1 = until end of message or a full context)")
       ->check(CLI::Range(-1, 1 << 30));
-  app.add_option("--temp", sp.temp, "temperature (0 = greedy)");
-  app.add_option("--top-k", sp.top_k, "top-k sampling (0 = off)");
-  app.add_option("--top-p", sp.top_p, "top-p (nucleus) sampling (1 = off)");
-  app.add_option("--min-p", sp.min_p, "min-p sampling (0 = off)");
-  app.add_option("--repeat-penalty", sp.repeat_penalty, "repetition penalty (1 = off)");
-  app.add_option("--repeat-last-n", sp.repeat_last_n, "tokens the repetition penalty looks back (-1 = all)");
-  app.add_option("--seed", sp.seed, "random seed");
-  if (int rc = kimi::parse_cli(app, argc, argv); rc >= 0) return rc;
+  kimi::app::add_sampling_options(app, sp);
+  if (int rc = kimi::app::parse_engine_cli(app, argc, argv); rc >= 0) return rc;
   co.thinking = thinking == "on";
 
-  auto model = kimi::Model::load(ea.model, {ea.verbose});
+  auto model = kimi::Model::load(ea.model, kimi::app::model_options(ea));
   kimi::check(model->reader().has("tokenizer.ggml.tokens"),
               "{}: kimi chat needs a tokenizer (tokenizer.ggml.tokens) in the GGUF", ea.model);
   const kimi::tok::Tokenizer tok = kimi::tok::Tokenizer::from_gguf(model->reader());
   const uint32_t train = model->hparams().n_ctx_train;
   const int n_ctx = ea.ctx > 0 ? ea.ctx : static_cast<int>(train > 0 ? std::min<uint32_t>(train, 4096) : 4096);
-  kimi::Context ctx(*model, kimi::cli::context_options(ea, n_ctx, std::min(512, n_ctx)));
+  kimi::Context ctx(*model, kimi::app::context_options(ea, n_ctx, std::min(ea.batch, n_ctx)));
   if (ea.verbose) std::fprintf(stderr, "%s", ctx.memory_summary().c_str());
   kimi::ChatSession session(ctx, tok, sp, co);
 

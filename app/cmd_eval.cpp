@@ -5,30 +5,27 @@
 #include <unistd.h>
 
 #include "command.h"
+#include "engine_args.h"
 #include "model/model.h"
 #include "runtime/context.h"
-#include "runtime/engine_cli.h"
 #include "util/error.h"
 #include "util/paths.h"
 #include "util/tempfile.h"
-#include "util/cli.h"
 
 namespace {
 
 int cmd_eval(int argc, char** argv) {
   CLI::App app{"Evaluate a token sequence and write its logits (raw little-endian float32, row-major)"};
-  kimi::cli::EngineArgs ea;
-  kimi::cli::add_engine_options(app, ea);
+  kimi::app::EngineArgs ea;
+  kimi::app::add_engine_options(app, ea);
   std::string tokens, out;
   bool all = false;
-  int n_batch = 512;
   app.add_option("--tokens", tokens, "comma-separated token ids")->required();
   app.add_option("--logits-out", out, "output file")->required();
   app.add_flag("--all-logits", all, "write every position's logits (default: the last one only)");
-  app.add_option("-b,--batch", n_batch, "micro-batch size")->check(CLI::Range(1, INT32_MAX));
-  if (int rc = kimi::parse_cli(app, argc, argv); rc >= 0) return rc;
+  if (int rc = kimi::app::parse_engine_cli(app, argc, argv); rc >= 0) return rc;
 
-  auto in = kimi::cli::parse_token_list(tokens);
+  auto in = kimi::app::parse_token_list(tokens);
   kimi::check(!in.empty(), "--tokens is empty");
   {
     const auto parent = std::filesystem::path(out).parent_path();
@@ -36,14 +33,14 @@ int cmd_eval(int argc, char** argv) {
                 out, parent.string());
     kimi::check(!std::filesystem::is_directory(out), "--logits-out {}: is a directory (expected a file path)", out);
   }
-  auto model = kimi::Model::load(ea.model, {ea.verbose});
+  auto model = kimi::Model::load(ea.model, kimi::app::model_options(ea));
   {  // the logits must not replace the model (or one of its shards)
     std::vector<std::string> inputs;
     for (size_t i = 0; i < model->reader().n_files(); ++i) inputs.push_back(model->reader().file_path(i));
     kimi::check_outputs_distinct(inputs, {out}, "--logits-out");
   }
   const int n = static_cast<int>(in.size());
-  kimi::Context ctx(*model, kimi::cli::context_options(ea, n, std::min(n_batch, n)));
+  kimi::Context ctx(*model, kimi::app::context_options(ea, n, std::min(ea.batch, n)));
   if (ea.verbose) std::fprintf(stderr, "%s", ctx.memory_summary().c_str());
   kimi::Batch b;
   b.add_sequence(in, 0, 0, true, all);

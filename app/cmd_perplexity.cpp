@@ -11,14 +11,13 @@
 #include <sstream>
 
 #include "command.h"
+#include "engine_args.h"
 #include "model/model.h"
 #include "runtime/context.h"
-#include "runtime/engine_cli.h"
 #include "runtime/perplexity.h"
 #include "tokenizer/tokenizer.h"
 #include "util/error.h"
 #include "util/paths.h"
-#include "util/cli.h"
 
 namespace {
 
@@ -32,14 +31,13 @@ int cmd_perplexity(int argc, char** argv) {
   CLI::App app{
       "Perplexity of a text file (chunks of -c tokens, each from an empty context, second half scored), "
       "optionally saving or comparing against a KL-divergence base"};
-  kimi::cli::EngineArgs ea;
-  kimi::cli::add_engine_options(app, ea);
+  kimi::app::EngineArgs ea;
+  kimi::app::add_engine_options(app, ea);
   std::string text_path, kld_base_out, kld_base_in;
-  int n_batch = 512, chunks = -1, top_n = 32;
+  int chunks = -1, top_n = 32;
   bool json = false;
   app.add_option("-f,--file", text_path,
                  "text file to score (optional with --kl-divergence: the base holds the tokens)");
-  app.add_option("-b,--batch", n_batch, "micro-batch size (tokens per forward step)")->check(CLI::Range(1, INT32_MAX));
   app.add_option("--chunks", chunks, "evaluate at most N chunks")->check(CLI::Range(1, INT32_MAX));
   auto* o_base = app.add_option("--kl-divergence-base", kld_base_out,
                                 "write the reference distributions (top-N log-probs per scored token) to this file");
@@ -49,7 +47,7 @@ int cmd_perplexity(int argc, char** argv) {
   app.add_option("--top-n", top_n, "tokens kept per scored position in a KLD base (default 32)")
       ->check(CLI::Range(1, 65536));
   app.add_flag("--json", json, "print the final numbers as one JSON object on stdout");
-  if (int rc = kimi::parse_cli(app, argc, argv); rc >= 0) return rc;
+  if (int rc = kimi::app::parse_engine_cli(app, argc, argv); rc >= 0) return rc;
 
   kimi::check(!text_path.empty() || !kld_base_in.empty(), "perplexity: -f TEXT is required (or --kl-divergence BASE)");
   if (!kld_base_out.empty()) {  // fail before the run, not after it
@@ -67,7 +65,7 @@ int cmd_perplexity(int argc, char** argv) {
     base.emplace(kimi::ppl::KldBase::load(kld_base_in));
   }
 
-  auto model = kimi::Model::load(ea.model, {ea.verbose});
+  auto model = kimi::Model::load(ea.model, kimi::app::model_options(ea));
   const int n_vocab = static_cast<int>(model->hparams().n_vocab);
   if (!kld_base_out.empty()) {  // the base must not replace the model, the text or the other base
     std::vector<std::string> inputs;
@@ -110,7 +108,7 @@ int cmd_perplexity(int argc, char** argv) {
   const int n_chunk = kimi::ppl::plan_chunks(static_cast<int64_t>(tokens.size()), po,
                                              text_path.empty() ? kld_base_in : text_path);
 
-  kimi::Context ctx(*model, kimi::cli::context_options(ea, po.n_ctx, std::min(n_batch, po.n_ctx)));
+  kimi::Context ctx(*model, kimi::app::context_options(ea, po.n_ctx, std::min(ea.batch, po.n_ctx)));
   if (ea.verbose) std::fprintf(stderr, "%s", ctx.memory_summary().c_str());
   const int eff_top_k = ctx.effective_top_k();
   const int per_chunk = po.n_ctx - 1 - po.n_ctx / 2;
@@ -144,7 +142,7 @@ int cmd_perplexity(int argc, char** argv) {
     j["n_tokens"] = res.n_tokens;
     j["n_vocab"] = n_vocab;
     j["n_ctx"] = res.n_ctx;
-    j["n_batch"] = std::min(n_batch, po.n_ctx);
+    j["n_batch"] = std::min(ea.batch, po.n_ctx);
     j["n_chunk"] = res.n_chunk;
     j["n_scored"] = res.stats.count;
     j["bos_replaced"] = po.bos_id;

@@ -6,21 +6,20 @@
 #include <optional>
 
 #include "command.h"
+#include "engine_args.h"
 #include "model/model.h"
 #include "runtime/chat_session.h"
 #include "runtime/context.h"
-#include "runtime/engine_cli.h"
 #include "runtime/sampling.h"
 #include "tokenizer/tokenizer.h"
 #include "util/error.h"
-#include "util/cli.h"
 
 namespace {
 
 int cmd_run(int argc, char** argv) {
   CLI::App app{"Generate tokens with a kimi-k3 GGUF model"};
-  kimi::cli::EngineArgs ea;
-  kimi::cli::add_engine_options(app, ea);
+  kimi::app::EngineArgs ea;
+  kimi::app::add_engine_options(app, ea);
   std::string prompt, tokens;
   int n_predict = 32;
   bool ids = false, ignore_eos = false;
@@ -28,24 +27,18 @@ int cmd_run(int argc, char** argv) {
   app.add_option("-p,--prompt", prompt, "prompt text (needs the tokenizer in the GGUF)");
   app.add_option("--tokens", tokens, "prompt as comma-separated token ids");
   app.add_option("-n,--n-predict", n_predict, "tokens to generate")->check(CLI::Range(0, INT32_MAX));
-  app.add_option("--temp", sp.temp, "temperature (0 = greedy)");
-  app.add_option("--top-k", sp.top_k, "top-k sampling (0 = off)");
-  app.add_option("--top-p", sp.top_p, "top-p (nucleus) sampling (1 = off)");
-  app.add_option("--min-p", sp.min_p, "min-p sampling (0 = off)");
-  app.add_option("--repeat-penalty", sp.repeat_penalty, "repetition penalty (1 = off)");
-  app.add_option("--repeat-last-n", sp.repeat_last_n, "tokens the repetition penalty looks back (-1 = all)");
-  app.add_option("--seed", sp.seed, "random seed");
+  kimi::app::add_sampling_options(app, sp);
   app.add_flag("--ids", ids, "print generated token ids instead of text");
   app.add_flag("--ignore-eos", ignore_eos, "do not stop at end-of-generation tokens");
   bool chat = false;
   app.add_flag("--chat", chat, "wrap -p TEXT in the Kimi chat format (one user turn, thinking on)");
-  if (int rc = kimi::parse_cli(app, argc, argv); rc >= 0) return rc;
+  if (int rc = kimi::app::parse_engine_cli(app, argc, argv); rc >= 0) return rc;
   kimi::check(!(app.count("--prompt") && prompt.empty()), "-p/--prompt: the prompt is empty");
   kimi::check(prompt.empty() != tokens.empty(), "give exactly one of -p/--prompt and --tokens");
   kimi::check(!chat || !prompt.empty(), "--chat needs -p/--prompt");
   if (chat) prompt = kimi::render_single_turn(prompt);
 
-  auto model = kimi::Model::load(ea.model, {ea.verbose});
+  auto model = kimi::Model::load(ea.model, kimi::app::model_options(ea));
   std::optional<kimi::tok::Tokenizer> tok;
   if (model->reader().has("tokenizer.ggml.tokens")) tok.emplace(kimi::tok::Tokenizer::from_gguf(model->reader()));
   std::vector<int32_t> in;
@@ -54,7 +47,7 @@ int cmd_run(int argc, char** argv) {
                 ea.model);
     in = tok->encode(prompt);
   } else {
-    in = kimi::cli::parse_token_list(tokens);
+    in = kimi::app::parse_token_list(tokens);
   }
   kimi::check(!in.empty(), "the prompt is empty");
   const bool text_out = tok.has_value() && !ids;
@@ -65,7 +58,7 @@ int cmd_run(int argc, char** argv) {
               "{}: the prompt ({} tokens) + -n {} exceed the model's context length {} (kimi-k3.context_length)",
               ea.model, in.size(), n_predict, n_ctx_train);
   const int n_ctx = static_cast<int>(std::min<int64_t>(n_ctx_need, INT32_MAX));
-  kimi::Context ctx(*model, kimi::cli::context_options(ea, n_ctx, std::min<int>(512, static_cast<int>(in.size()))));
+  kimi::Context ctx(*model, kimi::app::context_options(ea, n_ctx, std::min<int>(ea.batch, static_cast<int>(in.size()))));
   if (ea.verbose) std::fprintf(stderr, "%s", ctx.memory_summary().c_str());
   kimi::Sampler sampler(sp, ctx.n_vocab());
   for (int32_t t : in) sampler.accept(t);

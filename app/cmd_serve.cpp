@@ -10,25 +10,27 @@
 #include <thread>
 
 #include "command.h"
+#include "engine_args.h"
 #include "server/server.h"
-#include "util/cli.h"
 
 namespace {
 
 int cmd_serve(int argc, char** argv) {
   CLI::App app{"OpenAI-compatible HTTP server (continuous batching, prompt cache)"};
   kimi::server::ServerOptions o;
-  app.add_option("-m,--model", o.model_path, "GGUF model file (kimi-k3, with tokenizer)")->required();
+  kimi::app::EngineArgs ea;
+  kimi::app::EngineSpec spec;
+  spec.model_help = "GGUF model file (kimi-k3, with tokenizer)";
+  spec.threads_help = "engine threads (0 = all cores)";
+  spec.ctx_help = "context positions per sequence";
+  spec.ctx_default = o.ctx;  // 4096
+  spec.ctx_min = 8;
+  spec.batch = false;  // the step size is --chunk x --max-chunks
+  spec.verbose_help = "log the model summary and every request to stderr";
+  kimi::app::add_engine_options(app, ea, spec);
   app.add_option("--host", o.host, "address to bind (default 127.0.0.1; 0.0.0.0 exposes the server)");
   app.add_option("--port", o.port, "port (0 = ephemeral; the chosen port is printed)")->check(CLI::Range(0, 65535));
   app.add_option("--alias", o.model_id, "model id reported by the API (default: file name stem)");
-  app.add_option("-t,--threads", o.threads, "engine threads (0 = all cores)");
-  app.add_option("--attn", o.attn, "attention path: sparse or dense")->check(CLI::IsMember({"sparse", "dense"}));
-  app.add_option("--attn-top-k", o.attn_top_k, "DSA top-k: -1 = from the file, 0 = indexer off, N = override");
-  app.add_option("--precision", o.precision, "fast or f32")->check(CLI::IsMember({"fast", "f32"}));
-  app.add_option("--cache-type", o.cache_type, "cache element type in fast mode: f16 or f32")
-      ->check(CLI::IsMember({"f16", "f32"}));
-  app.add_option("-c,--ctx", o.ctx, "context positions per sequence")->check(CLI::Range(8, 1 << 24));
   app.add_option("-P,--parallel", o.sched.parallel, "slots: requests decoded concurrently")->check(CLI::Range(1, 256));
   app.add_option("--cache-slots", o.sched.cache_slots, "extra sequences that keep earlier prompts (-1 = --parallel)")
       ->check(CLI::Range(-1, 256));
@@ -54,9 +56,17 @@ int cmd_serve(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   app.add_option("--timeout", o.timeout_s, "per-request time limit in seconds (0 = none)")->check(CLI::NonNegativeNumber);
   app.add_option("--grace", o.grace_s, "shutdown grace period in seconds")->check(CLI::NonNegativeNumber);
-  app.add_flag("-v,--verbose", o.verbose, "log the model summary and every request to stderr");
-  if (int rc = kimi::parse_cli(app, argc, argv); rc >= 0) return rc;
+  if (int rc = kimi::app::parse_engine_cli(app, argc, argv); rc >= 0) return rc;
   o.sched.prompt_cache = !no_cache;
+  o.model_path = ea.model;
+  o.threads = ea.threads;
+  o.attn = ea.attn;
+  o.attn_top_k = ea.attn_top_k;
+  o.precision = ea.precision;
+  o.cache_type = ea.cache_type;
+  o.ctx = ea.ctx;
+  o.placement = kimi::app::placement_rules(ea);
+  o.verbose = ea.verbose;
 
   // SIGINT/SIGTERM are handled by a dedicated thread (blocked everywhere else)
   sigset_t set;

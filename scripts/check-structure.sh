@@ -44,7 +44,6 @@ read -r -d '' EXCEPTIONS <<'EOF' || true
 src/model/ffn_layer.cpp     runtime/context_impl.h   removed when the forward pass and its scratch move into model/ (issue 10, helper "seam")
 src/model/kda_layer.cpp     runtime/context_impl.h   removed when the forward pass and its scratch move into model/ (issue 10, helper "seam")
 src/model/mla_layer.cpp     runtime/context_impl.h   removed when the forward pass and its scratch move into model/ (issue 10, helper "seam")
-src/runtime/engine_cli.h    CLI/CLI.hpp              removed when engine_cli.h moves to app/ (issue 10, helper "cli")
 EOF
 
 # ---------------------------------------------------------------------------------------------

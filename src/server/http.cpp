@@ -102,6 +102,7 @@ Server::Server(const ServerOptions& opts) : impl_(std::make_unique<Impl>()) {
   co.attn_top_k = opts.attn_top_k;
   co.precision = opts.precision == "f32" ? kern::Precision::F32 : kern::Precision::Fast;
   co.cache_type = opts.cache_type == "f32" ? CacheType::F32 : CacheType::F16;
+  co.placement = opts.placement;
   co.n_batch_max = opts.sched.chunk * opts.sched.max_chunks + opts.sched.parallel;
   I.sched = std::make_unique<Scheduler>(*I.model, *I.tok, co, opts.sched);
   I.lim.n_ctx = opts.ctx;

@@ -27,6 +27,7 @@ struct ServerOptions {
   int attn_top_k = -1;
   std::string precision = "fast";
   std::string cache_type = "f16";
+  PlacementRules placement;         // which backend holds each weight (-ngl, --cpu-moe, -ot)
   int ctx = 4096;                   // positions per sequence
   SchedulerOptions sched;
   // safety

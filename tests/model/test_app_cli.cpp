@@ -5,6 +5,7 @@
 // gguf::Reader) and `kimi --help`.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <httplib.h>
 #include <memory>
@@ -247,6 +248,25 @@ const std::vector<BadCase> kBad = {
     {"serve -m {G} --port 0 --parallel 0", "--parallel"},
     {"serve -m {G} --port 0 --parallel 256 -c 16000000", "attention cache"},
     {"serve -m {G} --host 999.1.1.1 --port 0", "cannot listen on 999.1.1.1"},
+    {"serve -m {G} --port 0 -c 4", "--ctx"},
+    // ---- placement flags (app/engine_args.h), the same in every engine command
+    {"run -m {G} -p hi -n 2 --device vulkan:0", "--device: backend 'vulkan' not compiled in"},
+    {"chat -m {G} --device cuda < /dev/null", "--device: backend 'cuda' not compiled in"},
+    {"serve -m {G} --port 0 --device vulkan", "--device: backend 'vulkan' not compiled in"},
+    {"bench -m {G} -p 4 -n 2 -r 1 --device metal", "--device: backend 'metal' not compiled in"},
+    {"perplexity -m {G} -f {X} --device vulkan:1", "--device: backend 'vulkan' not compiled in"},
+    {"eval -m {G} --tokens 1 --logits-out {O}/l.f32 --device tpu", "--device: unknown device 'tpu'"},
+    {"run -m {G} -p hi -n 2 --device cpu,cpu", "device 'cpu' is listed twice"},
+    {"run -m {G} -p hi -n 2 --device ''", "--device: no device given"},
+    {"run -m {G} -p hi -n 2 -ngl -2", "--n-gpu-layers"},
+    {"serve -m {G} --port 0 --n-gpu-layers x", "--n-gpu-layers"},
+    {"bench -m {G} -p 4 -n 2 -r 1 --n-cpu-moe -1", "--n-cpu-moe"},
+    {"run -m {G} -p hi -n 2 -ot exps", "--override-tensor: -ot: 'exps' is not REGEX=DEVICE"},
+    {"eval -m {G} --tokens 1 --logits-out {O}/l.f32 -ot '(=cpu'", "not a valid regular expression"},
+    {"perplexity -m {G} -f {X} --override-tensor 'exps=cpu,=cpu'", "'=cpu' is not REGEX=DEVICE"},
+    {"serve -m {G} --port 0 -ot exps=gpu0", "unknown device 'gpu0'"},
+    {"chat -m {G} -ot exps=1 < /dev/null", "unknown device '1'"},
+    {"run -m {G} -p hi -n 2 -ot exps=cpu blk=cpu", "not expected: blk=cpu"},
     // ---- the program itself
     {"no-such-command", "unknown command 'no-such-command'"},
 };
@@ -296,6 +316,78 @@ TEST(AppCli, HelpListsEverySubcommand) {
   const auto none = run_kimi("");
   EXPECT_EQ(none.exit_code, 2);
   EXPECT_NE(none.out.find("usage: kimi"), std::string::npos);
+}
+
+// The engine commands share one definition of the engine, placement and sampling flags
+// (app/engine_args.h): each lists all of them, and a bad placement value is a usage error (exit 2,
+// one line naming the flag).
+TEST(AppCli, EngineCommandsShareTheEngineFlags) {
+  const std::vector<std::string> engine = {"-m,--model", "-t,--threads", "--attn ", "--attn-top-k", "--precision",
+                                           "--cache-type", "-c,--ctx", "-v,--verbose", "--device", "--n-gpu-layers",
+                                           "--cpu-moe", "--n-cpu-moe", "--override-tensor"};
+  const std::vector<std::string> sampling = {"--temp", "--top-k", "--top-p", "--min-p", "--repeat-penalty",
+                                             "--repeat-last-n", "--seed"};
+  for (const char* cmd : {"run", "chat", "serve", "bench", "perplexity", "eval"}) {
+    SCOPED_TRACE(cmd);
+    const auto h = run_kimi(std::string(cmd) + " --help");
+    ASSERT_EQ(h.exit_code, 0) << h.out;
+    for (const auto& f : engine) EXPECT_NE(h.out.find(f), std::string::npos) << f << " missing from\n" << h.out;
+    // -b/--batch everywhere but serve (its steps are --chunk x --max-chunks)
+    EXPECT_EQ(h.out.find("-b,--batch") != std::string::npos, std::string(cmd) != "serve") << h.out;
+    const bool samples = std::string(cmd) == "run" || std::string(cmd) == "chat";
+    for (const auto& f : sampling)
+      if (f != "--seed" || samples)  // bench has its own --seed (random tokens)
+        EXPECT_EQ(h.out.find(f) != std::string::npos, samples) << f << "\n" << h.out;
+  }
+  const std::string g = q(files().gguf), x = q(files().text);
+  const std::vector<std::string> cmds = {"run -m " + g + " -p hi -n 2", "chat -m " + g + " < /dev/null",
+                                         "serve -m " + g + " --port 0", "bench -m " + g + " -p 4 -n 2 -r 1",
+                                         "perplexity -m " + g + " -f " + x + " -c 16",
+                                         "eval -m " + g + " --tokens 1 --logits-out /dev/null"};
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"--device vulkan:0", "--device: backend 'vulkan' not compiled in"},
+      {"-ngl -5", "--n-gpu-layers"},
+      {"--n-cpu-moe -3", "--n-cpu-moe"},
+      {"-ot 'blk\\.(=cpu'", "--override-tensor: placement: -ot 'blk\\.(=cpu': the pattern is not a valid regular"},
+      {"-ot exps=vulkan0", "--override-tensor: placement: -ot 'exps=vulkan0': unknown device 'vulkan0'"},
+  };
+  for (const auto& c : cmds)
+    for (const auto& [arg, expect] : bad) {
+      const auto r = run_kimi(c + " " + arg);
+      SCOPED_TRACE("kimi " + c + " " + arg + "\n" + r.out);
+      EXPECT_EQ(r.exit_code, 2);
+      EXPECT_EQ(r.out.rfind("kimi ", 0), 0u);
+      EXPECT_NE(r.out.find(": error: " + expect), std::string::npos) << "expected '" << expect << "'";
+      EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << "one line";
+    }
+}
+
+// On a CPU-only build every placement rule resolves to the CPU: the flags are accepted (also the
+// llama.cpp spellings -ngl and -ot, repeated) and the results are bit-identical to a run without them.
+TEST(AppCli, PlacementFlagsOnCpuChangeNothing) {
+  TempDir out;
+  const std::string g = q(files().gguf);
+  const std::string place =
+      " --device cpu -ngl 99 --cpu-moe --n-cpu-moe 2 -ot exps=cpu -ot 'blk\\.1\\.=0' --override-tensor 'output=CPU'";
+  auto eval = [&](const std::string& name, const std::string& extra) {
+    const std::string f = out.file(name);
+    const auto r = run_kimi("eval -m " + g + " --tokens 1,2,3,4,5,6 --all-logits -b 2 --logits-out " + q(f) + extra);
+    EXPECT_EQ(r.exit_code, 0) << r.out;
+    return kimi::test::read_file(f);
+  };
+  const std::string plain = eval("plain.f32", ""), placed = eval("placed.f32", place);
+  ASSERT_FALSE(plain.empty());
+  EXPECT_EQ(plain.size() % (6 * 4), 0u);
+  EXPECT_TRUE(plain == placed) << "logits differ with placement flags on a CPU-only build";
+  EXPECT_TRUE(eval("ngl.f32", " -ngl -1") == plain);
+
+  const auto a = run_kimi("run -m " + g + " --tokens 1,2,3 -n 6 --ids --temp 0.7 --seed 5");
+  const auto b = run_kimi("run -m " + g + " --tokens 1,2,3 -n 6 --ids --temp 0.7 --seed 5 -b 1" + place);
+  ASSERT_EQ(a.exit_code, 0) << a.out;
+  ASSERT_EQ(b.exit_code, 0) << b.out;
+  auto ids = [](const std::string& s) { return s.substr(0, s.find('\n')); };
+  EXPECT_EQ(ids(a.out), ids(b.out));
+  EXPECT_FALSE(ids(a.out).empty());
 }
 
 TEST(AppCli, InspectJsonMatchesReader) {

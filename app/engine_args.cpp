@@ -1,0 +1,173 @@
+// Shared engine / placement / sampling options of the engine commands (engine_args.h).
+#include "engine_args.h"
+
+#include <sstream>
+
+#include "util/cli.h"
+#include "util/error.h"
+
+namespace kimi::app {
+
+namespace {
+
+// Backends kimi.cpp knows of but this build does not have (the error says so instead of "unknown").
+constexpr const char* kOtherBackends[] = {"vulkan", "cuda", "hip", "rocm", "metal", "sycl", "opencl", "mpi"};
+
+std::string device_list() {
+  std::string s;
+  for (const auto& d : compiled_devices()) s += (s.empty() ? "" : ", ") + d;
+  return s;
+}
+
+// --device item: "cpu", or BACKEND[:N] for a backend that is not compiled in (an error for now).
+std::string check_device(const std::string& item) {
+  for (const auto& d : compiled_devices())
+    if (item == d) return "";
+  const std::string backend = item.substr(0, item.find(':'));
+  for (const char* b : kOtherBackends)
+    if (backend == b)
+      return fmt::format("backend '{}' not compiled in (device '{}'; this build has: {})", backend, item, device_list());
+  return fmt::format("unknown device '{}' (this build has: {})", item, device_list());
+}
+
+std::string check_devices(const std::string& value) {
+  const std::vector<std::string> items = split_devices(value);
+  if (items.empty()) return "no device given";
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (std::string e = check_device(items[i]); !e.empty()) return e;
+    for (size_t j = 0; j < i; ++j)
+      if (items[j] == items[i]) return fmt::format("device '{}' is listed twice", items[i]);
+  }
+  return "";
+}
+
+// -ot value: REGEX=DEV items; the regex must compile and DEV must name a device of this build.
+std::string check_override(const std::string& value) {
+  try {
+    PlacementRules r;
+    r.overrides = parse_tensor_overrides(value);
+    resolve_placement(r, compiled_devices(), {}, 0);  // compiles the patterns, looks the devices up
+    return "";
+  } catch (const Error& e) {
+    return e.what();
+  }
+}
+
+}  // namespace
+
+std::vector<std::string> split_devices(const std::string& value) {
+  std::vector<std::string> out;
+  std::istringstream in(value);
+  for (std::string item; std::getline(in, item, ',');)
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+const std::vector<std::string>& compiled_devices() {
+  static const std::vector<std::string> d = {"cpu"};
+  return d;
+}
+
+void add_engine_options(CLI::App& app, EngineArgs& a, const EngineSpec& spec) {
+  a.ctx = spec.ctx_default;
+  app.add_option("-m,--model", a.model, spec.model_help)->required();
+  app.add_option("-t,--threads", a.threads, spec.threads_help);
+  app.add_option("--attn", a.attn, "attention path: sparse (gather the selected rows) or dense (masked softmax)")
+      ->check(CLI::IsMember({"sparse", "dense"}));
+  app.add_option("--attn-top-k", a.attn_top_k, "DSA top-k: -1 = from the file, 0 = indexer off, N = override");
+  app.add_option("--precision", a.precision, "fast (bf16/Q8_0 activations, F16 caches) or f32")
+      ->check(CLI::IsMember({"fast", "f32"}));
+  app.add_option("--cache-type", a.cache_type, "cache element type in fast mode: f16 or f32")
+      ->check(CLI::IsMember({"f16", "f32"}));
+  app.add_option("-c,--ctx", a.ctx, spec.ctx_help)->check(CLI::Range(spec.ctx_min, 1 << 24));
+  if (spec.batch) app.add_option("-b,--batch", a.batch, spec.batch_help)->check(CLI::Range(1, INT32_MAX));
+  app.add_flag("-v,--verbose", a.verbose, spec.verbose_help);
+
+  app.add_option("--device", a.device, "backends to run on, comma-separated (this build: cpu)")
+      ->check(CLI::Validator(check_devices, "DEV[,DEV..]", "device"));
+  app.add_option("--n-gpu-layers", a.n_gpu_layers,
+                 "-ngl N: the last N layers on the accelerator(s) (-1 = all and the output; no effect on cpu)")
+      ->check(CLI::Range(-1, INT32_MAX));
+  app.add_flag("--cpu-moe", a.cpu_moe, "keep every layer's routed experts on the cpu");
+  app.add_option("--n-cpu-moe", a.n_cpu_moe, "keep the routed experts of the first N layers on the cpu")
+      ->check(CLI::Range(0, INT32_MAX));
+  app.add_option("--override-tensor", a.override_tensor,
+                 "-ot REGEX=DEV: tensors whose name matches REGEX go to device DEV (repeatable; first match wins)")
+      ->allow_extra_args(false)  // one value per -ot, as llama.cpp takes it; repeat the flag for more
+      ->check(CLI::Validator(check_override, "REGEX=DEV", "override"));
+}
+
+void add_sampling_options(CLI::App& app, SamplerParams& p) {
+  app.add_option("--temp", p.temp, "temperature (0 = greedy)");
+  app.add_option("--top-k", p.top_k, "top-k sampling (0 = off)");
+  app.add_option("--top-p", p.top_p, "top-p (nucleus) sampling (1 = off)");
+  app.add_option("--min-p", p.min_p, "min-p sampling (0 = off)");
+  app.add_option("--repeat-penalty", p.repeat_penalty, "repetition penalty (1 = off)");
+  app.add_option("--repeat-last-n", p.repeat_last_n, "tokens the repetition penalty looks back (-1 = all)");
+  app.add_option("--seed", p.seed, "random seed");
+}
+
+int parse_engine_cli(CLI::App& app, int argc, char** argv) {
+  std::vector<std::string> args(argv, argv + argc);
+  for (size_t i = 1; i < args.size() && args[i] != "--"; ++i) {
+    if (args[i] == "-ngl") args[i] = "--n-gpu-layers";
+    else if (args[i] == "-ot") args[i] = "--override-tensor";
+  }
+  std::vector<char*> ptrs;
+  for (auto& s : args) ptrs.push_back(s.data());
+  return parse_cli(app, argc, ptrs.data());
+}
+
+ModelOptions model_options(const EngineArgs& a) {
+  ModelOptions o;
+  o.verbose = a.verbose;
+  return o;
+}
+
+PlacementRules placement_rules(const EngineArgs& a) {
+  PlacementRules r;
+  r.n_gpu_layers = a.n_gpu_layers;
+  r.cpu_moe = a.cpu_moe;
+  r.n_cpu_moe = a.n_cpu_moe;
+  for (const auto& v : a.override_tensor)
+    for (auto& o : parse_tensor_overrides(v)) r.overrides.push_back(std::move(o));
+  return r;
+}
+
+ContextOptions context_options(const EngineArgs& a, int n_ctx, int n_batch) {
+  ContextOptions o;
+  o.n_threads = a.threads;
+  o.n_seq_max = 1;
+  o.n_ctx_max = a.ctx > 0 ? a.ctx : n_ctx;
+  o.n_batch_max = n_batch;
+  o.attn = a.attn == "dense" ? AttnPath::Dense : AttnPath::Sparse;
+  o.attn_top_k = a.attn_top_k;
+  o.precision = a.precision == "f32" ? kern::Precision::F32 : kern::Precision::Fast;
+  o.cache_type = a.cache_type == "f32" ? CacheType::F32 : CacheType::F16;
+  o.placement = placement_rules(a);
+  return o;
+}
+
+std::vector<int32_t> parse_token_list(const std::string& s) {
+  std::vector<int32_t> out;
+  size_t i = 0;
+  while (i < s.size()) {
+    while (i < s.size() && (s[i] == ' ' || s[i] == ',')) ++i;
+    if (i >= s.size()) break;
+    size_t j = i;
+    while (j < s.size() && s[j] != ',' && s[j] != ' ') ++j;
+    const std::string t = s.substr(i, j - i);
+    try {
+      size_t used = 0;
+      long v = std::stol(t, &used);
+      check(used == t.size() && v >= 0 && v <= INT32_MAX, "--tokens: '{}' is not a token id", t);
+      out.push_back(static_cast<int32_t>(v));
+    } catch (const std::logic_error&) {
+      fail("--tokens: '{}' is not a token id", t);
+    }
+    i = j;
+  }
+  return out;
+}
+
+}  // namespace kimi::app

@@ -1,0 +1,82 @@
+// The command-line options every engine command shares (run, chat, serve, bench, perplexity,
+// eval), defined once: the model file, the engine (threads, context, batch, precision, attention,
+// caches), weight placement (--device, -ngl, --cpu-moe, --n-cpu-moe, -ot) and, for the commands
+// that generate, the sampling flags. Each command adds them to its CLI11 app, then turns them into
+// the library's ModelOptions / ContextOptions / SamplerParams.
+//
+//   CLI::App app{"..."};
+//   kimi::app::EngineArgs ea;
+//   kimi::app::add_engine_options(app, ea);          // -m -t -c -b --attn ... --device -ngl -ot
+//   kimi::SamplerParams sp;
+//   kimi::app::add_sampling_options(app, sp);        // --temp --top-k ... --seed
+//   if (int rc = kimi::app::parse_engine_cli(app, argc, argv); rc >= 0) return rc;
+//   auto model = kimi::Model::load(ea.model, kimi::app::model_options(ea));
+//   kimi::Context ctx(*model, kimi::app::context_options(ea, n_ctx, n_batch));
+#pragma once
+#include <CLI/CLI.hpp>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "backend/placement.h"
+#include "model/model.h"
+#include "runtime/context.h"
+#include "runtime/sampling.h"
+
+namespace kimi::app {
+
+struct EngineArgs {
+  std::string model;
+  int threads = 0;                   // 0: all cores
+  std::string attn = "sparse";       // sparse | dense
+  int attn_top_k = -1;               // -1: from the file, 0: indexer off, N: override
+  std::string precision = "fast";    // fast | f32
+  std::string cache_type = "f16";    // f16 | f32 (fast mode)
+  int ctx = 0;                       // 0: sized by the command (see EngineSpec::ctx_default)
+  int batch = 512;                   // -b: micro-batch cap (tokens per forward step)
+  bool verbose = false;
+  // placement (validated while parsing: a bad value is a usage error naming the flag)
+  std::string device = "cpu";                  // --device DEV[,DEV..]: the backends to use
+  int n_gpu_layers = 0;                        // -ngl
+  bool cpu_moe = false;                        // --cpu-moe
+  int n_cpu_moe = 0;                           // --n-cpu-moe
+  std::vector<std::string> override_tensor;    // -ot REGEX=DEV (each may hold several, ',')
+};
+
+// What differs between the commands that take EngineArgs.
+struct EngineSpec {
+  const char* model_help = "GGUF model file (kimi-k3)";
+  const char* threads_help = "threads (0 = all cores)";
+  const char* ctx_help = "context size per sequence (default: what the command needs)";
+  int ctx_default = 0;   // EngineArgs::ctx when -c is not given
+  int ctx_min = 0;       // smallest -c accepted
+  bool batch = true;     // add -b/--batch (serve sizes its steps with --chunk instead)
+  const char* batch_help = "micro-batch size: tokens per forward step";
+  const char* verbose_help = "print the model and context summary to stderr";
+};
+
+void add_engine_options(CLI::App& app, EngineArgs& a, const EngineSpec& spec = {});
+
+// --temp --top-k --top-p --min-p --repeat-penalty --repeat-last-n --seed, bound to `p` (its values
+// are the defaults; the Sampler checks the ranges).
+void add_sampling_options(CLI::App& app, SamplerParams& p);
+
+// kimi::parse_cli (util/cli.h) after spelling the llama.cpp-style multi-letter short flags
+// -ngl and -ot as --n-gpu-layers / --override-tensor (CLI11 has one-letter short flags only).
+int parse_engine_cli(CLI::App& app, int argc, char** argv);
+
+ModelOptions model_options(const EngineArgs& a);
+PlacementRules placement_rules(const EngineArgs& a);
+// n_ctx: positions per sequence when -c was not given; n_batch: the command's micro-batch.
+ContextOptions context_options(const EngineArgs& a, int n_ctx, int n_batch);
+
+// The backends this build has, in device order (index 0 is the host CPU).
+const std::vector<std::string>& compiled_devices();
+
+// --device value -> its items ("cpu,vulkan:1" -> cpu, vulkan:1).
+std::vector<std::string> split_devices(const std::string& value);
+
+// "1,2,3" (spaces allowed) -> ids; kimi::Error naming --tokens for anything else.
+std::vector<int32_t> parse_token_list(const std::string& s);
+
+}  // namespace kimi::app

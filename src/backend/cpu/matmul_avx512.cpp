@@ -38,48 +38,66 @@ inline void prefetch_line(const uint8_t* p) { _mm_prefetch(reinterpret_cast<cons
 // f32 activations; weights F32 / F16 / BF16 widened to f32
 enum class WK { F32, F16, BF16 };
 
-template <WK K>
-struct F32Act {
-  static constexpr int ES = K == WK::F32 ? 4 : 2;
-  static inline __m512 wload(const uint8_t* p) {
-    if constexpr (K == WK::F32) return _mm512_loadu_ps(p);
-    else if constexpr (K == WK::F16) return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-    else
-      return _mm512_castsi512_ps(
-          _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
-  }
-  static inline __m512 wload_m(const uint8_t* p, __mmask16 m) {
-    if constexpr (K == WK::F32) return _mm512_maskz_loadu_ps(m, p);
-    else if constexpr (K == WK::F16) return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p));
-    else return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p)), 16));
-  }
+// Register tiles over plain element rows. L loads kStep elements of a weight row (wload; wload_m
+// for the last, partial step of n < kStep elements) and of an activation row (xload / xload_m)
+// and accumulates their products into 16 f32 lanes (madd).
+template <class L>
+struct PlainTiles {
   template <int R, int T>
   static void tile(const uint8_t* const* w, const uint8_t* const* x, int64_t cols, float* y, int64_t ldy) {
     __m512 acc[R][T];
     KIMI_UNROLL for (int r = 0; r < R; ++r)
       KIMI_UNROLL for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
     int64_t k = 0;
-    for (; k + 16 <= cols; k += 16) {
-      __m512 wv[R];
-      KIMI_UNROLL for (int r = 0; r < R; ++r) wv[r] = wload(w[r] + k * ES);
+    for (; k + L::kStep <= cols; k += L::kStep) {
+      typename L::V wv[R];
+      KIMI_UNROLL for (int r = 0; r < R; ++r) wv[r] = L::wload(w[r], k);
       KIMI_UNROLL for (int t = 0; t < T; ++t) {
-        const __m512 xv = _mm512_loadu_ps(reinterpret_cast<const float*>(x[t]) + k);
-        KIMI_UNROLL for (int r = 0; r < R; ++r) acc[r][t] = _mm512_fmadd_ps(wv[r], xv, acc[r][t]);
+        const typename L::V xv = L::xload(x[t], k);
+        KIMI_UNROLL for (int r = 0; r < R; ++r) acc[r][t] = L::madd(acc[r][t], wv[r], xv);
       }
     }
     if (k < cols) {
-      const __mmask16 m = mask16(cols - k);
-      __m512 wv[R];
-      KIMI_UNROLL for (int r = 0; r < R; ++r) wv[r] = wload_m(w[r] + k * ES, m);
+      typename L::V wv[R];
+      KIMI_UNROLL for (int r = 0; r < R; ++r) wv[r] = L::wload_m(w[r], k, cols - k);
       KIMI_UNROLL for (int t = 0; t < T; ++t) {
-        const __m512 xv = _mm512_maskz_loadu_ps(m, reinterpret_cast<const float*>(x[t]) + k);
-        KIMI_UNROLL for (int r = 0; r < R; ++r) acc[r][t] = _mm512_fmadd_ps(wv[r], xv, acc[r][t]);
+        const typename L::V xv = L::xload_m(x[t], k, cols - k);
+        KIMI_UNROLL for (int r = 0; r < R; ++r) acc[r][t] = L::madd(acc[r][t], wv[r], xv);
       }
     }
     KIMI_UNROLL for (int r = 0; r < R; ++r)
       KIMI_UNROLL for (int t = 0; t < T; ++t) y[t * ldy + r] = _mm512_reduce_add_ps(acc[r][t]);
   }
 };
+
+// f32 activations; weights F32 / F16 / BF16 widened to f32, FMA
+template <WK K>
+struct F32ActL {
+  using V = __m512;
+  static constexpr int kStep = 16, ES = K == WK::F32 ? 4 : 2;
+  static inline __m512 wload(const uint8_t* w, int64_t k) {
+    const uint8_t* p = w + k * ES;
+    if constexpr (K == WK::F32) return _mm512_loadu_ps(p);
+    else if constexpr (K == WK::F16) return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    else
+      return _mm512_castsi512_ps(
+          _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
+  }
+  static inline __m512 wload_m(const uint8_t* w, int64_t k, int64_t n) {
+    const uint8_t* p = w + k * ES;
+    const __mmask16 m = mask16(n);
+    if constexpr (K == WK::F32) return _mm512_maskz_loadu_ps(m, p);
+    else if constexpr (K == WK::F16) return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p));
+    else return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p)), 16));
+  }
+  static inline __m512 xload(const uint8_t* x, int64_t k) { return _mm512_loadu_ps(reinterpret_cast<const float*>(x) + k); }
+  static inline __m512 xload_m(const uint8_t* x, int64_t k, int64_t n) {
+    return _mm512_maskz_loadu_ps(mask16(n), reinterpret_cast<const float*>(x) + k);
+  }
+  static inline __m512 madd(__m512 acc, __m512 w, __m512 x) { return _mm512_fmadd_ps(w, x, acc); }
+};
+template <WK K>
+using F32Act = PlainTiles<F32ActL<K>>;
 
 template <WK K>
 constexpr auto run_f32act = run_tiles<F32Act<K>, 4, 4, 1>;
@@ -99,35 +117,19 @@ void run_deq(const MatView& W, const uint8_t* act, size_t stride, int64_t nt, in
 }
 
 // ------------------------------------------------------------------------------------------------
-// BF16 weights x bf16 activations (vdpbf16ps)
-struct Bf16Dp {
-  template <int R, int T>
-  static void tile(const uint8_t* const* w, const uint8_t* const* x, int64_t cols, float* y, int64_t ldy) {
-    __m512 acc[R][T];
-    KIMI_UNROLL for (int r = 0; r < R; ++r)
-      KIMI_UNROLL for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
-    int64_t k = 0;
-    for (; k + 32 <= cols; k += 32) {
-      __m512i wv[R];
-      KIMI_UNROLL for (int r = 0; r < R; ++r) wv[r] = _mm512_loadu_si512(w[r] + 2 * k);
-      KIMI_UNROLL for (int t = 0; t < T; ++t) {
-        const __m512i xv = _mm512_loadu_si512(x[t] + 2 * k);
-        KIMI_UNROLL for (int r = 0; r < R; ++r) acc[r][t] = _mm512_dpbf16_ps(acc[r][t], (__m512bh)wv[r], (__m512bh)xv);
-      }
-    }
-    if (k < cols) {  // activation rows are zero padded to a multiple of 32
-      const __mmask32 m = mask32(cols - k);
-      __m512i wv[R];
-      KIMI_UNROLL for (int r = 0; r < R; ++r) wv[r] = _mm512_maskz_loadu_epi16(m, w[r] + 2 * k);
-      KIMI_UNROLL for (int t = 0; t < T; ++t) {
-        const __m512i xv = _mm512_loadu_si512(x[t] + 2 * k);
-        KIMI_UNROLL for (int r = 0; r < R; ++r) acc[r][t] = _mm512_dpbf16_ps(acc[r][t], (__m512bh)wv[r], (__m512bh)xv);
-      }
-    }
-    KIMI_UNROLL for (int r = 0; r < R; ++r)
-      KIMI_UNROLL for (int t = 0; t < T; ++t) y[t * ldy + r] = _mm512_reduce_add_ps(acc[r][t]);
+// BF16 weights x bf16 activations (vdpbf16ps; the activation rows are zero padded to a multiple of 32)
+struct Bf16DpL {
+  using V = __m512i;
+  static constexpr int kStep = 32;
+  static inline __m512i wload(const uint8_t* w, int64_t k) { return _mm512_loadu_si512(w + 2 * k); }
+  static inline __m512i wload_m(const uint8_t* w, int64_t k, int64_t n) {
+    return _mm512_maskz_loadu_epi16(mask32(n), w + 2 * k);
   }
+  static inline __m512i xload(const uint8_t* x, int64_t k) { return _mm512_loadu_si512(x + 2 * k); }
+  static inline __m512i xload_m(const uint8_t* x, int64_t k, int64_t) { return _mm512_loadu_si512(x + 2 * k); }
+  static inline __m512 madd(__m512 acc, __m512i w, __m512i x) { return _mm512_dpbf16_ps(acc, (__m512bh)w, (__m512bh)x); }
 };
+using Bf16Dp = PlainTiles<Bf16DpL>;
 
 // GEMV (one token): rows one after another, so the weights are read as ONE sequential stream
 // (rows are contiguous), 4 independent accumulators per row, software prefetch kPfBytes ahead of
@@ -375,17 +377,26 @@ struct ByteP {
   }
 };
 
+// The weight bytes of one group of P's blocks in a tile's rows: the raw blocks, or (DecodedP) the
+// decoded group; the nb % kG tail blocks follow the groups raw either way.
+template <class P>
+constexpr int group_bytes() {
+  if constexpr (requires { P::kGroupBytes; }) return P::kGroupBytes;
+  else return P::kG * P::kBB;
+}
+
 template <class P>
 struct Q8Tiles {
   template <int R, int T>
   static void tile(const uint8_t* const* w, const uint8_t* const* x, int64_t nb, float* y, int64_t ldy) {
+    constexpr int kGB = group_bytes<P>();
     __m512 acc[R][T];
     KIMI_UNROLL for (int r = 0; r < R; ++r)
       KIMI_UNROLL for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
     const int64_t ng = nb / P::kG;
     for (int64_t g = 0; g < ng; ++g) {
       decltype(P::decode(nullptr)) d[R];
-      KIMI_UNROLL for (int r = 0; r < R; ++r) d[r] = P::decode(w[r] + g * (P::kG * P::kBB));
+      KIMI_UNROLL for (int r = 0; r < R; ++r) d[r] = P::decode(w[r] + g * kGB);
       KIMI_UNROLL for (int t = 0; t < T; ++t) {
         const uint8_t* a = x[t] + g * P::kAG;
         KIMI_UNROLL for (int r = 0; r < R; ++r) acc[r][t] = P::dot(d[r], a, acc[r][t]);
@@ -397,7 +408,8 @@ struct Q8Tiles {
     for (int64_t b = ng * P::kG; b < nb; ++b)
       KIMI_UNROLL for (int r = 0; r < R; ++r)
         KIMI_UNROLL for (int t = 0; t < T; ++t)
-          tl[r][t] += P::tail(w[r] + b * P::kBB, x[t] + ng * P::kAG + (b - ng * P::kG) * kTailBlockBytes);
+          tl[r][t] += P::tail(w[r] + ng * kGB + (b - ng * P::kG) * P::kBB,
+                              x[t] + ng * P::kAG + (b - ng * P::kG) * kTailBlockBytes);
     KIMI_UNROLL for (int r = 0; r < R; ++r)
       KIMI_UNROLL for (int t = 0; t < T; ++t) y[t * ldy + r] = _mm512_reduce_add_ps(acc[r][t]) + tl[r][t];
   }
@@ -438,8 +450,8 @@ constexpr int kPanel = 4;
 inline size_t dec_row_bytes(int64_t nb, int kbb) { return static_cast<size_t>(nb / 4 * kDecGroup + nb % 4 * kbb); }
 
 template <class P>
-struct DecodedP {  // P's blocks, already decoded (see above)
-  static constexpr int kG = 4, kBB = P::kBB, kAG = P::kAG;
+struct DecodedP {  // P's blocks, already decoded (see above); the Q8Tiles of DecodedP<P> read the panel
+  static constexpr int kG = 4, kBB = P::kBB, kAG = P::kAG, kGroupBytes = kDecGroup;
   static inline Dec decode(const uint8_t* p) {
     Dec d;
     d.lo = _mm512_loadu_si512(p);
@@ -448,35 +460,7 @@ struct DecodedP {  // P's blocks, already decoded (see above)
     return d;
   }
   static inline __m512 dot(const Dec& d, const uint8_t* a, __m512 acc) { return P::dot(d, a, acc); }
-};
-
-template <class P>
-struct Q8DecTiles {
-  template <int R, int T>
-  static void tile(const uint8_t* const* w, const uint8_t* const* x, int64_t nb, float* y, int64_t ldy) {
-    __m512 acc[R][T];
-    KIMI_UNROLL for (int r = 0; r < R; ++r)
-      KIMI_UNROLL for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
-    const int64_t ng = nb / 4;
-    for (int64_t g = 0; g < ng; ++g) {
-      Dec d[R];
-      KIMI_UNROLL for (int r = 0; r < R; ++r) d[r] = DecodedP<P>::decode(w[r] + g * kDecGroup);
-      KIMI_UNROLL for (int t = 0; t < T; ++t) {
-        const uint8_t* a = x[t] + g * P::kAG;
-        KIMI_UNROLL for (int r = 0; r < R; ++r) acc[r][t] = P::dot(d[r], a, acc[r][t]);
-      }
-    }
-    float tl[R][T];
-    KIMI_UNROLL for (int r = 0; r < R; ++r)
-      KIMI_UNROLL for (int t = 0; t < T; ++t) tl[r][t] = 0.0f;
-    for (int64_t b = ng * 4; b < nb; ++b)
-      KIMI_UNROLL for (int r = 0; r < R; ++r)
-        KIMI_UNROLL for (int t = 0; t < T; ++t)
-          tl[r][t] += P::tail(w[r] + ng * kDecGroup + (b - ng * 4) * P::kBB,
-                              x[t] + ng * P::kAG + (b - ng * 4) * kTailBlockBytes);
-    KIMI_UNROLL for (int r = 0; r < R; ++r)
-      KIMI_UNROLL for (int t = 0; t < T; ++t) y[t * ldy + r] = _mm512_reduce_add_ps(acc[r][t]) + tl[r][t];
-  }
+  static inline float tail(const uint8_t* blk, const uint8_t* a) { return P::tail(blk, a); }
 };
 
 template <class P>
@@ -502,7 +486,7 @@ void run_q8_nib(const MatView& W, const uint8_t* act, size_t stride, int64_t nt,
       for (int64_t b = ng * 4; b < nb; ++b)
         std::memcpy(dst + ng * kDecGroup + (b - ng * 4) * P::kBB, src + b * P::kBB, P::kBB);
     }
-    drive<Q8DecTiles<P>, 4, 4>(buf, drb, act, stride, nt, 0, rr, y + r, ldy, nb);
+    drive<Q8Tiles<DecodedP<P>>, 4, 4>(buf, drb, act, stride, nt, 0, rr, y + r, ldy, nb);
   }
 }
 

@@ -1,4 +1,4 @@
-// Dense SiTU MLP (the leading dense layers and the MoE shared experts; docs/spec architecture).
+// Dense SiTU MLP (the leading dense layers and the MoE shared experts; k3-architecture.md §3.2).
 #include "model/layers.h"
 
 namespace kimi {

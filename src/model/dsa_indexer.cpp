@@ -1,4 +1,4 @@
-// The K3.1 DSA indexer (docs/spec dsa-indexer): every token's key goes into the layer's indexer
+// The K3.1 DSA indexer (dsa-indexer.md §1.2, §1.4, §1.5; spec/README.md decision 3): every token's key goes into the layer's indexer
 // cache; each query that sees more positions than top_k scores them,
 //   score(s) = sum_h w_h ReLU(q_h . k_s),
 // and keeps the top_k best (ties: the earlier position) as the rows its MLA attention visits.

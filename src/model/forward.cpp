@@ -1,5 +1,5 @@
 // The forward pass (forward.h): weight placement onto the backends, per-backend scratch and
-// stores, and the layer loop with the ResMix residual attention (docs/spec architecture).
+// stores, and the layer loop with the ResMix residual attention (k3-architecture.md §3.1, §3.6).
 #include "model/forward.h"
 
 #include <algorithm>

@@ -4,7 +4,7 @@
 //                                 [ResMix] -> RMSNorm -> dense SiTU MLP or latent MoE -> residual
 //              -> [ResMix] -> RMSNorm -> lm head
 //
-// (docs/spec: the architecture; forward.cpp reads top to bottom in this order.) Every part of a
+// (k3-architecture.md §3.1; forward.cpp reads top to bottom in this order.) Every part of a
 // layer runs on the backend the Placement gives it; the residual stream is copied when
 // consecutive parts are on different backends, the routed experts' inputs and outputs when the
 // experts are placed apart from their layer. Caches and states live in one StateStore per

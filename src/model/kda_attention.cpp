@@ -1,4 +1,4 @@
-// KDA (Kimi Delta Attention), docs/spec architecture: projections, causal short conv with the
+// KDA (Kimi Delta Attention), k3-architecture.md §3.3: projections, causal short conv with the
 // sequence's rolling state + SiLU, per-head l2 norm, decay gate, beta, gated delta-rule scan,
 // per-head RMSNorm, sigmoid output gate, output projection.
 #include <cmath>

@@ -1,4 +1,4 @@
-// MLA (docs/spec architecture: NoPE, absorbed form) with the K3.1 DSA indexer selecting the rows
+// MLA (k3-architecture.md §3.4: NoPE, absorbed form) with the K3.1 DSA indexer selecting the rows
 // (dsa_indexer.cpp). Steps: query latent -> per-head queries; compressed KV row -> cache;
 // indexer selection; absorb W_kb into the queries; attention over the cached latent rows; W_vb
 // per head; sigmoid output gate; output projection.

@@ -1,4 +1,4 @@
-// Latent MoE (docs/spec architecture): router on the full width, routed experts grouped per
+// Latent MoE (k3-architecture.md §3.5): router on the full width, routed experts grouped per
 // expert on the latent width, latent up-projection, shared experts at full width.
 #include "model/layers.h"
 

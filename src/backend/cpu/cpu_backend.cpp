@@ -30,6 +30,13 @@ class HostBuffer final : public Buffer {
 
 constexpr uint32_t kMaxBank = 255;
 
+// slice i of a stacked 3-D weight
+kern::MatView slice_of(const kern::MatView& w, uint64_t slice_bytes, int64_t i) {
+  kern::MatView s = w;
+  s.data += slice_bytes * static_cast<uint64_t>(i);
+  return s;
+}
+
 }  // namespace
 
 CpuBackend::CpuBackend(ThreadPool& pool, kern::Precision prec) : pool_(pool), prec_(prec), n_threads_(pool.size()) {}
@@ -200,17 +207,23 @@ void CpuBackend::store_cache_rows(const float* src, int64_t ld_src, const BatchE
 
 // ---- MLA ----
 
+// The n tokens of head h through slice h of a stacked per-head weight: gathers x_h (w.cols values
+// at src + (t * H + h) * stride) into this thread's scratch; returns the [n][w.rows] product.
+float* CpuBackend::head_matmul(const kern::MatView& w, uint64_t slice_bytes, int64_t h, int th, const float* src,
+                               int64_t stride, int64_t H, int64_t n) {
+  float* a = th_head_in_.data() + th * th_head_stride_;
+  float* b = th_head_out_.data() + th * th_head_stride_;
+  for (int64_t t = 0; t < n; ++t) std::memcpy(a + t * w.cols, src + (t * H + h) * stride, static_cast<size_t>(w.cols) * 4);
+  kern::matmul_rows(slice_of(w, slice_bytes, h), a, n, b, 0, w.rows, prec_);
+  return b;
+}
+
 void CpuBackend::mla_absorb_queries(const kern::MatView& k_b, uint64_t slice_bytes, const float* q, int64_t n,
                                     int64_t H, int64_t nope, int64_t pe, float* qcat) {
   const int64_t kvl = k_b.rows, kq = nope + pe, W = kvl + pe;
   // heads in parallel, each thread gathers its head's q_nope for all tokens
   par(H, n * nope * kvl * 2, [&](int64_t h, int th) {
-    float* a = th_head_in_.data() + th * th_head_stride_;   // [n][nope]
-    float* b = th_head_out_.data() + th * th_head_stride_;  // [n][kvl]
-    for (int64_t t = 0; t < n; ++t) std::memcpy(a + t * nope, q + (t * H + h) * kq, nope * 4);
-    kern::MatView wh = k_b;
-    wh.data += slice_bytes * static_cast<uint64_t>(h);
-    kern::matmul_rows(wh, a, n, b, 0, kvl, prec_);
+    const float* b = head_matmul(k_b, slice_bytes, h, th, q, kq, H, n);  // [n][kvl]
     for (int64_t t = 0; t < n; ++t) {
       float* qc = qcat + (t * H + h) * W;
       std::memcpy(qc, b + t * kvl, kvl * 4);
@@ -253,12 +266,7 @@ void CpuBackend::mla_value_heads(const kern::MatView& v_b, uint64_t slice_bytes,
                                  float* o) {
   const int64_t kvl = v_b.cols, vd = v_b.rows;
   par(H, n * kvl * vd * 2, [&](int64_t h, int th) {
-    float* a = th_head_in_.data() + th * th_head_stride_;   // [n][kvl]
-    float* b = th_head_out_.data() + th * th_head_stride_;  // [n][vd]
-    for (int64_t t = 0; t < n; ++t) std::memcpy(a + t * kvl, z + (t * H + h) * kvl, kvl * 4);
-    kern::MatView wh = v_b;
-    wh.data += slice_bytes * static_cast<uint64_t>(h);
-    kern::matmul_rows(wh, a, n, b, 0, vd, prec_);
+    const float* b = head_matmul(v_b, slice_bytes, h, th, z, kvl, H, n);  // [n][vd]
     for (int64_t t = 0; t < n; ++t) std::memcpy(o + t * H * vd + h * vd, b + t * vd, vd * 4);
   });
 }
@@ -390,11 +398,6 @@ void CpuBackend::moe_route(float* logits, const float* bias, int64_t n, const Ro
 void CpuBackend::moe_experts(const ExpertMats& m, const float* xl, int64_t n, int64_t Lw, const int32_t* rsel,
                              const float* rw, int64_t k, int64_t E, float beta, float lambda, float* acc) {
   const int64_t F = m.gate.rows;
-  auto slice = [](const kern::MatView& w, uint64_t sb, int64_t e) {
-    kern::MatView s = w;
-    s.data += sb * static_cast<uint64_t>(e);
-    return s;
-  };
   // group the routed slots by expert (expert-major, tokens in batch order)
   int32_t* cnt_ = ex_count_.data();
   int32_t* off = ex_off_.data();
@@ -437,7 +440,7 @@ void CpuBackend::moe_experts(const ExpertMats& m, const float* xl, int64_t n, in
       const int64_t ex = act[item / (2 * nchF)], which = (item / nchF) % 2, ch = item % nchF;
       const int64_t o = off[ex], cnt = off[ex + 1] - o;
       const int64_t r0 = ch * rcF, r1 = std::min(F, r0 + rcF);
-      const kern::MatView w = which == 0 ? slice(m.gate, m.gate_slice, ex) : slice(m.up, m.up_slice, ex);
+      const kern::MatView w = which == 0 ? slice_of(m.gate, m.gate_slice, ex) : slice_of(m.up, m.up_slice, ex);
       float* dst = (which == 0 ? eg : eu) + o * F;
       kern::matmul_rows(w, xin + o * Lw, cnt, dst, r0, r1, prec_);
     });
@@ -447,7 +450,7 @@ void CpuBackend::moe_experts(const ExpertMats& m, const float* xl, int64_t n, in
       const int64_t ex = act[item / nchL], ch = item % nchL;
       const int64_t o = off[ex], cnt = off[ex + 1] - o;
       const int64_t r0 = ch * rcL, r1 = std::min(Lw, r0 + rcL);
-      kern::matmul_rows(slice(m.down, m.down_slice, ex), eg + o * F, cnt, er + o * Lw, r0, r1, prec_);
+      kern::matmul_rows(slice_of(m.down, m.down_slice, ex), eg + o * F, cnt, er + o * Lw, r0, r1, prec_);
     });
     for (int64_t i = 0; i < na; ++i) {
       const int64_t ex = act[i];
@@ -462,10 +465,10 @@ void CpuBackend::moe_experts(const ExpertMats& m, const float* xl, int64_t n, in
       const int32_t* toks = ex_tok_.data() + off[ex];
       const float* wts = ex_wt_.data() + off[ex];
       for (int64_t i = 0; i < cnt; ++i) std::memcpy(xin + i * Lw, xl + toks[i] * Lw, Lw * 4);
-      kern::matmul(slice(m.gate, m.gate_slice, ex), xin, cnt, eg, pool_, prec_);
-      kern::matmul(slice(m.up, m.up_slice, ex), xin, cnt, eu, pool_, prec_);
+      kern::matmul(slice_of(m.gate, m.gate_slice, ex), xin, cnt, eg, pool_, prec_);
+      kern::matmul(slice_of(m.up, m.up_slice, ex), xin, cnt, eu, pool_, prec_);
       CpuBackend::situ_rows(eg, eu, cnt, F, beta, lambda);
-      kern::matmul(slice(m.down, m.down_slice, ex), eg, cnt, er, pool_, prec_);
+      kern::matmul(slice_of(m.down, m.down_slice, ex), eg, cnt, er, pool_, prec_);
       for (int64_t i = 0; i < cnt; ++i) kern::axpy_f32(wts[i], er + i * Lw, acc + toks[i] * Lw, Lw);
     }
   }

@@ -82,6 +82,8 @@ class CpuBackend : public Backend {
     pool_.parallel_for(n, [fp](int64_t i, int th) { (*fp)(i, th); });
   }
   bool fast() const { return prec_ == kern::Precision::Fast; }
+  float* head_matmul(const kern::MatView& w, uint64_t slice_bytes, int64_t h, int th, const float* src, int64_t stride,
+                     int64_t H, int64_t n);
 
   ThreadPool& pool_;
   kern::Precision prec_;

@@ -80,6 +80,20 @@ TEST(Dispatch, EachLevelRequiresItsWholeFeatureSet) {
   EXPECT_EQ(best_isa(), best_isa_for(cpu_features()));
 }
 
+// KIMI_ISA only lowers the level; an unknown value is ignored with a warning that names it.
+TEST(Dispatch, KimiIsaValues) {
+  std::string warn;
+  EXPECT_EQ(isa_for_env(nullptr, Isa::Avx512, &warn), Isa::Avx512);
+  EXPECT_EQ(isa_for_env("", Isa::Avx512, &warn), Isa::Avx512);
+  EXPECT_EQ(isa_for_env("scalar", Isa::Avx512, &warn), Isa::Scalar);
+  EXPECT_EQ(isa_for_env("avx2", Isa::Avx512, &warn), Isa::Avx2);
+  EXPECT_EQ(isa_for_env("avx512", Isa::Avx2, &warn), Isa::Avx2);  // never above what the CPU has
+  EXPECT_TRUE(warn.empty()) << warn;
+  EXPECT_EQ(isa_for_env("AVX2x", Isa::Avx512, &warn), Isa::Avx512);
+  EXPECT_NE(warn.find("KIMI_ISA=\"AVX2x\""), std::string::npos) << warn;
+  EXPECT_NE(warn.find("avx512"), std::string::npos) << warn;
+}
+
 // kernel_impl names the level every family runs at: the highest level <= the one in use that the
 // family has code for.
 TEST(Dispatch, EveryFamilyFollowsTheLevelInUse) {

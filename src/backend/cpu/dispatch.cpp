@@ -1,6 +1,7 @@
 #include "backend/cpu/dispatch.h"
 
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 #if defined(__x86_64__)
@@ -70,16 +71,28 @@ std::optional<Isa> isa_from_name(std::string_view name) {
   return std::nullopt;
 }
 
+Isa isa_for_env(const char* value, Isa best, std::string* warning) {
+  if (warning) warning->clear();
+  if (value == nullptr || *value == '\0') return best;
+  const auto want = isa_from_name(value);
+  if (!want) {
+    if (warning)
+      *warning = std::string("kimi: warning: KIMI_ISA=\"") + value + "\" is not scalar, avx2 or avx512: ignored (using " +
+                 isa_name(best) + ")";
+    return best;
+  }
+  return static_cast<int>(*want) < static_cast<int>(best) ? *want : best;
+}
+
 namespace detail {
 constinit std::atomic<int> g_isa{-1};
 
 int init_isa() {
-  // the level KIMI_ISA asks for, computed once; a concurrent first use computes the same value
+  // the level KIMI_ISA asks for, computed once; a concurrent first use waits for the same value
   static const int level = [] {
-    Isa isa = best_isa();
-    if (const char* env = std::getenv("KIMI_ISA"); env && *env) {
-      if (auto want = isa_from_name(env); want && static_cast<int>(*want) < static_cast<int>(isa)) isa = *want;
-    }
+    std::string warning;
+    const Isa isa = isa_for_env(std::getenv("KIMI_ISA"), best_isa(), &warning);
+    if (!warning.empty()) std::fprintf(stderr, "%s\n", warning.c_str());
     return static_cast<int>(isa);
   }();
   int expected = -1;  // a set_isa() that ran first wins

@@ -19,6 +19,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <string_view>
 
 #include "backend/cpu/matmul.h"
@@ -42,6 +43,11 @@ Isa best_isa();      // best_isa_for(cpu_features())
 Isa set_isa(Isa want);  // force a level (clamped to best_isa()); returns the level now in use
 const char* isa_name(Isa isa);
 std::optional<Isa> isa_from_name(std::string_view name);  // "scalar", "avx2", "avx512"
+
+// The level KIMI_ISA=value selects on a CPU whose best level is `best`: value's level when it is
+// not higher, else best (unset or empty: best). An unknown value is ignored, with *warning set to
+// the line init_isa prints to stderr for it.
+Isa isa_for_env(const char* value, Isa best, std::string* warning);
 
 namespace detail {
 extern std::atomic<int> g_isa;  // level in use; -1 until first use (constant-initialised)

@@ -668,7 +668,13 @@ void HttpServer::Impl::process(std::unique_ptr<Conn>& c) {
     const bool free = busy.load() < o.workers;
     const bool drain = draining.load() || stopping.load();
     Reply r;
-    bool answered = quick && quick(c->req, free, drain, r);
+    bool answered = false;
+    try {
+      answered = quick && quick(c->req, free, drain, r);
+    } catch (const std::exception& e) {  // never let the event thread die
+      r = error(500, std::string("internal error: ") + e.what());
+      answered = true;
+    }
     if (!answered && (drain || !free)) {
       r = drain ? error(503, "server is shutting down") : error(503, "too many concurrent requests");
       answered = true;

@@ -28,6 +28,7 @@ int cmd_serve(int argc, char** argv) {
   spec.batch = false;  // the step size is --chunk x --max-chunks
   spec.verbose_help = "log the model summary and every request to stderr";
   kimi::app::add_engine_options(app, ea, spec);
+  kimi::app::add_sampling_options(app, o.sampling);  // defaults for requests (temperature 1)
   app.add_option("--host", o.host, "address to bind (default 127.0.0.1; 0.0.0.0 exposes the server)");
   app.add_option("--port", o.port, "port (0 = ephemeral; the chosen port is printed)")->check(CLI::Range(0, 65535));
   app.add_option("--alias", o.model_id, "model id reported by the API (default: file name stem)");
@@ -66,6 +67,7 @@ int cmd_serve(int argc, char** argv) {
   o.cache_type = ea.cache_type;
   o.ctx = ea.ctx;
   o.placement = kimi::app::placement_rules(ea);
+  o.fixed_seed = app.count("--seed") > 0;
   o.verbose = ea.verbose;
 
   // SIGINT/SIGTERM are handled by a dedicated thread (blocked everywhere else)

@@ -211,16 +211,20 @@ void common_params(const ojson& b, ParsedRequest& r, const Limits& lim, bool cha
   if (const ojson* lp = field(b, "logprobs"))
     if (!(lp->is_boolean() && !lp->get<bool>())) bad("logprobs", "logprobs are not supported");
   SamplerParams& sp = r.gen.sampler;
-  sp.temp = static_cast<float>(number(b, "temperature", 1.0, 0.0, 2.0));
-  sp.top_p = static_cast<float>(number(b, "top_p", 1.0, 0.0, 1.0));
+  const SamplerParams& def = lim.sampling;
+  sp.temp = static_cast<float>(number(b, "temperature", def.temp, 0.0, 2.0));
+  sp.top_p = static_cast<float>(number(b, "top_p", def.top_p, 0.0, 1.0));
   if (field(b, "top_p") && sp.top_p <= 0) bad("top_p", "'top_p' must be > 0");
-  sp.top_k = static_cast<int>(integer(b, "top_k", 0, 0, INT32_MAX));
-  sp.min_p = static_cast<float>(number(b, "min_p", 0.0, 0.0, 1.0));
-  sp.repeat_penalty = static_cast<float>(number(b, "repeat_penalty", 1.0, 1e-3, 100.0));
+  sp.top_k = static_cast<int>(integer(b, "top_k", def.top_k, 0, INT32_MAX));
+  sp.min_p = static_cast<float>(number(b, "min_p", def.min_p, 0.0, 1.0));
+  sp.repeat_penalty = static_cast<float>(number(b, "repeat_penalty", def.repeat_penalty, 1e-3, 100.0));
+  sp.repeat_last_n = def.repeat_last_n;
   if (const ojson* sd = field(b, "seed"); sd && sd->is_number_unsigned()) {
     sp.seed = sd->get<uint64_t>();  // any 64-bit seed
   } else if (sd) {
     sp.seed = static_cast<uint64_t>(integer(b, "seed", 0, INT64_MIN, INT64_MAX));
+  } else if (lim.fixed_seed) {
+    sp.seed = def.seed;
   } else {
     std::random_device rd;
     sp.seed = (static_cast<uint64_t>(rd()) << 32) ^ rd();

@@ -36,6 +36,10 @@ struct Limits {
   double timeout_s = 600;       // per request (0: none)
   size_t max_token_bytes = 0;   // longest token in bytes (Tokenizer::max_token_bytes; 0: unknown):
                                 // a prompt text longer than limit * this is refused untokenized
+  // Sampling of a request that leaves a field out (kimi serve --temp, --top-k, ...; OpenAI's
+  // temperature 1 by default). The seed: a random one per request unless fixed_seed.
+  SamplerParams sampling = {.temp = 1.0f};
+  bool fixed_seed = false;
 };
 
 // The prompt token limit these limits give (max_prompt_tokens or n_ctx - 1, whichever is smaller).

@@ -110,6 +110,9 @@ Server::Server(const ServerOptions& opts) : impl_(std::make_unique<Impl>()) {
   I.lim.max_tokens = opts.max_tokens;
   I.lim.default_max_tokens = opts.default_max_tokens;
   I.lim.timeout_s = opts.timeout_s;
+  I.lim.sampling = opts.sampling;
+  I.lim.fixed_seed = opts.fixed_seed;
+  Sampler check_sampling(opts.sampling, 1);  // a bad default (e.g. --top-p 2) fails at startup
   I.lim.max_token_bytes = I.tok->max_token_bytes();
 
   httpd::Options h;

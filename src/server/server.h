@@ -29,6 +29,8 @@ struct ServerOptions {
   std::string cache_type = "f16";
   PlacementRules placement;         // which backend holds each weight (-ngl, --cpu-moe, -ot)
   int ctx = 4096;                   // positions per sequence
+  SamplerParams sampling = {.temp = 1.0f};  // for requests that leave a field out (Limits::sampling)
+  bool fixed_seed = false;          // requests without "seed" use sampling.seed (else a random one)
   SchedulerOptions sched;
   // safety
   std::string api_key;              // empty: no auth

@@ -16,9 +16,12 @@
 #include <vector>
 
 #include "io/gguf.h"
+#include "runtime/sampling.h"
+#include "server/api.h"
 #include "server/server.h"
 #include "tensor/types.h"
 #include "test_util.h"
+#include "tokenizer/tokenizer.h"
 
 namespace fs = std::filesystem;
 using kimi::test::run_kimi;
@@ -319,7 +322,8 @@ TEST(AppCli, HelpListsEverySubcommand) {
 }
 
 // The engine commands share one definition of the engine, placement and sampling flags
-// (app/engine_args.h): each lists all of them, and a bad placement value is a usage error (exit 2,
+// (app/engine_args.h): each lists all of them (run, chat and serve also the sampling flags; serve's
+// are the defaults of requests that leave a field out), and a bad placement value is a usage error (exit 2,
 // one line naming the flag).
 TEST(AppCli, EngineCommandsShareTheEngineFlags) {
   const std::vector<std::string> engine = {"-m,--model", "-t,--threads", "--attn ", "--attn-top-k", "--precision",
@@ -334,10 +338,12 @@ TEST(AppCli, EngineCommandsShareTheEngineFlags) {
     for (const auto& f : engine) EXPECT_NE(h.out.find(f), std::string::npos) << f << " missing from\n" << h.out;
     // -b/--batch everywhere but serve (its steps are --chunk x --max-chunks)
     EXPECT_EQ(h.out.find("-b,--batch") != std::string::npos, std::string(cmd) != "serve") << h.out;
-    const bool samples = std::string(cmd) == "run" || std::string(cmd) == "chat";
-    for (const auto& f : sampling)
-      if (f != "--seed" || samples)  // bench has its own --seed (random tokens)
+    const bool samples = std::string(cmd) == "run" || std::string(cmd) == "chat" || std::string(cmd) == "serve";
+    for (const auto& f : sampling) {
+      if (f != "--seed" || samples) {  // bench has its own --seed (random tokens)
         EXPECT_EQ(h.out.find(f) != std::string::npos, samples) << f << "\n" << h.out;
+      }
+    }
   }
   const std::string g = q(files().gguf), x = q(files().text);
   const std::vector<std::string> cmds = {"run -m " + g + " -p hi -n 2", "chat -m " + g + " < /dev/null",
@@ -388,6 +394,50 @@ TEST(AppCli, PlacementFlagsOnCpuChangeNothing) {
   auto ids = [](const std::string& s) { return s.substr(0, s.find('\n')); };
   EXPECT_EQ(ids(a.out), ids(b.out));
   EXPECT_FALSE(ids(a.out).empty());
+}
+
+// kimi serve's sampling flags are the defaults of a request that leaves a field out (the
+// request's own values win; without --seed every request draws its own seed).
+TEST(AppCli, ServeSamplingFlagsAreRequestDefaults) {
+  const auto rd = kimi::gguf::Reader::open(files().gguf);
+  const kimi::tok::Tokenizer tok = kimi::tok::Tokenizer::from_gguf(*rd);
+  kimi::server::Limits lim;
+  const std::string bare = R"({"prompt": "hi", "max_tokens": 2})";
+  const kimi::SamplerParams openai = kimi::server::parse_completion_request(bare, tok, lim).gen.sampler;
+  EXPECT_EQ(openai.temp, 1.0f);  // OpenAI's default when no flag is given
+  EXPECT_EQ(openai.top_p, 1.0f);
+  EXPECT_EQ(openai.top_k, 0);
+  lim.sampling.temp = 0.25f;
+  lim.sampling.top_k = 7;
+  lim.sampling.top_p = 0.5f;
+  lim.sampling.min_p = 0.125f;
+  lim.sampling.repeat_penalty = 1.5f;
+  lim.sampling.repeat_last_n = 9;
+  lim.sampling.seed = 1234;
+  lim.fixed_seed = true;
+  const kimi::SamplerParams d = kimi::server::parse_completion_request(bare, tok, lim).gen.sampler;
+  EXPECT_EQ(d.temp, 0.25f);
+  EXPECT_EQ(d.top_k, 7);
+  EXPECT_EQ(d.top_p, 0.5f);
+  EXPECT_EQ(d.min_p, 0.125f);
+  EXPECT_EQ(d.repeat_penalty, 1.5f);
+  EXPECT_EQ(d.repeat_last_n, 9);
+  EXPECT_EQ(d.seed, 1234u);
+  const kimi::SamplerParams r = kimi::server::parse_completion_request(
+      R"({"prompt": "hi", "temperature": 0.75, "top_k": 3, "seed": 5})", tok, lim).gen.sampler;
+  EXPECT_EQ(r.temp, 0.75f);
+  EXPECT_EQ(r.top_k, 3);
+  EXPECT_EQ(r.seed, 5u);
+  EXPECT_EQ(r.top_p, 0.5f);  // not given: the server default
+  lim.fixed_seed = false;    // no --seed: a fresh seed per request
+  const uint64_t s1 = kimi::server::parse_completion_request(bare, tok, lim).gen.sampler.seed;
+  const uint64_t s2 = kimi::server::parse_completion_request(bare, tok, lim).gen.sampler.seed;
+  EXPECT_FALSE(s1 == 1234u && s2 == 1234u);
+
+  // a bad default is refused when the server starts, naming the value
+  const auto bad = run_kimi("serve -m " + q(files().gguf) + " --port 0 --top-p 2");
+  EXPECT_EQ(bad.exit_code, 1) << bad.out;
+  EXPECT_NE(bad.out.find("top_p must be in (0, 1]"), std::string::npos) << bad.out;
 }
 
 TEST(AppCli, InspectJsonMatchesReader) {

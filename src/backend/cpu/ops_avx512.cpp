@@ -10,21 +10,6 @@
 
 namespace kimi::kern::avx512 {
 
-float dot_f32(const float* a, const float* b, int64_t n) {
-  __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
-  int64_t i = 0;
-  for (; i + 32 <= n; i += 32) {
-    s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), s0);
-    s1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), _mm512_loadu_ps(b + i + 16), s1);
-  }
-  for (; i + 16 <= n; i += 16) s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), s0);
-  if (i < n) {
-    __mmask16 m = static_cast<__mmask16>((1u << (n - i)) - 1);
-    s1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i), s1);
-  }
-  return _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
-}
-
 double sum_sq(const float* x, int64_t n) {
   __m512d a0 = _mm512_setzero_pd(), a1 = _mm512_setzero_pd();
   int64_t i = 0;
@@ -41,48 +26,47 @@ double sum_sq(const float* x, int64_t n) {
 static inline __m512 load_h(const uint16_t* p) {
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
-static inline __m512 load_h_mask(const uint16_t* p, int64_t cnt) {
-  __mmask16 m = static_cast<__mmask16>((1u << cnt) - 1);
-  return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p));
-}
 
-float dot_f16(const float* a, const uint16_t* b, int64_t n) {
+// 16 lanes of an f32 or f16 row as f32 (load), the first n < 16 of them with the rest 0 (load_m)
+static inline __m512 load(const float* p) { return _mm512_loadu_ps(p); }
+static inline __m512 load(const uint16_t* p) { return load_h(p); }
+static inline __m512 load_m(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
+static inline __m512 load_m(const uint16_t* p, __mmask16 m) { return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p)); }
+static inline __mmask16 first(int64_t n) { return static_cast<__mmask16>((1u << n) - 1); }
+
+// sum a[i] * b[i]: two accumulators over 32-element steps, then a 16-element step, then the masked tail
+template <class B>
+static inline float dot(const float* a, const B* b, int64_t n) {
   __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
   int64_t i = 0;
   for (; i + 32 <= n; i += 32) {
-    s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), load_h(b + i), s0);
-    s1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), load_h(b + i + 16), s1);
+    s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), load(b + i), s0);
+    s1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), load(b + i + 16), s1);
   }
-  for (; i + 16 <= n; i += 16) s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), load_h(b + i), s0);
+  for (; i + 16 <= n; i += 16) s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), load(b + i), s0);
   if (i < n) {
-    __mmask16 m = static_cast<__mmask16>((1u << (n - i)) - 1);
-    s1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), load_h_mask(b + i, n - i), s1);
+    const __mmask16 m = first(n - i);
+    s1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), load_m(b + i, m), s1);
   }
   return _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
 }
 
-void axpy_f32(float a, const float* x, float* y, int64_t n) {
-  __m512 va = _mm512_set1_ps(a);
+// y += a * x
+template <class X>
+static inline void axpy(float a, const X* x, float* y, int64_t n) {
+  const __m512 va = _mm512_set1_ps(a);
   int64_t i = 0;
-  for (; i + 16 <= n; i += 16)
-    _mm512_storeu_ps(y + i, _mm512_fmadd_ps(va, _mm512_loadu_ps(x + i), _mm512_loadu_ps(y + i)));
+  for (; i + 16 <= n; i += 16) _mm512_storeu_ps(y + i, _mm512_fmadd_ps(va, load(x + i), _mm512_loadu_ps(y + i)));
   if (i < n) {
-    __mmask16 m = static_cast<__mmask16>((1u << (n - i)) - 1);
-    _mm512_mask_storeu_ps(y + i, m,
-                          _mm512_fmadd_ps(va, _mm512_maskz_loadu_ps(m, x + i), _mm512_maskz_loadu_ps(m, y + i)));
+    const __mmask16 m = first(n - i);
+    _mm512_mask_storeu_ps(y + i, m, _mm512_fmadd_ps(va, load_m(x + i, m), _mm512_maskz_loadu_ps(m, y + i)));
   }
 }
 
-void axpy_f16(float a, const uint16_t* x, float* y, int64_t n) {
-  __m512 va = _mm512_set1_ps(a);
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16)
-    _mm512_storeu_ps(y + i, _mm512_fmadd_ps(va, load_h(x + i), _mm512_loadu_ps(y + i)));
-  if (i < n) {
-    __mmask16 m = static_cast<__mmask16>((1u << (n - i)) - 1);
-    _mm512_mask_storeu_ps(y + i, m, _mm512_fmadd_ps(va, load_h_mask(x + i, n - i), _mm512_maskz_loadu_ps(m, y + i)));
-  }
-}
+float dot_f32(const float* a, const float* b, int64_t n) { return dot(a, b, n); }
+float dot_f16(const float* a, const uint16_t* b, int64_t n) { return dot(a, b, n); }
+void axpy_f32(float a, const float* x, float* y, int64_t n) { axpy(a, x, y, n); }
+void axpy_f16(float a, const uint16_t* x, float* y, int64_t n) { axpy(a, x, y, n); }
 
 void f16_to_f32_row(const uint16_t* x, float* y, int64_t n) {
   int64_t i = 0;

@@ -1224,3 +1224,38 @@ TEST(ServerHardening, AStreamCutByATimeoutEndsWithAnErrorAndNoDone) {
   post_json(r, "/v1/completions", {{"prompt", "abc"}, {"max_tokens", 2}}, &st);
   EXPECT_EQ(st, 200);
 }
+
+TEST(ServerHardening, HealthAnswersWhileEveryHandlerIsBusy) {
+  ServerOptions o = base_opts();
+  o.ctx = 32768;
+  o.sched.parallel = 1;
+  o.sched.cache_slots = 0;
+  o.threads = 1;
+  o.max_connections = 1;  // one handler thread, held by a long stream
+  Running r(o);
+  std::atomic<bool> started{false}, hang_up{false};
+  std::thread t([&] {
+    post_stream(r, "/v1/completions",
+                {{"prompt", ids_prompt(4, 10)}, {"max_tokens", 32000}, {"ignore_eos", true}, {"stream", true}},
+                [&](const std::string&) {
+                  started = true;
+                  return !hang_up.load();
+                });
+  });
+  for (int i = 0; i < 1000 && !started; ++i) std::this_thread::sleep_for(5ms);
+  ASSERT_TRUE(started);
+  httplib::Client c("127.0.0.1", r.port);
+  c.set_read_timeout(1, 0);
+  const auto a = std::chrono::steady_clock::now();
+  auto h = c.Get("/health");
+  ASSERT_TRUE(h) << "/health waits for the busy handler";
+  EXPECT_EQ(h->status, 200);
+  EXPECT_EQ(ojson::parse(h->body)["slots_busy"], 1);
+  EXPECT_LT(std::chrono::steady_clock::now() - a, 500ms);
+  auto p = c.Post("/tokenize", R"({"content":"x"})", "application/json");
+  ASSERT_TRUE(p);
+  EXPECT_EQ(p->status, 503) << p->body;
+  EXPECT_NE(p->body.find("too many concurrent requests"), std::string::npos) << p->body;
+  hang_up = true;
+  t.join();
+}

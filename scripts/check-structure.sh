@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Structural checks of the source tree (run by ctest as Structure.SpecRefs and Structure.IncludeRule).
 #
-#   scripts/check-structure.sh spec-refs    [ROOT]   every spec citation in the code resolves in docs/spec/
+#   scripts/check-structure.sh spec-refs    [ROOT]   every spec citation resolves in docs/spec/, every
+#                                                    named repository path and markdown link exists
 #   scripts/check-structure.sh include-rule [ROOT]   every #include obeys the dependency rule below
 #   scripts/check-structure.sh self-test             both checks report the mistakes planted in a temp tree
 #
@@ -72,8 +73,9 @@ spec_refs() {
 
   # Citations: files under src app tests bench fuzz tools (text files only, no node_modules).
   local files
-  files=$(grep -rIlE '§|[Dd]ecisions? [0-9]|\.md' src app tests bench fuzz tools docs README.md \
-            --exclude-dir=node_modules 2>/dev/null | sort || true)
+  files=$(grep -rIlE '§|[Dd]ecisions? [0-9]|\.md|(src|app|tests|scripts|bench|fuzz|tools)/' \
+            src app tests bench fuzz tools docs scripts README.md \
+            --exclude-dir=node_modules 2>/dev/null | grep -v '^scripts/check-structure.sh$' | sort || true)
   [[ -n $files ]] || { echo "check-structure: no files to scan" >&2; return 1; }
 
   # shellcheck disable=SC2086
@@ -92,10 +94,19 @@ spec_refs() {
       }
       {
         line = $0; cur = ""
-        while (match(line, /[A-Za-z0-9_-]+\.md|(k3-architecture|dsa-indexer|formats-quant)|spec\/README(\.md)?|(^|[^`\/A-Za-z0-9_.-])docs\/[A-Za-z0-9_\/-]+\.md|§[0-9]+(\.[0-9]+)*|[Dd]ecisions? [0-9]+(-[0-9]+)?|[Tt]ables? [0-9]+\.[0-9]+/)) {
+        while (match(line, /[A-Za-z0-9_-]+\.md|(k3-architecture|dsa-indexer|formats-quant)|spec\/README(\.md)?|(^|[^\/A-Za-z0-9_.-])(src|app|tests|scripts|bench|fuzz|tools|docs)\/[A-Za-z0-9_\/.-]*[A-Za-z0-9_-]\.(h|cpp|sh|md|txt|py|dict)|\]\([^)#: ]+\)|§[0-9]+(\.[0-9]+)*|[Dd]ecisions? [0-9]+(-[0-9]+)?|[Tt]ables? [0-9]+\.[0-9]+/)) {
           tok = substr(line, RSTART, RLENGTH); line = substr(line, RSTART + RLENGTH)
-          if (tok ~ /docs\/[A-Za-z0-9_\/-]+\.md$/ && tok !~ /^spec/) {   # a document of this repository
-            sub(/^[^d]/, "", tok); print "P " FILENAME " " FNR " " tok; cur = ""
+          if (tok ~ /^\]\(/) {                 # a relative markdown link: relative to the document
+            if (FILENAME !~ /\.md$/ || tok ~ /^\]\((https?|mailto)/) continue
+            tok = substr(tok, 3, length(tok) - 3); dir = FILENAME
+            if (!sub(/\/[^\/]+$/, "", dir)) dir = "."
+            print "P " FILENAME " " FNR " " dir "/" tok
+            continue
+          }
+          if (tok ~ /(src|app|tests|scripts|bench|fuzz|tools|docs)\/[A-Za-z0-9_\/.-]*\.(h|cpp|sh|md|txt|py|dict)$/ && tok !~ /^spec/) {
+            # a file of this repository, named from its root (docs/spec/ also names upstream files)
+            sub(/^[^A-Za-z]/, "", tok); cur = ""
+            if (self == "") print "P " FILENAME " " FNR " " tok
             if (tok ~ /^docs\/spec\/[^\/]+$/) { cur = substr(tok, 11); print "C " FILENAME " " cur }
             continue
           }
@@ -172,7 +183,7 @@ spec_refs() {
           if (!(f[4] in D)) { print where ": decision " f[4] " is not a \"Decision " f[4] "\" heading of docs/spec/README.md"; bad++ }
           else { good++; if (verbose) print where ": ok decision " f[4] }
         } else if (kind[k] == "P") {
-          if (system("test -f \"" root "/" f[4] "\"") != 0) { print where ": " f[4] " does not exist"; bad++ }
+          if (system("test -e \"" root "/" f[4] "\"") != 0) { print where ": " f[4] " does not exist"; bad++ }
           else good++
         }
       }
@@ -248,6 +259,7 @@ self_test() {
   cat > "$t/src/model/m.h" <<'SRC'
 // good: k3-architecture.md §3.3 step 7, §3, spec/README.md decision 2, docs/spec/README.md
 // bad: k3-architecture.md §3.9 and §3.3 step 8; decisions 2-4; docs/nope.md; other.md §1
+// files: src/util/u.h exists, src/model/gone.cpp does not
 #include "util/u.h"
 #include "io/g.h"
 SRC
@@ -257,6 +269,7 @@ SRC
 #include <vector>
 SRC
   printf '#include <CLI/CLI.hpp>\n#include "util/u.h"\n' > "$t/src/io/g.h"
+  printf 'See [the spec](spec/README.md), [x](https://example.com/a.md) and [this](nope.md).\n' > "$t/docs/x.md"
   printf '#include <CLI/CLI.hpp>\n#include "model/m.h"\n#include "command.h"\n' > "$t/app/main.cpp"
   local want got
   want=$(cat <<'OUT'
@@ -267,7 +280,9 @@ src/model/m.h:2: decision 4 is not a "Decision 4" heading of docs/spec/README.md
 src/model/m.h:2: docs/nope.md does not exist
 src/model/m.h:2: cites other.md, which is not in docs/spec/
 src/util/u.h:1: §2 without any spec file named in this source file
-spec-refs: 6 references resolved, 7 unresolved
+src/model/m.h:3: src/model/gone.cpp does not exist
+docs/x.md:1: docs/nope.md does not exist
+spec-refs: 8 references resolved, 9 unresolved
 rc=1
 src/util/u.h:2: #include "model/m.h": util (layer 0) may not include model (layer 4)
 src/io/g.h:1: #include <CLI/CLI.hpp>: <CLI/CLI.hpp> is only for app util

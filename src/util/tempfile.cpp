@@ -36,9 +36,11 @@ struct Slot {
 constexpr int kSlots = 256;
 Slot g_slots[kSlots];
 
-constexpr int kSignals[] = {SIGINT, SIGTERM, SIGHUP};
-struct sigaction g_old[3];
-bool g_hooked[3] = {false, false, false};
+// SIGPIPE too: `kimi convert ... | head` is killed by it when head exits (unless it is ignored)
+constexpr int kSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGPIPE};
+constexpr int kNumSignals = sizeof(kSignals) / sizeof(kSignals[0]);
+struct sigaction g_old[kNumSignals];
+bool g_hooked[kNumSignals] = {};
 std::once_flag g_install_once;
 
 // Removes the entries directly inside directory PATH, then PATH itself (async-signal-safe: raw
@@ -84,7 +86,7 @@ void remove_all_registered() {
 void on_signal(int sig, siginfo_t* info, void* uctx) {
   const int saved_errno = errno;
   remove_all_registered();
-  for (int i = 0; i < 3; ++i) {
+  for (int i = 0; i < kNumSignals; ++i) {
     if (kSignals[i] != sig || !g_hooked[i]) continue;
     const struct sigaction& old = g_old[i];
     if (old.sa_flags & SA_SIGINFO) {
@@ -102,7 +104,7 @@ void on_signal(int sig, siginfo_t* info, void* uctx) {
 }
 
 void install_handlers() {
-  for (int i = 0; i < 3; ++i) {
+  for (int i = 0; i < kNumSignals; ++i) {
     struct sigaction old {};
     if (::sigaction(kSignals[i], nullptr, &old) != 0) continue;
     if (!(old.sa_flags & SA_SIGINFO) && old.sa_handler == SIG_IGN) continue;  // e.g. SIGHUP under nohup

@@ -1,7 +1,8 @@
 // Temporary outputs written next to their final path and renamed into place when complete.
 //
 // Names: FINAL.kimi-tmp.<pid>.<random>. Every temp is created exclusively (O_EXCL / mkdir), so
-// concurrent runs never share one, and is registered so that SIGINT, SIGTERM and SIGHUP remove it
+// concurrent runs never share one, and is registered so that SIGINT, SIGTERM, SIGHUP (and SIGPIPE,
+// unless ignored) remove it
 // (an async-signal-safe unlink in the handler, then the signal's previous action runs). A run that was
 // killed harder (SIGKILL, power loss) leaves its temp behind; remove_stale_temps(FINAL), called by
 // the next run writing FINAL, removes those whose pid is no longer alive.

@@ -23,6 +23,7 @@
 #include "model/model.h"
 #include "runtime/context.h"
 #include "test_util.h"
+#include "util/error.h"
 
 using namespace kimi;
 
@@ -403,4 +404,26 @@ TEST(ModelBackendSplit, FakeDeviceRefusesForeignMemory) {
   EXPECT_DEATH(dev1.add(own->as<float>(), host.data(), 64), "not dev1 memory");
   EXPECT_DEATH(host[0] = *own->as<float>(), "");  // PROT_NONE outside dev1's own calls
   dev1.add(own->as<float>(), own->as<float>(), 64);  // its own buffers: fine
+}
+
+// Placement errors surface when the context is made, naming the rule (nothing half-built).
+TEST(ModelBackendSplit, BadPlacementFailsWhenTheContextIsMade) {
+  TinyModel t(16);
+  ContextOptions o;
+  o.n_threads = 1;
+  o.n_ctx_max = 32;
+  o.placement.overrides = parse_tensor_overrides("exps=gpu9");
+  try {
+    Context c(*t.m, o);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("unknown device 'gpu9'"), std::string::npos) << e.what();
+  }
+  // without an accelerator -ngl is ignored: everything stays on the CPU
+  ContextOptions ok;
+  ok.n_threads = 1;
+  ok.n_ctx_max = 32;
+  ok.placement.n_gpu_layers = -1;
+  Context c(*t.m, ok);
+  EXPECT_TRUE(c.placement().single_device());
 }

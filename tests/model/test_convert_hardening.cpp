@@ -21,6 +21,8 @@
 #include <vector>
 
 #include "test_util.h"
+#include "tokenizer/tiktoken_file.h"
+#include "util/error.h"
 
 namespace fs = std::filesystem;
 using kimi::test::read_file;
@@ -225,6 +227,18 @@ TEST(HardenInputs, DeepJsonIsACleanErrorNamingTheFile) {
   auto r = run_bounded("template render " + td.file("req.json"), 30);
   EXPECT_EQ(r.exit_code, 1) << r.out;
   EXPECT_NE(r.out.find("req.json: JSON nested deeper than"), std::string::npos) << r.out;
+}
+
+TEST(HardenInputs, DeepTiktokenJsonIsACleanError) {
+  // the npm-style tiktoken encoder JSON goes through the same depth limit
+  const std::string deep = "{\"bpe_ranks\": \"\", \"x\": " + std::string(100000, '[') + std::string(100000, ']') + "}";
+  std::string msg;
+  try {
+    kimi::tok::parse_tiktoken(deep, "enc.json");
+  } catch (const kimi::Error& e) {
+    msg = e.what();
+  }
+  EXPECT_NE(msg.find("enc.json: JSON nested deeper than"), std::string::npos) << msg;
 }
 
 // ---------------------------------------------------------------------------------------------

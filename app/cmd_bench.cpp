@@ -56,7 +56,7 @@ int cmd_bench(int argc, char** argv) {
   auto model = kimi::Model::load(ea.model, kimi::app::model_options(ea));
   const int n_ctx = depth + std::max(n_prompt, n_gen) + 1;
   kimi::Context ctx(*model, kimi::app::context_options(ea, n_ctx, std::max(1, std::min(ea.batch, std::max(n_prompt, std::max(depth, 1))))));
-  if (ea.verbose) std::fprintf(stderr, "%s", ctx.memory_summary().c_str());
+  kimi::app::print_engine_summary(ea, ctx);
   std::mt19937_64 rng(seed);
   const int V = ctx.n_vocab();
   auto rand_tokens = [&](int n) {

@@ -150,7 +150,7 @@ int cmd_chat(int argc, char** argv) {
   const uint32_t train = model->hparams().n_ctx_train;
   const int n_ctx = ea.ctx > 0 ? ea.ctx : static_cast<int>(train > 0 ? std::min<uint32_t>(train, 4096) : 4096);
   kimi::Context ctx(*model, kimi::app::context_options(ea, n_ctx, std::min(ea.batch, n_ctx)));
-  if (ea.verbose) std::fprintf(stderr, "%s", ctx.memory_summary().c_str());
+  kimi::app::print_engine_summary(ea, ctx);
   kimi::ChatSession session(ctx, tok, sp, co);
 
   const bool tty_in = ::isatty(0) != 0, tty_out = ::isatty(1) != 0;

@@ -41,7 +41,7 @@ int cmd_eval(int argc, char** argv) {
   }
   const int n = static_cast<int>(in.size());
   kimi::Context ctx(*model, kimi::app::context_options(ea, n, std::min(ea.batch, n)));
-  if (ea.verbose) std::fprintf(stderr, "%s", ctx.memory_summary().c_str());
+  kimi::app::print_engine_summary(ea, ctx);
   kimi::Batch b;
   b.add_sequence(in, 0, 0, true, all);
   ctx.decode(b);

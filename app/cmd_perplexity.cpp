@@ -109,7 +109,7 @@ int cmd_perplexity(int argc, char** argv) {
                                              text_path.empty() ? kld_base_in : text_path);
 
   kimi::Context ctx(*model, kimi::app::context_options(ea, po.n_ctx, std::min(ea.batch, po.n_ctx)));
-  if (ea.verbose) std::fprintf(stderr, "%s", ctx.memory_summary().c_str());
+  kimi::app::print_engine_summary(ea, ctx);
   const int eff_top_k = ctx.effective_top_k();
   const int per_chunk = po.n_ctx - 1 - po.n_ctx / 2;
   if (!text_path.empty())

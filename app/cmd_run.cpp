@@ -59,7 +59,7 @@ int cmd_run(int argc, char** argv) {
               ea.model, in.size(), n_predict, n_ctx_train);
   const int n_ctx = static_cast<int>(std::min<int64_t>(n_ctx_need, INT32_MAX));
   kimi::Context ctx(*model, kimi::app::context_options(ea, n_ctx, std::min<int>(ea.batch, static_cast<int>(in.size()))));
-  if (ea.verbose) std::fprintf(stderr, "%s", ctx.memory_summary().c_str());
+  kimi::app::print_engine_summary(ea, ctx);
   kimi::Sampler sampler(sp, ctx.n_vocab());
   for (int32_t t : in) sampler.accept(t);
 

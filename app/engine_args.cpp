@@ -1,6 +1,7 @@
 // Shared engine / placement / sampling options of the engine commands (engine_args.h).
 #include "engine_args.h"
 
+#include <cstdio>
 #include <sstream>
 
 #include "util/cli.h"
@@ -146,6 +147,11 @@ ContextOptions context_options(const EngineArgs& a, int n_ctx, int n_batch) {
   o.cache_type = a.cache_type == "f32" ? CacheType::F32 : CacheType::F16;
   o.placement = placement_rules(a);
   return o;
+}
+
+void print_engine_summary(const EngineArgs& a, const Context& ctx) {
+  if (!a.verbose) return;
+  std::fprintf(stderr, "%s%s", ctx.memory_summary().c_str(), ctx.placement().summary().c_str());
 }
 
 std::vector<int32_t> parse_token_list(const std::string& s) {

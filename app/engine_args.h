@@ -70,6 +70,9 @@ PlacementRules placement_rules(const EngineArgs& a);
 // n_ctx: positions per sequence when -c was not given; n_batch: the command's micro-batch.
 ContextOptions context_options(const EngineArgs& a, int n_ctx, int n_batch);
 
+// With -v: the context's memory summary and where the placement put each part, on stderr.
+void print_engine_summary(const EngineArgs& a, const Context& ctx);
+
 // The backends this build has, in device order (index 0 is the host CPU).
 const std::vector<std::string>& compiled_devices();
 

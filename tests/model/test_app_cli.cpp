@@ -387,6 +387,14 @@ TEST(AppCli, PlacementFlagsOnCpuChangeNothing) {
   EXPECT_TRUE(plain == placed) << "logits differ with placement flags on a CPU-only build";
   EXPECT_TRUE(eval("ngl.f32", " -ngl -1") == plain);
 
+  // -v shows where the placement put each part: with only the CPU, everything on device 0
+  const uint32_t L = kimi::gguf::Reader::open(files().gguf)->get_u32("kimi-k3.block_count");
+  const auto v = run_kimi("eval -m " + g + " --tokens 1,2 --logits-out " + q(out.file("v.f32")) + " -v" + place);
+  ASSERT_EQ(v.exit_code, 0) << v.out;
+  const std::string span = "0-" + std::to_string(L - 1);
+  EXPECT_NE(v.out.find("placement: device 0 (cpu): input attn " + span + " ffn " + span + " experts " + span + " output"),
+            std::string::npos) << v.out;
+
   const auto a = run_kimi("run -m " + g + " --tokens 1,2,3 -n 6 --ids --temp 0.7 --seed 5");
   const auto b = run_kimi("run -m " + g + " --tokens 1,2,3 -n 6 --ids --temp 0.7 --seed 5 -b 1" + place);
   ASSERT_EQ(a.exit_code, 0) << a.out;

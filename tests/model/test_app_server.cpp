@@ -824,6 +824,17 @@ std::vector<RawResponse> split_responses(const std::string& s) {
 
 const ojson kHi = ojson::array({{{"role", "user"}, {"content", "hi"}}});
 
+// One slot, one engine thread and room for 32000 tokens: a stream of max_tokens 32000 runs for
+// many seconds (~500 tokens/s for the tiny model), long enough to be cut.
+ServerOptions long_stream_opts() {
+  ServerOptions o = base_opts();
+  o.ctx = 32768;
+  o.sched.parallel = 1;
+  o.sched.cache_slots = 0;
+  o.threads = 1;
+  return o;
+}
+
 }  // namespace
 
 TEST(ServerHardening, DeepJsonNestingIs400AndTheServerKeepsServing) {
@@ -1157,12 +1168,8 @@ TEST(ServerHardening, BearerSchemeIsCaseInsensitive) {
 }
 
 TEST(ServerHardening, DrainAnswers503AndACancelledStreamEndsWithAnError) {
-  ServerOptions o = base_opts();
-  o.ctx = 32768;
-  o.sched.parallel = 1;
-  o.sched.cache_slots = 0;
+  ServerOptions o = long_stream_opts();
   o.grace_s = 1.0;
-  o.threads = 1;
   Running r(o);
   std::string got;
   std::atomic<bool> started{false};
@@ -1200,11 +1207,7 @@ TEST(ServerHardening, DrainAnswers503AndACancelledStreamEndsWithAnError) {
 }
 
 TEST(ServerHardening, AStreamCutByATimeoutEndsWithAnErrorAndNoDone) {
-  ServerOptions o = base_opts();
-  o.ctx = 32768;
-  o.sched.parallel = 1;
-  o.sched.cache_slots = 0;
-  o.threads = 1;
+  ServerOptions o = long_stream_opts();
   o.timeout_s = 0.5;
   Running r(o);
   int st = 0;
@@ -1226,11 +1229,7 @@ TEST(ServerHardening, AStreamCutByATimeoutEndsWithAnErrorAndNoDone) {
 }
 
 TEST(ServerHardening, HealthAnswersWhileEveryHandlerIsBusy) {
-  ServerOptions o = base_opts();
-  o.ctx = 32768;
-  o.sched.parallel = 1;
-  o.sched.cache_slots = 0;
-  o.threads = 1;
+  ServerOptions o = long_stream_opts();
   o.max_connections = 1;  // one handler thread, held by a long stream
   Running r(o);
   std::atomic<bool> started{false}, hang_up{false};

@@ -16,6 +16,7 @@
 #include "tokenizer/tokenizer.h"
 #include "tokenizer/unicode.h"
 #include "util/error.h"
+#include "util/paths.h"
 #include "util/cli.h"
 
 namespace {
@@ -67,9 +68,8 @@ std::string read_input(const std::string& file) {
     return ss.str();
   }
   kimi::check(!std::filesystem::is_directory(file), "input '{}' is a directory (expected a text file)", file);
-  std::ifstream f(file, std::ios::binary);
-  kimi::check(f.good(), "cannot open input file '{}'", file);
-  return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+  kimi::check(std::filesystem::exists(file), "cannot open input file '{}': no such file", file);
+  return kimi::read_input_file(file);  // regular files only: a FIFO would block ('-' reads stdin)
 }
 
 // A piece for line output: printable UTF-8 as is, everything else as \n, \t, \xNN.

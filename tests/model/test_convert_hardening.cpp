@@ -181,6 +181,9 @@ TEST(HardenInputs, FifoConfigJsonIsRefusedNotWaitedOn) {
   r = run_bounded("template render " + td2.file("req.json"), 30);
   EXPECT_EQ(r.exit_code, 1) << r.out;
   EXPECT_NE(r.out.find("not a regular file"), std::string::npos) << r.out;
+  r = run_bounded("tokenize -m " + gguf + " " + td2.file("req.json"), 30);
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  EXPECT_NE(r.out.find("not a regular file"), std::string::npos) << r.out;
 }
 
 TEST(HardenInputs, HugeCountsInConfigFailFastWithoutAllocating) {

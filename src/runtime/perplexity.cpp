@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <unistd.h>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -12,6 +13,7 @@
 #include <numeric>
 
 #include "util/error.h"
+#include "util/tempfile.h"
 
 namespace kimi::ppl {
 
@@ -40,16 +42,20 @@ uint64_t fnv1a(uint64_t h, const void* p, size_t n) {
 // Writes a file through a temp name; the destructor removes the temp unless commit() succeeded.
 class FileWriter {
  public:
-  explicit FileWriter(std::string path) : path_(std::move(path)), tmp_(path_ + ".tmp") {
-    f_ = std::fopen(tmp_.c_str(), "wb");
-    check(f_ != nullptr, "{}: cannot open for writing ({})", tmp_, std::strerror(errno));
+  explicit FileWriter(std::string path) : path_(std::move(path)) {
+    const TempFile t = create_temp_file(path_);  // unique name, removed on SIGINT/SIGTERM/SIGHUP
+    tmp_ = t.path;
+    f_ = ::fdopen(t.fd, "wb");
+    if (!f_) {
+      const int e = errno;
+      ::close(t.fd);
+      discard_temp(tmp_);
+      fail("{}: cannot open for writing ({})", tmp_, std::strerror(e));
+    }
   }
   ~FileWriter() {
     if (f_) std::fclose(f_);
-    if (!committed_) {
-      std::error_code ec;
-      std::filesystem::remove(tmp_, ec);
-    }
+    if (!committed_) discard_temp(tmp_);
   }
   FileWriter(const FileWriter&) = delete;
   FileWriter& operator=(const FileWriter&) = delete;
@@ -68,9 +74,7 @@ class FileWriter {
     const int rc = std::fclose(f_);
     f_ = nullptr;
     check(rc == 0, "{}: write failed ({})", tmp_, std::strerror(errno));
-    std::error_code ec;
-    std::filesystem::rename(tmp_, path_, ec);
-    check(!ec, "{}: cannot rename {} to it ({})", path_, tmp_, ec.message());
+    commit_temp(tmp_, path_);
     committed_ = true;
   }
 

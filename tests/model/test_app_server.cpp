@@ -1203,7 +1203,9 @@ TEST(ServerHardening, DrainAnswers503AndACancelledStreamEndsWithAnError) {
   ASSERT_TRUE(ev.back().contains("error")) << ev.back().dump();
   EXPECT_EQ(ev.back()["error"]["code"], "cancelled");
   for (const auto& e : ev)
-    if (e.contains("choices")) EXPECT_TRUE(e["choices"][0]["finish_reason"].is_null()) << e.dump();
+    if (e.contains("choices")) {
+      EXPECT_TRUE(e["choices"][0]["finish_reason"].is_null()) << e.dump();
+    }
 }
 
 TEST(ServerHardening, AStreamCutByATimeoutEndsWithAnErrorAndNoDone) {
@@ -1222,7 +1224,9 @@ TEST(ServerHardening, AStreamCutByATimeoutEndsWithAnErrorAndNoDone) {
   ASSERT_TRUE(ev.back().contains("error")) << ev.back().dump();
   EXPECT_EQ(ev.back()["error"]["type"], "timeout_error");
   for (const auto& e : ev)
-    if (e.contains("choices")) EXPECT_TRUE(e["choices"][0]["finish_reason"].is_null()) << e.dump();
+    if (e.contains("choices")) {
+      EXPECT_TRUE(e["choices"][0]["finish_reason"].is_null()) << e.dump();
+    }
   // the connection and the server are fine afterwards
   post_json(r, "/v1/completions", {{"prompt", "abc"}, {"max_tokens", 2}}, &st);
   EXPECT_EQ(st, 200);

@@ -177,8 +177,9 @@ TEST(Safetensors, RoundTripEveryDtype) {
     EXPECT_EQ(e["shape"].get<std::vector<int64_t>>(), t.shape);
     EXPECT_EQ(e["data_offsets"][0].get<uint64_t>(), off) << t.name;
     EXPECT_EQ(e["data_offsets"][1].get<uint64_t>(), off + t.data.size()) << t.name;
-    if (!t.data.empty())  // memcmp with a null pointer (empty tensor) is UB even for size 0
+    if (!t.data.empty()) {  // memcmp with a null pointer (empty tensor) is UB even for size 0
       EXPECT_EQ(0, std::memcmp(raw.data() + 8 + n + off, t.data.data(), t.data.size())) << t.name;
+    }
     off += t.data.size();
   }
   EXPECT_EQ(raw.size(), 8 + n + off);

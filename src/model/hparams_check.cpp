@@ -1,6 +1,7 @@
 #include "model/hparams_check.h"
 
 #include <cmath>
+#include <tuple>
 
 #include "io/gguf.h"
 #include "model/model.h"
@@ -91,6 +92,12 @@ void validate_hparams(const HParams& hp, const gguf::Reader& r, const std::strin
   if (hp.attn_res_block != 0) c.range("attn_res.block_size", hp.attn_res_block, 1, hp.n_layer);
   c.finite("activation.situ_beta", hp.situ_beta, false);
   c.finite("activation.situ_linear_beta", hp.situ_lambda, false);
+  // SiTU divides by both (beta·tanh(g/beta); lambda·tanh(u/lambda) when lambda > 0): 0 or a subnormal
+  // made the reciprocal infinite and every activation NaN (found by fuzz_model)
+  for (const auto& [key, v, used] : {std::tuple{"activation.situ_beta", hp.situ_beta, true},
+                                     std::tuple{"activation.situ_linear_beta", hp.situ_lambda, hp.situ_lambda > 0}})
+    if (used && !std::isfinite(1.0f / v))
+      fail("{}: key '{}{}' = {}: must not be 0 or so small that its reciprocal overflows", file, c.a, key, v);
 
   if (hp.has_indexer) {
     c.range("attention.indexer.head_count", hp.idx_heads, 1, L::max_heads);

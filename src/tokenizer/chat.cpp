@@ -540,7 +540,7 @@ void ChatParser::handle_tag(bool open, std::string_view header, ChatDelta& d) {
     }
     where_ = Where::Call;
   } else if (name == "call") {
-    if (!msg_.tool_calls.empty()) {
+    if (!msg_.tool_calls.empty() && !msg_.tool_calls.back().complete) {  // a repeated close completes nothing
       msg_.tool_calls.back().complete = true;
       d.tool_calls_completed.push_back(msg_.tool_calls.size() - 1);
     }

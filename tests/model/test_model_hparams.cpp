@@ -81,6 +81,10 @@ TEST(ModelHparams, OutOfRangeValuesAreRefusedByTheLoader) {
       {"kimi-k3.embedding_length", Value::u32(0x80000000u)},
       {"kimi-k3.attention.layer_norm_rms_epsilon", Value::f32(std::nanf(""))},
       {"kimi-k3.attention.layer_norm_rms_epsilon", Value::f32(-1.0f)},
+      // SiTU divides by beta (and lambda > 0): 0 or a subnormal made every activation NaN (fuzz_model)
+      {"kimi-k3.activation.situ_beta", Value::f32(0.0f)},
+      {"kimi-k3.activation.situ_beta", Value::f32(7e-45f)},
+      {"kimi-k3.activation.situ_linear_beta", Value::f32(1e-45f)},
       {"tokenizer.ggml.eos_token_id", Value::u32(0x80000000u)},
   };
   kimi::test::TempDir td;

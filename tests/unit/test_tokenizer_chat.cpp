@@ -214,3 +214,19 @@ TEST(ChatParse, StreamsReasoningContentAndToolCalls) {
   r.push("se|>response<|sep|><|close|>message<|sep|>");
   EXPECT_TRUE(r.message().done);
 }
+
+// Found by fuzz_chat: a repeated "<|close|>call" reported the same tool call as completed again,
+// so the server listed it twice.
+TEST(ChatParse, RepeatedCloseCompletesACallOnce) {
+  ChatParser p(false);
+  std::vector<size_t> completed;
+  for (const char* part : {"<|open|>call tool=\"f\"<|sep|><|close|>call<|sep|>", "<|close|>call<|sep|>",
+                           "<|close|>call<|sep|>"}) {
+    const ChatDelta d = p.push(part);
+    completed.insert(completed.end(), d.tool_calls_completed.begin(), d.tool_calls_completed.end());
+  }
+  p.finish();
+  EXPECT_EQ(completed, (std::vector<size_t>{0}));
+  ASSERT_EQ(p.message().tool_calls.size(), 1u);
+  EXPECT_TRUE(p.message().tool_calls[0].complete);
+}

@@ -1,0 +1,247 @@
+// Writes the seed corpus of every target but fuzz_gguf (see fuzz_gguf_seeds) into DIR/<target>/,
+// from the files the project itself makes: `kimi synth` configs, tokenizer files and checkpoint
+// tensors, the converter's vocabulary, chat requests rendered and their replies, server bodies.
+// Each seed starts with the mode byte its target reads first.
+//   fuzz_seeds DIR
+#include <cstdio>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "common.h"
+#include "convert/synth.h"
+#include "convert/vocab.h"
+#include "io/safetensors.h"
+#include "tokenizer/chat.h"
+#include "util/error.h"
+
+using namespace kimi;
+namespace fs = std::filesystem;
+
+namespace {
+std::string g_root;
+int g_count = 0;
+
+void seed(const std::string& target, const std::string& name, const std::string& bytes) {
+  fs::create_directories(g_root + "/" + target);
+  fuzz::write_file(g_root + "/" + target + "/" + name, bytes);
+  ++g_count;
+}
+std::string with_mode(char mode, const std::string& s) { return std::string(1, mode) + s; }
+
+void safetensors_seeds() {
+  const std::string tmp = fuzz::temp_dir() + "/seed.safetensors";
+  int n = 0;
+  auto file = [&](auto&& declare_and_write) {
+    {
+      st::Writer w(tmp);
+      declare_and_write(w);
+      w.finish();
+    }
+    seed("safetensors", "file-" + std::to_string(n++), with_mode(0, fuzz::read_file(tmp)));
+  };
+  file([](st::Writer& w) {
+    w.add_metadata("format", "pt");
+    w.add_tensor("language_model.model.norm.weight", st::Dtype::BF16, {4});
+    w.add_tensor("language_model.lm_head.weight", st::Dtype::F32, {2, 3});
+    w.begin();
+    const uint16_t a[4] = {0x3f80, 0, 0x8000, 0x7fc0};
+    const float b[6] = {1, 2, 3, 4, 5, 6};
+    w.write("language_model.model.norm.weight", a, sizeof a);
+    w.write("language_model.lm_head.weight", b, sizeof b);
+  });
+  file([](st::Writer& w) {  // every dtype, a zero-size tensor, 3-D and 0-D shapes
+    const st::Dtype all[] = {st::Dtype::BOOL, st::Dtype::U8,  st::Dtype::I8,      st::Dtype::I16,     st::Dtype::U16,
+                             st::Dtype::F16,  st::Dtype::I32, st::Dtype::U32,     st::Dtype::F64,     st::Dtype::I64,
+                             st::Dtype::U64,  st::Dtype::F8_E4M3, st::Dtype::F8_E5M2, st::Dtype::F8_E8M0};
+    int i = 0;
+    for (st::Dtype d : all) w.add_tensor("t" + std::to_string(i++), d, {2});
+    w.add_tensor("empty", st::Dtype::F32, {0, 4});
+    w.add_tensor("cube", st::Dtype::U8, {2, 2, 2});
+    w.add_tensor("scalar", st::Dtype::F32, {});
+    w.begin();
+    const uint8_t bytes[16] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16};
+    i = 0;
+    for (st::Dtype d : all) w.write("t" + std::to_string(i++), bytes, 2 * st::dtype_size(d));
+    w.write("empty", bytes, 0);
+    w.write("cube", bytes, 8);
+    w.write("scalar", bytes, 4);
+  });
+  file([](st::Writer& w) {  // an MXFP4 expert pair as compressed-tensors stores it
+    w.add_tensor("language_model.model.layers.1.block_sparse_moe.experts.0.w1.weight_packed", st::Dtype::U8, {2, 16});
+    w.add_tensor("language_model.model.layers.1.block_sparse_moe.experts.0.w1.weight_scale", st::Dtype::U8, {2, 1});
+    w.begin();
+    std::vector<uint8_t> p(32, 0x21), s(2, 127);
+    w.write("language_model.model.layers.1.block_sparse_moe.experts.0.w1.weight_packed", p.data(), p.size());
+    w.write("language_model.model.layers.1.block_sparse_moe.experts.0.w1.weight_scale", s.data(), s.size());
+  });
+  // index files for the two shards the target provides (x in a, y and z in b)
+  seed("safetensors", "index-0",
+       with_mode(1, R"({"metadata": {"total_size": 22}, "weight_map": {"x": "a.safetensors", "y": "b.safetensors", "z": "b.safetensors"}})"));
+  seed("safetensors", "index-1", with_mode(1, R"({"weight_map": {"x": "a.safetensors", "y": "a.safetensors"}})"));
+  // the start of the tiny checkpoint's real index
+  std::string idx = fuzz::read_file(fuzz::tiny_hf_dir() + "/model.safetensors.index.json");
+  seed("safetensors", "index-tiny-head", with_mode(1, idx.substr(0, 600)));
+}
+
+void config_seeds() {
+  auto add = [](const std::string& name, synth::Config c) { seed("hf_config", name, synth::config_json(c).dump(2)); };
+  for (const auto& p : synth::preset_names()) add(p, synth::preset(p));
+  synth::Config c = synth::preset("tiny");
+  c.indexer = false;
+  add("tiny-no-indexer", c);
+  c = synth::preset("tiny");
+  c.mxfp4_experts = false;
+  add("tiny-bf16-experts", c);
+  c = synth::preset("tiny");
+  synth::set_layers(c, 2);
+  add("tiny-2-layers", c);
+  seed("hf_config", "tiny-file", fuzz::read_file(fuzz::tiny_hf_dir() + "/config.json"));
+}
+
+void tokenizer_seeds() {
+  const std::string tk = fuzz::read_file(fuzz::tiny_hf_dir() + "/tiktoken.model");
+  auto lines = [&](int n) {
+    size_t end = 0;
+    for (int i = 0; i < n && (end = tk.find('\n', end)) != std::string::npos; ++i) ++end;
+    return tk.substr(0, end);
+  };
+  seed("tiktoken", "plain-300", lines(300));
+  seed("tiktoken", "plain-260", lines(260));
+  seed("tiktoken", "crlf", "IQ== 0\r\nIg== 1\r\n\r\nIyM= 2\r\n");
+  // the npm tiktoken encoder JSON form with the first 270 ranks in two runs ("! START b64 b64 ...")
+  std::string runs = "! 0";
+  for (size_t pos = 0, r = 0; r < 270 && pos < tk.size(); ++r, pos = tk.find('\n', pos) + 1) {
+    if (r == 100) runs += "\n! 100";
+    runs += " " + tk.substr(pos, tk.find(' ', pos) - pos);
+  }
+  nlohmann::ordered_json npm;
+  npm["pat_str"] = "\\s+|\\S+";
+  npm["special_tokens"] = {{"<|endoftext|>", 270}, {"<|im_end|>", 271}};
+  npm["bpe_ranks"] = runs;
+  seed("tiktoken", "npm-json", npm.dump());
+
+  // tokenizer_config.json: the synth file, and a short one
+  const std::string tc = fuzz::read_file(fuzz::tiny_hf_dir() + "/tokenizer_config.json");
+  seed("tokenizer_config", "tiny-tokenizer-config", with_mode(0, tc));
+  nlohmann::ordered_json small = nlohmann::ordered_json::parse(tc);
+  nlohmann::ordered_json atd = nlohmann::ordered_json::object();
+  int k = 0;
+  for (auto& [id, v] : small["added_tokens_decoder"].items())
+    if (k++ < 12) atd[id] = v;
+  small["added_tokens_decoder"] = atd;
+  small["add_bos_token"] = false;
+  small["chat_template"] = "{% for m in messages %}{{ m.content }}{% endfor %}";
+  seed("tokenizer_config", "short-tokenizer-config", with_mode(0, small.dump(1)));
+  // tokenizer.json (HF form) for the first 300 ranks, with merges and added tokens
+  std::vector<std::string> by_rank = convert::parse_tiktoken(lines(300), "tiny");
+  nlohmann::ordered_json vocab = nlohmann::ordered_json::object();
+  for (size_t r = 0; r < by_rank.size(); ++r) vocab[convert::gpt2_encode_bytes(by_rank[r])] = r;
+  nlohmann::ordered_json tj;
+  tj["model"] = {{"type", "BPE"}, {"vocab", vocab}, {"merges", convert::reconstruct_merges(by_rank)}};
+  tj["added_tokens"] = nlohmann::ordered_json::array(
+      {{{"id", 768}, {"content", "[BOS]"}, {"special", true}}, {{"id", 770}, {"content", "<|im_end|>"}, {"special", true}},
+       {{"id", 299}, {"content", "re-added"}, {"special", false}}});
+  seed("tokenizer_config", "tokenizer-json", with_mode(1, tj.dump()));
+}
+
+const char* const kRequests[] = {
+    R"({"messages":[{"role":"user","content":"Hello!"}]})",
+    R"({"messages":[{"role":"system","content":"Be brief."},{"role":"user","content":"Hi"},{"role":"assistant","content":"Yo","reasoning_content":"r"},{"role":"user","content":"Again"}],"thinking":false})",
+    R"({"messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]}],"thinking_effort":"low"})",
+    R"({"messages":[{"role":"user","content":"weather?"},{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"get_weather","arguments":"{\"city\": \"Paris\", \"n\": 3}"}}]},{"role":"tool","tool_call_id":"c1","content":"sunny"}],"tools":[{"type":"function","function":{"name":"get_weather","description":"Weather <x> & 'y'","parameters":{"type":"object","properties":{"city":{"type":"string"},"n":{"type":"integer","default":1}},"required":["city"]}}}],"tool_choice":"auto"})",
+    R"({"messages":[{"role":"developer","content":"d"},{"role":"user","name":"bob","content":"q"}],"response_format":{"type":"json_schema","json_schema":{"name":"x","schema":{"type":"object","properties":{"a":{"type":"integer"}}}}},"tool_choice":"required"})",
+    R"({"messages":[{"role":"assistant","content":"a","tool_calls":[{"function":{"name":"f","arguments":{"x":[1,2.5,1e16,null,true]}}}]}],"add_generation_prompt":false})",
+    R"({"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_object"},"thinking":{"type":"enabled"}})",
+};
+
+const char* const kSampling[] = {
+    R"(,"temperature":0.7,"top_p":0.9,"top_k":40,"min_p":0.05,"seed":42,"max_tokens":16,"stream":true,"stream_options":{"include_usage":true})",
+    R"(,"stop":["\n\n","END"],"max_completion_tokens":8,"repeat_penalty":1.1,"n":1,"logprobs":false,"model":"kimi"})",
+    R"(,"ignore_eos":true,"temperature":0,"reasoning_effort":"high")",
+};
+
+const char* const kReplies[] = {
+    "Let me think <about> it.<|close|>think<|sep|><|open|>response<|sep|>Answer: a<|b.<|close|>response<|sep|>"
+    "<|open|>tools<|sep|><|open|>call tool=\"get &amp; set\" index=\"1\"<|sep|>"
+    "<|open|>argument key=\"city\" type=\"string\"<|sep|>Paris \"FR\"<|close|>argument<|sep|>"
+    "<|open|>argument key=\"n\" type=\"number\"<|sep|>3<|close|>argument<|sep|>"
+    "<|open|>argument key=\"o\" type=\"object\"<|sep|>{\"k\": [1, true]}<|close|>argument<|sep|><|close|>call<|sep|>"
+    "<|open|>call tool=\"g\" index=\"2\"<|sep|><|open|>json type=\"object\"<|sep|>{\"q\": 1}<|close|>json<|sep|>"
+    "<|close|>call<|sep|><|close|>tools<|sep|><|close|>message<|sep|><|end_of_msg|>trailing",
+    "Hello<|close|>response<|sep|><|close|>message<|sep|>",
+    "<|close|>think<|sep|><|open|>response<|sep|>ok<|close|>response<|sep|><|end_of_msg|>",
+    "<|open|>argument key=\"b\" type=\"boolean\"<|sep|>true<|close|>argument<|sep|><|open|>argument key=\"i\" "
+    "type=\"integer\"<|sep|>-12<|close|>argument<|sep|><|open|>argument key=\"a\" type=\"array\"<|sep|>[1,\"x\"]"
+    "<|close|>argument<|sep|><|open|>argument key=\"z\" type=\"null\"<|sep|>null<|close|>argument<|sep|>",
+};
+
+void chat_seeds() {
+  int n = 0;
+  for (const char* r : kRequests) {
+    seed("chat", "render-" + std::to_string(n), with_mode(0, r));
+    // the rendered conversation, as text a parser may see
+    try {
+      seed("chat", "rendered-" + std::to_string(n), with_mode(1, tok::render_chat_request(tok::ojson::parse(r))));
+    } catch (const Error&) {
+    }
+    ++n;
+  }
+  n = 0;
+  for (const char* r : kReplies) {
+    seed("chat", "reply-think-" + std::to_string(n), with_mode(3, r));
+    seed("chat", "reply-" + std::to_string(n++), with_mode(1, r));
+  }
+}
+
+void api_seeds() {
+  int n = 0;
+  for (const char* r : kRequests) {
+    std::string body = r;
+    seed("api", "chat-" + std::to_string(n), with_mode(4, body));
+    body.pop_back();
+    body += kSampling[n % std::size(kSampling)];
+    body += "}";
+    seed("api", "chat-sampling-" + std::to_string(n++), with_mode(static_cast<char>(n % 2 ? 0 : 8), body));
+  }
+  const char* const completions[] = {
+      R"({"prompt":"Once upon a time","max_tokens":8,"temperature":0.5})",
+      R"({"prompt":[1,2,3,1023],"stop":"x","seed":-1})",
+      R"({"prompt":["one string"],"echo":false,"stream":true})",
+      R"({"prompt":"[BOS]special<|im_end|>","top_k":1,"max_tokens":1e1})",
+  };
+  n = 0;
+  for (const char* c : completions) seed("api", "completion-" + std::to_string(n++), with_mode(5, c));
+}
+
+void model_seeds() {
+  // the unmodified model with each context option set, and a few single edits
+  for (int o = 0; o < 8; ++o) seed("model", "unmodified-" + std::to_string(o), std::string(1, static_cast<char>(o)));
+  seed("model", "key-small", std::string("\x00\x00\x20\x00\x05", 5));   // a key to 5
+  seed("model", "key-special", std::string("\x01\x00\x21\x02\x1e\x03", 6));  // a key to 2^32-1
+  seed("model", "tensor-dim", std::string("\x00\x03\x05\x00\x00\x00\x02\x00\x00", 9));
+  seed("model", "tensor-type", std::string("\x02\x04\x30\x00\x00\x00\x03", 7));
+  seed("model", "head-count-kv", std::string("\x00\x02\x00\x00\x03\x01", 6));
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 2) {
+    std::fprintf(stderr, "usage: fuzz_seeds DIR\n");
+    return 2;
+  }
+  g_root = argv[1];
+  try {
+    safetensors_seeds();
+    config_seeds();
+    tokenizer_seeds();
+    chat_seeds();
+    api_seeds();
+    model_seeds();
+  } catch (const Error& e) {
+    std::fprintf(stderr, "fuzz_seeds: %s\n", e.what());
+    return 1;
+  }
+  std::printf("fuzz_seeds: wrote %d seeds under %s\n", g_count, g_root.c_str());
+  return 0;
+}

@@ -48,7 +48,7 @@ void same_message(const tok::ParsedMessage& a, const tok::ParsedMessage& b) {
   for (size_t i = 0; i < a.tool_calls.size(); ++i) {
     const auto &x = a.tool_calls[i], &y = b.tool_calls[i];
     if (x.name != y.name || x.index != y.index || x.raw_json != y.raw_json || x.complete != y.complete ||
-        x.arguments.dump() != y.arguments.dump())
+        x.arguments != y.arguments)
       mismatch("chunked parse: a tool call differs");
   }
 }

@@ -4,7 +4,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PKGS=(build-essential cmake ninja-build ccache pkg-config git
       nlohmann-json3-dev libfmt-dev libcli11-dev libpcre2-dev libcpp-httplib-dev
-      libgtest-dev libgmock-dev googletest time)
+      libgtest-dev libgmock-dev googletest time
+      clang libclang-rt-dev llvm)  # clang + its sanitizer/libFuzzer runtimes + llvm-symbolizer: scripts/fuzz.sh
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -4,5 +4,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 bash scripts/build.sh
-cd "${BUILD_DIR:-build}"
-ctest --output-on-failure -j "$(nproc)" --timeout 900
+(cd "${BUILD_DIR:-build}" && ctest --output-on-failure -j "$(nproc)" --timeout 900)
+# every fuzz target for a bounded time (KIMI_FUZZ_SECONDS per target, default 30; 0 skips)
+if [[ ${KIMI_FUZZ_SECONDS:-30} != 0 ]]; then
+  bash scripts/fuzz.sh "${KIMI_FUZZ_SECONDS:-30}"
+fi

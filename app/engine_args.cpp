@@ -143,7 +143,7 @@ ContextOptions context_options(const EngineArgs& a, int n_ctx, int n_batch) {
   o.n_batch_max = n_batch;
   o.attn = a.attn == "dense" ? AttnPath::Dense : AttnPath::Sparse;
   o.attn_top_k = a.attn_top_k;
-  o.precision = a.precision == "f32" ? kern::Precision::F32 : kern::Precision::Fast;
+  o.precision = a.precision == "f32" ? Precision::F32 : Precision::Fast;
   o.cache_type = a.cache_type == "f32" ? CacheType::F32 : CacheType::F16;
   o.placement = placement_rules(a);
   return o;

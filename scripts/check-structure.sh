@@ -45,7 +45,6 @@ EOF
 # there. Each row is deleted when the work named in it lands; a row that no longer matches any
 # #include is reported as a note (not a failure, so that the work can land first).
 read -r -d '' EXCEPTIONS <<'EOF' || true
-src/backend/backend.h       backend/cpu/matmul.h     removed when kern::MatView and kern::Precision move to a neutral header of backend/ (issue 10 follow-up)
 EOF
 
 # ---------------------------------------------------------------------------------------------

@@ -20,7 +20,7 @@
 #include <memory>
 #include <string>
 
-#include "backend/cpu/matmul.h"  // kern::MatView (a plain weight view) and kern::Precision
+#include "backend/mat_view.h"  // MatView (a plain weight view) and Precision
 
 namespace kimi {
 
@@ -92,7 +92,7 @@ struct WorkLimits {
 
 // The routed experts of one layer: stacked [E] 2-D slices (slice e at data + e * slice_bytes).
 struct ExpertMats {
-  kern::MatView gate, up, down;
+  MatView gate, up, down;
   uint64_t gate_slice = 0, up_slice = 0, down_slice = 0;
 };
 
@@ -113,7 +113,7 @@ class Backend {
   virtual ~Backend() = default;
   virtual const char* name() const = 0;
   virtual bool host_visible() const = 0;  // data() of its buffers can be read/written by the host
-  virtual kern::Precision precision() const = 0;
+  virtual Precision precision() const = 0;
 
   // ---- memory ----
   virtual std::unique_ptr<Buffer> alloc(uint64_t bytes, const char* what) = 0;  // zero-filled
@@ -131,9 +131,9 @@ class Backend {
 
   // ---- dense algebra ----
   // y[t][r] = sum_c W[r][c] x[t][c], t < n (x: n x W.cols, y: n x W.rows)
-  virtual void matmul(const kern::MatView& W, const float* x, int64_t n, float* y) = 0;
+  virtual void matmul(const MatView& W, const float* x, int64_t n, float* y) = 0;
   // out[t] = row e[t].token of the table, dequantized (n x table.cols)
-  virtual void embed_rows(const kern::MatView& table, const BatchEntry* e, int64_t n, float* out) = 0;  // e: host
+  virtual void embed_rows(const MatView& table, const BatchEntry* e, int64_t n, float* out) = 0;  // e: host
   // y[t] = rms_norm(x[t][:width]) * w for n rows (row strides ldx/ldy; y may alias x)
   virtual void rms_norm_rows(const float* x, int64_t ldx, const float* w, float* y, int64_t ldy, int64_t n,
                              int64_t width, float eps) = 0;
@@ -163,7 +163,7 @@ class Backend {
 
   // ---- MLA (absorbed, NoPE) ----
   // qcat[t][h] = [W_kb,h^T q[t][h][:nope] | q[t][h][nope:nope+pe]]   (W_kb,h = k_b slice h: kvl x nope)
-  virtual void mla_absorb_queries(const kern::MatView& k_b, uint64_t slice_bytes, const float* q, int64_t n,
+  virtual void mla_absorb_queries(const MatView& k_b, uint64_t slice_bytes, const float* q, int64_t n,
                                   int64_t H, int64_t nope, int64_t pe, float* qcat) = 0;
   // z[t][h] = softmax(scale * qcat[t][h] . rows) . latent over the token's visible rows 0..pos,
   // only rows sel_idx[t][0..sel_n[t]) when sel_n[t] >= 0
@@ -171,7 +171,7 @@ class Backend {
                              const float* qcat, const int32_t* sel_idx, const int32_t* sel_n, int64_t sel_cap,
                              float scale, AttnPath path, float* z) = 0;  // e: host
   // o[t][h*vd..] = W_vb,h z[t][h]   (W_vb,h = v_b slice h: vd x kvl)
-  virtual void mla_value_heads(const kern::MatView& v_b, uint64_t slice_bytes, const float* z, int64_t n, int64_t H,
+  virtual void mla_value_heads(const MatView& v_b, uint64_t slice_bytes, const float* z, int64_t n, int64_t H,
                                float* o) = 0;
 
   // ---- DSA indexer ----

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "io/gguf.h"
-#include "backend/backend.h"  // kern::MatView
+#include "backend/backend.h"  // MatView
 
 namespace kimi {
 
@@ -85,12 +85,12 @@ struct HParams {
 // ne[0]); 3-D stacked experts/heads use slice(i). `f32` points at F32 data for vectors.
 struct WeightView {
   const gguf::TensorInfo* info = nullptr;  // nullptr = tensor absent (optional tensors)
-  kern::MatView mat;                       // 2-D (or slice 0 of 3-D)
+  MatView mat;                       // 2-D (or slice 0 of 3-D)
   uint64_t slice_bytes = 0;                // bytes between 3-D slices
   const float* f32 = nullptr;              // F32 vectors only
   explicit operator bool() const { return info != nullptr; }
-  kern::MatView slice(int64_t i) const {
-    kern::MatView m = mat;
+  MatView slice(int64_t i) const {
+    MatView m = mat;
     m.data += slice_bytes * static_cast<uint64_t>(i);
     return m;
   }

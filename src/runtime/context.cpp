@@ -29,7 +29,7 @@ struct Context::Impl {
   const HParams& hp;
   ContextOptions opts;
   ThreadPool pool;
-  kern::Precision prec;
+  Precision prec;
   bool cache_f16 = true;
   int top_k = 0;  // effective (0 = indexer off)
   int n_threads = 1;
@@ -62,7 +62,7 @@ Context::Impl::Impl(const Model& m, const ContextOptions& o)
   check(opts.n_snapshots_max >= 1, "context: n_snapshots_max must be >= 1 (got {})", opts.n_snapshots_max);
   check(opts.attn_top_k >= -1, "context: attn_top_k must be -1 (file), 0 (off) or > 0 (got {})", opts.attn_top_k);
   prec = opts.precision;
-  cache_f16 = prec == kern::Precision::Fast && opts.cache_type == CacheType::F16;
+  cache_f16 = prec == Precision::Fast && opts.cache_type == CacheType::F16;
   n_threads = pool.size();
   if (!hp.has_indexer || opts.attn_top_k == 0)
     top_k = 0;
@@ -325,7 +325,7 @@ std::string Context::memory_summary() const {
       opts_.n_seq_max, opts_.n_ctx_max, c.cache_f16 ? "F16" : "F32", cache / 1048576.0, state / 1048576.0,
       memory_bytes() / 1048576.0, c.n_threads, opts_.attn == AttnPath::Sparse ? "sparse" : "dense",
       c.top_k == 0 ? std::string("off") : std::to_string(c.top_k),
-      c.prec == kern::Precision::Fast ? "fast" : "f32");
+      c.prec == Precision::Fast ? "fast" : "f32");
   if (!c.placement.single_device()) s += c.placement.summary();
   return s;
 }

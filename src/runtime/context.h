@@ -24,7 +24,7 @@
 #include <string>
 #include <vector>
 
-#include "backend/backend.h"  // BatchEntry, AttnPath, kern::Precision
+#include "backend/backend.h"  // BatchEntry, AttnPath, Precision
 #include "backend/placement.h"
 #include "model/model.h"
 #include "util/thread_pool.h"
@@ -39,7 +39,7 @@ struct ContextOptions {
                           // larger batches are split in order)
   AttnPath attn = AttnPath::Sparse;
   int attn_top_k = -1;    // -1: top_k from the file; 0: indexer disabled (plain attention); >0: override
-  kern::Precision precision = kern::Precision::Fast;  // F32: f32 matmuls, f32 caches, no rounding
+  Precision precision = Precision::Fast;  // F32: f32 matmuls, f32 caches, no rounding
   CacheType cache_type = CacheType::F16;              // ignored (F32) when precision == F32
   int n_snapshots_max = 4;  // KDA snapshots kept per sequence (>= 1); a new one beyond evicts the
                             // interior snapshot leaving the smallest gap (the newest is always kept)

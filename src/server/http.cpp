@@ -100,7 +100,7 @@ Server::Server(const ServerOptions& opts) : impl_(std::make_unique<Impl>()) {
   co.n_ctx_max = opts.ctx;
   co.attn = opts.attn == "dense" ? AttnPath::Dense : AttnPath::Sparse;
   co.attn_top_k = opts.attn_top_k;
-  co.precision = opts.precision == "f32" ? kern::Precision::F32 : kern::Precision::Fast;
+  co.precision = opts.precision == "f32" ? Precision::F32 : Precision::Fast;
   co.cache_type = opts.cache_type == "f32" ? CacheType::F32 : CacheType::F16;
   co.placement = opts.placement;
   co.n_batch_max = opts.sched.chunk * opts.sched.max_chunks + opts.sched.parallel;

@@ -40,7 +40,7 @@ struct ChatFixture : ::testing::Test {
     o.n_threads = 1;
     o.n_ctx_max = n_ctx;
     o.n_batch_max = n_batch;
-    o.precision = kern::Precision::F32;
+    o.precision = Precision::F32;
     return o;
   }
   // The reference: the request body rendered by the chat template and tokenized, independently of
@@ -58,7 +58,7 @@ std::vector<int32_t> fresh_greedy(const Model& m, const tok::Tokenizer& tk, cons
   o.n_threads = 1;
   o.n_ctx_max = 2048;
   o.n_batch_max = 1024;
-  o.precision = kern::Precision::F32;
+  o.precision = Precision::F32;
   Context ctx(m, o);
   Sampler s(SamplerParams{}, ctx.n_vocab());
   Batch b;

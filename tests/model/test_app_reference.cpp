@@ -49,7 +49,7 @@ std::vector<int32_t> prompt(int seed, int n) {
 }
 
 struct EngineRun {
-  kimi::kern::Precision prec = kimi::kern::Precision::F32;
+  kimi::Precision prec = kimi::Precision::F32;
   int top_k = -1;
   kimi::AttnPath path = kimi::AttnPath::Sparse;
   int chunk = 0;  // 0: whole prompt in one batch; else chunks of this many tokens
@@ -173,7 +173,7 @@ TEST(EngineVsRefPaths, TwoSequencesInOneBatch) {
   o.n_threads = 2;
   o.n_seq_max = 2;
   o.n_ctx_max = 64;
-  o.precision = kimi::kern::Precision::F32;
+  o.precision = kimi::Precision::F32;
   o.attn_top_k = 6;
   kimi::Context ctx(*t.model, o);
   kimi::Batch batch;
@@ -222,7 +222,7 @@ TEST(EngineVsRefFast, SingleTokensMatchTheEmulationAlmostExactly) {
   o.n_threads = 2;
   o.n_seq_max = n;
   o.n_ctx_max = 8;
-  o.precision = kimi::kern::Precision::Fast;
+  o.precision = kimi::Precision::Fast;
   kimi::Context ctx(*t.model, o);
   kimi::Batch b;
   for (int i = 0; i < n; ++i) b.add(toks[i], i, 0, true);
@@ -245,7 +245,7 @@ TEST(EngineVsRefFast, PromptsAreCloserToTheEmulation) {
     Tiny& t = tiny(seed);
     for (int len : {5, 40}) {
       auto toks = prompt(seed, len);
-      Logits eng = run_engine(*t.model, toks, {.prec = kimi::kern::Precision::Fast});
+      Logits eng = run_engine(*t.model, toks, {.prec = kimi::Precision::Fast});
       Logits emu = t.ref.forward(toks, {.emulate_fast = true});
       Logits exact = t.ref.forward(toks);
       debug_report("fast-vs-emulated", seed, len, eng, emu);

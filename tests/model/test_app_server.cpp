@@ -139,7 +139,7 @@ std::string reference_greedy(const std::vector<int32_t>& prompt, int n) {
   co.n_threads = 1;
   co.n_ctx_max = 1024;
   co.n_batch_max = 512;
-  co.precision = kern::Precision::F32;
+  co.precision = Precision::F32;
   Context ctx(*m, co);
   Batch b;
   b.add_sequence(prompt, 0, 0, true);

@@ -45,7 +45,7 @@ Logits run_engine_f32(const std::string& gguf, const std::vector<int32_t>& toks)
   kimi::ContextOptions o;
   o.n_threads = 2;
   o.n_ctx_max = 64;
-  o.precision = kimi::kern::Precision::F32;
+  o.precision = kimi::Precision::F32;
   kimi::Context ctx(*m, o);
   kimi::Batch b;
   b.add_sequence(toks, 0, 0, false, true);

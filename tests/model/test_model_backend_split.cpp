@@ -51,7 +51,7 @@ class DevBuffer final : public Buffer {
 // The CPU backend as "device 1": its own memory, explicit copies, every pointer checked.
 class FakeDevice final : public CpuBackend {
  public:
-  FakeDevice(ThreadPool& pool, kern::Precision prec) : CpuBackend(pool, prec) {
+  FakeDevice(ThreadPool& pool, Precision prec) : CpuBackend(pool, prec) {
     if (!g_arena) {
       void* p = ::mmap(nullptr, kArenaBytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
       EXPECT_NE(p, MAP_FAILED);
@@ -102,11 +102,11 @@ class FakeDevice final : public CpuBackend {
   void fill_zero(void* d, uint64_t b) override { Op o(this, "fill_zero", {d}); CpuBackend::fill_zero(d, b); }
 
   // ---- ops: check, then the CPU implementation ----
-  void matmul(const kern::MatView& W, const float* x, int64_t n, float* y) override {
+  void matmul(const MatView& W, const float* x, int64_t n, float* y) override {
     Op o(this, "matmul", {W.data, x, y});
     CpuBackend::matmul(W, x, n, y);
   }
-  void embed_rows(const kern::MatView& t, const BatchEntry* e, int64_t n, float* out) override {
+  void embed_rows(const MatView& t, const BatchEntry* e, int64_t n, float* out) override {
     Op o(this, "embed_rows", {t.data, out});
     CpuBackend::embed_rows(t, e, n, out);
   }
@@ -164,7 +164,7 @@ class FakeDevice final : public CpuBackend {
     Op o(this, "store_cache_rows", {src, r.data});
     CpuBackend::store_cache_rows(src, ld, e, n, r);
   }
-  void mla_absorb_queries(const kern::MatView& kb, uint64_t sb, const float* q, int64_t n, int64_t H, int64_t nope,
+  void mla_absorb_queries(const MatView& kb, uint64_t sb, const float* q, int64_t n, int64_t H, int64_t nope,
                           int64_t pe, float* qc) override {
     Op o(this, "mla_absorb_queries", {kb.data, q, qc});
     CpuBackend::mla_absorb_queries(kb, sb, q, n, H, nope, pe, qc);
@@ -175,7 +175,7 @@ class FakeDevice final : public CpuBackend {
     Op o(this, "mla_attention", {lat.data, qc, cap ? si : nullptr, sn, z});
     CpuBackend::mla_attention(lat, kvl, e, n, H, qc, si, sn, cap, scale, path, z);
   }
-  void mla_value_heads(const kern::MatView& vb, uint64_t sb, const float* z, int64_t n, int64_t H, float* out) override {
+  void mla_value_heads(const MatView& vb, uint64_t sb, const float* z, int64_t n, int64_t H, float* out) override {
     Op o(this, "mla_value_heads", {vb.data, z, out});
     CpuBackend::mla_value_heads(vb, sb, z, n, H, out);
   }
@@ -346,7 +346,7 @@ struct TinyModel {
   }
 };
 
-void check_splits(const Model& m, kern::Precision prec, AttnPath path) {
+void check_splits(const Model& m, Precision prec, AttnPath path) {
   ContextOptions o;
   o.n_threads = 2;
   o.n_ctx_max = 64;
@@ -379,26 +379,26 @@ void check_splits(const Model& m, kern::Precision prec, AttnPath path) {
 
 TEST(ModelBackendSplit, PlacementSplitsGiveIdenticalLogitsF32) {
   TinyModel t(16);
-  check_splits(*t.m, kern::Precision::F32, AttnPath::Sparse);
+  check_splits(*t.m, Precision::F32, AttnPath::Sparse);
 }
 
 TEST(ModelBackendSplit, PlacementSplitsGiveIdenticalLogitsFast) {
   TinyModel t(16);
-  check_splits(*t.m, kern::Precision::Fast, AttnPath::Sparse);
+  check_splits(*t.m, Precision::Fast, AttnPath::Sparse);
 }
 
 TEST(ModelBackendSplit, WithoutIndexerAndDenseAttention) {
   TinyModel t(0);
-  check_splits(*t.m, kern::Precision::F32, AttnPath::Sparse);
+  check_splits(*t.m, Precision::F32, AttnPath::Sparse);
   TinyModel t2(16);
-  check_splits(*t2.m, kern::Precision::F32, AttnPath::Dense);
+  check_splits(*t2.m, Precision::F32, AttnPath::Dense);
 }
 
 // The checks themselves work: a dev1 op handed device-0 memory stops the process.
 TEST(ModelBackendSplit, FakeDeviceRefusesForeignMemory) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   ThreadPool pool(1);
-  FakeDevice dev1(pool, kern::Precision::F32);
+  FakeDevice dev1(pool, Precision::F32);
   auto own = dev1.alloc(64 * 4, "x");
   std::vector<float> host(64, 1.0f);
   EXPECT_DEATH(dev1.add(own->as<float>(), host.data(), 64), "not dev1 memory");

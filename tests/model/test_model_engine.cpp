@@ -139,7 +139,7 @@ TEST_F(Fixture, PrefillEqualsDecodeF32Precision) {
   auto m = Model::load(k31);
   auto toks = random_tokens(40, 8);
   ContextOptions o = opts();
-  o.precision = kern::Precision::F32;
+  o.precision = Precision::F32;
   Context a(*m, o), b(*m, o);
   Rows pa = run_batch(a, toks);
   Rows pb = run_one_by_one(b, toks);
@@ -206,7 +206,7 @@ TEST_F(Fixture, SparseEqualsDenseF32Precision) {
   auto toks = random_tokens(48, 12);
   for (int top_k : {-1, 5, 0}) {
     ContextOptions os = opts(top_k, AttnPath::Sparse), od = opts(top_k, AttnPath::Dense);
-    os.precision = od.precision = kern::Precision::F32;
+    os.precision = od.precision = Precision::F32;
     Context s(*m, os), d(*m, od);
     EXPECT_LT(rel_diff(run_batch(s, toks), run_batch(d, toks)), 2e-5) << "top_k " << top_k;
   }
@@ -418,7 +418,7 @@ TEST_F(Fixture, GroupedExpertsEqualPerExpertLoop) {
   // Both compute every output row with the same kernel and sum in expert order: bit-identical.
   auto m = Model::load(k31);
   auto toks = random_tokens(20, 41);
-  for (kern::Precision p : {kern::Precision::Fast, kern::Precision::F32}) {
+  for (Precision p : {Precision::Fast, Precision::F32}) {
     ContextOptions a = opts(), b = opts();
     a.precision = b.precision = p;
     a.n_threads = b.n_threads = 2;

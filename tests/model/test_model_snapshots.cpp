@@ -62,7 +62,7 @@ struct Snapshots : ::testing::Test {
     o.n_seq_max = 2;
     o.n_ctx_max = 96;
     o.n_batch_max = 32;
-    o.precision = kern::Precision::F32;
+    o.precision = Precision::F32;
     o.n_snapshots_max = n_snap;
     return o;
   }

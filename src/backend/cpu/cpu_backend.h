@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/cpu/matmul.h"
 #include "backend/cpu/topk.h"
 #include "util/thread_pool.h"
 

@@ -5,23 +5,15 @@
 #pragma once
 #include <cstdint>
 
+#include "backend/mat_view.h"
 #include "tensor/types.h"
 #include "util/thread_pool.h"
 
 namespace kimi::kern {
 
-struct MatView {
-  GgmlType type = GgmlType::F32;
-  const uint8_t* data = nullptr;
-  int64_t rows = 0;       // output features
-  int64_t cols = 0;       // input features (multiple of the type's block size)
-  uint64_t row_bytes = 0; // bytes per row (row_bytes(type, cols))
-};
-
-// Precision::Fast: activations are rounded to the weight's dot type (bf16 for BF16, f16 for F16,
-//   Q8_0 blocks for Q8_0/MXFP4/Q4_0, Q8_K for K-quants), int32/f32 accumulation.
-// Precision::F32: weights are decoded to f32 on the fly and dotted with f32 activations.
-enum class Precision { Fast, F32 };
+// The weight view and the precision are the backend-neutral ones (backend/mat_view.h).
+using kimi::MatView;
+using kimi::Precision;
 
 // y[t*rows + r] = sum_c W[r][c] * x[t*cols + c]  for t < n_tokens (x, y row-major f32).
 // n_tokens == 1 takes the GEMV path; larger n_tokens the blocked GEMM path. Threads over rows

@@ -305,7 +305,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     co.n_ctx_max = 8;
     co.n_batch_max = 4;
     co.attn = opts & 1 ? AttnPath::Dense : AttnPath::Sparse;
-    co.precision = opts & 2 ? kern::Precision::F32 : kern::Precision::Fast;
+    using Prec = decltype(co.precision);
+    co.precision = opts & 2 ? Prec::F32 : Prec::Fast;
     co.attn_top_k = opts & 4 ? 2 : -1;
     Context ctx(*m, co);
     const int32_t nv = ctx.n_vocab();

@@ -16,7 +16,13 @@ t0=$(date +%s)
 
 command -v clang++ >/dev/null || { echo "fuzz: clang++ not found (bash scripts/setup.sh installs it)" >&2; exit 1; }
 CC=clang CXX=clang++ cmake -S fuzz -B "$BUILD" -G Ninja >/dev/null
-cmake --build "$BUILD" -j "$(nproc)" | tail -n 1
+mkdir -p "$BUILD"
+if ! cmake --build "$BUILD" -j "$(nproc)" >"$BUILD/build.log" 2>&1; then
+  echo "fuzz: building the fuzz harnesses failed:" >&2
+  grep -E -A5 "error|FAILED" "$BUILD/build.log" | head -n 60 >&2 || tail -n 60 "$BUILD/build.log" >&2
+  exit 1
+fi
+tail -n 1 "$BUILD/build.log"
 t_build=$(( $(date +%s) - t0 ))
 
 # seeds: made from the project's own files at run time (see docs/testing.md)

@@ -13,6 +13,12 @@
 
 namespace kimi::tok {
 
+// Bounds for vocabularies built from rank files (from_ranks): ids are allocated densely up to the
+// largest one, so the largest id may exceed the number of tokens given by at most this many
+// unused ids, and no vocabulary reaches 2^24 ids (K3: 163 840).
+constexpr int64_t kMaxUnusedIds = 65536;
+constexpr int64_t kMaxVocab = int64_t{1} << 24;
+
 struct Tokenizer::Impl {
   std::vector<std::string> pieces;  // raw bytes per id (special: text)
   std::vector<TokenType> types;
@@ -221,6 +227,12 @@ Tokenizer Tokenizer::from_ranks(const std::vector<std::pair<std::string, int32_t
     max_id = std::max(max_id, id);
   }
   check(max_id >= 0, "tiktoken ranks: no tokens");
+  // The id space is allocated densely: bound it by what the input holds (a few unused ids between
+  // the ranks and the specials are normal; a lone rank of 10^9 in a small file is not).
+  const int64_t n_given = static_cast<int64_t>(ranks.size() + specials.size());
+  check(max_id < n_given + kMaxUnusedIds && max_id < kMaxVocab,
+        "tiktoken ranks: id {} is out of range for {} tokens (at most {} unused ids, vocabulary < {})", max_id, n_given,
+        kMaxUnusedIds, kMaxVocab);
   auto impl = std::make_unique<Impl>();
   const size_t n = static_cast<size_t>(max_id) + 1;
   impl->pieces.assign(n, std::string());

@@ -307,6 +307,16 @@ TEST(TokenizerErrors, BadRankFilesAreNamed) {
             std::string::npos);
   EXPECT_NE(error_of([] { Tokenizer::from_ranks({{"a", 0}, {"b", 0}}, kKimiPattern, {}); }).find("rank 0 is given twice"),
             std::string::npos);
+  // a lone huge rank (or special id) in a tiny file must not allocate the id space up to it
+  EXPECT_NE(error_of([] { Tokenizer::from_ranks({{"a", 0}, {"b", 224000001}}, kKimiPattern, {}); })
+                .find("id 224000001 is out of range for 2 tokens"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { Tokenizer::from_ranks({{"a", 0}}, kKimiPattern, {{"<x>", 70000}}); }).find("out of range"),
+            std::string::npos);
+  // ... while unused ids between the ranks and the specials stay fine
+  const auto byte_ranks = small_ranks({});
+  const int32_t nb = static_cast<int32_t>(byte_ranks.size());
+  EXPECT_EQ(Tokenizer::from_ranks(byte_ranks, kKimiPattern, {{"<x>", nb + 1000}}).n_vocab(), nb + 1001);
   auto d = parse_tiktoken("{\"pat_str\": \"\\\\s+\", \"special_tokens\": {\"<e>\": 5}, \"bpe_ranks\": \"! 0 YQ== Yg==\\n! 3 Yw==\"}",
                           "e.json");
   ASSERT_EQ(d.ranks.size(), 3u);

@@ -186,6 +186,15 @@ TEST(HardenInputs, FifoConfigJsonIsRefusedNotWaitedOn) {
   EXPECT_NE(r.out.find("not a regular file"), std::string::npos) << r.out;
 }
 
+// A 1 GiB memory bound for a child `kimi`: the address-space limit, except under AddressSanitizer
+// (-DKIMI_SANITIZE=ON), whose shadow memory needs terabytes of address space; there the
+// sanitizer's own allocation and RSS limits bound it instead.
+#if defined(__SANITIZE_ADDRESS__)
+const char* const kMemLimit1G = "export ASAN_OPTIONS=hard_rss_limit_mb=1024:max_allocation_size_mb=1024; ";
+#else
+const char* const kMemLimit1G = "ulimit -v 1048576; ";
+#endif
+
 TEST(HardenInputs, HugeCountsInConfigFailFastWithoutAllocating) {
   for (const std::string key : {"num_hidden_layers", "num_experts"}) {
     TempDir td;
@@ -194,13 +203,13 @@ TEST(HardenInputs, HugeCountsInConfigFailFastWithoutAllocating) {
     // 1 GiB of address space is far more than the tiny model needs and far less than the old
     // per-layer / per-expert allocations (6-9 GB); 30 s is far more than the 0.05 s it takes
     const auto t0 = std::chrono::steady_clock::now();
-    auto r = run_bounded("convert " + hf + " -o " + td.file("o.gguf") + " -q", 30, "ulimit -v 1048576; ");
+    auto r = run_bounded("convert " + hf + " -o " + td.file("o.gguf") + " -q", 30, kMemLimit1G);
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     EXPECT_EQ(r.exit_code, 1) << key << ": " << r.out;
     EXPECT_NE(r.out.find("'" + key + "' = 2147483648"), std::string::npos) << r.out;
     EXPECT_NE(r.out.find("than the checkpoint can hold"), std::string::npos) << r.out;
     EXPECT_LT(s, 10.0) << key;
-    r = run_bounded("verify " + hf + " " + kimi::test::tiny_gguf() + " -q", 30, "ulimit -v 1048576; ");
+    r = run_bounded("verify " + hf + " " + kimi::test::tiny_gguf() + " -q", 30, kMemLimit1G);
     EXPECT_NE(r.exit_code, 124) << key << ": " << r.out;
     EXPECT_EQ(r.out.find("bad_alloc"), std::string::npos) << r.out;
     EXPECT_FALSE(fs::exists(td.file("o.gguf")));

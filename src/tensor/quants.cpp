@@ -360,7 +360,7 @@ float make_qkx2_quants(int n, int nmax, const float* x, const float* w, uint8_t*
 }
 
 // Signed fit x ~ scale * (L - nmax), L in [0, 2 nmax), weights x^2, 19 candidate scales.
-float make_qx_quants(int n, int nmax, const float* x, int8_t* L) {
+float make_qx_quants(int n, int nmax, const float* x, int8_t* L, const float* qw = nullptr) {
   float mx = 0, amax = 0;
   for (int i = 0; i < n; ++i) {
     const float ax = std::fabs(x[i]);
@@ -378,7 +378,7 @@ float make_qx_quants(int n, int nmax, const float* x, int8_t* L) {
   for (int i = 0; i < n; ++i) {
     const int l = std::clamp(rne(iscale * x[i]), -nmax, nmax - 1);
     L[i] = static_cast<int8_t>(l + nmax);
-    const float w = x[i] * x[i];
+    const float w = qw ? qw[i] * x[i] * x[i] : x[i] * x[i];
     sumlx += w * x[i] * l;
     suml2 += w * l * l;
   }
@@ -390,7 +390,7 @@ float make_qx_quants(int n, int nmax, const float* x, int8_t* L) {
     sumlx = suml2 = 0;
     for (int i = 0; i < n; ++i) {
       const int l = std::clamp(rne(iscale * x[i]), -nmax, nmax - 1);
-      const float w = x[i] * x[i];
+      const float w = qw ? qw[i] * x[i] * x[i] : x[i] * x[i];
       sumlx += w * x[i] * l;
       suml2 += w * l * l;
     }
@@ -406,7 +406,7 @@ float make_qx_quants(int n, int nmax, const float* x, int8_t* L) {
 // Shared part of Q4_K / Q5_K: 8 sub-block (scale, min) fits packed as 6-bit pairs; returns the
 // final integer levels in L[256] (0..nmax).
 void quantize_k_scales(const float* x, int nmax, float rmin, float rdelta, int nstep, uint16_t* d_out,
-                       uint16_t* dmin_out, uint8_t* packed, uint8_t* L) {
+                       uint16_t* dmin_out, uint8_t* packed, uint8_t* L, const float* qw) {
   float scales[8], mins[8], w[32];
   uint8_t Laux[32];
   float max_scale = 0, max_min = 0;
@@ -415,6 +415,8 @@ void quantize_k_scales(const float* x, int nmax, float rmin, float rdelta, int n
     for (int l = 0; l < 32; ++l) sum_x2 += x[32 * j + l] * x[32 * j + l];
     const float av_x = std::sqrt(sum_x2 / 32);
     for (int l = 0; l < 32; ++l) w[l] = av_x + std::fabs(x[32 * j + l]);
+    if (qw)  // imatrix: column importance times the same magnitude weight
+      for (int l = 0; l < 32; ++l) w[l] *= std::max(qw[32 * j + l], 0.0f) + 1e-10f;
     scales[j] = make_qkx2_quants(32, nmax, x + 32 * j, w, L + 32 * j, &mins[j], Laux, rmin, rdelta, nstep);
     max_scale = std::max(max_scale, scales[j]);
     max_min = std::max(max_min, mins[j]);
@@ -450,22 +452,22 @@ void quantize_k_scales(const float* x, int nmax, float rmin, float rdelta, int n
 
 }  // namespace
 
-void quantize_row_q4_K(const float* x, block_q4_K* y, int64_t n) {
+void quantize_row_q4_K(const float* x, block_q4_K* y, int64_t n, const float* qw) {
   check_blocks(n, QK_K, "quantize_row_q4_K");
   uint8_t L[QK_K];
-  for (int64_t b = 0; b < n / QK_K; ++b, x += QK_K) {
-    quantize_k_scales(x, 15, -1.0f, 0.1f, 20, &y[b].d, &y[b].dmin, y[b].scales, L);
+  for (int64_t b = 0; b < n / QK_K; ++b, x += QK_K, qw = qw ? qw + QK_K : nullptr) {
+    quantize_k_scales(x, 15, -1.0f, 0.1f, 20, &y[b].d, &y[b].dmin, y[b].scales, L, qw);
     uint8_t* q = y[b].qs;
     for (int j = 0; j < QK_K; j += 64, q += 32)
       for (int l = 0; l < 32; ++l) q[l] = static_cast<uint8_t>(L[j + l] | (L[j + l + 32] << 4));
   }
 }
 
-void quantize_row_q5_K(const float* x, block_q5_K* y, int64_t n) {
+void quantize_row_q5_K(const float* x, block_q5_K* y, int64_t n, const float* qw) {
   check_blocks(n, QK_K, "quantize_row_q5_K");
   uint8_t L[QK_K];
-  for (int64_t b = 0; b < n / QK_K; ++b, x += QK_K) {
-    quantize_k_scales(x, 31, -0.5f, 0.1f, 15, &y[b].d, &y[b].dmin, y[b].scales, L);
+  for (int64_t b = 0; b < n / QK_K; ++b, x += QK_K, qw = qw ? qw + QK_K : nullptr) {
+    quantize_k_scales(x, 31, -0.5f, 0.1f, 15, &y[b].d, &y[b].dmin, y[b].scales, L, qw);
     std::memset(y[b].qh, 0, sizeof(y[b].qh));
     uint8_t* ql = y[b].qs;
     uint8_t m1 = 1, m2 = 2;
@@ -488,14 +490,14 @@ void quantize_row_q5_K(const float* x, block_q5_K* y, int64_t n) {
   }
 }
 
-void quantize_row_q6_K(const float* x, block_q6_K* y, int64_t n) {
+void quantize_row_q6_K(const float* x, block_q6_K* y, int64_t n, const float* qw) {
   check_blocks(n, QK_K, "quantize_row_q6_K");
   int8_t L[QK_K];
   float scales[QK_K / 16];
-  for (int64_t b = 0; b < n / QK_K; ++b, x += QK_K) {
+  for (int64_t b = 0; b < n / QK_K; ++b, x += QK_K, qw = qw ? qw + QK_K : nullptr) {
     float max_scale = 0, max_abs_scale = 0;
     for (int ib = 0; ib < QK_K / 16; ++ib) {
-      const float scale = make_qx_quants(16, 32, x + 16 * ib, L + 16 * ib);
+      const float scale = make_qx_quants(16, 32, x + 16 * ib, L + 16 * ib, qw ? qw + 16 * ib : nullptr);
       scales[ib] = scale;
       if (std::fabs(scale) > max_abs_scale) {
         max_abs_scale = std::fabs(scale);
@@ -536,13 +538,26 @@ bool can_quantize(GgmlType t) {
   switch (t) {
     case GgmlType::F32: case GgmlType::F16: case GgmlType::BF16: case GgmlType::Q8_0: case GgmlType::Q4_0:
     case GgmlType::Q5_0: case GgmlType::Q5_1: case GgmlType::MXFP4: case GgmlType::Q4_K: case GgmlType::Q5_K: case GgmlType::Q6_K: case GgmlType::Q8_K:
+    case GgmlType::Q2_K: case GgmlType::Q3_K: case GgmlType::IQ4_XS: case GgmlType::IQ2_XS:
       return true;
     default:
       return false;
   }
 }
 
-void quantize_row(GgmlType t, const float* x, void* y, int64_t n) {
+bool uses_imatrix(GgmlType t) {
+  switch (t) {
+    case GgmlType::Q2_K: case GgmlType::Q3_K: case GgmlType::Q4_K: case GgmlType::Q5_K: case GgmlType::Q6_K:
+    case GgmlType::IQ4_XS: case GgmlType::IQ2_XS:
+      return true;
+    default:
+      return false;
+  }
+}
+
+void quantize_row(GgmlType t, const float* x, void* y, int64_t n) { quantize_row_imat(t, x, y, n, nullptr); }
+
+void quantize_row_imat(GgmlType t, const float* x, void* y, int64_t n, const float* qw) {
   switch (t) {
     case GgmlType::F32: std::memcpy(y, x, static_cast<size_t>(n) * 4); return;
     case GgmlType::F16: {
@@ -560,10 +575,14 @@ void quantize_row(GgmlType t, const float* x, void* y, int64_t n) {
     case GgmlType::Q5_0: quantize_row_q5_0(x, static_cast<block_q5_0*>(y), n); return;
     case GgmlType::Q5_1: quantize_row_q5_1(x, static_cast<block_q5_1*>(y), n); return;
     case GgmlType::MXFP4: quantize_row_mxfp4(x, static_cast<block_mxfp4*>(y), n); return;
-    case GgmlType::Q4_K: quantize_row_q4_K(x, static_cast<block_q4_K*>(y), n); return;
-    case GgmlType::Q5_K: quantize_row_q5_K(x, static_cast<block_q5_K*>(y), n); return;
-    case GgmlType::Q6_K: quantize_row_q6_K(x, static_cast<block_q6_K*>(y), n); return;
+    case GgmlType::Q4_K: quantize_row_q4_K(x, static_cast<block_q4_K*>(y), n, qw); return;
+    case GgmlType::Q5_K: quantize_row_q5_K(x, static_cast<block_q5_K*>(y), n, qw); return;
+    case GgmlType::Q6_K: quantize_row_q6_K(x, static_cast<block_q6_K*>(y), n, qw); return;
     case GgmlType::Q8_K: quantize_row_q8_K(x, static_cast<block_q8_K*>(y), n); return;
+    case GgmlType::Q2_K: quantize_row_q2_K(x, static_cast<block_q2_K*>(y), n, qw); return;
+    case GgmlType::Q3_K: quantize_row_q3_K(x, static_cast<block_q3_K*>(y), n, qw); return;
+    case GgmlType::IQ4_XS: quantize_row_iq4_xs(x, static_cast<block_iq4_xs*>(y), n, qw); return;
+    case GgmlType::IQ2_XS: quantize_row_iq2_xs(x, static_cast<block_iq2_xs*>(y), n, qw); return;
     default: fail("quantize_row: no quantizer for type {}", type_name(t));
   }
 }
@@ -590,8 +609,38 @@ void dequantize_row(GgmlType t, const void* x, float* y, int64_t n) {
     case GgmlType::Q5_K: dequantize_row_q5_K(static_cast<const block_q5_K*>(x), y, n); return;
     case GgmlType::Q6_K: dequantize_row_q6_K(static_cast<const block_q6_K*>(x), y, n); return;
     case GgmlType::Q8_K: dequantize_row_q8_K(static_cast<const block_q8_K*>(x), y, n); return;
+    case GgmlType::Q2_K: dequantize_row_q2_K(static_cast<const block_q2_K*>(x), y, n); return;
+    case GgmlType::Q3_K: dequantize_row_q3_K(static_cast<const block_q3_K*>(x), y, n); return;
+    case GgmlType::IQ4_XS: dequantize_row_iq4_xs(static_cast<const block_iq4_xs*>(x), y, n); return;
+    case GgmlType::IQ2_XS: dequantize_row_iq2_xs(static_cast<const block_iq2_xs*>(x), y, n); return;
     default: fail("dequantize_row: no dequantizer for type {}", type_name(t));
   }
+}
+
+bool validate_row(GgmlType t, const void* row, int64_t n, std::string* why) {
+  // the f16 scales of each block (offsets per type) must be finite
+  int off[2] = {-1, -1};
+  switch (t) {
+    case GgmlType::Q2_K: off[0] = 80; off[1] = 82; break;
+    case GgmlType::Q3_K: off[0] = 108; break;
+    case GgmlType::IQ4_XS: case GgmlType::IQ2_XS: case GgmlType::Q4_K: case GgmlType::Q5_K: off[0] = 0; break;
+    case GgmlType::Q6_K: off[0] = 208; break;
+    default: return true;
+  }
+  if (t == GgmlType::Q4_K || t == GgmlType::Q5_K) off[1] = 2;
+  const auto& tr = traits(t);
+  const auto* p = static_cast<const uint8_t*>(row);
+  for (int64_t b = 0; b < n / tr.block; ++b)
+    for (int k : off) {
+      if (k < 0) continue;
+      uint16_t h;
+      std::memcpy(&h, p + b * tr.bytes + k, 2);
+      if ((h & 0x7c00u) == 0x7c00u) {
+        if (why) *why = std::string(tr.name) + " block " + std::to_string(b) + ": scale is inf or NaN";
+        return false;
+      }
+    }
+  return true;
 }
 
 }  // namespace kimi

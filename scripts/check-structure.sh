@@ -29,6 +29,7 @@ io            2
 backend       3
 tokenizer     3
 backend/cpu   4
+backend/vulkan 4
 convert       4
 model         4
 runtime       5

@@ -108,12 +108,22 @@ struct KdaGateParams {
   float lower_bound = 0.0f;
 };
 
+// What a backend has moved and holds (for `kimi bench` and -v; zeros for the host CPU).
+struct BackendStats {
+  uint64_t bytes_to_device = 0;    // host -> device traffic so far (uploads, staged inputs)
+  uint64_t bytes_from_device = 0;  // device -> host traffic so far (downloads, logits)
+  uint64_t device_bytes = 0;       // device memory held now (weights + buffers + scratch)
+  uint64_t weight_bytes = 0;       // of which weights
+  uint64_t submits = 0;            // command submissions (device round trips) so far
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
   virtual const char* name() const = 0;
   virtual bool host_visible() const = 0;  // data() of its buffers can be read/written by the host
   virtual Precision precision() const = 0;
+  virtual BackendStats stats() const { return {}; }
 
   // ---- memory ----
   virtual std::unique_ptr<Buffer> alloc(uint64_t bytes, const char* what) = 0;  // zero-filled
@@ -198,7 +208,8 @@ class Backend {
   virtual void moe_route(float* logits, const float* bias, int64_t n, const RouterParams& p, float* probs,
                          int32_t* sel, float* weights) = 0;
   // acc[t] = sum_j weights[t][j] * down_e(SiTU(gate_e x[t], up_e x[t])), e = sel[t][j]
-  // (x, acc: n x width; grouped per expert in expert order)
+  // (x, acc: n x width; grouped per expert in expert order). A slot with sel < 0 is skipped (its
+  // expert lives on another rank, docs/distributed.md); acc rows with no slot are zero.
   virtual void moe_experts(const ExpertMats& m, const float* x, int64_t n, int64_t width, const int32_t* sel,
                            const float* weights, int64_t n_used, int64_t n_expert, float situ_beta, float situ_lambda,
                            float* acc) = 0;

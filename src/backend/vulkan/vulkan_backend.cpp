@@ -1,0 +1,381 @@
+// The Vulkan backend (vulkan_backend.h): memory, dense algebra, the residual mix, caches, the
+// MLA per-head matmuls and the routed experts. Attention and the indexer are in vk_attention.cpp,
+// KDA and the router in vk_kda.cpp.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "backend/vulkan/vk_backend_impl.h"
+#include "backend/vulkan/vulkan_backend.h"
+#include "tensor/types.h"
+#include "util/error.h"
+
+namespace kimi {
+
+namespace {
+
+class VkBuffer final : public Buffer {
+ public:
+  VkBuffer(Backend* owner, vk::Runtime& rt, const vk::Runtime::Alloc& a, uint64_t bytes)
+      : Buffer(owner, reinterpret_cast<void*>(a.addr), bytes), rt_(rt), a_(a) {}
+  ~VkBuffer() override { rt_.free(a_); }
+
+ private:
+  vk::Runtime& rt_;
+  vk::Runtime::Alloc a_;
+};
+
+uint32_t u32(int64_t v, const char* what) {
+  check(v >= 0 && v <= 0xFFFFFFFFll, "vulkan: {} = {} does not fit 32 bits", what, v);
+  return static_cast<uint32_t>(v);
+}
+
+// workgroups for `items` independent work units, capped at the guaranteed grid limit (shaders
+// loop over the rest)
+uint32_t groups(int64_t items) { return static_cast<uint32_t>(std::clamp<int64_t>(items, 1, 65535)); }
+
+}  // namespace
+
+std::vector<VulkanDeviceInfo> list_vulkan_devices() {
+  std::vector<VulkanDeviceInfo> out;
+  for (const vk::DeviceInfo& d : vk::list_devices()) {
+    VulkanDeviceInfo v;
+    v.index = static_cast<int>(d.index);
+    v.name = d.name;
+    v.type = d.type;
+    v.memory = d.device_local;
+    v.usable = d.usable;
+    v.missing = d.missing;
+    out.push_back(v);
+  }
+  return out;
+}
+
+std::unique_ptr<Backend> make_vulkan_backend(int index, Precision prec) {
+  check(index >= 0, "vulkan: device index {} is negative", index);
+  return std::make_unique<VulkanBackend>(index, prec);
+}
+
+VulkanBackend::VulkanBackend(int index, Precision prec)
+    : rt_(static_cast<uint32_t>(index)), prec_(prec), name_(fmt::format("vulkan:{}", index)) {}
+
+VulkanBackend::~VulkanBackend() {
+  rt_.sync();
+  weights_.clear();
+}
+
+BackendStats VulkanBackend::stats() const {
+  BackendStats s;
+  s.bytes_to_device = rt_.bytes_to_device();
+  s.bytes_from_device = rt_.bytes_from_device();
+  s.device_bytes = rt_.device_bytes();
+  s.weight_bytes = weight_bytes_;
+  s.submits = rt_.submits();
+  return s;
+}
+
+// ---- memory ----
+
+std::unique_ptr<Buffer> VulkanBackend::alloc(uint64_t bytes, const char* what) {
+  const vk::Runtime::Alloc a = rt_.alloc(bytes, what);
+  return std::make_unique<VkBuffer>(this, rt_, a, bytes);
+}
+
+const uint8_t* VulkanBackend::place_weight(const std::string& name, const uint8_t* host, uint64_t bytes) {
+  auto it = weights_.find(name);
+  if (it == weights_.end()) {
+    auto b = alloc(bytes, name.c_str());
+    rt_.upload(dev_addr(b->data()), host, bytes);
+    weight_bytes_ += bytes;
+    it = weights_.emplace(name, std::move(b)).first;
+  }
+  return static_cast<const uint8_t*>(it->second->data());
+}
+
+void VulkanBackend::upload(void* dst, const void* host_src, uint64_t bytes) { rt_.upload(dev_addr(dst), host_src, bytes); }
+void VulkanBackend::download(void* host_dst, const void* src, uint64_t bytes) {
+  rt_.download(host_dst, dev_addr(src), bytes);
+}
+void VulkanBackend::copy(void* dst, const void* src, uint64_t bytes) { rt_.copy(dev_addr(dst), dev_addr(src), bytes); }
+void VulkanBackend::fill_zero(void* dst, uint64_t bytes) { rt_.fill_zero(dev_addr(dst), bytes); }
+void VulkanBackend::sync() { rt_.sync(); }
+
+void VulkanBackend::reserve(const WorkLimits& lim) {
+  lim_ = lim;
+  // staging: the largest host input of one step (entries, row lists, a residual upload) twice over
+  const uint64_t d_guess = static_cast<uint64_t>(std::max<int64_t>(lim.expert_width, 4096));
+  rt_.reserve_staging(std::max<uint64_t>(8u << 20, static_cast<uint64_t>(lim.n_tokens) * d_guess * 4 * 4));
+  const int64_t slots = lim.n_tokens * lim.n_expert_used;
+  ex_gate_.reset();
+  ex_up_.reset();
+  ex_out_.reset();
+  if (lim.n_expert > 0 && slots > 0) {
+    ex_gate_ = alloc(static_cast<uint64_t>(slots * lim.expert_ff) * 4, "expert gate rows");
+    ex_up_ = alloc(static_cast<uint64_t>(slots * lim.expert_ff) * 4, "expert up rows");
+    ex_out_ = alloc(static_cast<uint64_t>(slots * lim.expert_width) * 4, "expert outputs");
+  }
+  scratch_ = (ex_gate_ ? ex_gate_->bytes() * 2 + ex_out_->bytes() : 0);
+}
+
+uint64_t VulkanBackend::scratch_bytes() const {
+  uint64_t b = scratch_;
+  for (const auto& s : op_scratch_)
+    if (s) b += s->bytes();
+  return b;
+}
+
+void* VulkanBackend::op_scratch(int which, uint64_t bytes) {
+  auto& s = op_scratch_[which];
+  if (!s || s->bytes() < bytes) {  // grows on the first use of a larger shape only
+    if (s) rt_.sync();
+    s = alloc(std::max<uint64_t>(bytes, 1u << 16), which == 0 ? "attention scratch" : "kda scratch");
+  }
+  return s->data();
+}
+
+vk::Pipeline& VulkanBackend::pipe(const char* shader) {
+  auto it = pipes_.find(shader);  // heterogeneous lookup: no string is built
+  if (it == pipes_.end()) {
+    it = pipes_.emplace(shader, vk::Pipeline{}).first;
+    it->second.shader = it->first.c_str();
+  }
+  return it->second;
+}
+
+vk::Pipeline& VulkanBackend::mm_pipe(GgmlType t) {
+  switch (t) {
+    case GgmlType::F32: return pipe("mm_f32");
+    case GgmlType::F16: return pipe("mm_f16");
+    case GgmlType::BF16: return pipe("mm_bf16");
+    case GgmlType::Q8_0: return pipe("mm_q8_0");
+    case GgmlType::Q4_0: return pipe("mm_q4_0");
+    case GgmlType::Q5_0: return pipe("mm_q5_0");
+    case GgmlType::Q5_1: return pipe("mm_q5_1");
+    case GgmlType::MXFP4: return pipe("mm_mxfp4");
+    case GgmlType::Q4_K: return pipe("mm_q4_k");
+    case GgmlType::Q5_K: return pipe("mm_q5_k");
+    case GgmlType::Q6_K: return pipe("mm_q6_k");
+    default: fail("vulkan: no matmul shader for weight type {}", type_name(t));
+  }
+}
+
+uint64_t VulkanBackend::stage_entries(const BatchEntry* e, int64_t n) {
+  static_assert(sizeof(BatchEntry) == 16, "BatchEntry is staged as 4 ints");
+  // want_logits is a bool in the 4th int: shaders read only token, seq_id and pos
+  return rt_.stage(e, static_cast<uint64_t>(n) * sizeof(BatchEntry));
+}
+
+// ---- dense algebra ----
+
+void VulkanBackend::mm(const MatView& W, const float* x, int64_t n, float* y, int64_t batch, const MmArgs& a) {
+  if (n <= 0 || batch <= 0 || W.rows <= 0) return;
+  struct {
+    uint64_t w, x, y, sel, slice_bytes;
+    uint32_t rows, cols, n, row_bytes, ldx, ldy, x_batch, y_batch, x_div;
+  } pc{dev_addr(W.data), dev_addr(x), dev_addr(y), dev_addr(a.sel), a.slice_bytes,
+       u32(W.rows, "matmul rows"), u32(W.cols, "matmul cols"), u32(n, "matmul tokens"), u32(static_cast<int64_t>(W.row_bytes), "row bytes"),
+       u32(static_cast<int64_t>(a.ldx), "ldx"), u32(static_cast<int64_t>(a.ldy), "ldy"),
+       u32(static_cast<int64_t>(a.x_batch), "x batch"), u32(static_cast<int64_t>(a.y_batch), "y batch"), a.x_div};
+  constexpr int64_t kTile = 4;  // tokens per workgroup (mm.comp TT)
+  rt_.dispatch(mm_pipe(W.type), &pc, sizeof(pc), groups(W.rows), u32((n + kTile - 1) / kTile, "token tiles"),
+               u32(batch, "matmul batch"));
+}
+
+void VulkanBackend::matmul(const MatView& W, const float* x, int64_t n, float* y) {
+  MmArgs a;
+  a.ldx = static_cast<uint64_t>(W.cols);
+  a.ldy = static_cast<uint64_t>(W.rows);
+  mm(W, x, n, y, 1, a);
+}
+
+void VulkanBackend::embed_rows(const MatView& table, const BatchEntry* e, int64_t n, float* out) {
+  if (n <= 0) return;
+  const uint64_t ids = stage_entries(e, n);
+  struct {
+    uint64_t table, ids, out;
+    uint32_t cols, row_bytes, id_stride, n;
+  } pc{dev_addr(table.data), ids, dev_addr(out), u32(table.cols, "embedding width"),
+       u32(static_cast<int64_t>(table.row_bytes), "row bytes"), 4, u32(n, "tokens")};
+  char name[32] = "getrows_";  // getrows_<type> next to mm_<type>
+  std::strncat(name, std::strchr(mm_pipe(table.type).shader, '_') + 1, sizeof(name) - 9);
+  rt_.dispatch(pipe(name), &pc, sizeof(pc), u32(n, "tokens"));
+}
+
+namespace {
+struct NormPc {
+  uint64_t x, w, b, y;
+  uint32_t ldx, ldy, n, width;
+  float eps;
+};
+}  // namespace
+
+void VulkanBackend::rms_norm_rows(const float* x, int64_t ldx, const float* w, float* y, int64_t ldy, int64_t n,
+                                  int64_t width, float eps) {
+  NormPc pc{dev_addr(x), dev_addr(w), 0, dev_addr(y), u32(ldx, "ldx"), u32(ldy, "ldy"), u32(n, "rows"), u32(width, "width"), eps};
+  rt_.dispatch(pipe("norm_rms"), &pc, sizeof(pc), groups(n));
+}
+
+void VulkanBackend::layer_norm_rows(float* x, const float* w, const float* b, int64_t n, int64_t width, float eps) {
+  NormPc pc{dev_addr(x), dev_addr(w), dev_addr(b), dev_addr(x), u32(width, "width"), u32(width, "width"), u32(n, "rows"),
+            u32(width, "width"), eps};
+  rt_.dispatch(pipe("norm_layer"), &pc, sizeof(pc), groups(n));
+}
+
+void VulkanBackend::l2_norm_rows(float* x, int64_t n, int64_t width, float eps) {
+  NormPc pc{dev_addr(x), 0, 0, dev_addr(x), u32(width, "width"), u32(width, "width"), u32(n, "rows"), u32(width, "width"), eps};
+  rt_.dispatch(pipe("norm_l2"), &pc, sizeof(pc), groups(n));
+}
+
+void VulkanBackend::eltwise(uint32_t op, void* y, const void* x, uint64_t count, float a, float b, int32_t i) {
+  if (count == 0) return;
+  check(count < (uint64_t{1} << 32), "vulkan: element-wise op over {} elements (at most 2^32 - 1)", count);
+  struct {
+    uint64_t y, x;
+    uint32_t count, op;
+    float a, b;
+    int32_t i;
+  } pc{dev_addr(y), dev_addr(x), static_cast<uint32_t>(count), op, a, b, i};
+  rt_.dispatch(pipe("eltwise"), &pc, sizeof(pc), groups(static_cast<int64_t>((count + 255) / 256)));
+}
+
+void VulkanBackend::add(float* y, const float* x, int64_t count) { eltwise(0, y, x, static_cast<uint64_t>(count)); }
+void VulkanBackend::scale_rows(float* x, int64_t n, int64_t width, float a) {
+  eltwise(1, x, nullptr, static_cast<uint64_t>(n * width), a);
+}
+void VulkanBackend::sigmoid(float* x, int64_t count) { eltwise(2, x, nullptr, static_cast<uint64_t>(count)); }
+void VulkanBackend::mul_sigmoid_rows(float* x, const float* gate, int64_t n, int64_t width) {
+  eltwise(3, x, gate, static_cast<uint64_t>(n * width));
+}
+void VulkanBackend::situ_rows(float* g, const float* u, int64_t n, int64_t width, float beta, float lambda) {
+  eltwise(4, g, u, static_cast<uint64_t>(n * width), beta, lambda);
+}
+void VulkanBackend::set_i32(int32_t* dst, int64_t count, int32_t v) {
+  eltwise(5, dst, nullptr, static_cast<uint64_t>(count), 0, 0, v);
+}
+
+void VulkanBackend::copy2d(float* dst, int64_t ld_dst, const float* src, int64_t ld_src, int64_t n, int64_t width) {
+  if (n <= 0 || width <= 0) return;
+  struct {
+    uint64_t src, dst;
+    uint32_t ld_src, ld_dst, n, width;
+  } pc{dev_addr(src), dev_addr(dst), u32(ld_src, "ld_src"), u32(ld_dst, "ld_dst"), u32(n, "rows"), u32(width, "width")};
+  rt_.dispatch(pipe("copy2d"), &pc, sizeof(pc), groups(n));
+}
+
+void VulkanBackend::gather_rows(const float* src, int64_t width, const int32_t* rows, int64_t n, float* dst) {
+  if (n <= 0) return;
+  const uint64_t r = rt_.stage(rows, static_cast<uint64_t>(n) * 4);
+  struct {
+    uint64_t src, dst, rows;
+    uint32_t width, ld_src, n, f16, n_ctx;
+  } pc{dev_addr(src), dev_addr(dst), r, u32(width, "width"), u32(width, "width"), u32(n, "rows"), 0, 0};
+  rt_.dispatch(pipe("rows_gather"), &pc, sizeof(pc), u32(n, "rows"));
+}
+
+// ---- residual attention ----
+
+namespace {
+struct ResPc {
+  uint64_t cur, w, bank, bank_inv, dst;
+  uint32_t nb, bank_tokens, n, d;
+  float eps;
+};
+}  // namespace
+
+void VulkanBackend::res_mix(const float* cur, const float* w, const float* bank, const float* bank_inv, uint32_t nb,
+                            int64_t bank_tokens, int64_t n, int64_t d, float eps, float* dst) {
+  check(nb <= 255, "vulkan: res_mix with {} bank entries (at most 255)", nb);
+  ResPc pc{dev_addr(cur), dev_addr(w), dev_addr(bank), dev_addr(bank_inv), dev_addr(dst), nb,
+           u32(bank_tokens, "bank tokens"), u32(n, "tokens"), u32(d, "width"), eps};
+  rt_.dispatch(pipe("resmix_mix"), &pc, sizeof(pc), u32(n, "tokens"));
+}
+
+void VulkanBackend::bank_append(const float* src, int64_t n, int64_t d, float eps, float* bank_entry, float* inv_entry) {
+  ResPc pc{dev_addr(src), 0, dev_addr(bank_entry), dev_addr(inv_entry), 0, 0, 0, u32(n, "tokens"), u32(d, "width"), eps};
+  rt_.dispatch(pipe("resmix_append"), &pc, sizeof(pc), u32(n, "tokens"));
+}
+
+// ---- caches ----
+
+void VulkanBackend::store_cache_rows(const float* src, int64_t ld_src, const BatchEntry* e, int64_t n,
+                                     const CacheRows& rows) {
+  if (n <= 0) return;
+  const uint64_t ents = stage_entries(e, n);
+  struct {
+    uint64_t src, dst, rows;
+    uint32_t width, ld_src, n, f16, n_ctx;
+  } pc{dev_addr(src), dev_addr(rows.data), ents, u32(rows.width, "cache width"), u32(ld_src, "ld_src"), u32(n, "rows"),
+       rows.f16 ? 1u : 0u, u32(rows.n_ctx, "n_ctx")};
+  rt_.dispatch(pipe("rows_store_cache"), &pc, sizeof(pc), u32(n, "rows"));
+}
+
+// ---- MLA per-head matmuls ----
+
+void VulkanBackend::mla_absorb_queries(const MatView& k_b, uint64_t slice_bytes, const float* q, int64_t n, int64_t H,
+                                       int64_t nope, int64_t pe, float* qcat) {
+  const int64_t kvl = k_b.rows, kq = nope + pe, W = kvl + pe;
+  MmArgs a;
+  a.ldx = static_cast<uint64_t>(H * kq);
+  a.x_batch = static_cast<uint64_t>(kq);
+  a.ldy = static_cast<uint64_t>(H * W);
+  a.y_batch = static_cast<uint64_t>(W);
+  a.slice_bytes = slice_bytes;
+  mm(k_b, q, n, qcat, H, a);
+  if (pe > 0) copy2d(qcat + kvl, W, q + nope, kq, n * H, pe);  // the rope part passes through
+}
+
+void VulkanBackend::mla_value_heads(const MatView& v_b, uint64_t slice_bytes, const float* z, int64_t n, int64_t H,
+                                    float* o) {
+  const int64_t kvl = v_b.cols, vd = v_b.rows;
+  MmArgs a;
+  a.ldx = static_cast<uint64_t>(H * kvl);
+  a.x_batch = static_cast<uint64_t>(kvl);
+  a.ldy = static_cast<uint64_t>(H * vd);
+  a.y_batch = static_cast<uint64_t>(vd);
+  a.slice_bytes = slice_bytes;
+  mm(v_b, z, n, o, H, a);
+}
+
+// ---- routed experts ----
+// Every (token, slot) pair runs its expert's gate and up rows, SiTU, then its down rows; the
+// outputs are summed per token with the routing weights (moe_combine.comp).
+
+void VulkanBackend::moe_experts(const ExpertMats& m, const float* x, int64_t n, int64_t width, const int32_t* sel,
+                                const float* weights, int64_t n_used, int64_t n_expert, float situ_beta,
+                                float situ_lambda, float* acc) {
+  if (n <= 0) return;
+  const int64_t F = m.gate.rows, slots = n * n_used;
+  check(ex_gate_ && slots <= lim_.n_tokens * lim_.n_expert_used && F <= lim_.expert_ff && width <= lim_.expert_width,
+        "vulkan: moe_experts beyond the reserved work limits ({} slots, ff {}, width {})", slots, F, width);
+  auto* eg = ex_gate_->as<float>();
+  auto* eu = ex_up_->as<float>();
+  auto* eo = ex_out_->as<float>();
+  MmArgs a;
+  a.sel = sel;
+  a.x_div = u32(n_used, "experts per token");
+  a.x_batch = static_cast<uint64_t>(width);
+  a.y_batch = static_cast<uint64_t>(F);
+  a.ldx = a.ldy = 0;
+  a.slice_bytes = m.gate_slice;
+  mm(m.gate, x, 1, eg, slots, a);
+  a.slice_bytes = m.up_slice;
+  mm(m.up, x, 1, eu, slots, a);
+  situ_rows(eg, eu, slots, F, situ_beta, situ_lambda);
+  MmArgs d;
+  d.sel = sel;
+  d.x_div = 1;
+  d.x_batch = static_cast<uint64_t>(F);
+  d.y_batch = static_cast<uint64_t>(width);
+  d.slice_bytes = m.down_slice;
+  mm(m.down, eg, 1, eo, slots, d);
+  struct {
+    uint64_t rows, weights, acc;
+    uint32_t n, n_used, width;
+  } pc{dev_addr(eo), dev_addr(weights), dev_addr(acc), u32(n, "tokens"), u32(n_used, "experts per token"),
+       u32(width, "width")};
+  rt_.dispatch(pipe("moe_combine"), &pc, sizeof(pc), u32(n, "tokens"));
+  (void)n_expert;
+}
+
+}  // namespace kimi

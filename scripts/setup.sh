@@ -6,8 +6,8 @@ PKGS=(build-essential cmake ninja-build ccache pkg-config git
       nlohmann-json3-dev libfmt-dev libcli11-dev libpcre2-dev libcpp-httplib-dev
       libgtest-dev libgmock-dev googletest time
       libopenmpi-dev openmpi-bin  # MPI: the -DKIMI_MPI=ON build (docs/distributed.md)
-      clang libclang-rt-dev llvm
-      libvulkan-dev glslc mesa-vulkan-drivers vulkan-tools)  # Vulkan backend + lavapipe (software GPU) for its tests  # clang + its sanitizer/libFuzzer runtimes + llvm-symbolizer: scripts/fuzz.sh
+      clang libclang-rt-dev llvm  # clang + its sanitizer/libFuzzer runtimes + llvm-symbolizer: scripts/fuzz.sh
+      libvulkan-dev glslc mesa-vulkan-drivers vulkan-tools)  # Vulkan backend + lavapipe (Mesa's software GPU) for its tests
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -109,6 +109,7 @@ extern const int8_t kvalues_iq4nl[16];
 // the magnitudes 8, 25, 43 (iq2xs_grid byte i). iq2xs_grid_u64(k) gives ggml's packed 8-byte form.
 extern const uint16_t kIq2xsGrid[512];
 uint64_t iq2xs_grid_u64(int k);
+const uint64_t* iq2xs_grid_u64_table();  // the 512 packed entries (for SIMD gathers)
 // ksigns: 7 sign bits (bit i = element i negative) plus bit 7 = their parity (even negatives)
 inline uint8_t iq2_ksigns(int idx7) { return static_cast<uint8_t>(idx7 | ((__builtin_popcount(idx7) & 1) << 7)); }
 

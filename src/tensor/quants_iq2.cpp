@@ -182,6 +182,15 @@ uint64_t iq2xs_grid_u64(int k) {
   return v;
 }
 
+const uint64_t* iq2xs_grid_u64_table() {
+  static const std::array<uint64_t, 512> t = [] {
+    std::array<uint64_t, 512> a{};
+    for (int k = 0; k < 512; ++k) a[static_cast<size_t>(k)] = iq2xs_grid_u64(k);
+    return a;
+  }();
+  return t.data();
+}
+
 void dequantize_row_iq2_xs(const block_iq2_xs* x, float* y, int64_t n) {
   check(n >= 0 && n % QK_K == 0, "dequantize_row_iq2_xs: row of {} elements is not a multiple of {}", n, QK_K);
   for (int64_t b = 0; b < n / QK_K; ++b) {

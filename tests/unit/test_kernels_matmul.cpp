@@ -112,6 +112,40 @@ double ref_elem(GgmlType t, const uint8_t* row, int64_t c) {
       const int8_t sc = static_cast<int8_t>(b[192 + e / 16]);
       return h16(b + 208) * sc * ((low | (hi2 << 4)) - 32);
     }
+    case GgmlType::Q2_K: {  // formats-quant.md §4.4
+      const uint8_t* b = row + (c / 256) * 84;
+      const int e = c % 256;
+      const int q = (b[16 + 32 * (e / 128) + e % 32] >> (2 * ((e % 128) / 32))) & 3;
+      return h16(b + 80) * (b[e / 16] & 15) * q - h16(b + 82) * (b[e / 16] >> 4);
+    }
+    case GgmlType::Q3_K: {
+      const uint8_t* b = row + (c / 256) * 110;
+      const int e = c % 256, t = e / 16;
+      const int low = (b[32 + 32 * (e / 128) + e % 32] >> (2 * ((e % 128) / 32))) & 3;
+      const int hb = (b[e % 32] >> (e / 32)) & 1;
+      const uint8_t* sc = b + 96;
+      const int s = (t < 8 ? (sc[t] & 15) : (sc[t - 8] >> 4)) | (((sc[8 + t % 4] >> (2 * (t / 4))) & 3) << 4);
+      return h16(b + 108) * (s - 32) * (low - (hb ? 0 : 4));
+    }
+    case GgmlType::IQ4_XS: {  // formats-quant.md §4.6
+      static const int kT[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+      const uint8_t* b = row + (c / 256) * 136;
+      const int e = c % 256, ib = e / 32, j = e % 32;
+      const int sh = b[2] | (b[3] << 8);
+      const int ls = ((b[4 + ib / 2] >> (4 * (ib % 2))) & 15) | (((sh >> (2 * ib)) & 3) << 4);
+      const uint8_t q = b[8 + 16 * ib + j % 16];
+      return h16(b) * (ls - 32) * kT[j < 16 ? (q & 15) : (q >> 4)];
+    }
+    case GgmlType::IQ2_XS: {
+      const uint8_t* b = row + (c / 256) * 74;
+      const int e = c % 256, g = e / 8, i = e % 8;
+      const int q = b[2 + 2 * g] | (b[3 + 2 * g] << 8);
+      const int s7 = q >> 9;
+      const int neg = i < 7 ? (s7 >> i) & 1 : __builtin_popcount(s7) & 1;
+      const int lvl = (kIq2xsGrid[q & 511] >> (2 * i)) & 3;
+      const int s4 = (b[66 + e / 32] >> (4 * ((e % 32) / 16))) & 15;
+      return h16(b) * (2 * s4 + 1) / 8.0 * (lvl == 0 ? 8 : lvl == 1 ? 25 : 43) * (neg ? -1 : 1);
+    }
     default: ADD_FAILURE() << "no reference for type"; return 0;
   }
 }
@@ -193,6 +227,15 @@ std::vector<uint8_t> random_weights(GgmlType t, int64_t rows, int64_t cols, std:
         }
         break;
       case GgmlType::Q6_K: for (int64_t b = 0; b < cols / 256; ++b) put16(row + 210 * b + 208, f16_bits(0.001f * u(rng))); break;
+      case GgmlType::Q2_K:
+        for (int64_t b = 0; b < cols / 256; ++b) {
+          put16(row + 84 * b + 80, f16_bits(0.01f * std::fabs(u(rng)) + 0.001f));
+          put16(row + 84 * b + 82, f16_bits(0.01f * std::fabs(u(rng))));
+        }
+        break;
+      case GgmlType::Q3_K: for (int64_t b = 0; b < cols / 256; ++b) put16(row + 110 * b + 108, f16_bits(0.003f * u(rng))); break;
+      case GgmlType::IQ4_XS: for (int64_t b = 0; b < cols / 256; ++b) put16(row + 136 * b, f16_bits(0.0003f * u(rng))); break;
+      case GgmlType::IQ2_XS: for (int64_t b = 0; b < cols / 256; ++b) put16(row + 74 * b, f16_bits(0.002f * u(rng))); break;
       default: break;
     }
   }
@@ -243,7 +286,7 @@ TEST_P(MatmulTypes, MatchesFloat64Reference) {
           if (cs.type == GgmlType::Q4_K || cs.type == GgmlType::Q5_K) {
             const uint8_t* blk = w.data() + r * W.row_bytes + (c / 256) * (cs.type == GgmlType::Q4_K ? 144 : 176);
             tol = 3e-7 * (std::fabs(h16(blk)) * 63 * 31 + std::fabs(h16(blk + 2)) * 63);
-          } else if (cs.type == GgmlType::Q5_1) {  // q*d + m: one f32 rounding of the sum
+          } else if (cs.type == GgmlType::Q5_1 || cs.type == GgmlType::Q2_K) {  // one f32 rounding of the sum
             tol = 6e-8 * std::fabs(wd[r * cols + c]);
           }
           ASSERT_NEAR(static_cast<double>(drow[c]), wd[r * cols + c], tol) << type_name(cs.type) << " r=" << r << " c=" << c;
@@ -297,7 +340,9 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{GgmlType::Q4_0, {32, 96, 4160}}, Case{GgmlType::Q5_0, {32, 96, 4160}},
                       Case{GgmlType::Q5_1, {32, 96, 4160}}, Case{GgmlType::MXFP4, {32, 96, 160, 4160}},
                       Case{GgmlType::Q4_K, {256, 768}}, Case{GgmlType::Q5_K, {256, 768}},
-                      Case{GgmlType::Q6_K, {256, 768}}),
+                      Case{GgmlType::Q6_K, {256, 768}}, Case{GgmlType::Q2_K, {256, 768}},
+                      Case{GgmlType::Q3_K, {256, 768}}, Case{GgmlType::IQ4_XS, {256, 768}},
+                      Case{GgmlType::IQ2_XS, {256, 768}}),
     [](const ::testing::TestParamInfo<Case>& i) { return std::string(type_name(i.param.type)); });
 
 // MXFP4 blocks with exponent byte 0 (scale 2^-127, subnormal) are exact in every path, also

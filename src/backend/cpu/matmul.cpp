@@ -18,7 +18,7 @@ bool matmul_type_supported(GgmlType t) {
   switch (t) {
     case GgmlType::F32: case GgmlType::F16: case GgmlType::BF16: case GgmlType::Q8_0: case GgmlType::Q4_0:
     case GgmlType::Q5_0: case GgmlType::Q5_1: case GgmlType::MXFP4: case GgmlType::Q4_K: case GgmlType::Q5_K:
-    case GgmlType::Q6_K:
+    case GgmlType::Q6_K: case GgmlType::Q2_K: case GgmlType::Q3_K: case GgmlType::IQ4_XS: case GgmlType::IQ2_XS:
       return true;
     default:
       return false;
@@ -27,7 +27,7 @@ bool matmul_type_supported(GgmlType t) {
 
 void validate(const MatView& W, const float* x, int64_t n_tokens, const float* y) {
   check(matmul_type_supported(W.type), "matmul: weight type {} is not supported (F32, F16, BF16, Q8_0, Q4_0, "
-        "Q5_0, Q5_1, MXFP4, Q4_K, Q5_K, Q6_K are)", type_name(W.type));
+        "Q5_0, Q5_1, MXFP4, Q4_K, Q5_K, Q6_K, Q2_K, Q3_K, IQ4_XS, IQ2_XS are)", type_name(W.type));
   check(W.rows >= 0 && W.cols > 0, "matmul: bad {} weight shape rows={} cols={}", type_name(W.type), W.rows, W.cols);
   const auto& tr = traits(W.type);
   check(W.cols % tr.block == 0, "matmul: {} weight has {} columns, not a multiple of the block size {}",

@@ -8,6 +8,7 @@
 //   Q4_K / Q5_K / Q6_K: vpmaddubsw with Q8_K activations, vpmaddwd with the sub-block scales.
 // Precision::F32 for quantized weights uses the scalar kernels.
 #include "backend/cpu/dispatch.h"
+#include "backend/cpu/matmul_lowbit.h"
 
 #if defined(__x86_64__)
 #include "backend/cpu/matmul_driver.h"
@@ -331,7 +332,8 @@ const KernelRow kAvx2Kernels[] = {
 }  // namespace
 
 bool avx2_kernel(GgmlType type, Precision prec, MatKernel* k) {
-  return select_kernel(kAvx2Kernels, sizeof(kAvx2Kernels) / sizeof(kAvx2Kernels[0]), type, prec, k);
+  return select_kernel(kAvx2Kernels, sizeof(kAvx2Kernels) / sizeof(kAvx2Kernels[0]), type, prec, k) ||
+         avx2_lowbit_kernel(type, prec, k);  // Q2_K, Q3_K, IQ4_XS, IQ2_XS (matmul_lowbit.h)
 }
 
 }  // namespace kimi::kern

@@ -15,6 +15,7 @@
 // (no inline library code that could be emitted with AVX-512 instructions and picked by the linker
 // for other callers).
 #include "backend/cpu/dispatch.h"
+#include "backend/cpu/matmul_lowbit.h"
 
 #if defined(__x86_64__)
 // GCC 12 warns about _mm512_undefined_* inside its own intrinsic headers
@@ -659,7 +660,8 @@ const KernelRow kAvx512Kernels[] = {
 }  // namespace
 
 bool avx512_kernel(GgmlType type, Precision prec, MatKernel* k) {
-  return select_kernel(kAvx512Kernels, sizeof(kAvx512Kernels) / sizeof(kAvx512Kernels[0]), type, prec, k);
+  return select_kernel(kAvx512Kernels, sizeof(kAvx512Kernels) / sizeof(kAvx512Kernels[0]), type, prec, k) ||
+         avx512_lowbit_kernel(type, prec, k);  // Q2_K, Q3_K, IQ4_XS, IQ2_XS (matmul_lowbit.h)
 }
 
 }  // namespace kimi::kern

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "backend/cpu/dispatch.h"
+#include "backend/cpu/matmul_lowbit.h"
 #include "backend/cpu/quantize_act.h"
 #include "tensor/quants.h"
 
@@ -235,7 +236,8 @@ const KernelRow kScalarKernels[] = {
 }  // namespace
 
 bool scalar_kernel(GgmlType type, Precision prec, MatKernel* k) {
-  return select_kernel(kScalarKernels, sizeof(kScalarKernels) / sizeof(kScalarKernels[0]), type, prec, k);
+  return select_kernel(kScalarKernels, sizeof(kScalarKernels) / sizeof(kScalarKernels[0]), type, prec, k) ||
+         scalar_lowbit_kernel(type, prec, k);  // Q2_K, Q3_K, IQ4_XS, IQ2_XS (matmul_lowbit.h)
 }
 
 }  // namespace kimi::kern

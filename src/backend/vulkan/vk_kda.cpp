@@ -1,25 +1,89 @@
-// The Vulkan backend's KDA ops and the MoE router (vk_backend_impl.h).
+// The Vulkan backend's KDA ops and the MoE router (vk_backend_impl.h). Shaders: kda_conv.comp,
+// kda_gate.comp, kda_scan.comp, router.comp. The gate's output is the log-space decay (the CPU
+// backend's f32 form) at every precision; kda_scan reads that form.
+#include <algorithm>
+
 #include "backend/vulkan/vk_backend_impl.h"
 #include "util/error.h"
 
 namespace kimi {
 
-void VulkanBackend::kda_conv_silu(const float* const[3], int64_t, int64_t, const SeqStates&, const BatchEntry*, int64_t,
-                                  float* const[3]) {
-  fail("vulkan: kda_conv_silu is not implemented yet");
+namespace {
+
+uint32_t u32(int64_t v, const char* what) {
+  check(v >= 0 && v <= 0xFFFFFFFFll, "vulkan: {} = {} does not fit 32 bits", what, v);
+  return static_cast<uint32_t>(v);
 }
 
-void VulkanBackend::kda_gate(float*, const float*, const float*, int64_t, int64_t, int64_t, const KdaGateParams&) {
-  fail("vulkan: kda_gate is not implemented yet");
+// workgroups for `items` units, capped at the guaranteed grid limit (the shaders loop over the rest)
+uint32_t groups(int64_t items) { return static_cast<uint32_t>(std::clamp<int64_t>(items, 1, 65535)); }
+
+constexpr int64_t kScanMaxD = 256;  // kda_scan.comp MAXD
+
+}  // namespace
+
+void VulkanBackend::kda_conv_silu(const float* const w[3], int64_t K, int64_t C, const SeqStates& conv,
+                                  const BatchEntry* e, int64_t n, float* const x[3]) {
+  if (n <= 0 || C <= 0) return;
+  check(K >= 1, "vulkan: kda_conv_silu kernel size {} (at least 1)", K);
+  check(conv.per_seq >= 3 * C * (K - 1), "vulkan: kda_conv_silu state of {} floats per sequence < 3 x {} x {}",
+        conv.per_seq, C, K - 1);
+  u32(n * C, "kda_conv_silu tokens x channels");
+  const uint64_t ents = stage_entries(e, n);
+  struct {
+    uint64_t w0, w1, w2, x0, x1, x2, state, ents, per_seq;
+    uint32_t K, C, n;
+  } pc{dev_addr(w[0]), dev_addr(w[1]), dev_addr(w[2]), dev_addr(x[0]), dev_addr(x[1]), dev_addr(x[2]),
+       dev_addr(conv.data), ents, static_cast<uint64_t>(conv.per_seq), u32(K, "conv kernel"), u32(C, "conv channels"),
+       u32(n, "tokens")};
+  rt_.dispatch(pipe("kda_conv"), &pc, sizeof(pc), groups((3 * C + 63) / 64));
 }
 
-void VulkanBackend::kda_scan(const SeqStates&, const BatchEntry*, int64_t, int64_t, int64_t, const float*, const float*,
-                             const float*, const float*, const float*, float, float*) {
-  fail("vulkan: kda_scan is not implemented yet");
+void VulkanBackend::kda_gate(float* g, const float* dt_bias, const float* a, int64_t n, int64_t H, int64_t D,
+                             const KdaGateParams& p) {
+  if (n <= 0 || H <= 0 || D <= 0) return;
+  struct {
+    uint64_t g, dtb, a;
+    uint32_t count, C, D, has_lb;
+    float lb;
+  } pc{dev_addr(g), dev_addr(dt_bias), dev_addr(a), u32(n * H * D, "kda_gate elements"), u32(H * D, "kda channels"),
+       u32(D, "kda head dim"), p.has_lower_bound ? 1u : 0u, p.lower_bound};
+  rt_.dispatch(pipe("kda_gate"), &pc, sizeof(pc), groups((n * H * D + 255) / 256));
 }
 
-void VulkanBackend::moe_route(float*, const float*, int64_t, const RouterParams&, float*, int32_t*, float*) {
-  fail("vulkan: moe_route is not implemented yet");
+void VulkanBackend::kda_scan(const SeqStates& rec, const BatchEntry* e, int64_t n, int64_t H, int64_t D,
+                             const float* q, const float* k, const float* v, const float* g, const float* beta,
+                             float scale, float* o) {
+  if (n <= 0 || H <= 0 || D <= 0) return;
+  check(D <= kScanMaxD, "vulkan: kda_scan head dim {} (at most {})", D, kScanMaxD);
+  check(H <= 65535, "vulkan: kda_scan over {} heads (at most 65535)", H);
+  check(rec.per_seq >= H * D * D, "vulkan: kda_scan state of {} floats per sequence < {} heads x {}^2", rec.per_seq,
+        H, D);
+  u32(n * H * D, "kda_scan tokens x channels");
+  const uint64_t ents = stage_entries(e, n);
+  struct {
+    uint64_t q, k, v, g, beta, o, state, ents, per_seq;
+    uint32_t n, H, D;
+    float scale;
+  } pc{dev_addr(q), dev_addr(k), dev_addr(v), dev_addr(g), dev_addr(beta), dev_addr(o), dev_addr(rec.data), ents,
+       static_cast<uint64_t>(rec.per_seq), u32(n, "tokens"), u32(H, "heads"), u32(D, "head dim"), scale};
+  rt_.dispatch(pipe("kda_scan"), &pc, sizeof(pc), groups(n), static_cast<uint32_t>(H));
+}
+
+void VulkanBackend::moe_route(float* logits, const float* bias, int64_t n, const RouterParams& p, float* probs,
+                              int32_t* sel, float* weights) {
+  if (n <= 0) return;
+  check(p.n_expert > 0 && p.n_used > 0 && p.n_used <= p.n_expert,
+        "vulkan: moe_route chooses {} of {} experts (need 0 < n_used <= n_expert)", p.n_used, p.n_expert);
+  u32(n * p.n_expert, "router tokens x experts");
+  struct {
+    uint64_t logits, bias, probs, sel, weights;
+    uint32_t n, E, k, softmax, renorm;
+    float scale;
+  } pc{dev_addr(logits), dev_addr(bias), dev_addr(probs), dev_addr(sel), dev_addr(weights), u32(n, "tokens"),
+       u32(p.n_expert, "experts"), u32(p.n_used, "experts used"), p.softmax ? 1u : 0u, p.renormalize ? 1u : 0u,
+       p.scale};
+  rt_.dispatch(pipe("router"), &pc, sizeof(pc), groups(n));
 }
 
 }  // namespace kimi

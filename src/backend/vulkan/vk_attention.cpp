@@ -1,20 +1,124 @@
 // The Vulkan backend's MLA attention and DSA indexer ops (vk_backend_impl.h).
+//
+// mla_attention (shaders/mla_attn*.comp): a token's visited rows form a list (the selection, or
+// every visible position); the list is cut into chunks of 64 rows and `splits` workgroups per
+// (token, head) take every splits-th chunk with an online softmax, so the work follows the rows
+// actually visited (top-k), never the context. With splits > 1 the partials (m, l, acc) go to
+// the attention scratch and mla_attn_combine merges them. The dense path walks every visible
+// position and scores unselected ones -inf, reading a per-token selection bitmask built first.
+// indexer_scores (shaders/indexer_scores.comp): one thread per position, heads staged in shared
+// memory. indexer_topk (shaders/topk.comp): one workgroup, radix select of the k-th key on the
+// float bits, then an ordered compaction — the same set as the CPU's threshold select.
+#include <algorithm>
+
 #include "backend/vulkan/vk_backend_impl.h"
 #include "util/error.h"
 
 namespace kimi {
 
-void VulkanBackend::mla_attention(const CacheRows&, int64_t, const BatchEntry*, int64_t, int64_t, const float*,
-                                  const int32_t*, const int32_t*, int64_t, float, AttnPath, float*) {
-  fail("vulkan: mla_attention is not implemented yet");
+namespace {
+
+uint32_t u32(int64_t v, const char* what) {
+  check(v >= 0 && v <= 0xFFFFFFFFll, "vulkan: {} = {} does not fit 32 bits", what, v);
+  return static_cast<uint32_t>(v);
 }
 
-void VulkanBackend::indexer_scores(const CacheRows&, int32_t, const float*, const float*, int64_t, int64_t, float*) {
-  fail("vulkan: indexer_scores is not implemented yet");
+// a grid dimension for `items` work units (the shaders loop past 65535)
+uint32_t grid(int64_t items) { return static_cast<uint32_t>(std::clamp<int64_t>(items, 1, 65535)); }
+
+constexpr int64_t kChunk = 64;        // rows per chunk (mla_attn.comp CH)
+constexpr int64_t kMaxSplits = 8;     // workgroups per (token, head) at most
+constexpr int64_t kTargetGroups = 1024;  // enough workgroups to fill a device
+constexpr int64_t kMaxRow = 2048;     // mla_attn.comp QMAX
+constexpr int64_t kMaxLatent = 1024;  // mla_attn.comp 64 * ZMAX
+constexpr int64_t kMaxKeyDim = 4096;  // indexer_scores.comp QMAX
+
+}  // namespace
+
+void VulkanBackend::mla_attention(const CacheRows& latent, int64_t kvl, const BatchEntry* e, int64_t n, int64_t H,
+                                  const float* qcat, const int32_t* sel_idx, const int32_t* sel_n, int64_t sel_cap,
+                                  float scale, AttnPath path, float* z) {
+  if (n <= 0 || H <= 0) return;
+  const int64_t W = latent.width;
+  check(W <= kMaxRow, "vulkan: mla_attention row width {} (at most {})", W, kMaxRow);
+  check(kvl > 0 && kvl <= W && kvl <= kMaxLatent, "vulkan: mla_attention kv_lora {} (row width {}, at most {})", kvl,
+        W, kMaxLatent);
+  check(H <= 65535, "vulkan: mla_attention with {} heads (at most 65535)", H);
+  int64_t max_vis = 0;  // rows any token can visit: its visible positions
+  for (int64_t t = 0; t < n; ++t) {
+    check(e[t].pos >= 0 && e[t].pos < latent.n_ctx && e[t].seq_id >= 0,
+          "vulkan: mla_attention token {}: position {} outside the cache's {} rows (sequence {})", t, e[t].pos,
+          latent.n_ctx, e[t].seq_id);
+    max_vis = std::max<int64_t>(max_vis, static_cast<int64_t>(e[t].pos) + 1);
+  }
+  const bool dense = path == AttnPath::Dense;
+  const int64_t chunks = (max_vis + kChunk - 1) / kChunk;
+  const int64_t splits = std::clamp<int64_t>(std::min(chunks, kTargetGroups / (n * H)), 1, kMaxSplits);
+  const int64_t mask_words = dense ? (max_vis + 31) / 32 : 0;
+  const uint64_t mask_bytes = static_cast<uint64_t>(n * mask_words) * 4;
+  const uint64_t part_bytes = splits > 1 ? static_cast<uint64_t>(n * H * splits * (kvl + 2)) * 4 : 0;
+  uint8_t* scratch = mask_bytes + part_bytes > 0 ? static_cast<uint8_t*>(op_scratch(0, mask_bytes + part_bytes)) : nullptr;
+  const uint64_t mask = dev_addr(scratch), part = dev_addr(scratch) + mask_bytes;
+  const uint64_t ents = stage_entries(e, n);  // after op_scratch: a growing scratch submits
+
+  if (dense) {
+    rt_.fill_zero(mask, mask_bytes);
+    struct {
+      uint64_t sel_idx, sel_n, mask;
+      uint32_t n, sel_cap, mask_words;
+    } mp{dev_addr(sel_idx), dev_addr(sel_n), mask, u32(n, "tokens"), u32(sel_cap, "selection capacity"),
+         u32(mask_words, "mask words")};
+    rt_.dispatch(pipe("mla_attn_mask"), &mp, sizeof(mp), grid(n));
+  }
+  struct {
+    uint64_t latent, qcat, sel_idx, sel_n, ents, part, mask, z;
+    uint32_t W, kvl, H, n, sel_cap, n_ctx, f16, splits, mask_words;
+    float scale;
+  } pc{dev_addr(latent.data), dev_addr(qcat), dev_addr(sel_idx), dev_addr(sel_n), ents, part, mask, dev_addr(z),
+       u32(W, "row width"), u32(kvl, "kv_lora"), u32(H, "heads"), u32(n, "tokens"), u32(sel_cap, "selection capacity"),
+       u32(latent.n_ctx, "n_ctx"), latent.f16 ? 1u : 0u, static_cast<uint32_t>(splits), u32(mask_words, "mask words"),
+       scale};
+  static_assert(sizeof(pc) <= 128, "push constants");
+  rt_.dispatch(pipe(dense ? "mla_attn_dense" : "mla_attn_sparse"), &pc, sizeof(pc), static_cast<uint32_t>(splits),
+               static_cast<uint32_t>(H), grid(n));
+  if (splits > 1) {
+    struct {
+      uint64_t part, z;
+      uint32_t kvl, H, n, splits;
+    } cp{part, dev_addr(z), static_cast<uint32_t>(kvl), static_cast<uint32_t>(H), static_cast<uint32_t>(n),
+         static_cast<uint32_t>(splits)};
+    rt_.dispatch(pipe("mla_attn_combine"), &cp, sizeof(cp), static_cast<uint32_t>(H), grid(n));
+  }
 }
 
-void VulkanBackend::indexer_topk(const float*, int64_t, int64_t, int32_t*, int32_t*, float*) {
-  fail("vulkan: indexer_topk is not implemented yet");
+void VulkanBackend::indexer_scores(const CacheRows& keys, int32_t seq, const float* q, const float* w,
+                                   int64_t n_heads, int64_t n_visible, float* scores) {
+  if (n_visible <= 0) return;
+  check(keys.width > 0 && keys.width <= kMaxKeyDim, "vulkan: indexer key width {} (at most {})", keys.width,
+        kMaxKeyDim);
+  check(seq >= 0 && n_visible <= keys.n_ctx, "vulkan: indexer_scores sequence {} with {} visible rows ({} in the cache)",
+        seq, n_visible, keys.n_ctx);
+  struct {
+    uint64_t keys, q, w, scores;
+    uint32_t DI, HI, nvis, f16;
+  } pc{dev_addr(keys.row(seq, 0)), dev_addr(q), dev_addr(w), dev_addr(scores), u32(keys.width, "key width"),
+       u32(n_heads, "indexer heads"), u32(n_visible, "visible rows"), keys.f16 ? 1u : 0u};
+  rt_.dispatch(pipe("indexer_scores"), &pc, sizeof(pc), grid((n_visible + 63) / 64));
+}
+
+void VulkanBackend::indexer_topk(const float* scores, int64_t n, int64_t k, int32_t* sel, int32_t* sel_n, float* tmp) {
+  (void)tmp;  // the select works on the scores in place
+  if (n <= 0 || k <= 0) {
+    set_i32(sel_n, 1, 0);
+    return;
+  }
+  check(n < (int64_t{1} << 31), "vulkan: indexer_topk over {} scores (at most 2^31 - 1)", n);
+  struct {
+    uint64_t scores, sel, sel_n;
+    uint32_t n, k;
+  } pc{dev_addr(scores), dev_addr(sel), dev_addr(sel_n), static_cast<uint32_t>(n),
+       static_cast<uint32_t>(std::min(k, n))};
+  rt_.dispatch(pipe("topk"), &pc, sizeof(pc), 1);
 }
 
 }  // namespace kimi

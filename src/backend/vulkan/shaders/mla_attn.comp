@@ -1,0 +1,137 @@
+// variants: SPARSE DENSE
+// MLA attention over the cached latent rows (absorbed form), one workgroup per (split, head,
+// token). The rows a token visits form a list: SPARSE walks the selected list (sel_idx[t][0..
+// sel_n[t]) or, when sel_n[t] < 0, positions 0..pos); DENSE walks every visible position 0..pos
+// and gives unselected ones the score -inf (selection bitmask from mla_attn_mask.comp). The list
+// is cut into chunks of CH rows; split s takes chunks s, s + splits, ... so a workgroup's cost is
+// the rows it really visits (the grid does not depend on the context length).
+// Per chunk: one thread per row computes its score scale * q . row over the full row width W;
+// the chunk max updates the running max m (online softmax: l and z rescaled by exp(m_old - m));
+// then every thread adds p_j * row_j[d] for its own latent columns d (rows in chunk order).
+// Output: splits == 1: z[t][h] = acc / l (0 when no row was visited); else the partial
+// (m, l, acc[kvl]) to part[(t * H + h) * splits + s] for mla_attn_combine.comp.
+#version 460
+#include "common.glsl"
+
+#define CH 64u
+#define QMAX 2048u  // widest row (W)
+#define ZMAX 16u    // latent columns per thread: kv_lora <= 64 * ZMAX
+
+layout(local_size_x = 64) in;
+layout(push_constant) uniform PC {
+  uint64_t latent, qcat, sel_idx, sel_n, ents, part, mask, z;
+  uint W, kvl, H, n, sel_cap, n_ctx, f16, splits, mask_words;
+  float scale;
+} pc;
+
+shared float qs[QMAX];
+shared float sc[CH];
+shared float pp[CH];
+shared uint ridx[CH];
+
+#define NEG_INF uintBitsToFloat(0xFF800000u)
+
+float row_score(uint64_t row) {
+  float acc = 0.0;
+  if (pc.f16 != 0u) {
+    U16 r = U16(row);
+    for (uint i = 0u; i < pc.W; ++i) acc += qs[i] * half_bits(uint(r.v[i]));
+  } else {
+    F32 r = F32(row);
+    for (uint i = 0u; i < pc.W; ++i) acc += qs[i] * r.v[i];
+  }
+  return acc;
+}
+
+void main() {
+  const uint tid = gl_LocalInvocationID.x, s = gl_WorkGroupID.x, h = gl_WorkGroupID.y;
+  const uint64_t elt = pc.f16 != 0u ? 2ul : 4ul;
+  const uint64_t row_bytes = uint64_t(pc.W) * elt;
+  for (uint t = gl_WorkGroupID.z; t < pc.n; t += gl_NumWorkGroups.z) {
+    const uint seq = uint(I32(pc.ents).v[t * 4u + 1u]), pos = uint(I32(pc.ents).v[t * 4u + 2u]);
+    const int ns = I32(pc.sel_n).v[t];
+#if defined(VARIANT_SPARSE)
+    const uint nrows = ns < 0 ? pos + 1u : uint(ns);
+    I32 sel = I32(pc.sel_idx + 4ul * uint64_t(t) * pc.sel_cap);
+#else
+    const uint nrows = pos + 1u;
+    I32 bits = I32(pc.mask + 4ul * uint64_t(t) * pc.mask_words);
+#endif
+    const uint64_t base = pc.latent + uint64_t(seq) * pc.n_ctx * row_bytes;
+    const uint64_t th = uint64_t(t) * pc.H + h;
+    barrier();  // the previous token's readers of qs are done
+    F32 q = F32(pc.qcat + 4ul * th * pc.W);
+    for (uint i = tid; i < pc.W; i += 64u) qs[i] = q.v[i];
+    float m = NEG_INF, l = 0.0;
+    float acc[ZMAX];
+    for (uint i = 0u; i < ZMAX; ++i) acc[i] = 0.0;
+    for (uint c0 = s * CH; c0 < nrows; c0 += pc.splits * CH) {
+      barrier();  // qs written / the previous chunk's readers of sc, pp, ridx are done
+      const uint j = c0 + tid;
+      float sv = NEG_INF;
+      uint r = 0u;
+      if (j < nrows) {
+#if defined(VARIANT_SPARSE)
+        const int ri = ns < 0 ? int(j) : sel.v[j];
+        const bool ok = ri >= 0 && uint(ri) <= pos;  // an index outside the visible rows is skipped
+        r = ok ? uint(ri) : 0u;
+#else
+        r = j;
+        const bool ok = ns < 0 || ((uint(bits.v[j >> 5u]) >> (j & 31u)) & 1u) != 0u;
+#endif
+        if (ok) sv = row_score(base + uint64_t(r) * row_bytes) * pc.scale;
+      }
+      sc[tid] = sv;
+      ridx[tid] = r;
+      barrier();
+      float bm = NEG_INF;
+      for (uint k = 0u; k < CH; ++k) bm = max(bm, sc[k]);
+      if (bm == NEG_INF) continue;  // nothing visible in this chunk (uniform: every thread sees the same sc)
+      if (bm > m) {
+        const float c = m == NEG_INF ? 0.0 : exp(m - bm);
+        l *= c;
+        for (uint i = 0u; i < ZMAX; ++i) acc[i] *= c;
+        m = bm;
+      }
+      pp[tid] = sv == NEG_INF ? 0.0 : exp(sv - m);
+      barrier();
+      for (uint k = 0u; k < CH; ++k) {
+        const float p = pp[k];
+        if (p == 0.0) continue;
+        l += p;
+        const uint64_t row = base + uint64_t(ridx[k]) * row_bytes;
+        if (pc.f16 != 0u) {
+          U16 rv = U16(row);
+          for (uint i = 0u; i < ZMAX; ++i) {
+            const uint d = tid + 64u * i;
+            if (d < pc.kvl) acc[i] += p * half_bits(uint(rv.v[d]));
+          }
+        } else {
+          F32 rv = F32(row);
+          for (uint i = 0u; i < ZMAX; ++i) {
+            const uint d = tid + 64u * i;
+            if (d < pc.kvl) acc[i] += p * rv.v[d];
+          }
+        }
+      }
+    }
+    if (pc.splits == 1u) {
+      const float inv = l > 0.0 ? 1.0 / l : 0.0;
+      F32 z = F32(pc.z + 4ul * th * pc.kvl);
+      for (uint i = 0u; i < ZMAX; ++i) {
+        const uint d = tid + 64u * i;
+        if (d < pc.kvl) z.v[d] = acc[i] * inv;
+      }
+    } else {
+      F32 o = F32(pc.part + 4ul * (th * pc.splits + s) * (pc.kvl + 2u));
+      if (tid == 0u) {
+        o.v[0] = m;
+        o.v[1] = l;
+      }
+      for (uint i = 0u; i < ZMAX; ++i) {
+        const uint d = tid + 64u * i;
+        if (d < pc.kvl) o.v[2u + d] = acc[i];
+      }
+    }
+  }
+}

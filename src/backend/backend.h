@@ -124,6 +124,8 @@ class Backend {
   virtual bool host_visible() const = 0;  // data() of its buffers can be read/written by the host
   virtual Precision precision() const = 0;
   virtual BackendStats stats() const { return {}; }
+  // bytes of memory this backend can hold weights and buffers in (0 = not limited here: the host)
+  virtual uint64_t memory_capacity() const { return 0; }
 
   // ---- memory ----
   virtual std::unique_ptr<Buffer> alloc(uint64_t bytes, const char* what) = 0;  // zero-filled

@@ -45,8 +45,15 @@ int64_t cols_for(GgmlType t, bool odd) {
 
 using VulkanDense = kimi::test::VulkanOps;
 
-// matmul (decode n = 1 and prefill n = 7, 13) and embedding rows for every weight type, odd sizes
+// matmul (decode n = 1 and prefill n = 7, 13) and embedding rows for every weight type, odd
+// sizes; on both shader paths: subgroup reductions (where the device has them: lavapipe does) and
+// the portable shared-memory one (KIMI_VULKAN_PORTABLE=1)
 TEST_F(VulkanDense, MatmulAndEmbedEveryType) {
+ for (const char* portable : {"0", "1"}) {
+  ::setenv("KIMI_VULKAN_PORTABLE", portable, 1);
+  gpu_ = make_vulkan_backend(test::first_vulkan_device(), Precision::F32);
+  ::unsetenv("KIMI_VULKAN_PORTABLE");
+  SCOPED_TRACE(std::string("KIMI_VULKAN_PORTABLE=") + portable);
   uint32_t seed = 1;
   for (GgmlType t : kTypes) {
     for (bool odd : {false, true}) {
@@ -73,6 +80,7 @@ TEST_F(VulkanDense, MatmulAndEmbedEveryType) {
       ++seed;
     }
   }
+ }
 }
 
 // A weight larger than lavapipe's 128 MiB maxStorageBufferRange: read through its device address,

@@ -27,6 +27,7 @@ class VulkanBackend final : public Backend {
   bool host_visible() const override { return false; }
   Precision precision() const override { return prec_; }
   BackendStats stats() const override;
+  uint64_t memory_capacity() const override { return rt_.info().device_local; }
   vk::Runtime& runtime() { return rt_; }
 
   std::unique_ptr<Buffer> alloc(uint64_t bytes, const char* what) override;
@@ -80,6 +81,7 @@ class VulkanBackend final : public Backend {
                    float* acc) override;
 
   // ---- helpers the op files share ----
+  bool subgroup_paths() const { return subgroup_; }
   // the matmul shader of a weight type (throws for a type without one)
   vk::Pipeline& mm_pipe(GgmlType t);
   // y[z][t] = W_z x[z][t] over `batch` z items (see shaders/mm.comp for the strides)
@@ -97,6 +99,7 @@ class VulkanBackend final : public Backend {
   void copy2d(float* dst, int64_t ld_dst, const float* src, int64_t ld_src, int64_t n, int64_t width);
   uint64_t stage_entries(const BatchEntry* e, int64_t n);  // the micro-batch as 4 ints per entry
   vk::Pipeline& pipe(const char* shader);                  // by embedded shader name
+  static std::string weight_key(const std::string& name, const uint8_t* host, uint64_t bytes);
   // device scratch sized in reserve(): a region of at least `bytes` for the op family `which`
   // (0 = attention/indexer, 1 = KDA/router); valid until the next op of that family
   void* op_scratch(int which, uint64_t bytes);
@@ -106,9 +109,10 @@ class VulkanBackend final : public Backend {
   vk::Runtime rt_;
   Precision prec_;
   std::string name_;
+  bool subgroup_ = false;  // use the _sg shader variants (device has subgroup arithmetic; KIMI_VULKAN_PORTABLE=1 turns them off)
   WorkLimits lim_;
   std::map<std::string, vk::Pipeline, std::less<>> pipes_;  // by shader name, created at first use
-  std::map<std::string, std::unique_ptr<Buffer>> weights_;
+  std::map<std::string, std::unique_ptr<Buffer>> weights_;  // by weight_key
   uint64_t weight_bytes_ = 0;
   // scratch (reserve)
   std::unique_ptr<Buffer> ex_gate_, ex_up_, ex_out_;  // routed experts: [n_tokens * n_used][ff or width]

@@ -2,6 +2,8 @@
 // kda_gate.comp, kda_scan.comp, router.comp. The gate's output is the log-space decay (the CPU
 // backend's f32 form) at every precision; kda_scan reads that form.
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 
 #include "backend/vulkan/vk_backend_impl.h"
 #include "util/error.h"
@@ -18,7 +20,32 @@ uint32_t u32(int64_t v, const char* what) {
 // workgroups for `items` units, capped at the guaranteed grid limit (the shaders loop over the rest)
 uint32_t groups(int64_t items) { return static_cast<uint32_t>(std::clamp<int64_t>(items, 1, 65535)); }
 
-constexpr int64_t kScanMaxD = 256;  // kda_scan.comp MAXD
+constexpr int64_t kScanMaxD = 256;   // kda_scan.comp MAXD
+constexpr int64_t kChunkMaxD = 128;  // kda_chunk.comp MAXD
+constexpr uint32_t kChunkShared = (3 * 16 * 128 + 2 * 16 * 16 + 128 + 2 * 16 + 2) * 4;  // its shared memory
+
+// The chunked scan pays off when the sequences of a batch have several tokens each (prefill); a
+// decode batch (one token per sequence) takes the per-token kernel. KIMI_VULKAN_KDA_SCAN=seq or
+// =chunk forces one kernel (the tests run both on the same data).
+bool use_chunked(const BatchEntry* e, int64_t n) {
+  if (const char* f = std::getenv("KIMI_VULKAN_KDA_SCAN")) {
+    if (std::strcmp(f, "seq") == 0) return false;
+    if (std::strcmp(f, "chunk") == 0) return true;
+  }
+  if (n < 4) return false;
+  uint64_t seen[64] = {};  // distinct sequences below 4096 (others count once each)
+  int64_t distinct = 0;
+  for (int64_t t = 0; t < n; ++t) {
+    const uint32_t s = static_cast<uint32_t>(e[t].seq_id);
+    if (s >= 4096) {
+      ++distinct;
+    } else if (!(seen[s / 64] >> (s % 64) & 1)) {
+      seen[s / 64] |= uint64_t{1} << (s % 64);
+      ++distinct;
+    }
+  }
+  return n >= 4 * distinct;
+}
 
 }  // namespace
 
@@ -67,7 +94,8 @@ void VulkanBackend::kda_scan(const SeqStates& rec, const BatchEntry* e, int64_t 
     float scale;
   } pc{dev_addr(q), dev_addr(k), dev_addr(v), dev_addr(g), dev_addr(beta), dev_addr(o), dev_addr(rec.data), ents,
        static_cast<uint64_t>(rec.per_seq), u32(n, "tokens"), u32(H, "heads"), u32(D, "head dim"), scale};
-  rt_.dispatch(pipe("kda_scan"), &pc, sizeof(pc), groups(n), static_cast<uint32_t>(H));
+  const bool chunked = D <= kChunkMaxD && rt_.info().shared_memory >= kChunkShared && use_chunked(e, n);
+  rt_.dispatch(pipe(chunked ? "kda_chunk" : "kda_scan"), &pc, sizeof(pc), groups(n), static_cast<uint32_t>(H));
 }
 
 void VulkanBackend::moe_route(float* logits, const float* bias, int64_t n, const RouterParams& p, float* probs,

@@ -72,6 +72,9 @@ DeviceInfo describe(VkPhysicalDevice pd, uint32_t index) {
   }
   d.api_version = p.apiVersion;
   d.subgroup_size = sub.subgroupSize;
+  d.subgroup_arith = (sub.supportedStages & VK_SHADER_STAGE_COMPUTE_BIT) &&
+                     (sub.supportedOperations & VK_SUBGROUP_FEATURE_ARITHMETIC_BIT) &&
+                     (sub.supportedOperations & VK_SUBGROUP_FEATURE_BASIC_BIT);
   d.max_alloc = m3.maxMemoryAllocationSize;
   d.max_storage_range = p.limits.maxStorageBufferRange;
   d.shared_memory = p.limits.maxComputeSharedMemorySize;
@@ -335,6 +338,13 @@ void Runtime::submit_and_wait() {
 }
 
 void Runtime::sync() { submit_and_wait(); }
+
+void Runtime::destroy(Pipeline& p) {
+  if (!p.pipe) return;
+  submit_and_wait();
+  vkDestroyPipeline(dev_, p.pipe, nullptr);
+  p.pipe = VK_NULL_HANDLE;
+}
 
 VkPipeline Runtime::pipeline_for(Pipeline& p) {
   if (p.pipe) return p.pipe;

@@ -32,6 +32,7 @@ struct DeviceInfo {
   uint64_t device_local = 0;  // bytes of the largest device-local heap
   uint32_t api_version = 0;
   uint32_t subgroup_size = 0;
+  bool subgroup_arith = false;      // subgroup arithmetic in compute shaders (the _sg shaders)
   uint64_t max_alloc = 0;           // maxMemoryAllocationSize
   uint64_t max_storage_range = 0;   // maxStorageBufferRange (not a limit here: see above)
   uint32_t shared_memory = 0;
@@ -82,6 +83,7 @@ class Runtime {
   // their device address (valid until the next submit)
   uint64_t stage(const void* host, uint64_t bytes);
   void sync();  // submit what is recorded and wait for it
+  void destroy(Pipeline& p);  // frees a pipeline made by dispatch (device idle first)
 
   // staging ring capacity (grown only by reserve, never in the decode loop)
   void reserve_staging(uint64_t bytes);

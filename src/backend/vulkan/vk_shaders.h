@@ -1,7 +1,8 @@
 // The compute shaders of the Vulkan backend, compiled from src/backend/vulkan/shaders/*.comp to
 // SPIR-V by glslc at build time and embedded (CMakeLists.txt writes vk_shaders_table.cpp).
 // A shader file whose first line is `// variants: A B C` is compiled once per variant with
-// -DVARIANT_A (...) and named FILE_a, FILE_b, ... (lower case).
+// -DVARIANT_A (...) and named FILE_a, FILE_b, ... (lower case); a variant A+B gets both defines
+// and the name FILE_a_b.
 #pragma once
 #include <cstddef>
 #include <cstdint>

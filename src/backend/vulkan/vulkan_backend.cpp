@@ -4,6 +4,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include "backend/vulkan/vk_backend_impl.h"
@@ -58,11 +60,15 @@ std::unique_ptr<Backend> make_vulkan_backend(int index, Precision prec) {
 }
 
 VulkanBackend::VulkanBackend(int index, Precision prec)
-    : rt_(static_cast<uint32_t>(index)), prec_(prec), name_(fmt::format("vulkan:{}", index)) {}
+    : rt_(static_cast<uint32_t>(index)), prec_(prec), name_(fmt::format("vulkan:{}", index)) {
+  const char* portable = std::getenv("KIMI_VULKAN_PORTABLE");
+  subgroup_ = rt_.info().subgroup_arith && !(portable && std::string(portable) == "1");
+}
 
 VulkanBackend::~VulkanBackend() {
   rt_.sync();
   weights_.clear();
+  for (auto& [n, p] : pipes_) rt_.destroy(p);
 }
 
 BackendStats VulkanBackend::stats() const {
@@ -82,13 +88,24 @@ std::unique_ptr<Buffer> VulkanBackend::alloc(uint64_t bytes, const char* what) {
   return std::make_unique<VkBuffer>(this, rt_, a, bytes);
 }
 
+// Identity of a placed weight: contexts made over the same model share one upload, a different
+// model (even one mapped at the same address with the same names) gets its own.
+std::string VulkanBackend::weight_key(const std::string& name, const uint8_t* host, uint64_t bytes) {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a over up to 64 samples of 64 bytes spread over the tensor
+  const uint64_t step = std::max<uint64_t>(64, bytes / 64);
+  for (uint64_t off = 0; off < bytes; off += step)
+    for (uint64_t i = off; i < std::min(bytes, off + 64); ++i) h = (h ^ host[i]) * 1099511628211ull;
+  return fmt::format("{}@{}+{}#{:x}", name, static_cast<const void*>(host), bytes, h);
+}
+
 const uint8_t* VulkanBackend::place_weight(const std::string& name, const uint8_t* host, uint64_t bytes) {
-  auto it = weights_.find(name);
+  const std::string key = weight_key(name, host, bytes);
+  auto it = weights_.find(key);
   if (it == weights_.end()) {
     auto b = alloc(bytes, name.c_str());
     rt_.upload(dev_addr(b->data()), host, bytes);
     weight_bytes_ += bytes;
-    it = weights_.emplace(name, std::move(b)).first;
+    it = weights_.emplace(key, std::move(b)).first;
   }
   return static_cast<const uint8_t*>(it->second->data());
 }
@@ -143,21 +160,30 @@ vk::Pipeline& VulkanBackend::pipe(const char* shader) {
   return it->second;
 }
 
-vk::Pipeline& VulkanBackend::mm_pipe(GgmlType t) {
+// the shader suffix of a weight type ("q8_0"), nullptr without shaders for it
+static const char* type_suffix(GgmlType t) {
   switch (t) {
-    case GgmlType::F32: return pipe("mm_f32");
-    case GgmlType::F16: return pipe("mm_f16");
-    case GgmlType::BF16: return pipe("mm_bf16");
-    case GgmlType::Q8_0: return pipe("mm_q8_0");
-    case GgmlType::Q4_0: return pipe("mm_q4_0");
-    case GgmlType::Q5_0: return pipe("mm_q5_0");
-    case GgmlType::Q5_1: return pipe("mm_q5_1");
-    case GgmlType::MXFP4: return pipe("mm_mxfp4");
-    case GgmlType::Q4_K: return pipe("mm_q4_k");
-    case GgmlType::Q5_K: return pipe("mm_q5_k");
-    case GgmlType::Q6_K: return pipe("mm_q6_k");
-    default: fail("vulkan: no matmul shader for weight type {}", type_name(t));
+    case GgmlType::F32: return "f32";
+    case GgmlType::F16: return "f16";
+    case GgmlType::BF16: return "bf16";
+    case GgmlType::Q8_0: return "q8_0";
+    case GgmlType::Q4_0: return "q4_0";
+    case GgmlType::Q5_0: return "q5_0";
+    case GgmlType::Q5_1: return "q5_1";
+    case GgmlType::MXFP4: return "mxfp4";
+    case GgmlType::Q4_K: return "q4_k";
+    case GgmlType::Q5_K: return "q5_k";
+    case GgmlType::Q6_K: return "q6_k";
+    default: return nullptr;
   }
+}
+
+vk::Pipeline& VulkanBackend::mm_pipe(GgmlType t) {
+  const char* sfx = type_suffix(t);
+  if (!sfx) fail("vulkan: no matmul shader for weight type {}", type_name(t));
+  char name[32];
+  std::snprintf(name, sizeof(name), "mm_%s%s", sfx, subgroup_ ? "_sg" : "");
+  return pipe(name);
 }
 
 uint64_t VulkanBackend::stage_entries(const BatchEntry* e, int64_t n) {
@@ -197,8 +223,10 @@ void VulkanBackend::embed_rows(const MatView& table, const BatchEntry* e, int64_
     uint32_t cols, row_bytes, id_stride, n;
   } pc{dev_addr(table.data), ids, dev_addr(out), u32(table.cols, "embedding width"),
        u32(static_cast<int64_t>(table.row_bytes), "row bytes"), 4, u32(n, "tokens")};
-  char name[32] = "getrows_";  // getrows_<type> next to mm_<type>
-  std::strncat(name, std::strchr(mm_pipe(table.type).shader, '_') + 1, sizeof(name) - 9);
+  const char* sfx = type_suffix(table.type);
+  if (!sfx) fail("vulkan: no row-gather shader for weight type {}", type_name(table.type));
+  char name[32];
+  std::snprintf(name, sizeof(name), "getrows_%s", sfx);
   rt_.dispatch(pipe(name), &pc, sizeof(pc), u32(n, "tokens"));
 }
 

@@ -1,12 +1,18 @@
-// variants: F32 F16 BF16 Q8_0 Q4_0 Q5_0 Q5_1 MXFP4 Q4_K Q5_K Q6_K
+// variants: F32 F16 BF16 Q8_0 Q4_0 Q5_0 Q5_1 MXFP4 Q4_K Q5_K Q6_K F32+SG F16+SG BF16+SG Q8_0+SG Q4_0+SG Q5_0+SG Q5_1+SG MXFP4+SG Q4_K+SG Q5_K+SG Q6_K+SG
 // y[t][r] = sum_c W[r][c] x[t][c] for a weight type (dequant.glsl), f32 activations and sums.
 // Workgroup = 64 threads on one weight row and a tile of up to 4 tokens; the threads split the
 // row into 8-value chunks and reduce in shared memory. The z dimension batches independent
 // products: per-head slices (z = head: slice z of a stacked weight) or routed experts (sel != 0:
 // slot z uses slice sel[z] and input row z / x_div).
+// VARIANT_SG (the _sg pipelines, used where the device has subgroup arithmetic): the row sums are
+// reduced with subgroupAdd, then across subgroups in shared memory; else a shared-memory tree.
 #version 460
 #include "common.glsl"
 #include "dequant.glsl"
+#if defined(VARIANT_SG)
+#extension GL_KHR_shader_subgroup_arithmetic : require
+#extension GL_KHR_shader_subgroup_basic : require
+#endif
 
 layout(local_size_x = 64) in;
 layout(push_constant) uniform PC {
@@ -58,6 +64,18 @@ void main() {
       for (uint t = 0u; t < nt; ++t) acc[t] += wv * F32(pc.x + 4ul * (xoff + uint64_t(t0 + t) * pc.ldx + j)).v[0];
     }
 #endif
+#if defined(VARIANT_SG)
+    for (uint t = 0u; t < TT; ++t) {
+      const float v = subgroupAdd(acc[t]);
+      if (subgroupElect()) red[t][gl_SubgroupID] = v;
+    }
+    barrier();
+    if (tid < nt) {
+      float sum = 0.0;
+      for (uint i = 0u; i < gl_NumSubgroups; ++i) sum += red[tid][i];
+      F32(pc.y + 4ul * (yoff + uint64_t(t0 + tid) * pc.ldy + r)).v[0] = sum;
+    }
+#else
     for (uint t = 0u; t < TT; ++t) red[t][tid] = acc[t];
     barrier();
     for (uint s = 32u; s > 0u; s >>= 1) {
@@ -66,6 +84,7 @@ void main() {
       barrier();
     }
     if (tid < nt) F32(pc.y + 4ul * (yoff + uint64_t(t0 + tid) * pc.ldy + r)).v[0] = red[tid][0];
+#endif
     barrier();
   }
 }

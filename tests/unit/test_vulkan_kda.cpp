@@ -3,6 +3,8 @@
 // sequences interleaved in one batch, prefill then decode continuing the per-sequence states, the
 // states compared after every step.
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 
 #include "unit/vulkan_fixture.h"
 
@@ -14,7 +16,8 @@ namespace {
 
 // A schedule of micro-batches over sequences 2 and 0 of a 3-slot state (slot 1 stays unused and
 // must stay zero): an interleaved prefill of both, a decode step of both, a prefill of one, a
-// decode step of both, and a long prefill of one.
+// decode step of both, and a long prefill of both (every 7th token of sequence 2), long enough to
+// span several of the backend's token windows (vk_kda.cpp).
 std::vector<std::vector<BatchEntry>> schedule(int64_t long_prefill) {
   std::vector<std::vector<BatchEntry>> steps;
   int32_t pos[3] = {0, 0, 0};
@@ -40,7 +43,7 @@ std::vector<std::vector<BatchEntry>> schedule(int64_t long_prefill) {
   add(b, 0);
   steps.push_back(b);
   b.clear();
-  for (int64_t i = 0; i < long_prefill; ++i) add(b, 0);
+  for (int64_t i = 0; i < long_prefill; ++i) add(b, i % 7 == 3 ? 2 : 0);  // mostly seq 0, some of seq 2
   steps.push_back(b);
   return steps;
 }
@@ -68,16 +71,23 @@ WorkLimits limits(int64_t n_tokens, int64_t H, int64_t D) {
 
 using VulkanKda = kimi::test::VulkanOps;
 
+class VulkanKdaScan : public kimi::test::VulkanOps {
+ protected:
+  // the schedule() steps through kda_scan on both backends, compared after every step
+  void scan_schedule(int64_t D, float g_lo, uint32_t seed);
+};
+
 // kda_conv_silu: the three streams' outputs and the rolling conv states after every step (K = 4,
-// and K = 2, the shortest state); channels H*D for D = 32 and 128 with H = 3.
+// and K = 2, the shortest state); channels H*D for D = 32 (with a 5500-token step: two windows)
+// and 128 with H = 3.
 TEST_F(VulkanKda, ConvSiluInterleavedPrefillDecode) {
   uint32_t seed = 10;
   for (int64_t D : {32, 128}) {
     for (int64_t K : {4, 2}) {
       const int64_t H = 3, C = H * D, S = K - 1, per_seq = 3 * C * S;
       SCOPED_TRACE("D " + std::to_string(D) + " K " + std::to_string(K));
-      cpu_->reserve(limits(64, H, D));
-      gpu_->reserve(limits(64, H, D));
+      cpu_->reserve(limits(12000, H, D));
+      gpu_->reserve(limits(12000, H, D));
       auto w0 = both(random_floats(static_cast<size_t>(C * K), seed++, 0.7f));
       auto w1 = both(random_floats(static_cast<size_t>(C * K), seed++, 0.7f));
       auto w2 = both(random_floats(static_cast<size_t>(C * K), seed++, 0.7f));
@@ -86,7 +96,7 @@ TEST_F(VulkanKda, ConvSiluInterleavedPrefillDecode) {
       auto st = zeros(static_cast<size_t>(3 * per_seq));
       const SeqStates sc{st.cp<float>(), per_seq}, sg{st.gp<float>(), per_seq};
       int step = 0;
-      for (const auto& b : schedule(37)) {
+      for (const auto& b : schedule(D == 32 && K == 4 ? 12000 : 37)) {
         const int64_t n = static_cast<int64_t>(b.size());
         auto x0 = both(random_floats(static_cast<size_t>(n * C), seed++, 2.0f));
         auto x1 = both(random_floats(static_cast<size_t>(n * C), seed++, 2.0f));
@@ -142,25 +152,40 @@ TEST_F(VulkanKda, GateBothForms) {
 }
 
 // kda_scan: outputs and the recurrent states after every step; q, k L2-normalized per head, the
-// decay from the lower-bound gate, beta in (0, 1), scale 1/sqrt(D).
-TEST_F(VulkanKda, ScanInterleavedPrefillDecode) {
-  uint32_t seed = 70;
-  for (int64_t D : {32, 128}) {
+// decay from the lower-bound gate (mild: g in (-0.5, 0); K3's range: (-5, 0)), beta in (0, 1),
+// scale 1/sqrt(D). Each kernel on the same data: the per-token one, the chunked one (chunks of
+// 16 tokens, short chunks padded) and the automatic choice; the 260-token step spans several
+// token windows at D = 128.
+TEST_F(VulkanKdaScan, InterleavedPrefillDecode) {
+  for (const char* mode : {"seq", "chunk", "auto"})
+    for (float g_lo : {0.5f, 5.0f})
+      for (int64_t D : {32, 128}) {
+        SCOPED_TRACE(std::string("kernel ") + mode + " g > -" + std::to_string(g_lo) + " D " + std::to_string(D));
+        if (std::strcmp(mode, "auto") == 0)
+          unsetenv("KIMI_VULKAN_KDA_SCAN");
+        else
+          setenv("KIMI_VULKAN_KDA_SCAN", mode, 1);
+        scan_schedule(D, g_lo, 70);
+      }
+  unsetenv("KIMI_VULKAN_KDA_SCAN");
+}
+
+void VulkanKdaScan::scan_schedule(int64_t D, float g_lo, uint32_t seed) {
+  {
     const int64_t H = 3, C = H * D, per_seq = H * D * D;
     const float scale = 1.0f / std::sqrt(static_cast<float>(D));
-    SCOPED_TRACE("D " + std::to_string(D));
-    cpu_->reserve(limits(80, H, D));
-    gpu_->reserve(limits(80, H, D));
+    cpu_->reserve(limits(360, H, D));
+    gpu_->reserve(limits(360, H, D));
     auto st = zeros(static_cast<size_t>(3 * per_seq));
     const SeqStates sc{st.cp<float>(), per_seq}, sg{st.gp<float>(), per_seq};
     int step = 0;
-    for (const auto& b : schedule(70)) {
+    for (const auto& b : schedule(360)) {
       const int64_t n = static_cast<int64_t>(b.size());
       auto q = both(l2_heads(random_floats(static_cast<size_t>(n * C), seed++), n, H, D));
       auto k = both(l2_heads(random_floats(static_cast<size_t>(n * C), seed++), n, H, D));
       auto v = both(random_floats(static_cast<size_t>(n * C), seed++, 2.0f));
       std::vector<float> gh = random_floats(static_cast<size_t>(n * C), seed++, 3.0f);
-      for (auto& x : gh) x = -5.0f / (1.0f + std::exp(-x)) * 0.1f;  // log decay in (-0.5, 0)
+      for (auto& x : gh) x = -g_lo / (1.0f + std::exp(-x));  // log decay in (-g_lo, 0)
       auto g = both(gh);
       std::vector<float> bh = random_floats(static_cast<size_t>(n * H), seed++, 3.0f);
       for (auto& x : bh) x = 1.0f / (1.0f + std::exp(-x));

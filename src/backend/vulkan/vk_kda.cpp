@@ -1,6 +1,13 @@
 // The Vulkan backend's KDA ops and the MoE router (vk_backend_impl.h). Shaders: kda_conv.comp,
-// kda_gate.comp, kda_scan.comp, router.comp. The gate's output is the log-space decay (the CPU
-// backend's f32 form) at every precision; kda_scan reads that form.
+// kda_gate.comp, kda_scan.comp (per token), kda_chunk.comp (chunks of 16 tokens), router.comp.
+// The gate's output is the log-space decay (the CPU backend's f32 form) at every precision;
+// kda_scan reads that form.
+//
+// Token windows: the conv and the scan walk the tokens in order inside each invocation, and
+// lavapipe (Mesa's llvmpipe) stops an invocation's loops after 65535 iterations counted over all
+// of its loops together (LP_MAX_TGSI_LOOP_ITERATIONS), silently. A batch is therefore issued as
+// consecutive windows of tokens, one dispatch each, sized to stay far below that count; the
+// semantics are unchanged because the tokens are processed in batch order either way.
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -20,6 +27,7 @@ uint32_t u32(int64_t v, const char* what) {
 // workgroups for `items` units, capped at the guaranteed grid limit (the shaders loop over the rest)
 uint32_t groups(int64_t items) { return static_cast<uint32_t>(std::clamp<int64_t>(items, 1, 65535)); }
 
+constexpr int64_t kLoopBudget = 32768;  // loop iterations one invocation may spend per dispatch
 constexpr int64_t kScanMaxD = 256;   // kda_scan.comp MAXD
 constexpr int64_t kChunkMaxD = 128;  // kda_chunk.comp MAXD
 constexpr uint32_t kChunkShared = (3 * 16 * 128 + 2 * 16 * 16 + 128 + 2 * 16 + 2) * 4;  // its shared memory
@@ -57,13 +65,18 @@ void VulkanBackend::kda_conv_silu(const float* const w[3], int64_t K, int64_t C,
         conv.per_seq, C, K - 1);
   u32(n * C, "kda_conv_silu tokens x channels");
   const uint64_t ents = stage_entries(e, n);
-  struct {
-    uint64_t w0, w1, w2, x0, x1, x2, state, ents, per_seq;
-    uint32_t K, C, n;
-  } pc{dev_addr(w[0]), dev_addr(w[1]), dev_addr(w[2]), dev_addr(x[0]), dev_addr(x[1]), dev_addr(x[2]),
-       dev_addr(conv.data), ents, static_cast<uint64_t>(conv.per_seq), u32(K, "conv kernel"), u32(C, "conv channels"),
-       u32(n, "tokens")};
-  rt_.dispatch(pipe("kda_conv"), &pc, sizeof(pc), groups((3 * C + 63) / 64));
+  const int64_t window = std::max<int64_t>(1, kLoopBudget / (2 * K + 2));  // ~2K iterations per token
+  for (int64_t t0 = 0; t0 < n; t0 += window) {
+    const int64_t m = std::min(window, n - t0);
+    const uint64_t xo = static_cast<uint64_t>(t0 * C) * 4;
+    struct {
+      uint64_t w0, w1, w2, x0, x1, x2, state, ents, per_seq;
+      uint32_t K, C, n;
+    } pc{dev_addr(w[0]), dev_addr(w[1]), dev_addr(w[2]), dev_addr(x[0]) + xo, dev_addr(x[1]) + xo,
+         dev_addr(x[2]) + xo, dev_addr(conv.data), ents + static_cast<uint64_t>(t0) * sizeof(BatchEntry),
+         static_cast<uint64_t>(conv.per_seq), u32(K, "conv kernel"), u32(C, "conv channels"), u32(m, "tokens")};
+    rt_.dispatch(pipe("kda_conv"), &pc, sizeof(pc), groups((3 * C + 63) / 64));
+  }
 }
 
 void VulkanBackend::kda_gate(float* g, const float* dt_bias, const float* a, int64_t n, int64_t H, int64_t D,
@@ -88,14 +101,26 @@ void VulkanBackend::kda_scan(const SeqStates& rec, const BatchEntry* e, int64_t 
         H, D);
   u32(n * H * D, "kda_scan tokens x channels");
   const uint64_t ents = stage_entries(e, n);
-  struct {
-    uint64_t q, k, v, g, beta, o, state, ents, per_seq;
-    uint32_t n, H, D;
-    float scale;
-  } pc{dev_addr(q), dev_addr(k), dev_addr(v), dev_addr(g), dev_addr(beta), dev_addr(o), dev_addr(rec.data), ents,
-       static_cast<uint64_t>(rec.per_seq), u32(n, "tokens"), u32(H, "heads"), u32(D, "head dim"), scale};
   const bool chunked = D <= kChunkMaxD && rt_.info().shared_memory >= kChunkShared && use_chunked(e, n);
-  rt_.dispatch(pipe(chunked ? "kda_chunk" : "kda_scan"), &pc, sizeof(pc), groups(n), static_cast<uint32_t>(H));
+  // loop iterations per token of one invocation: per-token kernel ~2D per owned column (+ the
+  // window's first-token scan); chunked kernel ~(2D + 48) per token plus the pair sums
+  const int64_t cols = (D + 127) / 128;
+  const int64_t per_token = chunked ? 2 * D + 64 + (16 * 17 / 2 * (D + 16) + 127) / 128 : 2 * D * cols + 8;
+  const int64_t window = std::max<int64_t>(16, kLoopBudget / per_token / 16 * 16);
+  const int64_t C = H * D;
+  for (int64_t t0 = 0; t0 < n; t0 += window) {
+    const int64_t m = std::min(window, n - t0);
+    const uint64_t ro = static_cast<uint64_t>(t0 * C) * 4;
+    struct {
+      uint64_t q, k, v, g, beta, o, state, ents, per_seq;
+      uint32_t n, H, D;
+      float scale;
+    } pc{dev_addr(q) + ro, dev_addr(k) + ro, dev_addr(v) + ro, dev_addr(g) + ro,
+         dev_addr(beta) + static_cast<uint64_t>(t0 * H) * 4, dev_addr(o) + ro, dev_addr(rec.data),
+         ents + static_cast<uint64_t>(t0) * sizeof(BatchEntry), static_cast<uint64_t>(rec.per_seq), u32(m, "tokens"),
+         u32(H, "heads"), u32(D, "head dim"), scale};
+    rt_.dispatch(pipe(chunked ? "kda_chunk" : "kda_scan"), &pc, sizeof(pc), groups(m), static_cast<uint32_t>(H));
+  }
 }
 
 void VulkanBackend::moe_route(float* logits, const float* bias, int64_t n, const RouterParams& p, float* probs,

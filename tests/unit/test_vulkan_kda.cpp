@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "unit/vulkan_fixture.h"
+#include "util/error.h"
 
 using namespace kimi;
 using kimi::test::random_floats;
@@ -285,4 +286,28 @@ TEST_F(VulkanKda, RouterSelectionAndWeights) {
       EXPECT_NEAR(s, rc.scale, 1e-5) << "renormalized weights sum to the scale";
     }
   }
+}
+
+// shapes the kernels cannot take fail with a message naming the op, before anything is recorded
+TEST_F(VulkanKda, BadShapesFailClearly) {
+  auto expect_error = [](auto&& fn, const char* what) {
+    try {
+      fn();
+      ADD_FAILURE() << "no error for " << what;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  };
+  auto buf = gpu_->alloc(1 << 20, "test");
+  float* p = buf->as<float>();
+  std::vector<BatchEntry> b(2);
+  expect_error([&] { gpu_->kda_scan({p, 512 * 512}, b.data(), 2, 1, 512, p, p, p, p, p, 1.0f, p); }, "kda_scan head dim");
+  expect_error([&] { gpu_->kda_scan({p, 100}, b.data(), 2, 1, 32, p, p, p, p, p, 1.0f, p); }, "kda_scan state");
+  const float* w[3] = {p, p, p};
+  float* x[3] = {p, p, p};
+  expect_error([&] { gpu_->kda_conv_silu(w, 4, 32, {p, 3 * 32 * 2}, b.data(), 2, x); }, "kda_conv_silu state");
+  RouterParams rp;
+  rp.n_expert = 4;
+  rp.n_used = 5;
+  expect_error([&] { gpu_->moe_route(p, nullptr, 2, rp, p, reinterpret_cast<int32_t*>(p), p); }, "moe_route");
 }

@@ -5,9 +5,10 @@
 // and gives unselected ones the score -inf (selection bitmask from mla_attn_mask.comp). The list
 // is cut into chunks of CH rows; split s takes chunks s, s + splits, ... so a workgroup's cost is
 // the rows it really visits (the grid does not depend on the context length).
-// Per chunk: one thread per row computes its score scale * q . row over the full row width W;
-// the chunk max updates the running max m (online softmax: l and z rescaled by exp(m_old - m));
-// then every thread adds p_j * row_j[d] for its own latent columns d (rows in chunk order).
+// Per chunk: the rows' scores scale * q . row over the full row width W (8 threads per row on
+// consecutive columns, their partials summed in a fixed order); the chunk max updates the
+// running max m (online softmax: l and acc rescaled by exp(m_old - m)); then every thread adds
+// p_j * row_j[d] for its own latent columns d (rows in chunk order).
 // Output: splits == 1: z[t][h] = acc / l (0 when no row was visited); else the partial
 // (m, l, acc[kvl]) to part[(t * H + h) * splits + s] for mla_attn_combine.comp.
 #version 460
@@ -28,20 +29,10 @@ shared float qs[QMAX];
 shared float sc[CH];
 shared float pp[CH];
 shared uint ridx[CH];
+shared float red[CH * 8u];  // partial dot products: 8 per row
 
 #define NEG_INF uintBitsToFloat(0xFF800000u)
-
-float row_score(uint64_t row) {
-  float acc = 0.0;
-  if (pc.f16 != 0u) {
-    U16 r = U16(row);
-    for (uint i = 0u; i < pc.W; ++i) acc += qs[i] * half_bits(uint(r.v[i]));
-  } else {
-    F32 r = F32(row);
-    for (uint i = 0u; i < pc.W; ++i) acc += qs[i] * r.v[i];
-  }
-  return acc;
-}
+#define NONE 0xFFFFFFFFu
 
 void main() {
   const uint tid = gl_LocalInvocationID.x, s = gl_WorkGroupID.x, h = gl_WorkGroupID.y;
@@ -67,22 +58,46 @@ void main() {
     for (uint i = 0u; i < ZMAX; ++i) acc[i] = 0.0;
     for (uint c0 = s * CH; c0 < nrows; c0 += pc.splits * CH) {
       barrier();  // qs written / the previous chunk's readers of sc, pp, ridx are done
+      // 1. the cache row of list entry c0 + tid (NONE: past the list, unselected or out of range)
       const uint j = c0 + tid;
-      float sv = NEG_INF;
-      uint r = 0u;
+      uint r = NONE;
       if (j < nrows) {
 #if defined(VARIANT_SPARSE)
         const int ri = ns < 0 ? int(j) : sel.v[j];
-        const bool ok = ri >= 0 && uint(ri) <= pos;  // an index outside the visible rows is skipped
-        r = ok ? uint(ri) : 0u;
+        if (ri >= 0 && uint(ri) <= pos) r = uint(ri);  // an index outside the visible rows is skipped
 #else
-        r = j;
-        const bool ok = ns < 0 || ((uint(bits.v[j >> 5u]) >> (j & 31u)) & 1u) != 0u;
+        if (ns < 0 || ((uint(bits.v[j >> 5u]) >> (j & 31u)) & 1u) != 0u) r = j;
 #endif
-        if (ok) sv = float(r % 7u) * pc.scale;
+      }
+      ridx[tid] = r;
+      barrier();
+      // 2. partial dot products: 8 threads per row (consecutive columns), 8 rows per group of 8
+      const uint g = tid >> 3u, lane = tid & 7u;
+      for (uint rr = 0u; rr < CH / 8u; ++rr) {
+        const uint jl = g + 8u * rr;
+        const uint rj = ridx[jl];
+        float part = 0.0;
+        if (rj != NONE) {
+          const uint64_t row = base + uint64_t(rj) * row_bytes;
+          if (pc.f16 != 0u) {
+            U16 rv = U16(row);
+            for (uint i = lane; i < pc.W; i += 8u) part += qs[i] * half_bits(uint(rv.v[i]));
+          } else {
+            F32 rv = F32(row);
+            for (uint i = lane; i < pc.W; i += 8u) part += qs[i] * rv.v[i];
+          }
+        }
+        red[jl * 8u + lane] = part;
+      }
+      barrier();
+      // 3. the score of row tid: its 8 partials in lane order
+      float sv = NEG_INF;
+      if (r != NONE) {
+        float a = 0.0;
+        for (uint k = 0u; k < 8u; ++k) a += red[tid * 8u + k];
+        sv = a * pc.scale;
       }
       sc[tid] = sv;
-      ridx[tid] = r;
       barrier();
       float bm = NEG_INF;
       for (uint k = 0u; k < CH; ++k) bm = max(bm, sc[k]);

@@ -15,9 +15,9 @@ using kimi::test::rel_rms;
 
 namespace {
 
-// a cache of 2 sequences x nctx rows of `width` random values, as f16 or f32 bytes
-std::vector<uint8_t> random_cache(int64_t nctx, int64_t width, bool f16, uint32_t seed) {
-  const auto f = random_floats(static_cast<size_t>(2 * nctx * width), seed);
+// a cache of `seqs` sequences x nctx rows of `width` random values, as f16 or f32 bytes
+std::vector<uint8_t> random_cache(int64_t nctx, int64_t width, bool f16, uint32_t seed, int64_t seqs = 2) {
+  const auto f = random_floats(static_cast<size_t>(seqs * nctx * width), seed);
   std::vector<uint8_t> out(f.size() * (f16 ? 2 : 4));
   if (f16) {
     auto* h = reinterpret_cast<uint16_t*>(out.data());
@@ -50,12 +50,12 @@ std::vector<int32_t> topk_by_sort(const std::vector<float>& s, int64_t k) {
 
 using VulkanAttention = kimi::test::VulkanOps;
 
-// scores[s] = sum_h w_h ReLU(q_h . key_s): f16 and f32 keys, key widths 128 and 72, 5 and 64 heads
-// (64 x 128 stages the heads through shared memory in two groups), a sequence other than 0.
+// scores[s] = sum_h w_h ReLU(q_h . key_s): f16 and f32 keys; 64 heads x 128 (the real indexer),
+// 5 x 128, 70 x 40 (a second, partial head block; a partial key step), 3 x 72; both sequences.
 TEST_F(VulkanAttention, IndexerScores) {
   const int64_t nctx = 300;
   for (bool f16 : {true, false}) {
-    for (auto [HI, DI] : {std::pair<int64_t, int64_t>{5, 128}, {64, 128}, {3, 72}}) {
+    for (auto [HI, DI] : {std::pair<int64_t, int64_t>{5, 128}, {64, 128}, {70, 40}, {3, 72}}) {
       SCOPED_TRACE(std::string(f16 ? "f16" : "f32") + " heads " + std::to_string(HI) + " dim " + std::to_string(DI));
       auto keys = both(random_cache(nctx, DI, f16, 7));
       auto q = both(random_floats(static_cast<size_t>(HI * DI), 8));
@@ -271,4 +271,104 @@ TEST_F(VulkanAttention, MlaWithoutIndexer) {
     out[path == AttnPath::Dense ? 1 : 0] = g;
   }
   EXPECT_EQ(out[0], out[1]) << "sparse and dense walk the same rows in the same order";
+}
+
+namespace {
+
+// KIMI_VULKAN_ATTN_WINDOW for one scope
+struct WindowEnv {
+  explicit WindowEnv(const char* v) { setenv("KIMI_VULKAN_ATTN_WINDOW", v, 1); }
+  ~WindowEnv() { unsetenv("KIMI_VULKAN_ATTN_WINDOW"); }
+};
+
+}  // namespace
+
+// The chunk windows (how a cpu device such as lavapipe stays within its loop limit; forced
+// small here with KIMI_VULKAN_ATTN_WINDOW) carry the online-softmax state exactly: windows of 1
+// and 2 chunks equal one dispatch bit for bit, with several splits (few tokens, long lists) and
+// with one split (many tokens x heads, z written by the last window); all vs the CPU.
+TEST_F(VulkanAttention, MlaWindowsAreExact) {
+  struct Shape {
+    int64_t n, H, nctx, kvl, W;
+  };
+  std::mt19937 rng(9);
+  for (const Shape& sh : {Shape{3, 3, 1100, 96, 160}, Shape{33, 32, 130, 32, 40}}) {
+    const int64_t n = sh.n, H = sh.H, nctx = sh.nctx, kvl = sh.kvl, W = sh.W, sel_cap = 150;
+    SCOPED_TRACE("tokens " + std::to_string(n) + " heads " + std::to_string(H) + " n_ctx " + std::to_string(nctx));
+    WorkLimits lim;
+    lim.n_tokens = n;
+    lim.n_ctx = nctx;
+    lim.n_heads = H;
+    lim.head_io = kvl;
+    lim.row = W;
+    lim.dense_attn = true;
+    cpu_->reserve(lim);
+    gpu_->reserve(lim);
+    auto cache = both(random_cache(nctx, W, true, 71));
+    CacheRows cc{cache.cp<uint8_t>(), true, W, nctx}, cg{cache.gp<uint8_t>(), true, W, nctx};
+    std::vector<BatchEntry> e;
+    std::vector<int32_t> sel(static_cast<size_t>(n * sel_cap), 0), cnt(static_cast<size_t>(n));
+    for (int64_t t = 0; t < n; ++t) {
+      const int32_t pos = t == 0 ? static_cast<int32_t>(nctx - 1) : static_cast<int32_t>((t * 37 + 5) % nctx);
+      e.push_back(entry(static_cast<int32_t>(t % 2), pos));
+      if (t % 2 == 0) {
+        cnt[static_cast<size_t>(t)] = -1;
+      } else {
+        std::vector<int32_t> all(static_cast<size_t>(pos + 1));
+        std::iota(all.begin(), all.end(), 0);
+        std::shuffle(all.begin(), all.end(), rng);
+        const int32_t k = std::min<int32_t>(pos + 1, static_cast<int32_t>(sel_cap));
+        std::sort(all.begin(), all.begin() + k);
+        std::copy(all.begin(), all.begin() + k, sel.begin() + t * sel_cap);
+        cnt[static_cast<size_t>(t)] = k;
+      }
+    }
+    auto sl = both(sel);
+    auto sn = both(cnt);
+    auto q = both(random_floats(static_cast<size_t>(n * H * W), 72, 0.3f));
+    for (AttnPath path : {AttnPath::Sparse, AttnPath::Dense}) {
+      const char* what = path == AttnPath::Dense ? "dense" : "sparse";
+      auto z = zeros(static_cast<size_t>(n * H * kvl));
+      auto run_gpu = [&] {
+        gpu_->mla_attention(cg, kvl, e.data(), n, H, q.gp<float>(), sl.gp<int32_t>(), sn.gp<int32_t>(), sel_cap, 0.08f,
+                            path, z.gp<float>());
+        return read(z).second;
+      };
+      const std::vector<float> one = run_gpu();
+      for (const char* w : {"1", "2"}) {
+        WindowEnv env(w);
+        EXPECT_EQ(run_gpu(), one) << what << ": windows of " << w << " chunks";
+      }
+      cpu_->mla_attention(cc, kvl, e.data(), n, H, q.cp<float>(), sl.cp<int32_t>(), sn.cp<int32_t>(), sel_cap, 0.08f,
+                          path, z.cp<float>());
+      EXPECT_LT(rel_rms(one, read(z).first), 1e-5) << what;
+    }
+  }
+}
+
+// A long context with every row visible: 1024 chunks of 64 rows over at most 8 splits, far past
+// what one lavapipe invocation may loop (without the windows this gave rel RMS 0.41 there).
+TEST_F(VulkanAttention, MlaLongContext) {
+  const int64_t nctx = 65536, H = 1, kvl = 512, W = 576;
+  WorkLimits lim;
+  lim.n_tokens = 1;
+  lim.n_ctx = nctx;
+  lim.n_heads = H;
+  lim.head_io = kvl;
+  lim.row = W;
+  lim.dense_attn = true;
+  cpu_->reserve(lim);
+  gpu_->reserve(lim);
+  auto cache = both(random_cache(nctx, W, true, 81, 1));
+  CacheRows cc{cache.cp<uint8_t>(), true, W, nctx}, cg{cache.gp<uint8_t>(), true, W, nctx};
+  const std::vector<BatchEntry> e{entry(0, static_cast<int32_t>(nctx - 1))};
+  auto sn = both(std::vector<int32_t>{-1});
+  auto q = both(random_floats(static_cast<size_t>(H * W), 82, 0.3f));
+  auto z = zeros(static_cast<size_t>(H * kvl));
+  cpu_->mla_attention(cc, kvl, e.data(), 1, H, q.cp<float>(), nullptr, sn.cp<int32_t>(), 0, 0.05f, AttnPath::Sparse,
+                      z.cp<float>());
+  gpu_->mla_attention(cg, kvl, e.data(), 1, H, q.gp<float>(), nullptr, sn.gp<int32_t>(), 0, 0.05f, AttnPath::Sparse,
+                      z.gp<float>());
+  auto [c, g] = read(z);
+  EXPECT_LT(rel_rms(g, c), 1e-5);
 }

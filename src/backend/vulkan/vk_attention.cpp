@@ -4,12 +4,16 @@
 // every visible position); the list is cut into chunks of 64 rows and `splits` workgroups per
 // (token, head) take every splits-th chunk with an online softmax, so the work follows the rows
 // actually visited (top-k), never the context. With splits > 1 the partials (m, l, acc) go to
-// the attention scratch and mla_attn_combine merges them. The dense path walks every visible
+// the attention scratch and mla_attn_combine merges them. On a cpu device (lavapipe, whose
+// invocations stop looping after 65535 iterations) the chunks are issued in windows of a few
+// dispatches, the running state kept in that scratch between them. The dense path walks every visible
 // position and scores unselected ones -inf, reading a per-token selection bitmask built first.
-// indexer_scores (shaders/indexer_scores.comp): one thread per position, heads staged in shared
-// memory. indexer_topk (shaders/topk.comp): one workgroup, radix select of the k-th key on the
+// indexer_scores (shaders/indexer_scores.comp): a tiled positions x heads product (8 x 8 per
+// thread) with the ReLU-weighted head sum fused. indexer_topk (shaders/topk.comp): one workgroup, radix select of the k-th key on the
 // float bits, then an ordered compaction — the same set as the CPU's threshold select.
 #include <algorithm>
+#include <cstdlib>
+#include <limits>
 
 #include "backend/vulkan/vk_backend_impl.h"
 #include "util/error.h"
@@ -31,7 +35,22 @@ constexpr int64_t kMaxSplits = 8;     // workgroups per (token, head) at most
 constexpr int64_t kTargetGroups = 1024;  // enough workgroups to fill a device
 constexpr int64_t kMaxRow = 2048;     // mla_attn.comp QMAX
 constexpr int64_t kMaxLatent = 1024;  // mla_attn.comp 64 * ZMAX
-constexpr int64_t kMaxKeyDim = 4096;  // indexer_scores.comp QMAX
+// lavapipe (Mesa's llvmpipe, a "cpu" device) silently ends an invocation's loops after 65535
+// iterations counted over all its loops: there, a dispatch stays within this many
+constexpr int64_t kLoopBudget = 32768;
+
+// chunks of each split one mla_attn dispatch may take: all of them on a GPU, a loop-budget
+// window on a cpu device; KIMI_VULKAN_ATTN_WINDOW=<chunks> forces a window (tests)
+int64_t attn_window(const vk::DeviceInfo& dev, int64_t W) {
+  if (const char* w = std::getenv("KIMI_VULKAN_ATTN_WINDOW")) {
+    const long v = std::strtol(w, nullptr, 10);
+    check(v > 0, "KIMI_VULKAN_ATTN_WINDOW={} is not a positive number of chunks", w);
+    return v;
+  }
+  if (dev.type != "cpu") return std::numeric_limits<int64_t>::max();
+  // per chunk: the score loop (~W per invocation) and the rows' accumulation, with margin
+  return std::max<int64_t>(1, kLoopBudget / (W + 1400));
+}
 
 }  // namespace
 
@@ -55,8 +74,12 @@ void VulkanBackend::mla_attention(const CacheRows& latent, int64_t kvl, const Ba
   const int64_t chunks = (max_vis + kChunk - 1) / kChunk;
   const int64_t splits = std::clamp<int64_t>(std::min(chunks, kTargetGroups / (n * H)), 1, kMaxSplits);
   const int64_t mask_words = dense ? (max_vis + 31) / 32 : 0;
+  const int64_t per_split = (chunks + splits - 1) / splits;  // chunks one split may walk
+  const int64_t window = std::min(per_split, attn_window(rt_.info(), W));
+  const int64_t windows = std::max<int64_t>(1, (per_split + window - 1) / window);
   const uint64_t mask_bytes = static_cast<uint64_t>(n * mask_words) * 4;
-  const uint64_t part_bytes = splits > 1 ? static_cast<uint64_t>(n * H * splits * (kvl + 2)) * 4 : 0;
+  const uint64_t part_bytes =
+      splits > 1 || windows > 1 ? static_cast<uint64_t>(n * H * splits * (kvl + 2)) * 4 : 0;
   uint8_t* scratch = mask_bytes + part_bytes > 0 ? static_cast<uint8_t*>(op_scratch(0, mask_bytes + part_bytes)) : nullptr;
   const uint64_t mask = dev_addr(scratch), part = dev_addr(scratch) + mask_bytes;
   const uint64_t ents = stage_entries(e, n);  // after op_scratch: a growing scratch submits
@@ -74,13 +97,19 @@ void VulkanBackend::mla_attention(const CacheRows& latent, int64_t kvl, const Ba
     uint64_t latent, qcat, sel_idx, sel_n, ents, part, mask, z;
     uint32_t W, kvl, H, n, sel_cap, n_ctx, f16, splits, mask_words;
     float scale;
+    uint32_t w_first, w_count, load_state, final_z;
   } pc{dev_addr(latent.data), dev_addr(qcat), dev_addr(sel_idx), dev_addr(sel_n), ents, part, mask, dev_addr(z),
        u32(W, "row width"), u32(kvl, "kv_lora"), u32(H, "heads"), u32(n, "tokens"), u32(sel_cap, "selection capacity"),
        u32(latent.n_ctx, "n_ctx"), latent.f16 ? 1u : 0u, static_cast<uint32_t>(splits), u32(mask_words, "mask words"),
-       scale};
+       scale, 0, static_cast<uint32_t>(window), 0, 0};
   static_assert(sizeof(pc) <= 128, "push constants");
-  rt_.dispatch(pipe(dense ? "mla_attn_dense" : "mla_attn_sparse"), &pc, sizeof(pc), static_cast<uint32_t>(splits),
-               static_cast<uint32_t>(H), grid(n));
+  vk::Pipeline& attn = pipe(dense ? "mla_attn_dense" : "mla_attn_sparse");
+  for (int64_t w = 0; w < windows; ++w) {
+    pc.w_first = static_cast<uint32_t>(w * window);
+    pc.load_state = w > 0 ? 1u : 0u;
+    pc.final_z = w == windows - 1 && splits == 1 ? 1u : 0u;
+    rt_.dispatch(attn, &pc, sizeof(pc), static_cast<uint32_t>(splits), static_cast<uint32_t>(H), grid(n));
+  }
   if (splits > 1) {
     struct {
       uint64_t part, z;
@@ -94,8 +123,7 @@ void VulkanBackend::mla_attention(const CacheRows& latent, int64_t kvl, const Ba
 void VulkanBackend::indexer_scores(const CacheRows& keys, int32_t seq, const float* q, const float* w,
                                    int64_t n_heads, int64_t n_visible, float* scores) {
   if (n_visible <= 0) return;
-  check(keys.width > 0 && keys.width <= kMaxKeyDim, "vulkan: indexer key width {} (at most {})", keys.width,
-        kMaxKeyDim);
+  check(keys.width > 0, "vulkan: indexer key width {}", keys.width);
   check(seq >= 0 && n_visible <= keys.n_ctx, "vulkan: indexer_scores sequence {} with {} visible rows ({} in the cache)",
         seq, n_visible, keys.n_ctx);
   struct {

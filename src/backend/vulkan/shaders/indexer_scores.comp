@@ -1,11 +1,17 @@
-// DSA indexer scores of one query against the keys of one sequence, one thread per position:
+// DSA indexer scores of one query against the keys of one sequence:
 //   scores[s] = sum_h w[h] * max(0, q_h . key(s)),  s < n_visible
-// (heads in order, the dot product over d in order). The query heads are staged through shared
-// memory in groups of up to QMAX floats; keys are f16 or f32 rows of DI elements.
+// A small GEMM (positions x heads over the key dimension) with the ReLU-weighted head sum fused.
+// Workgroup = a tile of 64 positions; its 64 threads each own 8 positions x 8 heads of a
+// 64-head block (thread (tp, th): positions tp + 8i, heads th + 8j). The keys and query heads
+// are staged through shared memory KB dimensions at a time (coalesced loads, zero past the
+// edges). Per position, the head sum runs over each thread's 8 heads, then over the 8 head
+// groups in order, then over the head blocks in order. Keys are f16 or f32 rows of DI elements.
 #version 460
 #include "common.glsl"
 
-#define QMAX 4096u
+#define TP 64u  // positions per tile
+#define TH 64u  // heads per block
+#define KB 32u  // key dimensions per staging step
 
 layout(local_size_x = 64) in;
 layout(push_constant) uniform PC {
@@ -13,36 +19,55 @@ layout(push_constant) uniform PC {
   uint DI, HI, nvis, f16;
 } pc;
 
-shared float qs[QMAX];
+shared float ks[TP][KB + 1u];  // +1: rows fall in different banks
+shared float qh[TH][KB + 1u];
+shared float red[8][TP];
 
 void main() {
-  const uint tid = gl_LocalInvocationID.x;
-  const uint G = QMAX / pc.DI;  // heads per staged group
-  const uint64_t row_bytes = uint64_t(pc.DI) * (pc.f16 != 0u ? 2ul : 4ul);
+  const uint tid = gl_LocalInvocationID.x, tp = tid >> 3u, th = tid & 7u;
   F32 q = F32(pc.q);
   F32 w = F32(pc.w);
-  for (uint s0 = gl_WorkGroupID.x * 64u; s0 < pc.nvis; s0 += gl_NumWorkGroups.x * 64u) {
-    const uint s = s0 + tid;
-    const uint64_t row = pc.keys + uint64_t(min(s, pc.nvis - 1u)) * row_bytes;
-    float acc = 0.0;
-    for (uint h0 = 0u; h0 < pc.HI; h0 += G) {
-      const uint nh = min(G, pc.HI - h0);
-      barrier();  // the previous group's readers are done
-      for (uint i = tid; i < nh * pc.DI; i += 64u) qs[i] = q.v[h0 * pc.DI + i];
-      barrier();
-      for (uint hh = 0u; hh < nh; ++hh) {
-        float d = 0.0;
-        const uint qo = hh * pc.DI;
-        if (pc.f16 != 0u) {
-          U16 k = U16(row);
-          for (uint i = 0u; i < pc.DI; ++i) d += qs[qo + i] * half_bits(uint(k.v[i]));
-        } else {
-          F32 k = F32(row);
-          for (uint i = 0u; i < pc.DI; ++i) d += qs[qo + i] * k.v[i];
+  for (uint s0 = gl_WorkGroupID.x * TP; s0 < pc.nvis; s0 += gl_NumWorkGroups.x * TP) {
+    float total = 0.0;  // position s0 + tid
+    for (uint h0 = 0u; h0 < pc.HI; h0 += TH) {
+      float d[8][8];
+      for (uint i = 0u; i < 8u; ++i)
+        for (uint j = 0u; j < 8u; ++j) d[i][j] = 0.0;
+      for (uint k0 = 0u; k0 < pc.DI; k0 += KB) {
+        barrier();  // the previous step's readers are done
+        for (uint e = tid; e < TP * KB; e += 64u) {
+          const uint r = e / KB, kk = e % KB, s = s0 + r, k = k0 + kk;
+          float kv = 0.0;
+          if (s < pc.nvis && k < pc.DI) {
+            const uint64_t at = uint64_t(s) * pc.DI + k;
+            kv = pc.f16 != 0u ? f16_at(pc.keys + 2ul * at) : F32(pc.keys + 4ul * at).v[0];
+          }
+          ks[r][kk] = kv;
+          const uint h = h0 + r;
+          qh[r][kk] = h < pc.HI && k < pc.DI ? q.v[h * pc.DI + k] : 0.0;
         }
-        if (d > 0.0) acc += w.v[h0 + hh] * d;
+        barrier();
+        for (uint kk = 0u; kk < KB; ++kk) {
+          float kv[8];
+          for (uint i = 0u; i < 8u; ++i) kv[i] = ks[tp + 8u * i][kk];
+          for (uint j = 0u; j < 8u; ++j) {
+            const float qv = qh[th + 8u * j][kk];
+            for (uint i = 0u; i < 8u; ++i) d[i][j] += kv[i] * qv;
+          }
+        }
       }
+      // ReLU-weighted sum over this thread's heads, per position
+      for (uint i = 0u; i < 8u; ++i) {
+        float part = 0.0;
+        for (uint j = 0u; j < 8u; ++j) {
+          const uint h = h0 + th + 8u * j;
+          if (h < pc.HI && d[i][j] > 0.0) part += w.v[h] * d[i][j];
+        }
+        red[th][tp + 8u * i] = part;
+      }
+      barrier();
+      for (uint g = 0u; g < 8u; ++g) total += red[g][tid];
     }
-    if (s < pc.nvis) F32(pc.scores).v[s] = acc;
+    if (s0 + tid < pc.nvis) F32(pc.scores).v[s0 + tid] = total;
   }
 }

@@ -9,10 +9,14 @@
 // consecutive columns, their partials summed in a fixed order); the chunk max updates the
 // running max m (online softmax: l and acc rescaled by exp(m_old - m)); then every thread adds
 // p_j * row_j[d] for its own latent columns d (rows in chunk order).
-// Output: splits == 1: z[t][h] = acc / l (0 when no row was visited); else the partial
-// (m, l, acc[kvl]) to part[(t * H + h) * splits + s] for mla_attn_combine.comp.
+// Windows: a dispatch covers w_count chunks of each split (the host issues several when one
+// invocation's loops would run too long: lavapipe silently stops an invocation's loops after
+// 65535 iterations in all); the state (m, l, acc[kvl]) of split s lives in
+// part[(t * H + h) * splits + s] between windows. The last window writes z[t][h] = acc / l (0
+// when no row was visited) when there is one split, else the state for mla_attn_combine.comp.
 #version 460
 #include "common.glsl"
+#extension GL_EXT_control_flow_attributes : require
 
 #define CH 64u
 #define QMAX 2048u  // widest row (W)
@@ -23,6 +27,9 @@ layout(push_constant) uniform PC {
   uint64_t latent, qcat, sel_idx, sel_n, ents, part, mask, z;
   uint W, kvl, H, n, sel_cap, n_ctx, f16, splits, mask_words;
   float scale;
+  uint w_first, w_count;  // this dispatch's window: chunks s + splits * (w_first + i), i < w_count
+  uint load_state;        // 1: continue from the state in part (an earlier window)
+  uint final_z;           // 1: write z (the last window, one split); else the state to part
 } pc;
 
 shared float qs[QMAX];
@@ -50,102 +57,115 @@ void main() {
 #endif
     const uint64_t base = pc.latent + uint64_t(seq) * pc.n_ctx * row_bytes;
     const uint64_t th = uint64_t(t) * pc.H + h;
-    barrier();  // the previous token's readers of qs are done
-    F32 q = F32(pc.qcat + 4ul * th * pc.W);
-    for (uint i = tid; i < pc.W; i += 64u) qs[i] = q.v[i];
+    F32 st = F32(pc.part + 4ul * (th * pc.splits + s) * (pc.kvl + 2u));
     float m = NEG_INF, l = 0.0;
     float acc[ZMAX];
-    for (uint i = 0u; i < ZMAX; ++i) acc[i] = 0.0;
-    for (uint c0 = s * CH; c0 < nrows; c0 += pc.splits * CH) {
-      barrier();  // qs written / the previous chunk's readers of sc, pp, ridx are done
-      // 1. the cache row of list entry c0 + tid (NONE: past the list, unselected or out of range)
-      const uint j = c0 + tid;
-      uint r = NONE;
-      if (j < nrows) {
-#if defined(VARIANT_SPARSE)
-        const int ri = ns < 0 ? int(j) : sel.v[j];
-        if (ri >= 0 && uint(ri) <= pos) r = uint(ri);  // an index outside the visible rows is skipped
-#else
-        if (ns < 0 || ((uint(bits.v[j >> 5u]) >> (j & 31u)) & 1u) != 0u) r = j;
-#endif
+    [[unroll]] for (uint i = 0u; i < ZMAX; ++i) acc[i] = 0.0;
+    if (pc.load_state != 0u) {
+      m = st.v[0];
+      l = st.v[1];
+      [[unroll]] for (uint i = 0u; i < ZMAX; ++i) {
+        const uint d = tid + 64u * i;
+        if (d < pc.kvl) acc[i] = st.v[2u + d];
       }
-      ridx[tid] = r;
-      barrier();
-      // 2. partial dot products: 8 threads per row (consecutive columns), 8 rows per group of 8
-      const uint g = tid >> 3u, lane = tid & 7u;
-      for (uint rr = 0u; rr < CH / 8u; ++rr) {
-        const uint jl = g + 8u * rr;
-        const uint rj = ridx[jl];
-        float part = 0.0;
-        if (rj != NONE) {
-          const uint64_t row = base + uint64_t(rj) * row_bytes;
+    }
+    const uint first = (s + pc.splits * pc.w_first) * CH;  // uniform: the window's first row for this split
+    if (first < nrows) {
+      barrier();  // the previous token's readers of qs are done
+      F32 q = F32(pc.qcat + 4ul * th * pc.W);
+      for (uint i = tid; i < pc.W; i += 64u) qs[i] = q.v[i];
+      uint c0 = first;
+      for (uint wi = 0u; wi < pc.w_count && c0 < nrows; ++wi, c0 += pc.splits * CH) {
+        barrier();  // qs written / the previous chunk's readers of sc, pp, ridx are done
+        // 1. the cache row of list entry c0 + tid (NONE: past the list, unselected or out of range)
+        const uint j = c0 + tid;
+        uint r = NONE;
+        if (j < nrows) {
+#if defined(VARIANT_SPARSE)
+          const int ri = ns < 0 ? int(j) : sel.v[j];
+          if (ri >= 0 && uint(ri) <= pos) r = uint(ri);  // an index outside the visible rows is skipped
+#else
+          if (ns < 0 || ((uint(bits.v[j >> 5u]) >> (j & 31u)) & 1u) != 0u) r = j;
+#endif
+        }
+        ridx[tid] = r;
+        barrier();
+        // 2. partial dot products: 8 threads per row (consecutive columns), 8 rows per group of 8
+        const uint g = tid >> 3u, lane = tid & 7u;
+        [[unroll]] for (uint rr = 0u; rr < CH / 8u; ++rr) {
+          const uint jl = g + 8u * rr;
+          const uint rj = ridx[jl];
+          float part = 0.0;
+          if (rj != NONE) {
+            const uint64_t row = base + uint64_t(rj) * row_bytes;
+            if (pc.f16 != 0u) {
+              U16 rv = U16(row);
+              for (uint i = lane; i < pc.W; i += 8u) part += qs[i] * half_bits(uint(rv.v[i]));
+            } else {
+              F32 rv = F32(row);
+              for (uint i = lane; i < pc.W; i += 8u) part += qs[i] * rv.v[i];
+            }
+          }
+          red[jl * 8u + lane] = part;
+        }
+        barrier();
+        // 3. the score of row tid: its 8 partials in lane order
+        float sv = NEG_INF;
+        if (r != NONE) {
+          float a = 0.0;
+          [[unroll]] for (uint k = 0u; k < 8u; ++k) a += red[tid * 8u + k];
+          sv = a * pc.scale;
+        }
+        sc[tid] = sv;
+        barrier();
+        float bm = NEG_INF;
+        [[unroll]] for (uint k = 0u; k < CH; ++k) bm = max(bm, sc[k]);
+        if (bm == NEG_INF) continue;  // nothing visible in this chunk (uniform: every thread sees the same sc)
+        if (bm > m) {
+          const float c = m == NEG_INF ? 0.0 : exp(m - bm);
+          l *= c;
+          [[unroll]] for (uint i = 0u; i < ZMAX; ++i) acc[i] *= c;
+          m = bm;
+        }
+        pp[tid] = sv == NEG_INF ? 0.0 : exp(sv - m);
+        barrier();
+        for (uint k = 0u; k < CH; ++k) {
+          const float p = pp[k];
+          if (p == 0.0) continue;
+          l += p;
+          const uint64_t row = base + uint64_t(ridx[k]) * row_bytes;
           if (pc.f16 != 0u) {
             U16 rv = U16(row);
-            for (uint i = lane; i < pc.W; i += 8u) part += qs[i] * half_bits(uint(rv.v[i]));
+            [[unroll]] for (uint i = 0u; i < ZMAX; ++i) {
+              const uint d = tid + 64u * i;
+              if (d < pc.kvl) acc[i] += p * half_bits(uint(rv.v[d]));
+            }
           } else {
             F32 rv = F32(row);
-            for (uint i = lane; i < pc.W; i += 8u) part += qs[i] * rv.v[i];
-          }
-        }
-        red[jl * 8u + lane] = part;
-      }
-      barrier();
-      // 3. the score of row tid: its 8 partials in lane order
-      float sv = NEG_INF;
-      if (r != NONE) {
-        float a = 0.0;
-        for (uint k = 0u; k < 8u; ++k) a += red[tid * 8u + k];
-        sv = a * pc.scale;
-      }
-      sc[tid] = sv;
-      barrier();
-      float bm = NEG_INF;
-      for (uint k = 0u; k < CH; ++k) bm = max(bm, sc[k]);
-      if (bm == NEG_INF) continue;  // nothing visible in this chunk (uniform: every thread sees the same sc)
-      if (bm > m) {
-        const float c = m == NEG_INF ? 0.0 : exp(m - bm);
-        l *= c;
-        for (uint i = 0u; i < ZMAX; ++i) acc[i] *= c;
-        m = bm;
-      }
-      pp[tid] = sv == NEG_INF ? 0.0 : exp(sv - m);
-      barrier();
-      for (uint k = 0u; k < CH; ++k) {
-        const float p = pp[k];
-        if (p == 0.0) continue;
-        l += p;
-        const uint64_t row = base + uint64_t(ridx[k]) * row_bytes;
-        if (pc.f16 != 0u) {
-          U16 rv = U16(row);
-          for (uint i = 0u; i < ZMAX; ++i) {
-            const uint d = tid + 64u * i;
-            if (d < pc.kvl) acc[i] += p * half_bits(uint(rv.v[d]));
-          }
-        } else {
-          F32 rv = F32(row);
-          for (uint i = 0u; i < ZMAX; ++i) {
-            const uint d = tid + 64u * i;
-            if (d < pc.kvl) acc[i] += p * rv.v[d];
+            [[unroll]] for (uint i = 0u; i < ZMAX; ++i) {
+              const uint d = tid + 64u * i;
+              if (d < pc.kvl) acc[i] += p * rv.v[d];
+            }
           }
         }
       }
     }
-    if (pc.splits == 1u) {
+    if (pc.final_z != 0u) {
       const float inv = l > 0.0 ? 1.0 / l : 0.0;
       F32 z = F32(pc.z + 4ul * th * pc.kvl);
-      for (uint i = 0u; i < ZMAX; ++i) {
+      [[unroll]] for (uint i = 0u; i < ZMAX; ++i) {
         const uint d = tid + 64u * i;
         if (d < pc.kvl) z.v[d] = acc[i] * inv;
       }
     } else {
-      F32 o = F32(pc.part + 4ul * (th * pc.splits + s) * (pc.kvl + 2u));
+      barrier();  // every thread has read the old state (load_state) before thread 0 overwrites m, l
       if (tid == 0u) {
-        o.v[0] = m;
-        o.v[1] = l;
+        st.v[0] = m;
+        st.v[1] = l;
       }
-      for (uint i = 0u; i < ZMAX; ++i) {
+      [[unroll]] for (uint i = 0u; i < ZMAX; ++i) {
         const uint d = tid + 64u * i;
-        if (d < pc.kvl) o.v[2u + d] = acc[i];
+        if (d < pc.kvl) st.v[2u + d] = acc[i];
       }
     }
   }

@@ -77,6 +77,22 @@ TEST_F(VulkanAttention, IndexerScores) {
   }
 }
 
+// Very wide heads x dims (2000 x 1040): on a cpu device the head blocks go out in several
+// dispatches that continue the sums in memory (a single dispatch gives rel RMS 0.19 there: its
+// loops are cut short); the scores still match.
+TEST_F(VulkanAttention, IndexerScoresWide) {
+  const int64_t nctx = 20, HI = 2000, DI = 1040;
+  auto keys = both(random_cache(nctx, DI, true, 91, 1));
+  auto q = both(random_floats(static_cast<size_t>(HI * DI), 92));
+  auto w = both(random_floats(static_cast<size_t>(HI), 93));
+  auto sc = zeros(static_cast<size_t>(nctx));
+  CacheRows kc{keys.cp<uint8_t>(), true, DI, nctx}, kg{keys.gp<uint8_t>(), true, DI, nctx};
+  cpu_->indexer_scores(kc, 0, q.cp<float>(), w.cp<float>(), HI, nctx, sc.cp<float>());
+  gpu_->indexer_scores(kg, 0, q.gp<float>(), w.gp<float>(), HI, nctx, sc.gp<float>());
+  auto [c, g] = read(sc);
+  EXPECT_LT(rel_rms(g, c), 1e-5);
+}
+
 // top-k: exactly the CPU's set (and a plain sort's), ascending, for random scores, scores with
 // many ties (a few distinct values, -0 next to +0, -inf, NaN), k = 1, inside, n - 1, n, > n, 0.
 TEST_F(VulkanAttention, TopkExactWithTies) {

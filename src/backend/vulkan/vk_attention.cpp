@@ -124,14 +124,32 @@ void VulkanBackend::indexer_scores(const CacheRows& keys, int32_t seq, const flo
                                    int64_t n_heads, int64_t n_visible, float* scores) {
   if (n_visible <= 0) return;
   check(keys.width > 0, "vulkan: indexer key width {}", keys.width);
+  if (n_heads <= 0) {  // no head contributes
+    fill_zero(scores, static_cast<uint64_t>(n_visible) * 4);
+    return;
+  }
   check(seq >= 0 && n_visible <= keys.n_ctx, "vulkan: indexer_scores sequence {} with {} visible rows ({} in the cache)",
         seq, n_visible, keys.n_ctx);
   struct {
     uint64_t keys, q, w, scores;
-    uint32_t DI, HI, nvis, f16;
+    uint32_t DI, HI, nvis, f16, h_first, h_end, accumulate;
   } pc{dev_addr(keys.row(seq, 0)), dev_addr(q), dev_addr(w), dev_addr(scores), u32(keys.width, "key width"),
-       u32(n_heads, "indexer heads"), u32(n_visible, "visible rows"), keys.f16 ? 1u : 0u};
-  rt_.dispatch(pipe("indexer_scores"), &pc, sizeof(pc), grid((n_visible + 63) / 64));
+       u32(n_heads, "indexer heads"), u32(n_visible, "visible rows"), keys.f16 ? 1u : 0u, 0, 0, 0};
+  // head blocks (64 heads) per dispatch: all on a GPU; within the loop budget on a cpu device
+  const int64_t blocks = (n_heads + 63) / 64;
+  int64_t per = blocks;
+  if (rt_.info().type == "cpu") {
+    const int64_t per_block = (keys.width + 31) / 32 * 72 + 96;  // loop iterations of one head block
+    check(per_block <= kLoopBudget, "vulkan: indexer key width {} is too wide for this cpu device's loop limit",
+          keys.width);
+    per = std::max<int64_t>(1, kLoopBudget / per_block);
+  }
+  for (int64_t b = 0; b < blocks; b += per) {
+    pc.h_first = static_cast<uint32_t>(b * 64);
+    pc.h_end = static_cast<uint32_t>(std::min(n_heads, (b + per) * 64));
+    pc.accumulate = b > 0 ? 1u : 0u;
+    rt_.dispatch(pipe("indexer_scores"), &pc, sizeof(pc), grid((n_visible + 63) / 64));
+  }
 }
 
 void VulkanBackend::indexer_topk(const float* scores, int64_t n, int64_t k, int32_t* sel, int32_t* sel_n, float* tmp) {
@@ -141,6 +159,9 @@ void VulkanBackend::indexer_topk(const float* scores, int64_t n, int64_t k, int3
     return;
   }
   check(n < (int64_t{1} << 31), "vulkan: indexer_topk over {} scores (at most 2^31 - 1)", n);
+  // topk.comp loops ~6 n / 256 + 1300 times per invocation: within a cpu device's loop limit
+  check(rt_.info().type != "cpu" || n <= (int64_t{1} << 21),
+        "vulkan: indexer_topk over {} scores exceeds this cpu device's loop limit (at most 2^21)", n);
   struct {
     uint64_t scores, sel, sel_n;
     uint32_t n, k;

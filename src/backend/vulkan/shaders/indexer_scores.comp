@@ -5,7 +5,9 @@
 // 64-head block (thread (tp, th): positions tp + 8i, heads th + 8j). The keys and query heads
 // are staged through shared memory KB dimensions at a time (coalesced loads, zero past the
 // edges). Per position, the head sum runs over each thread's 8 heads, then over the 8 head
-// groups in order, then over the head blocks in order. Keys are f16 or f32 rows of DI elements.
+// groups in order, then over the head blocks in order (a later dispatch of more head blocks
+// continues the sums in memory: the host splits very wide heads x dims products on a cpu device,
+// whose invocations may loop only 65535 times). Keys are f16 or f32 rows of DI elements.
 #version 460
 #include "common.glsl"
 
@@ -17,6 +19,8 @@ layout(local_size_x = 64) in;
 layout(push_constant) uniform PC {
   uint64_t keys, q, w, scores;
   uint DI, HI, nvis, f16;
+  uint h_first, h_end;  // this dispatch's heads (a multiple of TH, and the end)
+  uint accumulate;      // 1: add to the scores an earlier dispatch wrote (later heads)
 } pc;
 
 shared float ks[TP][KB + 1u];  // +1: rows fall in different banks
@@ -29,7 +33,8 @@ void main() {
   F32 w = F32(pc.w);
   for (uint s0 = gl_WorkGroupID.x * TP; s0 < pc.nvis; s0 += gl_NumWorkGroups.x * TP) {
     float total = 0.0;  // position s0 + tid
-    for (uint h0 = 0u; h0 < pc.HI; h0 += TH) {
+    if (pc.accumulate != 0u && s0 + tid < pc.nvis) total = F32(pc.scores).v[s0 + tid];
+    for (uint h0 = pc.h_first; h0 < pc.h_end; h0 += TH) {
       float d[8][8];
       for (uint i = 0u; i < 8u; ++i)
         for (uint j = 0u; j < 8u; ++j) d[i][j] = 0.0;
@@ -44,7 +49,7 @@ void main() {
           }
           ks[r][kk] = kv;
           const uint h = h0 + r;
-          qh[r][kk] = h < pc.HI && k < pc.DI ? q.v[h * pc.DI + k] : 0.0;
+          qh[r][kk] = h < pc.h_end && k < pc.DI ? q.v[h * pc.DI + k] : 0.0;
         }
         barrier();
         for (uint kk = 0u; kk < KB; ++kk) {
@@ -61,7 +66,7 @@ void main() {
         float part = 0.0;
         for (uint j = 0u; j < 8u; ++j) {
           const uint h = h0 + th + 8u * j;
-          if (h < pc.HI && d[i][j] > 0.0) part += w.v[h] * d[i][j];
+          if (h < pc.h_end && d[i][j] > 0.0) part += w.v[h] * d[i][j];
         }
         red[th][tp + 8u * i] = part;
       }

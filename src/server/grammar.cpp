@@ -1,0 +1,468 @@
+// GBNF parsing, the code-point automaton and the JSON schema converter (grammar.h).
+#include "server/grammar.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cctype>
+#include <functional>
+#include <map>
+
+namespace kimi::server::grammar {
+
+bool Sym::matches(uint32_t c) const {
+  bool in = false;
+  for (const Range& r : ranges) in = in || (c >= r.lo && c <= r.hi);
+  return in != negated;
+}
+
+// ---------------------------------------------------------------------------------------------
+// GBNF parser
+
+class Parser {
+ public:
+  explicit Parser(std::string_view t) : t_(t) {}
+
+  std::shared_ptr<const Grammar> run(const std::string& root_name) {
+    auto g = std::make_shared<Grammar>();
+    g_ = g.get();
+    skip(true);
+    while (i_ < t_.size()) {
+      const std::string name = ident();
+      if (name.empty()) fail("expected a rule name");
+      skip(false);
+      if (t_.substr(i_, 3) != "::=") fail(fmt::format("expected '::=' after rule name '{}'", name));
+      i_ += 3;
+      const int r = rule_index(name);
+      if (defined_[static_cast<size_t>(r)]) fail(fmt::format("rule '{}' is defined twice", name));
+      defined_[static_cast<size_t>(r)] = true;
+      g_->rules_[static_cast<size_t>(r)].alts = alternatives(0, name);
+      skip(true);
+    }
+    for (size_t r = 0; r < g_->rules_.size(); ++r)
+      if (!defined_[r]) throw GrammarError(fmt::format("grammar: rule '{}' is used but not defined", g_->rules_[r].name));
+    auto it = index_.find(root_name);
+    if (it == index_.end()) throw GrammarError(fmt::format("grammar: no '{}' rule", root_name));
+    g_->root_ = it->second;
+    check_left_recursion();
+    return g;
+  }
+
+ private:
+  [[noreturn]] void fail(const std::string& m) const {
+    size_t line = 1, col = 1;
+    for (size_t k = 0; k < i_ && k < t_.size(); ++k) {
+      if (t_[k] == '\n') { ++line; col = 1; } else { ++col; }
+    }
+    throw GrammarError(fmt::format("grammar: {} (line {}, column {})", m, line, col));
+  }
+  // whitespace and comments; newlines only when `nl`
+  void skip(bool nl) {
+    while (i_ < t_.size()) {
+      const char c = t_[i_];
+      if (c == ' ' || c == '\t' || (nl && (c == '\n' || c == '\r'))) {
+        ++i_;
+      } else if (c == '#') {
+        while (i_ < t_.size() && t_[i_] != '\n') ++i_;
+      } else {
+        break;
+      }
+    }
+  }
+  static bool name_char(char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' || c == '_';
+  }
+  std::string ident() {
+    const size_t b = i_;
+    while (i_ < t_.size() && name_char(t_[i_])) ++i_;
+    return std::string(t_.substr(b, i_ - b));
+  }
+  int rule_index(const std::string& name) {
+    auto it = index_.find(name);
+    if (it != index_.end()) return it->second;
+    const int r = static_cast<int>(g_->rules_.size());
+    g_->rules_.push_back({name, {}});
+    defined_.push_back(false);
+    index_[name] = r;
+    return r;
+  }
+  int new_rule(const std::string& base) {
+    std::string n;
+    do n = fmt::format("{}-{}", base, ++counter_);
+    while (index_.count(n));
+    const int r = rule_index(n);
+    defined_[static_cast<size_t>(r)] = true;
+    return r;
+  }
+  // Does a rule start at i_ ("name ::=")? Then the current rule has ended.
+  bool at_rule_start() const {
+    size_t k = i_;
+    while (k < t_.size() && name_char(t_[k])) ++k;
+    if (k == i_) return false;
+    while (k < t_.size() && (t_[k] == ' ' || t_[k] == '\t')) ++k;
+    return t_.substr(k, 3) == "::=";
+  }
+  uint32_t utf8_char() {
+    const unsigned char c = static_cast<unsigned char>(t_[i_]);
+    int n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+    if (n == 0 || i_ + static_cast<size_t>(n) > t_.size()) fail("invalid UTF-8");
+    uint32_t cp = n == 1 ? c : c & (0xFF >> (n + 1));
+    for (int k = 1; k < n; ++k) {
+      const unsigned char d = static_cast<unsigned char>(t_[i_ + static_cast<size_t>(k)]);
+      if ((d >> 6) != 2) fail("invalid UTF-8");
+      cp = (cp << 6) | (d & 0x3F);
+    }
+    i_ += static_cast<size_t>(n);
+    return cp;
+  }
+  uint32_t hex(int n) {
+    uint32_t v = 0;
+    for (int k = 0; k < n; ++k, ++i_) {
+      if (i_ >= t_.size() || !std::isxdigit(static_cast<unsigned char>(t_[i_]))) fail("bad hex escape");
+      const char c = static_cast<char>(std::tolower(static_cast<unsigned char>(t_[i_])));
+      v = v * 16 + static_cast<uint32_t>(c <= '9' ? c - '0' : c - 'a' + 10);
+    }
+    return v;
+  }
+  // One character of a literal or class (handles escapes).
+  uint32_t char_or_escape() {
+    if (i_ >= t_.size()) fail("unexpected end of the grammar");
+    if (t_[i_] != '\\') return utf8_char();
+    ++i_;
+    if (i_ >= t_.size()) fail("unexpected end after '\\'");
+    const char e = t_[i_++];
+    switch (e) {
+      case 'n': return '\n';
+      case 'r': return '\r';
+      case 't': return '\t';
+      case '\\': case '"': case '[': case ']': case '-': case '^': case '\'': return static_cast<uint32_t>(e);
+      case 'x': return hex(2);
+      case 'u': return hex(4);
+      case 'U': return hex(8);
+      default: fail(fmt::format("unknown escape '\\{}'", e));
+    }
+  }
+  std::vector<std::vector<Sym>> alternatives(int depth, const std::string& rule) {
+    std::vector<std::vector<Sym>> alts;
+    alts.push_back(sequence(depth, rule));
+    while (i_ < t_.size() && t_[i_] == '|') {
+      ++i_;
+      alts.push_back(sequence(depth, rule));
+    }
+    return alts;
+  }
+  std::vector<Sym> sequence(int depth, const std::string& rule) {
+    std::vector<Sym> seq;
+    for (;;) {
+      skip(true);
+      if (i_ >= t_.size() || t_[i_] == '|' || (t_[i_] == ')' && depth > 0)) break;
+      if (depth == 0 && at_rule_start()) break;
+      const size_t start = seq.size();
+      const char c = t_[i_];
+      if (c == '"') {
+        ++i_;
+        while (i_ < t_.size() && t_[i_] != '"') {
+          const uint32_t cp = char_or_escape();
+          Sym s;
+          s.ranges.push_back({cp, cp});
+          seq.push_back(std::move(s));
+        }
+        if (i_ >= t_.size()) fail("unterminated string literal");
+        ++i_;
+      } else if (c == '[') {
+        ++i_;
+        Sym s;
+        if (i_ < t_.size() && t_[i_] == '^') { s.negated = true; ++i_; }
+        while (i_ < t_.size() && t_[i_] != ']') {
+          const uint32_t lo = char_or_escape();
+          uint32_t hi = lo;
+          if (i_ + 1 < t_.size() && t_[i_] == '-' && t_[i_ + 1] != ']') {
+            ++i_;
+            hi = char_or_escape();
+            if (hi < lo) fail("character range out of order");
+          }
+          s.ranges.push_back({lo, hi});
+        }
+        if (i_ >= t_.size()) fail("unterminated character class");
+        ++i_;
+        seq.push_back(std::move(s));
+      } else if (c == '.') {
+        ++i_;
+        Sym s;
+        s.negated = true;  // [^] : any character
+        seq.push_back(std::move(s));
+      } else if (c == '(') {
+        ++i_;
+        const int r = new_rule(rule);
+        auto alts = alternatives(depth + 1, rule);
+        skip(true);
+        if (i_ >= t_.size() || t_[i_] != ')') fail("expected ')'");
+        ++i_;
+        g_->rules_[static_cast<size_t>(r)].alts = std::move(alts);
+        Sym s;
+        s.is_rule = true;
+        s.rule = r;
+        seq.push_back(std::move(s));
+      } else if (name_char(c)) {
+        Sym s;
+        s.is_rule = true;
+        s.rule = rule_index(ident());
+        seq.push_back(std::move(s));
+      } else {
+        fail(fmt::format("unexpected '{}'", c));
+      }
+      postfix(seq, start, rule);
+    }
+    return seq;
+  }
+  // Applies * + ? {m,n} to the last item (seq[start..]).
+  void postfix(std::vector<Sym>& seq, size_t start, const std::string& rule) {
+    if (i_ >= t_.size()) return;
+    const char c = t_[i_];
+    if (c != '*' && c != '+' && c != '?' && c != '{') return;
+    std::vector<Sym> item(seq.begin() + static_cast<std::ptrdiff_t>(start), seq.end());
+    seq.resize(start);
+    int lo = 0, hi = -1;  // hi -1: unbounded
+    ++i_;
+    if (c == '*') {
+      lo = 0;
+    } else if (c == '+') {
+      lo = 1;
+    } else if (c == '?') {
+      lo = 0;
+      hi = 1;
+    } else {
+      skip(false);
+      lo = number();
+      skip(false);
+      hi = lo;
+      if (i_ < t_.size() && t_[i_] == ',') {
+        ++i_;
+        skip(false);
+        hi = i_ < t_.size() && std::isdigit(static_cast<unsigned char>(t_[i_])) ? number() : -1;
+        skip(false);
+      }
+      if (i_ >= t_.size() || t_[i_] != '}') fail("expected '}'");
+      ++i_;
+      if (hi >= 0 && hi < lo) fail("repetition {m,n} with n < m");
+      if (lo > 1000 || hi > 1000) fail("repetition count above 1000");
+    }
+    for (int k = 0; k < lo; ++k) seq.insert(seq.end(), item.begin(), item.end());
+    if (hi < 0) {  // star ::= item star | ε
+      const int r = new_rule(rule);
+      Sym ref;
+      ref.is_rule = true;
+      ref.rule = r;
+      std::vector<Sym> a = item;
+      a.push_back(ref);
+      g_->rules_[static_cast<size_t>(r)].alts = {a, {}};
+      seq.push_back(ref);
+    } else if (hi > lo) {  // opt_k ::= item opt_{k-1} | ε, nested (hi - lo) deep
+      int inner = -1;
+      for (int k = 0; k < hi - lo; ++k) {
+        const int r = new_rule(rule);
+        std::vector<Sym> a = item;
+        if (inner >= 0) {
+          Sym ref;
+          ref.is_rule = true;
+          ref.rule = inner;
+          a.push_back(ref);
+        }
+        g_->rules_[static_cast<size_t>(r)].alts = {a, {}};
+        inner = r;
+      }
+      Sym ref;
+      ref.is_rule = true;
+      ref.rule = inner;
+      seq.push_back(ref);
+    }
+  }
+  int number() {
+    const size_t b = i_;
+    while (i_ < t_.size() && std::isdigit(static_cast<unsigned char>(t_[i_]))) ++i_;
+    if (b == i_ || i_ - b > 6) fail("expected a repetition count");
+    return std::stoi(std::string(t_.substr(b, i_ - b)));
+  }
+  // A rule that can reach itself before consuming a character would loop the automaton.
+  void check_left_recursion() const {
+    const auto& rules = g_->rules_;
+    std::vector<char> nullable(rules.size(), 0);
+    for (bool changed = true; changed;) {
+      changed = false;
+      for (size_t r = 0; r < rules.size(); ++r) {
+        if (nullable[r]) continue;
+        for (const auto& a : rules[r].alts) {
+          bool all = true;
+          for (const Sym& s : a) all = all && s.is_rule && nullable[static_cast<size_t>(s.rule)];
+          if (all) { nullable[r] = 1; changed = true; break; }
+        }
+      }
+    }
+    // left edges: r -> s when s can be the first thing r derives
+    std::vector<int> state(rules.size(), 0);  // 0 new, 1 on path, 2 done
+    std::function<void(int)> dfs = [&](int r) {
+      state[static_cast<size_t>(r)] = 1;
+      for (const auto& a : rules[static_cast<size_t>(r)].alts)
+        for (const Sym& s : a) {
+          if (!s.is_rule) break;
+          if (state[static_cast<size_t>(s.rule)] == 1)
+            throw GrammarError(fmt::format("grammar: rule '{}' is left-recursive", rules[static_cast<size_t>(s.rule)].name));
+          if (state[static_cast<size_t>(s.rule)] == 0) dfs(s.rule);
+          if (!nullable[static_cast<size_t>(s.rule)]) break;
+        }
+      state[static_cast<size_t>(r)] = 2;
+    };
+    for (size_t r = 0; r < rules.size(); ++r)
+      if (state[r] == 0) dfs(static_cast<int>(r));
+  }
+
+  std::string_view t_;
+  size_t i_ = 0;
+  Grammar* g_ = nullptr;
+  std::map<std::string, int> index_;
+  std::vector<bool> defined_;
+  int counter_ = 0;
+};
+
+std::shared_ptr<const Grammar> Grammar::parse(std::string_view text, const std::string& root) {
+  return Parser(text).run(root);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Matcher
+
+Matcher::Matcher(std::shared_ptr<const Grammar> g) : g_(std::move(g)) {
+  const Rule& root = g_->rules()[static_cast<size_t>(g_->root())];
+  for (int a = 0; a < static_cast<int>(root.alts.size()); ++a) expand({{g_->root(), a, 0}}, stacks_, 0);
+  std::sort(stacks_.begin(), stacks_.end());
+  stacks_.erase(std::unique(stacks_.begin(), stacks_.end()), stacks_.end());
+}
+
+// Moves a stack forward until its top is a character class (or it is empty: accepted).
+void Matcher::expand(Stack st, std::vector<Stack>& out, int depth) const {
+  if (depth > 256) return;  // a pathological grammar: drop the path
+  while (!st.empty()) {
+    const Pos p = st.back();
+    const auto& seq = g_->rules()[static_cast<size_t>(p.rule)].alts[static_cast<size_t>(p.alt)];
+    if (p.idx == static_cast<int32_t>(seq.size())) {
+      st.pop_back();
+      continue;
+    }
+    const Sym& s = seq[static_cast<size_t>(p.idx)];
+    if (!s.is_rule) break;
+    st.back().idx++;
+    if (st.back().idx == static_cast<int32_t>(seq.size())) st.pop_back();  // tail call: nothing left here
+    const auto& alts = g_->rules()[static_cast<size_t>(s.rule)].alts;
+    for (int a = 0; a < static_cast<int>(alts.size()); ++a) {
+      Stack n = st;
+      n.push_back({s.rule, a, 0});
+      expand(std::move(n), out, depth + 1);
+    }
+    return;
+  }
+  out.push_back(std::move(st));
+}
+
+bool Matcher::step(std::vector<Stack>& stacks, uint32_t c) const {
+  std::vector<Stack> next;
+  for (const Stack& st : stacks) {
+    if (st.empty()) continue;
+    const Pos p = st.back();
+    const Sym& s = g_->rules()[static_cast<size_t>(p.rule)].alts[static_cast<size_t>(p.alt)][static_cast<size_t>(p.idx)];
+    if (!s.matches(c)) continue;
+    Stack n = st;
+    n.back().idx++;
+    expand(std::move(n), next, 0);
+  }
+  if (next.empty()) return false;
+  std::sort(next.begin(), next.end());
+  next.erase(std::unique(next.begin(), next.end()), next.end());
+  stacks.swap(next);
+  return true;
+}
+
+// An incomplete UTF-8 character: some character of its possible range must be acceptable.
+bool Matcher::partial_ok(const std::vector<Stack>& stacks, const std::string& pending) const {
+  const unsigned char c0 = static_cast<unsigned char>(pending[0]);
+  const int n = (c0 >> 5) == 6 ? 2 : (c0 >> 4) == 14 ? 3 : 4;
+  uint32_t lo = c0 & (0xFF >> (n + 1));
+  for (size_t k = 1; k < pending.size(); ++k) lo = (lo << 6) | (static_cast<unsigned char>(pending[k]) & 0x3F);
+  const int rest = n - static_cast<int>(pending.size());
+  uint32_t hi = lo;
+  for (int k = 0; k < rest; ++k) {
+    lo <<= 6;
+    hi = (hi << 6) | 0x3F;
+  }
+  for (const Stack& st : stacks) {
+    if (st.empty()) continue;
+    const Pos p = st.back();
+    const Sym& s = g_->rules()[static_cast<size_t>(p.rule)].alts[static_cast<size_t>(p.alt)][static_cast<size_t>(p.idx)];
+    if (s.negated) {  // accepts everything outside its ranges: fails only when [lo, hi] is covered
+      bool covered = false;
+      for (const Range& r : s.ranges) covered = covered || (r.lo <= lo && r.hi >= hi);
+      if (!covered) return true;
+    } else {
+      for (const Range& r : s.ranges)
+        if (r.lo <= hi && r.hi >= lo) return true;
+    }
+  }
+  return false;
+}
+
+bool Matcher::feed(std::vector<Stack>& stacks, std::string& pending, std::string_view bytes) const {
+  for (char ch : bytes) {
+    const unsigned char b = static_cast<unsigned char>(ch);
+    if (pending.empty()) {
+      if (b < 0x80) {
+        if (!step(stacks, b)) return false;
+        continue;
+      }
+      if ((b >> 5) != 6 && (b >> 4) != 14 && (b >> 3) != 30) return false;  // not a lead byte
+      pending.push_back(static_cast<char>(b));
+    } else {
+      if ((b >> 6) != 2) return false;
+      pending.push_back(static_cast<char>(b));
+    }
+    const unsigned char c0 = static_cast<unsigned char>(pending[0]);
+    const size_t n = (c0 >> 5) == 6 ? 2 : (c0 >> 4) == 14 ? 3 : 4;
+    if (pending.size() < n) {
+      if (!partial_ok(stacks, pending)) return false;
+      continue;
+    }
+    uint32_t cp = c0 & (0xFF >> (n + 1));
+    for (size_t k = 1; k < n; ++k) cp = (cp << 6) | (static_cast<unsigned char>(pending[k]) & 0x3F);
+    pending.clear();
+    if (!step(stacks, cp)) return false;
+  }
+  return true;
+}
+
+bool Matcher::accepts_bytes(std::string_view bytes) const {
+  std::vector<Stack> st = stacks_;
+  std::string pend = pending_;
+  return feed(st, pend, bytes);
+}
+
+bool Matcher::advance_bytes(std::string_view bytes) {
+  std::vector<Stack> st = stacks_;
+  std::string pend = pending_;
+  if (!feed(st, pend, bytes)) return false;
+  stacks_.swap(st);
+  pending_.swap(pend);
+  return true;
+}
+
+bool Matcher::can_end() const {
+  if (!pending_.empty()) return false;
+  for (const Stack& s : stacks_)
+    if (s.empty()) return true;
+  return false;
+}
+
+bool Matcher::can_continue() const {
+  for (const Stack& s : stacks_)
+    if (!s.empty()) return true;
+  return false;
+}
+
+}  // namespace kimi::server::grammar

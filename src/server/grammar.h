@@ -1,0 +1,106 @@
+// Constrained decoding for `kimi serve`: a GBNF grammar (llama.cpp's notation) or a JSON schema
+// becomes a pushdown automaton over Unicode code points, and the automaton decides which tokens
+// may come next (their bytes must continue a string the grammar can still derive).
+//
+//   auto g = grammar::Grammar::parse(R"(root ::= "yes" | "no")");        // GrammarError on bad input
+//   auto j = grammar::Grammar::parse(grammar::schema_to_gbnf(schema));   // SchemaError: unsupported feature
+//   grammar::Matcher m(g);
+//   m.accepts_bytes("ye");   // true: a prefix of a sentence
+//   m.advance_bytes("yes");  // consumes; m.can_end() is now true
+//
+// GBNF: `name ::= alternatives` rules (the start rule is `root`); "literal" strings, [a-z] / [^"\\]
+// character classes, `.` (any character), ( groups ), and the postfixes * + ? {m} {m,} {m,n};
+// escapes \n \r \t \\ \" \] \[ \- \xHH \uHHHH \UHHHHHHHH; # comments. Left recursion is refused.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace kimi::server::grammar {
+
+// A grammar that does not parse: the message names the rule / position.
+struct GrammarError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+// A JSON schema the converter does not support: `feature` is the keyword, `where` its JSON path.
+struct SchemaError : std::runtime_error {
+  SchemaError(const std::string& feature, const std::string& where, const std::string& msg)
+      : std::runtime_error(msg), feature(feature), where(where) {}
+  std::string feature, where;
+};
+
+struct Range {
+  uint32_t lo, hi;  // inclusive code points
+};
+
+struct Sym {
+  bool is_rule = false;
+  int rule = -1;              // is_rule: index into Grammar::rules
+  bool negated = false;       // [^...]
+  std::vector<Range> ranges;  // a character class (a literal character is one range)
+  bool matches(uint32_t c) const;
+};
+
+struct Rule {
+  std::string name;
+  std::vector<std::vector<Sym>> alts;  // each alternative is a sequence (may be empty)
+};
+
+class Grammar {
+ public:
+  static std::shared_ptr<const Grammar> parse(std::string_view text, const std::string& root = "root");
+  const std::vector<Rule>& rules() const { return rules_; }
+  int root() const { return root_; }
+
+ private:
+  friend class Parser;
+  std::vector<Rule> rules_;
+  int root_ = -1;
+};
+
+// Where the automaton is: the set of parse stacks (positions in rule alternatives, innermost
+// last) that are still alive after the input so far, plus an incomplete UTF-8 sequence.
+class Matcher {
+ public:
+  explicit Matcher(std::shared_ptr<const Grammar> g);
+  bool accepts_bytes(std::string_view bytes) const;  // would advance_bytes succeed?
+  bool advance_bytes(std::string_view bytes);        // false (state unchanged) when not accepted
+  bool can_end() const;       // the input so far is a whole sentence of the grammar
+  bool can_continue() const;  // some character may still follow
+  bool dead() const { return stacks_.empty(); }
+
+ private:
+  struct Pos {
+    int32_t rule, alt, idx;
+    bool operator==(const Pos& o) const { return rule == o.rule && alt == o.alt && idx == o.idx; }
+    bool operator<(const Pos& o) const {
+      return rule != o.rule ? rule < o.rule : alt != o.alt ? alt < o.alt : idx < o.idx;
+    }
+  };
+  using Stack = std::vector<Pos>;
+  void expand(Stack st, std::vector<Stack>& out, int depth) const;
+  bool step(std::vector<Stack>& stacks, uint32_t c) const;              // one code point
+  bool partial_ok(const std::vector<Stack>& stacks, const std::string& pending) const;
+  bool feed(std::vector<Stack>& stacks, std::string& pending, std::string_view bytes) const;
+  std::shared_ptr<const Grammar> g_;
+  std::vector<Stack> stacks_;
+  std::string pending_;  // bytes of an incomplete UTF-8 character
+};
+
+// JSON schema (the subset of OpenAI structured outputs) -> GBNF whose `root` derives exactly the
+// JSON texts valid under the schema (with limited whitespace). Supported: type (one or a list),
+// properties / required / additionalProperties: false, items / prefixItems-free arrays with
+// minItems / maxItems, enum, const, anyOf / oneOf, $ref to #/$defs or #/definitions, string
+// minLength / maxLength; annotations (title, description, default, examples, $schema, $id,
+// $comment) are ignored. Anything else (pattern, format, minimum, allOf, ...) throws SchemaError
+// naming the keyword: the answer could not be held to it.
+std::string schema_to_gbnf(const nlohmann::ordered_json& schema);
+
+// The grammar of any JSON object (response_format json_object).
+std::string json_object_gbnf();
+
+}  // namespace kimi::server::grammar

@@ -1,0 +1,219 @@
+// The constraint engine of `kimi serve` (server/grammar.h): GBNF parsing, the code-point
+// automaton (prefixes, complete sentences, UTF-8 split across pieces), and JSON schema -> GBNF
+// checked by brute force against nlohmann's JSON parser: every accepted text is valid JSON of the
+// schema's shape, and valid documents are accepted.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "server/grammar.h"
+
+using namespace kimi::server::grammar;
+using ojson = nlohmann::ordered_json;
+
+namespace {
+
+bool full(const std::string& gbnf, const std::string& text) {
+  Matcher m(Grammar::parse(gbnf));
+  return m.advance_bytes(text) && m.can_end();
+}
+bool prefix(const std::string& gbnf, const std::string& text) {
+  Matcher m(Grammar::parse(gbnf));
+  return m.advance_bytes(text);
+}
+
+}  // namespace
+
+TEST(Grammar, LiteralsClassesAlternatives) {
+  const std::string g = R"(root ::= "yes" | "no" | [0-9]+ "%"   # a comment
+)";
+  EXPECT_TRUE(full(g, "yes"));
+  EXPECT_TRUE(full(g, "no"));
+  EXPECT_TRUE(full(g, "42%"));
+  EXPECT_FALSE(full(g, "ye"));
+  EXPECT_TRUE(prefix(g, "ye"));
+  EXPECT_FALSE(prefix(g, "yess"));
+  EXPECT_FALSE(prefix(g, "%"));
+  EXPECT_FALSE(full(g, "42"));
+}
+
+TEST(Grammar, RepetitionCountsAndGroups) {
+  const std::string g = R"(root ::= ("ab"){2,3} x?
+x ::= [^a-c]
+)";
+  EXPECT_FALSE(full(g, "ab"));
+  EXPECT_TRUE(full(g, "abab"));
+  EXPECT_TRUE(full(g, "ababab"));
+  EXPECT_FALSE(full(g, "abababab"));
+  EXPECT_TRUE(full(g, "ababz"));
+  EXPECT_FALSE(full(g, "ababc"));
+  EXPECT_TRUE(full(R"(root ::= "a"{3})", "aaa"));
+  EXPECT_FALSE(full(R"(root ::= "a"{3})", "aaaa"));
+  EXPECT_TRUE(full(R"(root ::= "a"{2,} "b")", "aaaaab"));
+  EXPECT_FALSE(full(R"(root ::= "a"{2,} "b")", "ab"));
+}
+
+TEST(Grammar, Utf8AcrossPiecesAndEscapes) {
+  const std::string g = "root ::= [\\u00e0-\\u00ff] \"\\n\" \"\\u20ac\"";
+  Matcher m(Grammar::parse(g));
+  EXPECT_TRUE(m.advance_bytes("\xc3"));   // first byte of U+00E9: could still be in range
+  EXPECT_FALSE(m.can_end());
+  EXPECT_TRUE(m.advance_bytes("\xa9\n\xe2\x82"));
+  EXPECT_FALSE(m.accepts_bytes("\xac!"));
+  EXPECT_TRUE(m.advance_bytes("\xac"));
+  EXPECT_TRUE(m.can_end());
+  Matcher m2(Grammar::parse(g));
+  EXPECT_FALSE(m2.advance_bytes("\xc2"));  // U+0080..U+00BF: none in range
+  EXPECT_FALSE(m2.advance_bytes("\xff"));  // never UTF-8
+}
+
+TEST(Grammar, BadGrammarsNameTheProblem) {
+  auto msg = [](const std::string& g) {
+    try {
+      Grammar::parse(g);
+    } catch (const GrammarError& e) {
+      return std::string(e.what());
+    }
+    return std::string("(accepted)");
+  };
+  EXPECT_NE(msg("root ::= foo").find("rule 'foo' is used but not defined"), std::string::npos);
+  EXPECT_NE(msg("start ::= \"a\"").find("no 'root' rule"), std::string::npos);
+  EXPECT_NE(msg("root ::= \"a").find("unterminated string"), std::string::npos);
+  EXPECT_NE(msg("root ::= root \"a\" | \"b\"").find("left-recursive"), std::string::npos);
+  EXPECT_NE(msg("root ::= x\nx ::= \"\" root").find("left-recursive"), std::string::npos);
+  EXPECT_NE(msg("root ::= \"a\"{3,1}").find("n < m"), std::string::npos);
+  EXPECT_NE(msg("root ::= \"a\"\nroot ::= \"b\"").find("defined twice"), std::string::npos);
+  EXPECT_NE(msg("root ::= [a-").find("line 1"), std::string::npos);
+}
+
+namespace {
+
+// Random walks: from the start, repeatedly append a random byte the matcher accepts (ASCII and a
+// few multi-byte characters); whenever the matcher can end, the text must parse as JSON and pass
+// `check`. Also the acceptance of given valid / invalid documents.
+void walk(const std::string& gbnf, const std::function<void(const ojson&)>& check, int walks = 300) {
+  auto g = Grammar::parse(gbnf);
+  std::mt19937 rng(7);
+  const std::vector<std::string> alphabet = [] {
+    std::vector<std::string> a;
+    for (int c = 0x20; c < 0x7f; ++c) a.push_back(std::string(1, static_cast<char>(c)));
+    a.push_back("\n");
+    a.push_back("\xc3\xa9");
+    a.push_back("\xe2\x82\xac");
+    return a;
+  }();
+  int ended = 0;
+  for (int w = 0; w < walks; ++w) {
+    Matcher m(g);
+    std::string text;
+    for (int step = 0; step < 80; ++step) {
+      if (m.can_end() && (rng() % 6 == 0 || !m.can_continue())) break;
+      std::vector<const std::string*> ok;
+      for (const auto& s : alphabet)
+        if (m.accepts_bytes(s)) ok.push_back(&s);
+      if (ok.empty()) break;
+      // prefer closing characters a little, so walks finish
+      const std::string& pick = *ok[rng() % ok.size()];
+      ASSERT_TRUE(m.advance_bytes(pick));
+      text += pick;
+    }
+    if (!m.can_end()) continue;
+    ++ended;
+    const ojson j = ojson::parse(text, nullptr, false);
+    ASSERT_FALSE(j.is_discarded()) << "grammar accepted invalid JSON: " << text;
+    check(j);
+  }
+  EXPECT_GT(ended, 10) << "too few complete walks to say anything";
+}
+
+}  // namespace
+
+TEST(JsonSchema, JsonObjectGrammarAcceptsOnlyObjects) {
+  const std::string g = json_object_gbnf();
+  walk(g, [](const ojson& j) { EXPECT_TRUE(j.is_object()) << j.dump(); });
+  EXPECT_TRUE(full(g, R"({"a": [1, 2.5e3, -0, true, null, "x\"y\u00e9"], "b": {}})"));
+  EXPECT_FALSE(full(g, "[1]"));
+  EXPECT_FALSE(full(g, R"({"a": 01})"));
+  EXPECT_FALSE(full(g, R"({"a": 1,})"));
+  EXPECT_FALSE(full(g, "{\"a\": \"\x01\"}"));
+}
+
+TEST(JsonSchema, ObjectWithRequiredAndOptionalProperties) {
+  const ojson schema = ojson::parse(R"({
+    "type": "object",
+    "properties": {
+      "name": {"type": "string", "maxLength": 5},
+      "age": {"type": "integer"},
+      "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 2},
+      "ok": {"type": ["boolean", "null"]}
+    },
+    "required": ["name", "ok"],
+    "additionalProperties": false
+  })");
+  const std::string g = schema_to_gbnf(schema);
+  walk(g, [](const ojson& j) {
+    ASSERT_TRUE(j.is_object());
+    ASSERT_TRUE(j.contains("name") && j["name"].is_string()) << j.dump();
+    EXPECT_LE(j["name"].get<std::string>().size(), 5u * 3);  // up to 5 characters (UTF-8 bytes)
+    ASSERT_TRUE(j.contains("ok") && (j["ok"].is_boolean() || j["ok"].is_null())) << j.dump();
+    if (j.contains("age")) EXPECT_TRUE(j["age"].is_number_integer()) << j.dump();
+    if (j.contains("tags")) {
+      ASSERT_TRUE(j["tags"].is_array());
+      EXPECT_LE(j["tags"].size(), 2u);
+      for (const auto& t : j["tags"]) EXPECT_TRUE(t == "a" || t == "b") << j.dump();
+    }
+    for (auto it = j.begin(); it != j.end(); ++it)
+      EXPECT_TRUE(it.key() == "name" || it.key() == "age" || it.key() == "tags" || it.key() == "ok") << it.key();
+  });
+  EXPECT_TRUE(full(g, R"({"name": "bob", "ok": true})"));
+  EXPECT_TRUE(full(g, R"({"name": "bob", "age": 7, "tags": ["b"], "ok": null})"));
+  EXPECT_FALSE(full(g, R"({"ok": true})"));                  // name missing
+  EXPECT_FALSE(full(g, R"({"name": "bobbyy", "ok": true})"));  // too long
+  EXPECT_FALSE(full(g, R"({"name": "b", "ok": true, "x": 1})"));
+  EXPECT_FALSE(full(g, R"({"name": "b", "age": 1.5, "ok": true})"));
+}
+
+TEST(JsonSchema, RefsAnyOfConstAndArrays) {
+  const ojson schema = ojson::parse(R"({
+    "$defs": {"node": {"type": "object", "properties": {"v": {"type": "number"},
+                                                       "next": {"anyOf": [{"$ref": "#/$defs/node"}, {"type": "null"}]}},
+                       "required": ["v", "next"]}},
+    "type": "object",
+    "properties": {"kind": {"const": "list"}, "head": {"$ref": "#/$defs/node"},
+                   "xs": {"type": "array", "items": {"type": "integer"}, "minItems": 1, "maxItems": 3}},
+    "required": ["kind", "head", "xs"]
+  })");
+  const std::string g = schema_to_gbnf(schema);
+  EXPECT_TRUE(full(g, R"({"kind": "list", "head": {"v": 1, "next": {"v": 2.5, "next": null}}, "xs": [1]})"));
+  EXPECT_FALSE(full(g, R"({"kind": "tree", "head": {"v": 1, "next": null}, "xs": [1]})"));
+  EXPECT_FALSE(full(g, R"({"kind": "list", "head": {"v": 1, "next": null}, "xs": []})"));
+  EXPECT_FALSE(full(g, R"({"kind": "list", "head": {"v": 1, "next": null}, "xs": [1, 2, 3, 4]})"));
+  walk(g, [](const ojson& j) {
+    EXPECT_EQ(j["kind"], "list");
+    EXPECT_TRUE(j["xs"].size() >= 1 && j["xs"].size() <= 3) << j.dump();
+  }, 400);
+}
+
+TEST(JsonSchema, UnsupportedFeaturesAreNamed) {
+  struct Case { const char* schema; const char* feature; };
+  for (const Case& c : {Case{R"({"type": "string", "pattern": "^a"})", "pattern"},
+                        Case{R"({"type": "string", "format": "date-time"})", "format"},
+                        Case{R"({"type": "integer", "minimum": 3})", "minimum"},
+                        Case{R"({"allOf": [{"type": "string"}]})", "allOf"},
+                        Case{R"({"type": "object", "properties": {"a": {"type": "number", "multipleOf": 2}}})", "multipleOf"},
+                        Case{R"({"type": "object", "properties": {}, "additionalProperties": {"type": "string"}})",
+                             "additionalProperties"},
+                        Case{R"({"$ref": "#/$defs/missing"})", "$ref"},
+                        Case{R"({"type": "tuple"})", "type"}}) {
+    try {
+      schema_to_gbnf(ojson::parse(c.schema));
+      ADD_FAILURE() << "accepted " << c.schema;
+    } catch (const SchemaError& e) {
+      EXPECT_EQ(e.feature, c.feature) << c.schema;
+      EXPECT_NE(std::string(e.what()).find(c.feature), std::string::npos) << e.what();
+    }
+  }
+  // annotations are fine
+  EXPECT_NO_THROW(schema_to_gbnf(ojson::parse(R"({"title": "t", "description": "d", "type": "string", "default": "x"})")));
+}

@@ -1,4 +1,4 @@
-// kimi quantize IN.gguf OUT.gguf TYPE [--requantize-experts T] [--tensor-type PATTERN=T ...] [--pure]
+// kimi quantize IN.gguf OUT.gguf TYPE [--imatrix FILE] [--requantize-experts T] [--tensor-type PATTERN=T ...] [--pure]
 //   [--output-tensor-type T] [--token-embedding-type T] [--leave-output-tensor] [--allow-requantize]
 //   [--threads N] [--split-max-size SIZE] [--dry-run] [--verbose] [--quiet]
 #include <CLI/CLI.hpp>
@@ -13,7 +13,7 @@ namespace {
 
 int cmd_quantize(int argc, char** argv) {
   CLI::App app{"Quantize a kimi-k3 GGUF. Norms, 1-D tensors, router, conv, ssm_a/dt stay F32; MXFP4 routed experts "
-               "are copied byte for byte (unless --requantize-experts); the DSA indexer matrices (indexer.attn_q_b, "
+               "are copied byte for byte (unless --requantize-experts or a MoE mix preset: Q2_K_M, Q3_K_M, IQ2_XS_M, IQ4_XS); the DSA indexer matrices (indexer.attn_q_b, "
                "indexer.attn_k, indexer.proj) always keep their source type. See docs/quantize.md.",
                "kimi quantize"};
   std::string in, out, type, requant_experts, out_type, embd_type, split;
@@ -26,7 +26,15 @@ int cmd_quantize(int argc, char** argv) {
   app.add_option("OUT", out, "output GGUF")->required();
   app.add_option("TYPE", type, "target: " + types + " (or its general.file_type number)")->required();
   app.add_option("--requantize-experts", requant_experts,
-                 "re-quantize the MXFP4 routed experts (*_exps) to this tensor type (e.g. Q4_K, Q8_0)");
+                 "re-quantize the routed experts (*_exps) to this tensor type (e.g. Q2_K, IQ2_XS, IQ4_XS, Q4_K, Q8_0; "
+                 "overrides a preset's expert types)");
+  app.add_option("--imatrix", o.imatrix_path,
+                 "importance matrix (llama.cpp GGUF imatrix, from `kimi imatrix` or llama-imatrix): importance-weighted "
+                 "quantization for Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, IQ2_XS");
+  app.add_flag("--allow-no-imatrix", o.rules.allow_no_imatrix, "quantize to IQ2_XS without an importance matrix");
+  app.add_option("--imatrix-prior", o.imatrix_prior,
+                 "tokens' worth of the layer's mean importance blended into each expert's (default 16; 0 = none)")
+      ->check(CLI::Range(0.0, 1e9));
   app.add_option("--tensor-type", overrides,
                  "PATTERN=TYPE: tensors whose name matches the regex PATTERN get TYPE (repeatable, first match wins; "
                  "never applies to the indexer)")
@@ -64,7 +72,7 @@ int cmd_quantize(int argc, char** argv) {
   return 0;
 }
 
-kimi::app::Registrar reg("quantize", "quantize a GGUF (Q8_0, Q6_K, Q5_K_M, Q4_K_M, Q4_0, ...; indexer exempt, MXFP4 experts kept)",
+kimi::app::Registrar reg("quantize", "quantize a GGUF (Q8_0, Q6_K, Q4_K_M, ..., MoE mixes Q2_K_M, IQ2_XS_M, ...; --imatrix; indexer exempt)",
                          cmd_quantize);
 
 }  // namespace

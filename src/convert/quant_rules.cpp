@@ -33,6 +33,18 @@ struct TargetRow {
   FileType ftype;
   GgmlType type;
 };
+// MoE mix presets: name, file type, routed gate/up, routed down, every other quantizable tensor
+struct MixRow {
+  const char* name;
+  FileType ftype;
+  GgmlType gate_up, down, always_read;
+};
+constexpr MixRow kMixes[] = {
+    {"IQ2_XS_M", FileType::MOSTLY_IQ2_XS, GgmlType::IQ2_XS, GgmlType::Q2_K, GgmlType::Q4_K},
+    {"Q2_K_M", FileType::MOSTLY_Q2_K, GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K},
+    {"Q3_K_M", FileType::MOSTLY_Q3_K_M, GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K},
+    {"IQ4_XS", FileType::MOSTLY_IQ4_XS, GgmlType::IQ4_XS, GgmlType::IQ4_XS, GgmlType::Q6_K},
+};
 constexpr TargetRow kTargets[] = {
     {"Q8_0", FileType::MOSTLY_Q8_0, GgmlType::Q8_0},     {"Q6_K", FileType::MOSTLY_Q6_K, GgmlType::Q6_K},
     {"Q5_K_M", FileType::MOSTLY_Q5_K_M, GgmlType::Q5_K}, {"Q5_K_S", FileType::MOSTLY_Q5_K_S, GgmlType::Q5_K},
@@ -121,6 +133,7 @@ const std::vector<std::string>& target_names() {
   static const std::vector<std::string> names = [] {
     std::vector<std::string> v;
     for (const auto& r : kTargets) v.emplace_back(r.name);
+    for (const auto& r : kMixes) v.emplace_back(r.name);
     v.emplace_back("Q4_K");
     v.emplace_back("Q5_K");
     v.emplace_back("COPY");
@@ -140,6 +153,15 @@ Target parse_target(const std::string& text) {
   for (const auto& r : kTargets)
     if ((is_num && num == static_cast<unsigned>(r.ftype)) || (!is_num && s == r.name))
       return Target{r.name, r.ftype, r.type, false};
+  for (const auto& r : kMixes)
+    if ((is_num && num == static_cast<unsigned>(r.ftype)) || (!is_num && s == r.name)) {
+      Target t{r.name, r.ftype, r.always_read, false};
+      t.moe_mix = true;
+      t.exp_gate_up = r.gate_up;
+      t.exp_down = r.down;
+      t.always_read = r.always_read;
+      return t;
+    }
   std::string list;
   for (const auto& n : target_names()) list += (list.empty() ? "" : ", ") + n;
   fail("unknown quantization type '{}' (expected one of {}, or the file_type number of one of them)", text, list);
@@ -150,7 +172,8 @@ GgmlType parse_tensor_type(const std::string& text, const std::string& what) {
   if (t && writable(*t)) return *t;
   std::string list;
   for (auto c : {GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0, GgmlType::Q6_K, GgmlType::Q5_K,
-                 GgmlType::Q4_K, GgmlType::Q4_0, GgmlType::MXFP4, GgmlType::Q5_0, GgmlType::Q5_1})
+                 GgmlType::Q4_K, GgmlType::Q3_K, GgmlType::Q2_K, GgmlType::IQ4_XS, GgmlType::IQ2_XS, GgmlType::Q4_0,
+                 GgmlType::MXFP4, GgmlType::Q5_0, GgmlType::Q5_1})
     if (writable(c)) list += (list.empty() ? "" : ", ") + std::string(type_name(c));
   if (t) fail("{}: type '{}' cannot be written by this build (expected one of {})", what, text, list);
   fail("{}: unknown tensor type '{}' (expected one of {})", what, text, list);
@@ -261,6 +284,11 @@ const char* not_quantizable_reason(std::string_view name, const std::array<int64
   return nullptr;
 }
 
+bool requires_imatrix(GgmlType t) {
+  return t == GgmlType::IQ2_XXS || t == GgmlType::IQ2_XS || t == GgmlType::IQ2_S || t == GgmlType::IQ1_S ||
+         t == GgmlType::IQ1_M || t == GgmlType::IQ3_XXS;
+}
+
 bool is_float_type(GgmlType t) { return t == GgmlType::F32 || t == GgmlType::F16 || t == GgmlType::BF16; }
 
 const char* why_name(Why w) {
@@ -324,7 +352,19 @@ std::vector<Decision> plan(const std::vector<TensorDesc>& tensors, const ModelFa
     }
     // 4./5. the wanted type
     GgmlType ty = o.target.default_type;
-    if (requant_experts) {
+    const bool mix_experts = experts && o.target.moe_mix && !requant_experts;
+    if (mix_experts) {  // preset expert types (MXFP4 experts are re-quantized to them)
+      ty = cat == Category::FfnDown ? o.target.exp_down : o.target.exp_gate_up;
+      d.why = Why::Mix;
+      d.note = fmt::format("{} preset: routed experts {} -> {}", o.target.name, type_name(t.type), type_name(ty));
+      for (const auto& x : o.overrides)  // an explicit --tensor-type still wins
+        if (std::regex_search(t.name, x.re)) {
+          ty = x.type;
+          d.why = Why::Override;
+          d.note = fmt::format("'{}'", x.text);
+          break;
+        }
+    } else if (requant_experts) {
       ty = *o.requantize_experts;
       d.why = Why::ExpertsRequant;
       d.note = fmt::format("routed experts {} -> {}", type_name(t.type), type_name(ty));
@@ -349,6 +389,20 @@ std::vector<Decision> plan(const std::vector<TensorDesc>& tensors, const ModelFa
         ty = ov->type;
         d.why = Why::Override;
         d.note = fmt::format("'{}'", ov->text);
+      } else if (o.target.moe_mix && !o.pure) {
+        if (cat == Category::Output) {
+          ty = GgmlType::Q6_K;
+          d.why = Why::Mix;
+          d.note = "output -> Q6_K";
+        } else if (cat == Category::FfnDown && facts.n_layer > 0 && layer_index(t.name) &&
+                   more_bits(*layer_index(t.name), facts.n_layer) && ty != GgmlType::Q6_K) {
+          d.why = Why::Mix;
+          d.note = fmt::format("ffn_down in more_bits layer {}/{} -> Q6_K", *layer_index(t.name), facts.n_layer);
+          ty = GgmlType::Q6_K;
+        } else {
+          d.why = Why::Default;
+          d.note = fmt::format("{} preset: always-read tensor", o.target.name);
+        }
       } else if (!o.pure && !is_float_type(ty)) {
         std::string note;
         GgmlType m = mix_type(t, cat, ty, o.target.ftype, facts, has_output, my_attn_v, n_attn_v, my_ffn_down, note);
@@ -378,11 +432,15 @@ std::vector<Decision> plan(const std::vector<TensorDesc>& tensors, const ModelFa
       ty = sub;
     }
     d.type = ty;
+    check(!requires_imatrix(ty) || ty == t.type || o.have_imatrix || o.allow_no_imatrix,
+          "tensor '{}': {} needs an importance matrix (--imatrix FILE from `kimi imatrix`; --allow-no-imatrix to "
+          "quantize without one anyway)", t.name, type_name(ty));
     // 7. requantization
     if (ty == t.type) {
       d.copy = true;
     } else {
-      if (!is_float_type(t.type) && !requant_experts && !o.allow_requantize)
+      if (!is_float_type(t.type) && !requant_experts && !(mix_experts && t.type == GgmlType::MXFP4) &&
+          !o.allow_requantize)
         fail("tensor '{}' is already quantized ({}); requantizing it to {} is disabled because it loses quality "
              "(pass --allow-requantize to do it anyway)",
              t.name, type_name(t.type), type_name(ty));

@@ -34,6 +34,11 @@ struct Target {
   FileType ftype = FileType::MOSTLY_Q8_0; // written as general.file_type (unused for COPY)
   GgmlType default_type = GgmlType::Q8_0;
   bool copy = false;                     // COPY: every tensor unchanged, file_type kept
+  // MoE mix presets (Q2_K_M, Q3_K_M, IQ2_XS_M, IQ4_XS): the routed experts get their own types
+  // (MXFP4 experts are re-quantized to them), every other quantizable tensor `always_read`,
+  // output.weight Q6_K, non-expert ffn_down in more_bits layers Q6_K.
+  bool moe_mix = false;
+  GgmlType exp_gate_up = GgmlType::Q8_0, exp_down = GgmlType::Q8_0, always_read = GgmlType::Q8_0;
 };
 // Throws kimi::Error listing the accepted names for anything unknown. Aliases: Q4_K -> Q4_K_M,
 // Q5_K -> Q5_K_M; numbers are llama_ftype ids (formats-quant §4.7) of the accepted targets.
@@ -42,7 +47,8 @@ Target parse_target(const std::string& text);
 const std::vector<std::string>& target_names();
 
 // A ggml tensor type for --tensor-type / --output-tensor-type / --token-embedding-type /
-// --requantize-experts: one this build can write (F32 F16 BF16 Q8_0 Q4_0 Q4_K Q5_K Q6_K MXFP4).
+// --requantize-experts: one this build can write (F32 F16 BF16 Q8_0 Q4_0 Q5_0 Q5_1 Q2_K Q3_K Q4_K
+// Q5_K Q6_K IQ4_XS IQ2_XS MXFP4).
 // `what` names the option in the error message.
 GgmlType parse_tensor_type(const std::string& text, const std::string& what);
 
@@ -88,7 +94,11 @@ struct RuleOptions {
   std::optional<GgmlType> token_embd_type;     // --token-embedding-type
   std::optional<GgmlType> requantize_experts;  // --requantize-experts
   std::vector<Override> overrides;             // --tensor-type, in order
+  bool have_imatrix = false;       // --imatrix given (IQ2_XS needs one, as llama-quantize demands)
+  bool allow_no_imatrix = false;   // --allow-no-imatrix: quantize IQ2_XS without one anyway
 };
+// Types that are unusable without an importance matrix (formats-quant.md §5.4).
+bool requires_imatrix(GgmlType t);
 
 // Model facts the rules need: from `{arch}.block_count` / `{arch}.expert_count`.
 struct ModelFacts {

@@ -11,6 +11,7 @@
 #include <mutex>
 #include <set>
 
+#include "io/imatrix.h"
 #include "tensor/quants.h"
 #include "util/error.h"
 #include "util/paths.h"
@@ -43,6 +44,11 @@ std::vector<std::string> input_files(const gguf::Reader& r) {
 }  // namespace
 
 std::string TensorReport::line() const {
+  if (imatrix_used) {
+    TensorReport c = *this;
+    c.imatrix_used = false;
+    return c.line() + " [imatrix]";
+  }
   std::string s = fmt::format("{:<36} {:<18} {:>5} -> {:<5} {:>10} -> {:<10} {}", name, shape_of(ne),
                               type_name(src_type), type_name(decision.type), format_bytes(bytes_in),
                               format_bytes(bytes_out), why_name(decision.why));
@@ -65,6 +71,8 @@ std::string QuantizeResult::summary() const {
   for (const auto& [t, n] : indexer_types) it += (it.empty() ? "" : "/") + t;
   s += fmt::format("  indexer: {} tensors kept at source precision ({}), exempt from quantization rules\n", n_indexer,
                    it.empty() ? "none in this file" : it);
+  if (!imatrix.empty())
+    s += fmt::format("  importance matrix {}: used for {} tensors\n", imatrix, n_imatrix);
   if (n_fallback)
     s += fmt::format("  block-size fallback: {} tensors (ne[0] not a multiple of the block size; see --verbose)\n",
                      n_fallback);
@@ -116,7 +124,13 @@ QuantizeResult quantize(const QuantizeOptions& o, const std::function<void(const
     descs.push_back({t.name, t.type, t.ne});
   }
   const ModelFacts facts = model_facts(r);
-  std::vector<Decision> plan_ = plan(descs, facts, o.rules);
+  imatrix::Data imat;
+  RuleOptions rules = o.rules;
+  if (!o.imatrix_path.empty()) {
+    imat = imatrix::Data::load(o.imatrix_path);
+    rules.have_imatrix = true;
+  }
+  std::vector<Decision> plan_ = plan(descs, facts, rules);
 
   QuantizeResult res;
   res.dry_run = o.dry_run;
@@ -128,6 +142,7 @@ QuantizeResult quantize(const QuantizeOptions& o, const std::function<void(const
     res.file_type = static_cast<uint32_t>(o.rules.target.ftype);
   }
   res.tensors.resize(descs.size());
+  res.imatrix = o.imatrix_path;
   int64_t max_ne0 = 1;
   uint64_t max_chunk_out = 0;
   for (size_t i = 0; i < descs.size(); ++i) {
@@ -150,6 +165,21 @@ QuantizeResult quantize(const QuantizeOptions& o, const std::function<void(const
       default: break;
     }
     if (plan_[i].copy) res.n_copied++; else res.n_converted++;
+    if (!plan_[i].copy && !o.imatrix_path.empty() && uses_imatrix(plan_[i].type)) {
+      auto it = imat.entries.find(t.name);
+      if (it != imat.entries.end()) {
+        const int64_t n_mat = t.ne[2] * t.ne[3];
+        check(it->second.n_in == t.ne[0] && it->second.n_mat == n_mat,
+              "imatrix {}: entry '{}' has {} x {} values, the tensor needs {} x {} (ne[0] x experts)", o.imatrix_path,
+              t.name, it->second.n_in, it->second.n_mat, t.ne[0], n_mat);
+        rep.imatrix_used = true;
+        res.n_imatrix++;
+      } else {
+        check(!requires_imatrix(plan_[i].type) || o.rules.allow_no_imatrix,
+              "imatrix {}: no entry for '{}', which {} needs (--allow-no-imatrix to quantize it without one)",
+              o.imatrix_path, t.name, type_name(plan_[i].type));
+      }
+    }
     if (plan_[i].fallback) res.n_fallback++;
     if (!plan_[i].copy) {
       const uint64_t orb = row_bytes(plan_[i].type, static_cast<uint64_t>(t.ne[0]));
@@ -185,6 +215,12 @@ QuantizeResult quantize(const QuantizeOptions& o, const std::function<void(const
   }
   if (!r.has("general.file_type") && !o.rules.target.copy) w.add_kv("general.file_type", gguf::Value::u32(res.file_type));
   if (!have_qv) w.add_kv("general.quantization_version", gguf::Value::u32(2));
+  if (!o.imatrix_path.empty()) {  // llama-quantize's keys
+    w.add_kv("quantize.imatrix.file", gguf::Value::str(o.imatrix_path));
+    if (!imat.datasets.empty()) w.add_kv("quantize.imatrix.dataset", gguf::Value::str(imat.datasets.front()));
+    w.add_kv("quantize.imatrix.entries_count", gguf::Value::u32(static_cast<uint32_t>(imat.entries.size())));
+    w.add_kv("quantize.imatrix.chunks_count", gguf::Value::u32(imat.chunk_count));
+  }
   for (size_t i = 0; i < descs.size(); ++i) {
     const auto& t = r.tensors()[i];
     w.add_tensor(t.name, plan_[i].type, std::vector<int64_t>(t.ne.begin(), t.ne.begin() + std::max<uint32_t>(1, t.n_dims)));
@@ -213,6 +249,9 @@ QuantizeResult quantize(const QuantizeOptions& o, const std::function<void(const
       const uint64_t orb = row_bytes(d.type, static_cast<uint64_t>(ne0));
       const int64_t chunk_rows = static_cast<int64_t>(std::min<uint64_t>(nrows, std::max<uint64_t>(1, kChunkBytes / orb)));
       const int64_t rows_per_task = std::max<int64_t>(1, kElemsPerTask / ne0);
+      // importance per column of every matrix (expert) of the tensor; row r is in matrix r / ne[1]
+      std::vector<float> qw;
+      if (res.tensors[i].imatrix_used && !imat.importance(t.name, qw, o.imatrix_prior)) qw.clear();  // saw no token
       std::mutex err_mu;
       std::string err;
       for (int64_t r0 = 0; r0 < nrows; r0 += chunk_rows) {
@@ -224,7 +263,8 @@ QuantizeResult quantize(const QuantizeOptions& o, const std::function<void(const
             const int64_t a = k * rows_per_task, b = std::min(rows, a + rows_per_task);
             for (int64_t row = a; row < b; ++row) {
               dequantize_row(t.type, t.data + static_cast<uint64_t>(r0 + row) * irb, tmp, ne0);
-              quantize_row(d.type, tmp, outbuf.data() + static_cast<uint64_t>(row) * orb, ne0);
+              const float* w = qw.empty() ? nullptr : qw.data() + ((r0 + row) / t.ne[1]) * ne0;
+              quantize_row_imat(d.type, tmp, outbuf.data() + static_cast<uint64_t>(row) * orb, ne0, w);
             }
           } catch (const std::exception& e) {
             std::lock_guard<std::mutex> lk(err_mu);

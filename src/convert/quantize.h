@@ -23,6 +23,9 @@ struct QuantizeOptions {
   uint64_t split_max_bytes = 0;
   bool dry_run = false;              // decide and report, write nothing
   bool quiet = false;                // no progress bar
+  std::string imatrix_path;          // --imatrix: llama.cpp GGUF imatrix (runtime/imatrix.h format)
+  double imatrix_prior = 16;         // per-expert importance blended with the tensor's mean over its
+                                     // experts as if seen on this many extra tokens (rare experts)
 };
 
 struct TensorReport {
@@ -31,6 +34,7 @@ struct TensorReport {
   GgmlType src_type = GgmlType::F32;
   uint64_t bytes_in = 0, bytes_out = 0;
   Decision decision;
+  bool imatrix_used = false;         // importance-weighted quantization from --imatrix
   std::string line() const;  // "blk.3.attn_v.weight {64, 64} BF16 -> Q8_0 (8.0 KiB -> 2.1 KiB) mix rule: ..."
 };
 
@@ -40,6 +44,8 @@ struct QuantizeResult {
   std::vector<TensorReport> tensors; // in file order
   uint64_t bytes_in = 0, bytes_out = 0;
   std::map<std::string, size_t> out_type_counts;  // by output type name
+  size_t n_imatrix = 0;              // tensors quantized with importance weights
+  std::string imatrix;               // the --imatrix file (empty: none)
   size_t n_converted = 0, n_copied = 0, n_indexer = 0, n_experts_kept = 0, n_not_quantizable = 0, n_fallback = 0;
   std::map<std::string, size_t> indexer_types;    // type name -> count of exempt indexer matrices
   std::vector<std::string> outputs;  // written files (empty for a dry run)

@@ -34,6 +34,7 @@ uint64_t row_bytes(GgmlType t, uint64_t n);
 // llama_ftype values for general.file_type (formats-quant.md §4.7)
 enum class FileType : uint32_t {
   ALL_F32 = 0, MOSTLY_F16 = 1, MOSTLY_Q4_0 = 2, MOSTLY_Q8_0 = 7, MOSTLY_Q5_0 = 8,
+  MOSTLY_Q2_K = 10, MOSTLY_Q3_K_M = 12, MOSTLY_IQ2_XS = 20, MOSTLY_IQ4_XS = 30,
   MOSTLY_Q4_K_S = 14, MOSTLY_Q4_K_M = 15, MOSTLY_Q5_K_S = 16, MOSTLY_Q5_K_M = 17, MOSTLY_Q6_K = 18,
   MOSTLY_BF16 = 32, MOSTLY_MXFP4_MOE = 38,
 };

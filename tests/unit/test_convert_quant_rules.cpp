@@ -98,6 +98,7 @@ Model k3(int n_layer, int n_expert, int64_t d = 7168, bool tied = false) {
 RuleOptions opts(const std::string& target) {
   RuleOptions o;
   o.target = parse_target(target);
+  o.have_imatrix = true;  // the IQ2_XS presets need one (tested on its own in MoeMixNeedsImatrixForIq2)
   return o;
 }
 
@@ -157,7 +158,7 @@ TEST(QuantRules, ParseTargetNamesAliasesNumbers) {
   EXPECT_EQ(static_cast<uint32_t>(parse_target("Q5_K_S").ftype), 16u);
   EXPECT_EQ(static_cast<uint32_t>(parse_target("Q4_0").ftype), 2u);
   EXPECT_TRUE(parse_target("copy").copy);
-  for (const char* bad : {"Q3_K_M", "IQ2_XXS", "Q4", "", "99", "Q4_K_MM", "15x"}) {
+  for (const char* bad : {"Q3_K_S", "IQ2_XXS", "Q4", "", "99", "Q4_K_MM", "15x"}) {
     try {
       parse_target(bad);
       ADD_FAILURE() << "accepted '" << bad << "'";
@@ -175,6 +176,10 @@ TEST(QuantRules, ParseTensorTypeAndOverride) {
   EXPECT_THROW(parse_tensor_type("q9_9", "--output-tensor-type"), Error);
   EXPECT_THROW(parse_tensor_type("Q8_K", "x"), Error);  // activation-only
   EXPECT_THROW(parse_tensor_type("IQ2_XXS", "x"), Error);
+  EXPECT_EQ(parse_tensor_type("q2_k", "x"), GgmlType::Q2_K);
+  EXPECT_EQ(parse_tensor_type("Q3_K", "x"), GgmlType::Q3_K);
+  EXPECT_EQ(parse_tensor_type("iq4_xs", "x"), GgmlType::IQ4_XS);
+  EXPECT_EQ(parse_tensor_type("IQ2_XS", "x"), GgmlType::IQ2_XS);
 
   Override o = parse_override("ATTN_K=q4_0");
   EXPECT_EQ(o.pattern, "attn_k");
@@ -574,4 +579,73 @@ TEST(QuantRules, MoeFfnDownNeedsLayerName) {
   for (int i = 0; i < 8; ++i) d.add("ffn_down_" + std::to_string(i) + ".weight", BF16, {256, 256, 1, 1});
   Planned p = run(d, opts("Q4_K_M"));
   for (int i = 0; i < 8; ++i) EXPECT_EQ(p.d[i].type, kMoreBits8.count(i) ? Q6_K : Q4_K) << i;
+}
+
+// MoE mix presets (docs/quantize.md): experts at 2-4 bits (MXFP4 experts re-quantized), the
+// always-read tensors at the preset's type, output Q6_K, more_bits non-expert ffn_down Q6_K.
+TEST(QuantRules, MoeMixPresets) {
+  struct Row { const char* name; uint32_t ftype; GgmlType gate_up, down, rest; };
+  const Row rows[] = {
+      {"Q2_K_M", 10, GgmlType::Q2_K, GgmlType::Q3_K, Q4_K},
+      {"Q3_K_M", 12, GgmlType::Q3_K, Q4_K, Q5_K},
+      {"IQ2_XS_M", 20, GgmlType::IQ2_XS, GgmlType::Q2_K, Q4_K},
+      {"IQ4_XS", 30, GgmlType::IQ4_XS, GgmlType::IQ4_XS, Q6_K},
+  };
+  for (const auto& r : rows) {
+    EXPECT_EQ(static_cast<uint32_t>(parse_target(r.name).ftype), r.ftype) << r.name;
+    EXPECT_EQ(parse_target(std::to_string(r.ftype)).name, r.name);
+    Planned p = run(k3(8, 896), opts(r.name));
+    for (int il = 1; il < 8; ++il) {
+      const std::string b = "blk." + std::to_string(il) + ".";
+      EXPECT_EQ(p.type(b + "ffn_gate_exps.weight"), r.gate_up) << r.name << " " << b;
+      EXPECT_EQ(p.type(b + "ffn_up_exps.weight"), r.gate_up) << r.name;
+      EXPECT_EQ(p.type(b + "ffn_down_exps.weight"), r.down) << r.name;
+      EXPECT_FALSE(p.at(b + "ffn_down_exps.weight").copy);
+      EXPECT_EQ(p.type(b + "ffn_routed_down.weight"), r.rest) << r.name;
+      EXPECT_EQ(p.type(b + "ffn_gate_shexp.weight"), r.rest) << r.name;
+      EXPECT_EQ(p.type(b + "ffn_down_shexp.weight"), kMoreBits8.count(il) ? Q6_K : r.rest) << r.name << " " << il;
+      EXPECT_EQ(p.type(b + "attn_output.weight"), r.rest) << r.name;
+      EXPECT_EQ(p.type(b + "ffn_gate_inp.weight"), F32) << "router kept";
+    }
+    EXPECT_EQ(p.type("blk.1.attn_q.weight"), r.rest);
+    EXPECT_EQ(p.type("blk.3.attn_kv_a_mqa.weight"), r.rest);
+    EXPECT_EQ(p.type("blk.0.ffn_down.weight"), Q6_K) << "layer 0 is a more_bits layer";
+    EXPECT_EQ(p.type("blk.0.ffn_up.weight"), r.rest);
+    EXPECT_EQ(p.type("output.weight"), Q6_K);
+    EXPECT_EQ(p.type("token_embd.weight"), r.rest);
+    EXPECT_EQ(p.type("blk.3.indexer.attn_k.weight"), BF16);
+    EXPECT_EQ(p.type("blk.3.indexer.proj.weight"), F32);
+    EXPECT_EQ(p.type("blk.3.indexer.attn_q_b.weight"), BF16);
+  }
+  // --requantize-experts and --tensor-type still win over the preset's expert types
+  RuleOptions o = opts("Q2_K_M");
+  o.requantize_experts = GgmlType::IQ4_XS;
+  Planned p = run(k3(8, 896), o);
+  EXPECT_EQ(p.type("blk.2.ffn_down_exps.weight"), GgmlType::IQ4_XS);
+  EXPECT_EQ(p.type("blk.2.attn_q.weight"), Q4_K);
+  o = opts("Q2_K_M");
+  o.overrides = {parse_override("blk\\.2\\.ffn_down_exps=q6_k")};
+  p = run(k3(8, 896), o);
+  EXPECT_EQ(p.type("blk.2.ffn_down_exps.weight"), Q6_K);
+  EXPECT_EQ(p.at("blk.2.ffn_down_exps.weight").why, Why::Override);
+  EXPECT_EQ(p.type("blk.3.ffn_down_exps.weight"), GgmlType::Q3_K);
+}
+
+TEST(QuantRules, MoeMixNeedsImatrixForIq2) {
+  RuleOptions o = opts("IQ2_XS_M");
+  o.have_imatrix = false;
+  try {
+    plan(k3(8, 896).t, k3(8, 896).facts, o);
+    ADD_FAILURE() << "IQ2_XS without an imatrix accepted";
+  } catch (const Error& e) {
+    const std::string s = e.what();
+    EXPECT_NE(s.find("ffn_gate_exps"), std::string::npos) << s;
+    EXPECT_NE(s.find("--imatrix"), std::string::npos) << s;
+  }
+  o.allow_no_imatrix = true;
+  EXPECT_EQ(run(k3(8, 896), o).type("blk.1.ffn_up_exps.weight"), GgmlType::IQ2_XS);
+  // Q2_K_M does not need one
+  RuleOptions q = opts("Q2_K_M");
+  q.have_imatrix = false;
+  EXPECT_EQ(run(k3(8, 896), q).type("blk.1.ffn_up_exps.weight"), GgmlType::Q2_K);
 }

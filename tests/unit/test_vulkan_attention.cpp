@@ -174,8 +174,9 @@ struct AttnCase {
 // fit one chunk (a single split, no combine pass).
 TEST_F(VulkanAttention, MlaSparseAndDense) {
   const int64_t nctx = 300, sel_cap = 150;
-  const AttnCase cases[] = {{3, 96, 0, true}, {3, 96, 64, false}, {3, 96, 64, true}, {5, 512, 64, true},
-                            {2, 512, 64, false}};
+  // widths that are multiples of 4 take the 4-element row reads, the odd ones (96 + 7, 75 + 5) the scalar path
+  const AttnCase cases[] = {{3, 96, 0, true},    {3, 96, 64, false}, {3, 96, 64, true}, {5, 512, 64, true},
+                            {2, 512, 64, false}, {3, 96, 7, true},   {3, 75, 5, false}};
   std::mt19937 rng(5);
   for (const AttnCase& ac : cases) {
     const int64_t W = ac.kvl + ac.pe, H = ac.H, kvl = ac.kvl;

@@ -97,11 +97,13 @@ void VulkanBackend::mla_attention(const CacheRows& latent, int64_t kvl, const Ba
     uint64_t latent, qcat, sel_idx, sel_n, ents, part, mask, z;
     uint32_t W, kvl, H, n, sel_cap, n_ctx, f16, splits, mask_words;
     float scale;
-    uint32_t w_first, w_count, load_state, final_z;
+    uint32_t w_first, w_count, load_state, final_z, vec;
   } pc{dev_addr(latent.data), dev_addr(qcat), dev_addr(sel_idx), dev_addr(sel_n), ents, part, mask, dev_addr(z),
        u32(W, "row width"), u32(kvl, "kv_lora"), u32(H, "heads"), u32(n, "tokens"), u32(sel_cap, "selection capacity"),
        u32(latent.n_ctx, "n_ctx"), latent.f16 ? 1u : 0u, static_cast<uint32_t>(splits), u32(mask_words, "mask words"),
-       scale, 0, static_cast<uint32_t>(window), 0, 0};
+       scale, 0, static_cast<uint32_t>(window), 0, 0,
+       // 4-element row reads: whole vectors per row and per latent part, rows 16-byte aligned
+       W % 4 == 0 && kvl % 4 == 0 && dev_addr(latent.data) % 16 == 0 ? 1u : 0u};
   static_assert(sizeof(pc) <= 128, "push constants");
   vk::Pipeline& attn = pipe(dense ? "mla_attn_dense" : "mla_attn_sparse");
   for (int64_t w = 0; w < windows; ++w) {

@@ -30,7 +30,17 @@ layout(push_constant) uniform PC {
   uint w_first, w_count;  // this dispatch's window: chunks s + splits * (w_first + i), i < w_count
   uint load_state;        // 1: continue from the state in part (an earlier window)
   uint final_z;           // 1: write z (the last window, one split); else the state to part
+  uint vec;               // 1: rows read 4 elements at a time (W, kv_lora multiples of 4, aligned rows)
 } pc;
+
+layout(buffer_reference, std430, buffer_reference_align = 8) buffer H4 { uvec2 v[]; };  // 4 halves
+layout(buffer_reference, std430, buffer_reference_align = 16) buffer F4 { vec4 v[]; };
+
+// the latent column of a thread's accumulator i: 64-strided, or 4 consecutive per thread (vec)
+uint col(uint i) {
+  const uint tid = gl_LocalInvocationID.x;
+  return pc.vec != 0u ? 4u * tid + 256u * (i >> 2u) + (i & 3u) : tid + 64u * i;
+}
 
 shared float qs[QMAX];
 shared float sc[CH];
@@ -65,7 +75,7 @@ void main() {
       m = st.v[0];
       l = st.v[1];
       [[unroll]] for (uint i = 0u; i < ZMAX; ++i) {
-        const uint d = tid + 64u * i;
+        const uint d = col(i);
         if (d < pc.kvl) acc[i] = st.v[2u + d];
       }
     }
@@ -98,7 +108,26 @@ void main() {
           float part = 0.0;
           if (rj != NONE) {
             const uint64_t row = base + uint64_t(rj) * row_bytes;
-            if (pc.f16 != 0u) {
+            if (pc.vec != 0u && pc.f16 != 0u) {
+              H4 rv = H4(row);
+              for (uint v = lane; v < pc.W / 4u; v += 8u) {
+                const uvec2 u = rv.v[v];
+                const vec2 a = unpackHalf2x16(u.x), b = unpackHalf2x16(u.y);
+                part += qs[4u * v] * a.x;
+                part += qs[4u * v + 1u] * a.y;
+                part += qs[4u * v + 2u] * b.x;
+                part += qs[4u * v + 3u] * b.y;
+              }
+            } else if (pc.vec != 0u) {
+              F4 rv = F4(row);
+              for (uint v = lane; v < pc.W / 4u; v += 8u) {
+                const vec4 a = rv.v[v];
+                part += qs[4u * v] * a.x;
+                part += qs[4u * v + 1u] * a.y;
+                part += qs[4u * v + 2u] * a.z;
+                part += qs[4u * v + 3u] * a.w;
+              }
+            } else if (pc.f16 != 0u) {
               U16 rv = U16(row);
               for (uint i = lane; i < pc.W; i += 8u) part += qs[i] * half_bits(uint(rv.v[i]));
             } else {
@@ -134,16 +163,41 @@ void main() {
           if (p == 0.0) continue;
           l += p;
           const uint64_t row = base + uint64_t(ridx[k]) * row_bytes;
-          if (pc.f16 != 0u) {
+          if (pc.vec != 0u && pc.f16 != 0u) {
+            H4 rv = H4(row);
+            [[unroll]] for (uint g4 = 0u; g4 < ZMAX / 4u; ++g4) {
+              const uint c = tid + 64u * g4;  // columns 4c .. 4c + 3 = col(4 g4 .. 4 g4 + 3)
+              if (4u * c < pc.kvl) {
+                const uvec2 u = rv.v[c];
+                const vec2 a = unpackHalf2x16(u.x), b = unpackHalf2x16(u.y);
+                acc[4u * g4] += p * a.x;
+                acc[4u * g4 + 1u] += p * a.y;
+                acc[4u * g4 + 2u] += p * b.x;
+                acc[4u * g4 + 3u] += p * b.y;
+              }
+            }
+          } else if (pc.vec != 0u) {
+            F4 rv = F4(row);
+            [[unroll]] for (uint g4 = 0u; g4 < ZMAX / 4u; ++g4) {
+              const uint c = tid + 64u * g4;
+              if (4u * c < pc.kvl) {
+                const vec4 a = rv.v[c];
+                acc[4u * g4] += p * a.x;
+                acc[4u * g4 + 1u] += p * a.y;
+                acc[4u * g4 + 2u] += p * a.z;
+                acc[4u * g4 + 3u] += p * a.w;
+              }
+            }
+          } else if (pc.f16 != 0u) {
             U16 rv = U16(row);
             [[unroll]] for (uint i = 0u; i < ZMAX; ++i) {
-              const uint d = tid + 64u * i;
+              const uint d = col(i);
               if (d < pc.kvl) acc[i] += p * half_bits(uint(rv.v[d]));
             }
           } else {
             F32 rv = F32(row);
             [[unroll]] for (uint i = 0u; i < ZMAX; ++i) {
-              const uint d = tid + 64u * i;
+              const uint d = col(i);
               if (d < pc.kvl) acc[i] += p * rv.v[d];
             }
           }
@@ -154,7 +208,7 @@ void main() {
       const float inv = l > 0.0 ? 1.0 / l : 0.0;
       F32 z = F32(pc.z + 4ul * th * pc.kvl);
       [[unroll]] for (uint i = 0u; i < ZMAX; ++i) {
-        const uint d = tid + 64u * i;
+        const uint d = col(i);
         if (d < pc.kvl) z.v[d] = acc[i] * inv;
       }
     } else {
@@ -164,7 +218,7 @@ void main() {
         st.v[1] = l;
       }
       [[unroll]] for (uint i = 0u; i < ZMAX; ++i) {
-        const uint d = tid + 64u * i;
+        const uint d = col(i);
         if (d < pc.kvl) st.v[2u + d] = acc[i];
       }
     }

@@ -7,8 +7,8 @@
 // replaced by its level. Quantizer (own): per 16 elements a search over candidate scales, per 8
 // elements the sign pattern (parity fixed by flipping the least important element) and the
 // codebook entry of least weighted error (the per-element nearest point when it is in the
-// codebook, else a scan of all 512); then the 4-bit scales with the stored d and a final
-// re-pick of the entries.
+// codebook, else the best of the 16 entries nearest to that point, a table built once); then the
+// 4-bit scales with the stored d and a final re-pick of the entries.
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -61,9 +61,12 @@ constexpr int kMag[3] = {8, 25, 43};
 
 inline int rne(float x) { return static_cast<int>(std::nearbyint(x)); }
 
+constexpr int kNbr = 16;  // codebook entries searched for a point outside the codebook
+
 struct Iq2Tables {
   std::array<int16_t, 6561> index;      // base-3 code of 8 levels -> codebook entry, or -1
   std::array<std::array<uint8_t, 8>, 512> mag;  // magnitudes of each entry
+  std::vector<uint16_t> nbr;            // per base-3 code: the kNbr entries nearest to it (L2 on magnitudes)
   Iq2Tables() {
     index.fill(-1);
     for (int k = 0; k < 512; ++k) {
@@ -74,6 +77,22 @@ struct Iq2Tables {
         code += l * p;
       }
       index[static_cast<size_t>(code)] = static_cast<int16_t>(k);
+    }
+    nbr.resize(6561 * kNbr);
+    std::vector<std::pair<int, int>> dist(512);
+    for (int code = 0; code < 6561; ++code) {
+      int m[8];
+      for (int i = 0, c = code; i < 8; ++i, c /= 3) m[i] = kMag[c % 3];
+      for (int k = 0; k < 512; ++k) {
+        int d2 = 0;
+        for (int i = 0; i < 8; ++i) {
+          const int d = m[i] - mag[static_cast<size_t>(k)][static_cast<size_t>(i)];
+          d2 += d * d;
+        }
+        dist[static_cast<size_t>(k)] = {d2, k};
+      }
+      std::partial_sort(dist.begin(), dist.begin() + kNbr, dist.end());
+      for (int j = 0; j < kNbr; ++j) nbr[static_cast<size_t>(code * kNbr + j)] = static_cast<uint16_t>(dist[static_cast<size_t>(j)].second);
     }
   }
 };
@@ -105,7 +124,8 @@ int best_entry(const float* t, const float* w, float* err) {
     return best;
   }
   float be = INFINITY;
-  for (int k = 0; k < 512; ++k) {
+  for (int j = 0; j < kNbr; ++j) {  // the entries nearest to the per-element nearest point
+    const int k = T.nbr[static_cast<size_t>(code * kNbr + j)];
     const float e = cost(k);
     if (e < be) {
       be = e;
@@ -227,16 +247,19 @@ void quantize_row_iq2_xs(const float* x, block_iq2_xs* y, int64_t n, const float
       for (int i = 0; i < 16; ++i) amax = std::max(amax, std::fabs(xh[i]));
       esc[h] = 0;
       if (amax < 1e-30f) continue;
-      double best = INFINITY;
-      for (int is = 0; is <= 12; ++is) {
-        const float e0 = amax / (43.0f * (0.7f + 0.05f * is));
+      double best = INFINITY, sx2 = 0;
+      for (int i = 0; i < 16; ++i) sx2 += static_cast<double>(wh[i]) * xh[i] * xh[i];
+      for (int is = 0; is <= 8; ++is) {
+        // entries picked at a candidate scale, then the weighted least-squares scale for those
+        // entries and its error (sum w x^2 - (sum w x g)^2 / sum w g^2)
+        const float e0 = amax / (43.0f * (0.7f + 0.075f * is));
         half_error(xh, wh, e0, g);
-        const double sg2 = g[0].sg2 + g[1].sg2;
-        const float e1 = sg2 > 0 ? static_cast<float>((g[0].sxg + g[1].sxg) / sg2) : e0;
-        const double err = half_error(xh, wh, e1 > 0 ? e1 : e0, g);
+        const double sg2 = g[0].sg2 + g[1].sg2, sxg = g[0].sxg + g[1].sxg;
+        if (sg2 <= 0 || sxg <= 0) continue;
+        const double err = sx2 - sxg * sxg / sg2;
         if (err < best) {
           best = err;
-          esc[h] = e1 > 0 ? e1 : e0;
+          esc[h] = static_cast<float>(sxg / sg2);
         }
       }
       emax = std::max(emax, esc[h]);

@@ -18,7 +18,13 @@ const int8_t kvalues_iq4nl[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 1
 
 namespace {
 
-inline int rne(float x) { return static_cast<int>(std::nearbyint(x)); }
+// round to nearest, ties to even, for |x| < 2^22 (the float-add trick: no libm call, no FP env)
+inline int rne(float x) {
+  const float v = x + 12582912.0f;
+  int32_t i;
+  std::memcpy(&i, &v, 4);
+  return (i & 0x007fffff) - 0x00400000;
+}
 
 void check_k(int64_t n, const char* what) {
   check(n >= 0 && n % QK_K == 0, "{}: row of {} elements is not a multiple of the block size {}", what, n, QK_K);
@@ -130,13 +136,28 @@ float fit_signed(int n, int lo, int hi, const float* x, const float* w) {
   return best_s;
 }
 
-// Nearest IQ4_NL level index to v (levels ascending).
+// Nearest IQ4_NL level index to v (levels ascending; ties to the lower level). A table over the
+// unit intervals [u - 128, u - 127) gives the nearest level of the interval's lower end; within one
+// interval the answer can only move one level up.
+struct Iq4Lut {
+  uint8_t lo[256];
+  Iq4Lut() {
+    for (int u = 0; u < 256; ++u) {
+      const float v = static_cast<float>(u - 128);
+      int best = 0;
+      for (int k = 1; k < 16; ++k)
+        if (std::fabs(v - kvalues_iq4nl[k]) < std::fabs(v - kvalues_iq4nl[best])) best = k;
+      lo[u] = static_cast<uint8_t>(best);
+    }
+  }
+};
+const Iq4Lut kIq4Lut;
 inline int nearest_iq4(float v) {
-  if (v <= kvalues_iq4nl[0]) return 0;
-  if (v >= kvalues_iq4nl[15]) return 15;
-  int i = 0;
-  while (i < 15 && kvalues_iq4nl[i + 1] < v) ++i;  // kvalues[i] < v <= kvalues[i+1]
-  return (v - kvalues_iq4nl[i] <= kvalues_iq4nl[i + 1] - v) ? i : i + 1;
+  if (!(v > -127.0f)) return 0;  // also NaN
+  if (v >= 113.0f) return 15;
+  const int u = static_cast<int>(std::floor(v)) + 128;
+  const int i = kIq4Lut.lo[u];
+  return (i < 15 && kvalues_iq4nl[i + 1] - v < v - kvalues_iq4nl[i]) ? i + 1 : i;
 }
 
 // Weighted fit x ~ s * T[k] over the 16 IQ4 levels for one group; returns s.
@@ -152,11 +173,12 @@ float fit_iq4(int n, const float* x, const float* w) {
   double best = -1;
   for (int end = 0; end < 2; ++end) {  // max element on the -127 end or the +113 end
     const float lim = end == 0 ? -127.0f : 113.0f;
-    for (int is = -9; is <= 9; ++is) {
-      const float s0 = vmax / (lim + (lim < 0 ? -1.0f : 1.0f) * 4.0f * is);
+    for (int is = -5; is <= 5; ++is) {
+      const float s0 = vmax / (lim + (lim < 0 ? -1.0f : 1.0f) * 6.0f * is);
+      const float is0 = 1.0f / s0;
       double sxl = 0, sl2 = 0;
       for (int i = 0; i < n; ++i) {
-        const int l = kvalues_iq4nl[nearest_iq4(x[i] / s0)];
+        const int l = kvalues_iq4nl[nearest_iq4(x[i] * is0)];
         sxl += w[i] * x[i] * l;
         sl2 += w[i] * l * l;
       }
@@ -210,11 +232,11 @@ void quantize_row_q2_K(const float* x, block_q2_K* y, int64_t n, const float* qw
       int bls = ls, blm = lm;
       for (int a = std::max(0, ls - 1); a <= std::min(15, ls + 1); ++a)
         for (int c = std::max(0, lm - 1); c <= std::min(15, lm + 1); ++c) {
-          const float ds = d * a, dm = dmin * c;
+          const float ds = d * a, dm = dmin * c, ids = ds > 0 ? 1.0f / ds : 0.0f;
           float err = 0;
           for (int i = 0; i < 16; ++i) {
             const float v = x[16 * g + i];
-            const int q = ds > 0 ? std::clamp(rne((v + dm) / ds), 0, 3) : 0;
+            const int q = std::clamp(rne((v + dm) * ids), 0, 3);
             const float e = ds * q - dm - v;
             err += w[16 * g + i] * e * e;
           }
@@ -284,11 +306,11 @@ void quantize_row_q3_K(const float* x, block_q3_K* y, int64_t n, const float* qw
       float best_err = INFINITY;
       int bl = l;
       for (int c = std::max(-32, l - 1); c <= std::min(31, l + 1); ++c) {
-        const float ds = d * c;
+        const float ds = d * c, ids = ds != 0 ? 1.0f / ds : 0.0f;
         float err = 0;
         for (int i = 0; i < 16; ++i) {
           const float v = x[16 * g + i];
-          const int q = ds != 0 ? std::clamp(rne(v / ds), -4, 3) : 0;
+          const int q = std::clamp(rne(v * ids), -4, 3);
           const float e = ds * q - v;
           err += w[16 * g + i] * e * e;
         }
@@ -360,11 +382,11 @@ void quantize_row_iq4_xs(const float* x, block_iq4_xs* y, int64_t n, const float
       float best_err = INFINITY;
       int bl = l0;
       for (int c = std::max(-32, l0 - 1); c <= std::min(31, l0 + 1); ++c) {
-        const float dl = d * c;
+        const float dl = d * c, idl = dl != 0 ? 1.0f / dl : 0.0f;
         float err = 0;
         for (int i = 0; i < 32; ++i) {
           const float v = x[32 * ib + i];
-          const float e = dl != 0 ? dl * kvalues_iq4nl[nearest_iq4(v / dl)] - v : -v;
+          const float e = dl != 0 ? dl * kvalues_iq4nl[nearest_iq4(v * idl)] - v : -v;
           err += w[32 * ib + i] * e * e;
         }
         if (err < best_err) {
@@ -375,11 +397,11 @@ void quantize_row_iq4_xs(const float* x, block_iq4_xs* y, int64_t n, const float
       const int ls = bl + 32;
       y[b].scales_l[ib / 2] |= static_cast<uint8_t>((ls & 15) << (4 * (ib % 2)));
       y[b].scales_h |= static_cast<uint16_t>((ls >> 4) << (2 * ib));
-      const float dl = d * bl;
+      const float dl = d * bl, idl = dl != 0 ? 1.0f / dl : 0.0f;
       uint8_t* q = y[b].qs + 16 * ib;
       for (int j = 0; j < 16; ++j) {
-        const int k0 = dl != 0 ? nearest_iq4(x[32 * ib + j] / dl) : 8;
-        const int k1 = dl != 0 ? nearest_iq4(x[32 * ib + j + 16] / dl) : 8;
+        const int k0 = dl != 0 ? nearest_iq4(x[32 * ib + j] * idl) : 8;
+        const int k1 = dl != 0 ? nearest_iq4(x[32 * ib + j + 16] * idl) : 8;
         q[j] = static_cast<uint8_t>(k0 | (k1 << 4));
       }
     }

@@ -2,7 +2,20 @@
 # the fuzz build. They must match the feature sets of src/backend/cpu/dispatch.cpp: files named
 # *_avx512.cpp / *_avx2.cpp are only entered after that run-time CPU check. Off x86 nothing is set
 # (those files guard their bodies with #if defined(__x86_64__)).
+# On aarch64: *_neon.cpp get the baseline (ARMv8-A AdvSIMD needs no flag), *_neon_dot.cpp
+# ARMv8.2-A + dotprod, *_neon_i8mm.cpp ARMv8.6-A + dotprod + i8mm + bf16 (the neon, neon_dot and
+# neon_i8mm levels of dispatch.h); those files guard their bodies with #if defined(__aarch64__).
 function(kimi_set_isa_flags)
+  if(CMAKE_SYSTEM_PROCESSOR MATCHES "aarch64|arm64|ARM64")
+    foreach(src ${ARGN})
+      if(src MATCHES "_neon_dot\\.cpp$")
+        set_source_files_properties(${src} PROPERTIES COMPILE_OPTIONS "-march=armv8.2-a+dotprod")
+      elseif(src MATCHES "_neon_i8mm\\.cpp$")
+        set_source_files_properties(${src} PROPERTIES COMPILE_OPTIONS "-march=armv8.6-a+dotprod+i8mm+bf16")
+      endif()
+    endforeach()
+    return()
+  endif()
   if(NOT CMAKE_SYSTEM_PROCESSOR MATCHES "x86_64|AMD64|amd64")
     return()
   endif()

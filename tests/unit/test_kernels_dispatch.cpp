@@ -28,12 +28,8 @@ struct IsaRestore {
   ~IsaRestore() { set_isa(saved); }
 };
 
-std::vector<Isa> isa_levels() {
-  std::vector<Isa> v{Isa::Scalar};
-  if (best_isa() >= Isa::Avx2) v.push_back(Isa::Avx2);
-  if (best_isa() >= Isa::Avx512) v.push_back(Isa::Avx512);
-  return v;
-}
+// every level this CPU has (x86-64: scalar, avx2, avx512; aarch64: scalar, neon, neon_dot, neon_i8mm)
+std::vector<Isa> isa_levels() { return supported_isas(); }
 
 std::vector<float> rnd(size_t n, uint32_t seed, float lo, float hi) {
   std::mt19937 r(seed);
@@ -94,6 +90,39 @@ TEST(Dispatch, KimiIsaValues) {
   EXPECT_NE(warn.find("avx512"), std::string::npos) << warn;
 }
 
+// aarch64 levels (pure logic, checked on every host): neon is every AArch64 CPU, neon_dot adds
+// dotprod, neon_i8mm adds i8mm AND bf16; KIMI_ISA moves only down the same chain.
+TEST(Dispatch, NeonLevelsAndTheirChain) {
+  CpuFeatures f;
+  f.neon = true;
+  EXPECT_EQ(best_isa_for(f), Isa::Neon);
+  f.i8mm = f.bf16 = true;  // without dotprod: still plain neon
+  EXPECT_EQ(best_isa_for(f), Isa::Neon);
+  f.dotprod = true;
+  EXPECT_EQ(best_isa_for(f), Isa::NeonI8mm);
+  f.bf16 = false;
+  EXPECT_EQ(best_isa_for(f), Isa::NeonDot);
+  EXPECT_FALSE(isa_supported(Isa::Avx2, f));
+  EXPECT_EQ(lower_isa(Isa::NeonI8mm), Isa::NeonDot);
+  EXPECT_EQ(lower_isa(Isa::NeonDot), Isa::Neon);
+  EXPECT_EQ(lower_isa(Isa::Neon), Isa::Scalar);
+  EXPECT_TRUE(isa_at_most(Isa::Neon, Isa::NeonI8mm));
+  EXPECT_FALSE(isa_at_most(Isa::Avx2, Isa::NeonI8mm));
+  EXPECT_FALSE(isa_at_most(Isa::NeonDot, Isa::Avx512));
+  std::string warn;
+  EXPECT_EQ(isa_for_env("neon", Isa::NeonI8mm, &warn), Isa::Neon);
+  EXPECT_EQ(isa_for_env("neon_dot", Isa::NeonI8mm, &warn), Isa::NeonDot);
+  EXPECT_EQ(isa_for_env("neon_i8mm", Isa::NeonDot, &warn), Isa::NeonDot);  // never above the CPU
+  EXPECT_EQ(isa_for_env("avx512", Isa::NeonDot, &warn), Isa::NeonDot);    // another architecture
+  EXPECT_EQ(isa_for_env("neon", Isa::Avx512, &warn), Isa::Avx512);
+  EXPECT_TRUE(warn.empty());
+  for (Isa isa : {Isa::Neon, Isa::NeonDot, Isa::NeonI8mm}) EXPECT_EQ(isa_from_name(isa_name(isa)), isa);
+  const auto levels = supported_isas();
+  ASSERT_FALSE(levels.empty());
+  EXPECT_EQ(levels.front(), Isa::Scalar);
+  EXPECT_EQ(levels.back(), best_isa());
+}
+
 // kernel_impl names the level every family runs at: the highest level <= the one in use that the
 // family has code for.
 TEST(Dispatch, EveryFamilyFollowsTheLevelInUse) {
@@ -102,10 +131,12 @@ TEST(Dispatch, EveryFamilyFollowsTheLevelInUse) {
     ASSERT_EQ(set_isa(isa), isa);
     ASSERT_EQ(current_isa(), isa);
     const std::string simd = isa == Isa::Avx512 ? "avx512" : "scalar";  // families with avx512 code only
+    // ops, attention, KDA: avx512 code, and neon code used at every NEON level
+    const std::string ops = isa == Isa::Avx512 ? "avx512" : isa_at_most(Isa::Neon, isa) ? "neon" : "scalar";
     EXPECT_STREQ(kernel_impl(KernelFamily::Matmul), isa_name(isa));
-    EXPECT_EQ(kernel_impl(KernelFamily::Ops), simd);
-    EXPECT_EQ(kernel_impl(KernelFamily::Attention), simd);
-    EXPECT_EQ(kernel_impl(KernelFamily::Kda), simd);
+    EXPECT_EQ(kernel_impl(KernelFamily::Ops), ops);
+    EXPECT_EQ(kernel_impl(KernelFamily::Attention), ops);
+    EXPECT_EQ(kernel_impl(KernelFamily::Kda), ops);
     EXPECT_EQ(kernel_impl(KernelFamily::Vec), simd);
     EXPECT_EQ(kernel_impl(KernelFamily::QuantizeAct), simd);
     EXPECT_STREQ(kernel_impl(KernelFamily::TopK), "scalar");
@@ -148,13 +179,13 @@ TEST(Dispatch, LoweringTheLevelMovesOps) {
     sigmoid_inplace_fast(s.data(), n);
     silu_fast(x.data(), si.data(), n);
     const float d = dot_f32(x.data(), b.data(), n);
-    if (isa != Isa::Avx512) {
+    if (std::string(kernel_impl(KernelFamily::Ops)) == "scalar") {
       EXPECT_TRUE(same_bits(e, lexp)) << isa_name(isa);
       EXPECT_TRUE(same_bits(s, lsig)) << isa_name(isa);
       EXPECT_TRUE(same_bits(si, lsilu)) << isa_name(isa);
       EXPECT_EQ(d, ldot) << isa_name(isa);
     } else {
-      EXPECT_FALSE(same_bits(e, lexp)) << "exp_fast at avx512 is the libm exp: not the AVX-512 path";
+      EXPECT_FALSE(same_bits(e, lexp)) << "exp_fast at " << isa_name(isa) << " is the libm exp: not the SIMD path";
       for (int i = 0; i < n; ++i) {
         ASSERT_NEAR(e[i], lexp[i], 2e-6 * lexp[i]) << i;
         ASSERT_NEAR(s[i], lsig[i], 2e-6 * lsig[i]) << i;
@@ -171,8 +202,10 @@ TEST(Dispatch, LoweringTheLevelMovesOps) {
 // tolerance; the portable and AVX-512 results are not bit-identical (different summation order /
 // FMA), which shows the level change reached these families.
 TEST(Dispatch, LoweringTheLevelMovesAttentionAndKda) {
-  if (best_isa() < Isa::Avx512) GTEST_SKIP() << "one path only on this CPU";
   IsaRestore restore;
+  const Isa top = best_isa();  // avx512 or a NEON level: the families' SIMD code
+  set_isa(top);
+  if (std::string(kernel_impl(KernelFamily::Attention)) == "scalar") GTEST_SKIP() << "one path only on this CPU";
   const int H = 16, D = 128, nk = 41;
   const auto q = rnd(H * D, 3, -1.0f, 1.0f), w = rnd(H, 4, 0.0f, 1.0f), keys = rnd(nk * D, 5, -1.0f, 1.0f);
   std::vector<double> iref(nk, 0.0);
@@ -201,7 +234,7 @@ TEST(Dispatch, LoweringTheLevelMovesAttentionAndKda) {
   }
   const int Dk = 64, T = 4;
   std::vector<std::vector<float>> idx_out, attn_out, kda_out;
-  for (Isa isa : {Isa::Scalar, Isa::Avx512}) {
+  for (Isa isa : {Isa::Scalar, top}) {
     set_isa(isa);
     std::vector<float> sc(nk);
     indexer_scores(q.data(), w.data(), H, keys.data(), false, D, nk, sc.data());

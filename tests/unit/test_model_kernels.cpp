@@ -32,8 +32,7 @@ std::vector<float> rnd(size_t n, uint32_t seed, float scale = 1.0f) {
 template <class F>
 void at_every_isa(F body) {
   const kern::Isa saved = kern::current_isa();
-  for (kern::Isa isa : {kern::Isa::Scalar, kern::Isa::Avx2, kern::Isa::Avx512}) {
-    if (isa > kern::best_isa()) break;
+  for (kern::Isa isa : kern::supported_isas()) {
     kern::set_isa(isa);
     SCOPED_TRACE(kern::isa_name(isa));
     body();

@@ -8,12 +8,12 @@
 
 namespace kimi::kern {
 
-static inline bool simd() { return family_isa(KernelFamily::Attention) == Isa::Avx512; }
+static inline const SimdOps* simd() { return simd_ops(KernelFamily::Attention); }
 
 void indexer_scores(const float* q, const float* w, int64_t H, const void* keys, bool f16, int64_t D, int64_t n,
                     float* scores) {
-  if (simd() && D % 16 == 0 && D <= 256 && H <= 256)
-    return avx512::indexer_scores(q, w, H, keys, f16, D, n, scores);
+  if (const SimdOps* s = simd(); s && D % 16 == 0 && D <= 256 && H <= 256)
+    return s->indexer_scores(q, w, H, keys, f16, D, n, scores);
   for (int64_t s = 0; s < n; ++s) {
     float acc = 0.0f;
     for (int64_t h = 0; h < H; ++h) {
@@ -28,7 +28,7 @@ void indexer_scores(const float* q, const float* w, int64_t H, const void* keys,
 // z[h][0..r) += sum_j p[h * p_stride + j] * rows[j][0..r)   for h < nh, j < nb (j in order)
 static void attn_accumulate(float* z, int64_t nh, int64_t r, const float* const* rows, int64_t nb, const float* p,
                             int64_t p_stride) {
-  if (simd() && r % 16 == 0) return avx512::attn_accumulate(z, nh, r, rows, nb, p, p_stride);
+  if (const SimdOps* s = simd(); s && r % 16 == 0) return s->attn_accumulate(z, nh, r, rows, nb, p, p_stride);
   for (int64_t h = 0; h < nh; ++h)
     for (int64_t j = 0; j < nb; ++j) axpy_f32(p[h * p_stride + j], rows[j], z + h * r, r);
 }
@@ -72,7 +72,8 @@ void mla_attend_sparse(const float* q, int64_t nh, const LatentRows& rows, const
     return;
   }
   float m[kMaxHeads], l[kMaxHeads], p[kMaxHeads * kBlk];
-  const bool simd_scores = simd() && W % 16 == 0;
+  const SimdOps* so = simd();
+  const bool simd_scores = so != nullptr && W % 16 == 0;
   const float* rp[kBlk];
   for (int64_t h0 = 0; h0 < nh; h0 += kMaxHeads) {
     const int64_t nhc = nh - h0 < kMaxHeads ? nh - h0 : kMaxHeads;
@@ -96,7 +97,7 @@ void mla_attend_sparse(const float* q, int64_t nh, const LatentRows& rows, const
       for (int64_t h = 0; h < nhc; ++h) {
         float* ph = p + h * kBlk;
         if (simd_scores) {
-          avx512::block_scores(q + (h0 + h) * W, rp, nb, W, ph);
+          so->block_scores(q + (h0 + h) * W, rp, nb, W, ph);
         } else {
           for (int64_t j = 0; j < nb; ++j) ph[j] = dot_f32(q + (h0 + h) * W, rp[j], W);
         }

@@ -1,4 +1,4 @@
-#if defined(__x86_64__)  // x86 only; see ops_simd_stubs.cpp for other architectures
+#if defined(__x86_64__)  // x86 only; ops_simd_tables.cpp takes these into kAvx512
 // AVX-512 DSA indexer scan (compiled with AVX-512 flags; entered only after a CPU check).
 // Keys outer: each key row is converted once per 16-head group and dotted with the 16 query
 // heads (L1-resident) into 16 accumulators, which a transpose-add reduces to one vector of 16

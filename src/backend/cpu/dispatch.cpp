@@ -6,6 +6,10 @@
 #include <string>
 #if defined(__x86_64__)
 #include <cpuid.h>
+#elif defined(__aarch64__) && defined(__linux__)
+#include <sys/auxv.h>
+#elif defined(__aarch64__) && defined(__APPLE__)
+#include <sys/sysctl.h>
 #endif
 
 namespace kimi::kern {
@@ -28,6 +32,24 @@ const CpuFeatures& cpu_features() {
     c.avx512dq = __builtin_cpu_supports("avx512dq");
     c.avx512vnni = __builtin_cpu_supports("avx512vnni");
     c.avx512bf16 = __builtin_cpu_supports("avx512bf16");
+#elif defined(__aarch64__)
+    c.neon = true;  // AdvSIMD is part of every AArch64 CPU
+#if defined(__linux__)
+    // the kernel's HWCAP bits (Linux and Android; the values of <asm/hwcap.h>)
+    const unsigned long hw = getauxval(AT_HWCAP), hw2 = getauxval(AT_HWCAP2);
+    c.dotprod = (hw >> 20) & 1;  // HWCAP_ASIMDDP
+    c.i8mm = (hw2 >> 13) & 1;    // HWCAP2_I8MM
+    c.bf16 = (hw2 >> 14) & 1;    // HWCAP2_BF16
+#elif defined(__APPLE__)
+    auto flag = [](const char* name) {
+      int v = 0;
+      size_t len = sizeof v;
+      return sysctlbyname(name, &v, &len, nullptr, 0) == 0 && v != 0;
+    };
+    c.dotprod = flag("hw.optional.arm.FEAT_DotProd");
+    c.i8mm = flag("hw.optional.arm.FEAT_I8MM");
+    c.bf16 = flag("hw.optional.arm.FEAT_BF16");
+#endif
 #endif
     return c;
   }();
@@ -41,6 +63,9 @@ bool isa_supported(Isa isa, const CpuFeatures& c) {
     case Isa::Avx2: return avx2;
     case Isa::Avx512:
       return avx2 && c.avx512f && c.avx512bw && c.avx512dq && c.avx512vl && c.avx512vnni && c.avx512bf16;
+    case Isa::Neon: return c.neon;
+    case Isa::NeonDot: return c.neon && c.dotprod;
+    case Isa::NeonI8mm: return c.neon && c.dotprod && c.i8mm && c.bf16;
   }
   return false;
 }
@@ -48,6 +73,8 @@ bool isa_supported(Isa isa, const CpuFeatures& c) {
 Isa best_isa_for(const CpuFeatures& c) {
   if (isa_supported(Isa::Avx512, c)) return Isa::Avx512;
   if (isa_supported(Isa::Avx2, c)) return Isa::Avx2;
+  for (Isa isa : {Isa::NeonI8mm, Isa::NeonDot, Isa::Neon})
+    if (isa_supported(isa, c)) return isa;
   return Isa::Scalar;
 }
 
@@ -56,10 +83,22 @@ Isa best_isa() {
   return best;
 }
 
+std::vector<Isa> supported_isas() {
+  std::vector<Isa> v;
+  for (Isa isa = best_isa();; isa = lower_isa(isa)) {
+    v.insert(v.begin(), isa);
+    if (isa == Isa::Scalar) break;
+  }
+  return v;
+}
+
 const char* isa_name(Isa isa) {
   switch (isa) {
     case Isa::Avx512: return "avx512";
     case Isa::Avx2: return "avx2";
+    case Isa::Neon: return "neon";
+    case Isa::NeonDot: return "neon_dot";
+    case Isa::NeonI8mm: return "neon_i8mm";
     default: return "scalar";
   }
 }
@@ -68,6 +107,9 @@ std::optional<Isa> isa_from_name(std::string_view name) {
   if (name == "scalar") return Isa::Scalar;
   if (name == "avx2") return Isa::Avx2;
   if (name == "avx512") return Isa::Avx512;
+  if (name == "neon") return Isa::Neon;
+  if (name == "neon_dot") return Isa::NeonDot;
+  if (name == "neon_i8mm") return Isa::NeonI8mm;
   return std::nullopt;
 }
 
@@ -77,11 +119,11 @@ Isa isa_for_env(const char* value, Isa best, std::string* warning) {
   const auto want = isa_from_name(value);
   if (!want) {
     if (warning)
-      *warning = std::string("kimi: warning: KIMI_ISA=\"") + value + "\" is not scalar, avx2 or avx512: ignored (using " +
-                 isa_name(best) + ")";
+      *warning = std::string("kimi: warning: KIMI_ISA=\"") + value +
+                 "\" is not scalar, avx2, avx512, neon, neon_dot or neon_i8mm: ignored (using " + isa_name(best) + ")";
     return best;
   }
-  return static_cast<int>(*want) < static_cast<int>(best) ? *want : best;
+  return isa_at_most(*want, best) ? *want : best;  // a level of another architecture: best
 }
 
 namespace detail {
@@ -103,7 +145,7 @@ int init_isa() {
 
 Isa set_isa(Isa want) {
   Isa best = best_isa();
-  Isa isa = static_cast<int>(want) < static_cast<int>(best) ? want : best;
+  Isa isa = isa_at_most(want, best) ? want : best;
   detail::g_isa.store(static_cast<int>(isa), std::memory_order_relaxed);
   return isa;
 }

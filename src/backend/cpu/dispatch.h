@@ -1,19 +1,26 @@
 // Run-time CPU dispatch for ALL the CPU kernels (matmul and its activation preparation, ops,
-// attention, KDA, bf16 rows, top-k, conv): one ISA level, detected once (__builtin_cpu_supports);
-// env KIMI_ISA=scalar|avx2|avx512 (read on first use) or set_isa() can force a LOWER level, never a
-// higher one, and every kernel family follows it. Code in *_avx2.cpp / *_avx512.cpp is only
+// attention, KDA, bf16 rows, top-k, conv): one ISA level, detected once (__builtin_cpu_supports on
+// x86-64, the HWCAP bits of getauxval on aarch64 Linux/Android, sysctl on Apple); env
+// KIMI_ISA=scalar|avx2|avx512|neon|neon_dot|neon_i8mm (read on first use) or set_isa() can force a
+// LOWER level of the same chain, never a higher one, and every kernel family follows it.
+// The levels form one chain per architecture: scalar < avx2 < avx512 on x86-64,
+// scalar < neon < neon_dot < neon_i8mm on aarch64 (lower_isa). Code in *_avx2.cpp / *_avx512.cpp is only
 // reached after this check, through family_isa() (or the matmul kernel tables below).
 //
 // One feature set per level, the exact set its files are compiled with (CMakeLists.txt):
 //   avx2   = AVX2 + FMA + F16C + BMI2                          (*_avx2.cpp)
 //   avx512 = avx2 + AVX-512 F + BW + DQ + VL + VNNI + BF16     (*_avx512.cpp)
+//   neon      = ARMv8-A AdvSIMD (every aarch64 CPU)                   (*_neon.cpp)
+//   neon_dot  = neon + dotprod (SDOT)                               (*_neon_dot.cpp)
+//   neon_i8mm = neon_dot + i8mm (SMMLA) + bf16 (BFDOT)               (*_neon_i8mm.cpp)
 // Every *_avx512.cpp file gets all six AVX-512 flags, so the compiler may emit any of them there:
 // a CPU with AVX-512F but without VNNI or BF16 (Skylake-X) runs the avx2 level for every family.
 //
 // A family without code at a level uses the next lower level it has (family_isa): ops,
 // attention, KDA, bf16 rows and the activation preparation have scalar + avx512 code, matmul
 // scalar + avx2 + avx512 (per weight type: AVX2 has no Q5_0 / Q5_1 kernel), top-k and conv are
-// portable only.
+// portable only. On aarch64: matmul has code at every NEON level (per weight type: the K-quants and
+// F16 have no i8mm variant and take neon_dot's); ops, attention and KDA have neon code.
 #pragma once
 #include <atomic>
 #include <cstddef>
@@ -21,17 +28,37 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "backend/cpu/matmul.h"
 
 namespace kimi::kern {
 
-enum class Isa : int { Scalar = 0, Avx2 = 1, Avx512 = 2 };
+enum class Isa : int { Scalar = 0, Avx2 = 1, Avx512 = 2, Neon = 3, NeonDot = 4, NeonI8mm = 5 };
+constexpr int kIsaLevels = 6;
+
+// The next lower level of isa's chain (Scalar for Scalar, Avx2, Neon).
+constexpr Isa lower_isa(Isa isa) {
+  switch (isa) {
+    case Isa::Avx512: return Isa::Avx2;
+    case Isa::NeonI8mm: return Isa::NeonDot;
+    case Isa::NeonDot: return Isa::Neon;
+    default: return Isa::Scalar;
+  }
+}
+// Whether a is b or a level below it in b's chain.
+constexpr bool isa_at_most(Isa a, Isa b) {
+  for (;; b = lower_isa(b)) {
+    if (a == b) return true;
+    if (b == Isa::Scalar) return false;
+  }
+}
 
 struct CpuFeatures {
   bool avx2 = false, fma = false, f16c = false, bmi2 = false;
   bool avx512f = false, avx512bw = false, avx512vl = false, avx512dq = false;
   bool avx512vnni = false, avx512bf16 = false;
+  bool neon = false, dotprod = false, i8mm = false, bf16 = false;  // aarch64
 };
 const CpuFeatures& cpu_features();
 
@@ -40,9 +67,10 @@ bool isa_supported(Isa isa, const CpuFeatures& f);
 Isa best_isa_for(const CpuFeatures& f);  // highest level whose feature set f has
 
 Isa best_isa();      // best_isa_for(cpu_features())
+std::vector<Isa> supported_isas();  // best_isa()'s chain, lowest (scalar) first: the levels tests can run
 Isa set_isa(Isa want);  // force a level (clamped to best_isa()); returns the level now in use
 const char* isa_name(Isa isa);
-std::optional<Isa> isa_from_name(std::string_view name);  // "scalar", "avx2", "avx512"
+std::optional<Isa> isa_from_name(std::string_view name);  // "scalar", "avx2", ..., "neon_i8mm"
 
 // The level KIMI_ISA=value selects on a CPU whose best level is `best`: value's level when it is
 // not higher, else best (unset or empty: best). An unknown value is ignored, with *warning set to
@@ -73,9 +101,10 @@ constexpr bool family_has_code(KernelFamily f, Isa isa) {
   if (isa == Isa::Scalar) return true;
   switch (f) {
     case KernelFamily::Matmul: return true;
-    case KernelFamily::QuantizeAct: case KernelFamily::Ops: case KernelFamily::Attention: case KernelFamily::Kda:
-    case KernelFamily::Vec:
+    case KernelFamily::QuantizeAct: case KernelFamily::Vec:
       return isa == Isa::Avx512;
+    case KernelFamily::Ops: case KernelFamily::Attention: case KernelFamily::Kda:
+      return isa == Isa::Avx512 || isa == Isa::Neon;
     default: return false;  // TopK, Conv: portable only
   }
 }
@@ -83,7 +112,7 @@ constexpr bool family_has_code(KernelFamily f, Isa isa) {
 // family's entry points branch on this (and nothing else), so the answer names the code that runs.
 inline Isa family_isa(KernelFamily f) {
   Isa isa = current_isa();
-  while (isa != Isa::Scalar && !family_has_code(f, isa)) isa = static_cast<Isa>(static_cast<int>(isa) - 1);
+  while (isa != Isa::Scalar && !family_has_code(f, isa)) isa = lower_isa(isa);
   return isa;
 }
 const char* kernel_impl(KernelFamily f);  // isa_name(family_isa(f))
@@ -121,6 +150,10 @@ bool select_kernel(const KernelRow* table, size_t n, GgmlType type, Precision pr
 bool scalar_kernel(GgmlType type, Precision prec, MatKernel* k);
 bool avx2_kernel(GgmlType type, Precision prec, MatKernel* k);
 bool avx512_kernel(GgmlType type, Precision prec, MatKernel* k);
+bool neon_kernel(GgmlType type, Precision prec, MatKernel* k);       // matmul_neon.cpp
+bool neon_dot_kernel(GgmlType type, Precision prec, MatKernel* k);   // matmul_neon_dot.cpp
+bool neon_i8mm_kernel(GgmlType type, Precision prec, MatKernel* k);  // matmul_neon_i8mm.cpp
+bool level_kernel(Isa level, GgmlType type, Precision prec, MatKernel* k);  // the one of that level
 
 // The kernel matmul runs for (type, precision) now: the one of the highest level <= current_isa()
 // that has one; *level (optional) gets that level. Fails for a type no level supports.

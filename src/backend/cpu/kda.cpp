@@ -8,7 +8,7 @@
 
 namespace kimi::kern {
 
-static inline bool simd() { return family_isa(KernelFamily::Kda) == Isa::Avx512; }
+static inline const SimdOps* simd() { return simd_ops(KernelFamily::Kda); }
 
 // The portable step; kDecayed: g holds exp(g) already.
 template <bool kDecayed>
@@ -35,13 +35,13 @@ static void step_portable(float* S, const float* q, const float* k, const float*
 
 void kda_step(float* S, const float* q, const float* k, const float* v, const float* g, float beta,
               float scale, float* o, int64_t D, float* tmp) {
-  if (simd() && D % 16 == 0) return avx512::kda_step(S, q, k, v, g, false, beta, scale, o, D, tmp);
+  if (const SimdOps* s = simd(); s && D % 16 == 0) return s->kda_step(S, q, k, v, g, false, beta, scale, o, D, tmp);
   step_portable<false>(S, q, k, v, g, beta, scale, o, D, tmp);
 }
 
 void kda_step_decay(float* S, const float* q, const float* k, const float* v, const float* a, float beta,
                     float scale, float* o, int64_t D, float* tmp) {
-  if (simd() && D % 16 == 0) return avx512::kda_step(S, q, k, v, a, true, beta, scale, o, D, tmp);
+  if (const SimdOps* s = simd(); s && D % 16 == 0) return s->kda_step(S, q, k, v, a, true, beta, scale, o, D, tmp);
   step_portable<true>(S, q, k, v, a, beta, scale, o, D, tmp);
 }
 

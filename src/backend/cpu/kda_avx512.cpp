@@ -1,4 +1,4 @@
-#if defined(__x86_64__)  // x86 only; see ops_simd_stubs.cpp for other architectures
+#if defined(__x86_64__)  // x86 only; ops_simd_tables.cpp takes these into kAvx512
 // AVX-512 fused KDA step; D multiple of 16. Pass 1 only reads the state (p = sum_i k_i e_i S_i,
 // i.e. k against the decayed state), pass 2 writes it once: S_i = e_i S_i + k_i d, o += q_i S_i.
 // For D = 64 and 128 the p / d / o vectors live in registers across the D state rows.

@@ -80,17 +80,26 @@ bool select_kernel(const KernelRow* table, size_t n, GgmlType type, Precision pr
 
 MatKernel pick_matmul_kernel(GgmlType type, Precision prec, Isa* level) {
   MatKernel k;
-  Isa isa = family_isa(KernelFamily::Matmul);
-  Isa got = Isa::Scalar;
-  if (isa == Isa::Avx512 && avx512_kernel(type, prec, &k)) {
-    got = Isa::Avx512;
-  } else if (isa >= Isa::Avx2 && avx2_kernel(type, prec, &k)) {
-    got = Isa::Avx2;
-  } else if (!scalar_kernel(type, prec, &k)) {
-    fail("matmul: no kernel for weight type {}", type_name(type));
+  // the highest level of the chain that has a kernel for the type (dispatch.h: lower_isa)
+  for (Isa isa = family_isa(KernelFamily::Matmul);; isa = lower_isa(isa)) {
+    if (level_kernel(isa, type, prec, &k)) {
+      if (level) *level = isa;
+      return k;
+    }
+    if (isa == Isa::Scalar) fail("matmul: no kernel for weight type {}", type_name(type));
   }
-  if (level) *level = got;
-  return k;
+}
+
+bool level_kernel(Isa level, GgmlType type, Precision prec, MatKernel* k) {
+  switch (level) {
+    case Isa::Scalar: return scalar_kernel(type, prec, k);
+    case Isa::Avx2: return avx2_kernel(type, prec, k);
+    case Isa::Avx512: return avx512_kernel(type, prec, k);
+    case Isa::Neon: return neon_kernel(type, prec, k);
+    case Isa::NeonDot: return neon_dot_kernel(type, prec, k);
+    case Isa::NeonI8mm: return neon_i8mm_kernel(type, prec, k);
+  }
+  return false;
 }
 
 Isa matmul_kernel_isa(GgmlType type, Precision prec) {

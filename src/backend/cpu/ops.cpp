@@ -8,12 +8,13 @@
 
 namespace kimi::kern {
 
-// The AVX-512 versions run when the one dispatch (dispatch.h) puts this family at avx512.
-static inline bool simd() { return family_isa(KernelFamily::Ops) == Isa::Avx512; }
-bool ops_use_avx512() { return simd(); }
+// The SIMD versions (AVX-512, NEON) run when the one dispatch (dispatch.h) puts this family at a
+// level that has them.
+static inline const SimdOps* simd() { return simd_ops(KernelFamily::Ops); }
+bool ops_use_avx512() { return family_isa(KernelFamily::Ops) == Isa::Avx512; }
 
 double sum_sq(const float* x, int64_t n) {
-  if (simd()) return avx512::sum_sq(x, n);
+  if (const SimdOps* s = simd()) return s->sum_sq(x, n);
   double ss = 0;
   for (int64_t i = 0; i < n; ++i) ss += static_cast<double>(x[i]) * x[i];
   return ss;
@@ -85,32 +86,32 @@ void mul_sigmoid(float* x, const float* gate, int64_t n) {
 }
 
 void sigmoid_inplace_fast(float* x, int64_t n) {
-  if (simd()) return avx512::sigmoid_inplace(x, n);
+  if (const SimdOps* s = simd()) return s->sigmoid_inplace(x, n);
   sigmoid_inplace(x, n);
 }
 
 void silu_fast(const float* x, float* y, int64_t n) {
-  if (simd()) return avx512::silu(x, y, n);
+  if (const SimdOps* s = simd()) return s->silu(x, y, n);
   for (int64_t i = 0; i < n; ++i) y[i] = x[i] / (1.0f + std::exp(-x[i]));
 }
 
 void situ_fast(const float* g, const float* u, float* out, int64_t n, float beta, float lambda) {
-  if (simd()) return avx512::situ(g, u, out, n, beta, lambda);
+  if (const SimdOps* s = simd()) return s->situ(g, u, out, n, beta, lambda);
   situ(g, u, out, n, beta, lambda);
 }
 
 void mul_sigmoid_fast(float* x, const float* gate, int64_t n) {
-  if (simd()) return avx512::mul_sigmoid(x, gate, n);
+  if (const SimdOps* s = simd()) return s->mul_sigmoid(x, gate, n);
   mul_sigmoid(x, gate, n);
 }
 
 void exp_fast(const float* x, float* y, int64_t n) {
-  if (simd()) return avx512::exp_row(x, y, n);
+  if (const SimdOps* s = simd()) return s->exp_row(x, y, n);
   for (int64_t i = 0; i < n; ++i) y[i] = std::exp(x[i]);
 }
 
 float dot_f32(const float* a, const float* b, int64_t n) {
-  if (simd()) return avx512::dot_f32(a, b, n);
+  if (const SimdOps* s = simd()) return s->dot_f32(a, b, n);
   float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   int64_t i = 0;
   for (; i + 8 <= n; i += 8)
@@ -121,7 +122,7 @@ float dot_f32(const float* a, const float* b, int64_t n) {
 }
 
 float dot_f16(const float* a, const uint16_t* b, int64_t n) {
-  if (simd()) return avx512::dot_f16(a, b, n);
+  if (const SimdOps* s = simd()) return s->dot_f16(a, b, n);
   float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   int64_t i = 0;
   for (; i + 8 <= n; i += 8)
@@ -132,12 +133,12 @@ float dot_f16(const float* a, const uint16_t* b, int64_t n) {
 }
 
 void axpy_f32(float a, const float* x, float* y, int64_t n) {
-  if (simd()) return avx512::axpy_f32(a, x, y, n);
+  if (const SimdOps* s = simd()) return s->axpy_f32(a, x, y, n);
   for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
 }
 
 void axpy_f16(float a, const uint16_t* x, float* y, int64_t n) {
-  if (simd()) return avx512::axpy_f16(a, x, y, n);
+  if (const SimdOps* s = simd()) return s->axpy_f16(a, x, y, n);
   for (int64_t i = 0; i < n; ++i) y[i] += a * f16_to_f32(x[i]);
 }
 
@@ -146,12 +147,12 @@ void scale_f32(float a, float* y, int64_t n) {
 }
 
 void f16_to_f32_row(const uint16_t* x, float* y, int64_t n) {
-  if (simd()) return avx512::f16_to_f32_row(x, y, n);
+  if (const SimdOps* s = simd()) return s->f16_to_f32_row(x, y, n);
   for (int64_t i = 0; i < n; ++i) y[i] = f16_to_f32(x[i]);
 }
 
 void f32_to_f16_row(const float* x, uint16_t* y, int64_t n) {
-  if (simd()) return avx512::f32_to_f16_row(x, y, n);
+  if (const SimdOps* s = simd()) return s->f32_to_f16_row(x, y, n);
   for (int64_t i = 0; i < n; ++i) y[i] = f32_to_f16(x[i]);
 }
 

@@ -1,4 +1,4 @@
-#if defined(__x86_64__)  // x86 only; see ops_simd_stubs.cpp for other architectures
+#if defined(__x86_64__)  // x86 only; ops_simd_tables.cpp takes these into kAvx512
 // AVX-512 vector primitives (compiled with -mavx512f etc.; entered only after a CPU check).
 // gcc 12 reports false "uninitialized" warnings inside its own AVX-512 reduce/convert intrinsics
 #pragma GCC diagnostic ignored "-Wuninitialized"

@@ -1,0 +1,18 @@
+// NEON matmul kernels at the neon_i8mm level: ARMv8.6-A + dotprod + i8mm (SMMLA 2x2 tiles for the 32-element block types) + bf16 (BFDOT for BF16).
+// The kernels are matmul_neon_impl.h compiled with this file's flags (cmake/KimiIsa.cmake); reached
+// only through dispatch (neon_i8mm_kernel) after the run-time CPU check.
+#include "backend/cpu/dispatch.h"
+
+#if defined(__aarch64__)
+#include "backend/cpu/matmul_neon_impl.h"
+
+namespace kimi::kern {
+bool neon_i8mm_kernel(GgmlType type, Precision prec, MatKernel* k) {
+  return select_kernel(kNeonKernels, sizeof(kNeonKernels) / sizeof(kNeonKernels[0]), type, prec, k);
+}
+}  // namespace kimi::kern
+#else
+namespace kimi::kern {
+bool neon_i8mm_kernel(GgmlType, Precision, MatKernel*) { return false; }
+}  // namespace kimi::kern
+#endif

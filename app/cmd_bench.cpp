@@ -71,6 +71,14 @@ int cmd_bench(int argc, char** argv) {
     return double(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) + 1e-6 * double(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
   };
   std::vector<double> pp, tg;
+  // accelerators: host <-> device bytes moved and device memory held (BackendStats)
+  const std::vector<kimi::Backend*> accels = kimi::app::open_accelerators(ea);
+  auto moved = [&] {
+    uint64_t b = 0;
+    for (kimi::Backend* be : accels) b += be->stats().bytes_to_device + be->stats().bytes_from_device;
+    return b;
+  };
+  uint64_t pp_moved = 0, tg_moved = 0;
   double pp_cpu = 0, pp_wall = 0, tg_cpu = 0, tg_wall = 0;
   kimi::Batch b;
   for (int r = 0; r < reps; ++r) {
@@ -87,9 +95,11 @@ int cmd_bench(int argc, char** argv) {
       b.clear();
       b.add_sequence(rand_tokens(n_prompt), 0, depth, true);
       const double c0 = cpu_s();
+      const uint64_t m0 = moved();
       auto t0 = clk::now();
       ctx.decode(b);
       const double w = std::chrono::duration<double>(clk::now() - t0).count();
+      pp_moved += moved() - m0;
       pp.push_back(n_prompt / w);
       pp_wall += w;
       pp_cpu += cpu_s() - c0;
@@ -98,6 +108,7 @@ int cmd_bench(int argc, char** argv) {
     if (n_gen > 0) {
       auto toks = rand_tokens(n_gen);
       const double c0 = cpu_s();
+      const uint64_t m0 = moved();
       auto t0 = clk::now();
       for (int i = 0; i < n_gen; ++i) {
         b.clear();
@@ -106,6 +117,7 @@ int cmd_bench(int argc, char** argv) {
       }
       const double w = std::chrono::duration<double>(clk::now() - t0).count();
       tg.push_back(n_gen / w);
+      tg_moved += moved() - m0;
       tg_wall += w;
       tg_cpu += cpu_s() - c0;
     }
@@ -142,6 +154,14 @@ int cmd_bench(int argc, char** argv) {
     j["cache_bytes_per_token"] = cbytes;
     j["tg_best_read_gb_s"] = best_tg * (wbytes + cbytes) / 1e9;
     j["peak_rss_mib"] = rss_mib;
+    for (kimi::Backend* be : accels) {
+      const kimi::BackendStats s = be->stats();
+      j["devices"].push_back({{"name", be->name()}, {"device_bytes", s.device_bytes}, {"weight_bytes", s.weight_bytes}});
+    }
+    if (!accels.empty()) {
+      if (n_prompt > 0) j["pp_host_device_bytes_per_token"] = double(pp_moved) / (double(n_prompt) * reps);
+      if (n_gen > 0) j["tg_host_device_bytes_per_token"] = double(tg_moved) / (double(n_gen) * reps);
+    }
     std::printf("%s\n", j.dump(2).c_str());
     return 0;
   }
@@ -167,6 +187,15 @@ int cmd_bench(int argc, char** argv) {
   if (n_gen > 0)
     std::printf("tg: best %.2f t/s = %.2f GB/s of weight + cache reads, CPU %.2f s over %.2f s wall (%.2f cores busy)\n",
                 best_tg, best_tg * (wbytes + cbytes) / 1e9, tg_cpu, tg_wall, tg_wall > 0 ? tg_cpu / tg_wall : 0.0);
+  for (kimi::Backend* be : accels) {
+    const kimi::BackendStats s = be->stats();
+    std::printf("device %s: %.1f MiB held (weights %.1f MiB), %llu submits\n", be->name(), s.device_bytes / 1048576.0,
+                s.weight_bytes / 1048576.0, static_cast<unsigned long long>(s.submits));
+  }
+  if (!accels.empty())
+    std::printf("host<->device traffic: %.1f KiB per prompt token, %.1f KiB per generated token\n",
+                n_prompt > 0 ? pp_moved / 1024.0 / (double(n_prompt) * reps) : 0.0,
+                n_gen > 0 ? tg_moved / 1024.0 / (double(n_gen) * reps) : 0.0);
   return 0;
 }
 

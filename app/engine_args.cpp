@@ -4,6 +4,9 @@
 #include <cstdio>
 #include <sstream>
 
+#ifdef KIMI_HAVE_VULKAN
+#include "backend/vulkan/vulkan_backend.h"
+#endif
 #include "util/cli.h"
 #include "util/error.h"
 
@@ -20,10 +23,21 @@ std::string device_list() {
   return s;
 }
 
-// --device item: "cpu", or BACKEND[:N] for a backend that is not compiled in (an error for now).
+// "vulkan" or "vulkan:N": a Vulkan device (opened, and so checked, when the context is made)
+bool is_vulkan_item(const std::string& item) {
+  if (item == "vulkan") return true;
+  if (item.rfind("vulkan:", 0) != 0 || item.size() == 7 || item.size() > 11) return false;
+  return item.find_first_not_of("0123456789", 7) == std::string::npos;
+}
+
+// --device item: "cpu", "vulkan[:N]" when compiled in, or BACKEND[:N] for a backend that is not
+// compiled in (an error naming what this build has).
 std::string check_device(const std::string& item) {
   for (const auto& d : compiled_devices())
     if (item == d) return "";
+#ifdef KIMI_HAVE_VULKAN
+  if (is_vulkan_item(item)) return "";
+#endif
   const std::string backend = item.substr(0, item.find(':'));
   for (const char* b : kOtherBackends)
     if (backend == b)
@@ -47,7 +61,11 @@ std::string check_override(const std::string& value) {
   try {
     PlacementRules r;
     r.overrides = parse_tensor_overrides(value);
-    resolve_placement(r, compiled_devices(), {}, 0);  // compiles the patterns, looks the devices up
+    std::vector<std::string> devs{"cpu"};  // every device name an -ot rule may use in this build
+#ifdef KIMI_HAVE_VULKAN
+    for (int i = 0; i < 8; ++i) devs.push_back(fmt::format("vulkan:{}", i));
+#endif
+    resolve_placement(r, devs, {}, 0);  // compiles the patterns, looks the devices up
     return "";
   } catch (const Error& e) {
     return e.what();
@@ -65,8 +83,38 @@ std::vector<std::string> split_devices(const std::string& value) {
 }
 
 const std::vector<std::string>& compiled_devices() {
+#ifdef KIMI_HAVE_VULKAN
+  static const std::vector<std::string> d = {"cpu", "vulkan"};
+#else
   static const std::vector<std::string> d = {"cpu"};
+#endif
   return d;
+}
+
+std::vector<Backend*> open_accelerators(const EngineArgs& a) {
+  // opened once and kept for the process (contexts come and go; device start-up is slow)
+  static auto* opened = new std::vector<std::pair<std::string, std::unique_ptr<Backend>>>();
+  std::vector<Backend*> out;
+  for (const std::string& item : split_devices(a.device)) {
+    if (item == "cpu") continue;
+#ifdef KIMI_HAVE_VULKAN
+    if (is_vulkan_item(item)) {
+      const int idx = item == "vulkan" ? 0 : std::stoi(item.substr(7));
+      const std::string key = fmt::format("vulkan:{}", idx);
+      Backend* be = nullptr;
+      for (auto& [k, b] : *opened)
+        if (k == key) be = b.get();
+      if (!be) {
+        opened->emplace_back(key, make_vulkan_backend(idx, a.precision == "f32" ? Precision::F32 : Precision::Fast));
+        be = opened->back().second.get();
+      }
+      out.push_back(be);
+      continue;
+    }
+#endif
+    fail("--device: '{}' is not available in this build", item);
+  }
+  return out;
 }
 
 void add_engine_options(CLI::App& app, EngineArgs& a, const EngineSpec& spec) {
@@ -84,7 +132,9 @@ void add_engine_options(CLI::App& app, EngineArgs& a, const EngineSpec& spec) {
   if (spec.batch) app.add_option("-b,--batch", a.batch, spec.batch_help)->check(CLI::Range(1, INT32_MAX));
   app.add_flag("-v,--verbose", a.verbose, spec.verbose_help);
 
-  app.add_option("--device", a.device, "backends to run on, comma-separated (this build: cpu)")
+  app.add_option("--device", a.device,
+                 "backends to run on, comma-separated: cpu, vulkan or vulkan:N (the default placement puts "
+                 "everything that fits on the accelerator, routed experts on the cpu first)")
       ->check(CLI::Validator(check_devices, "DEV[,DEV..]", "device"));
   app.add_option("--n-gpu-layers", a.n_gpu_layers,
                  "-ngl N: the last N layers on the accelerator(s) (-1 = all and the output; no effect on cpu)")
@@ -128,6 +178,10 @@ ModelOptions model_options(const EngineArgs& a) {
 PlacementRules placement_rules(const EngineArgs& a) {
   PlacementRules r;
   r.n_gpu_layers = a.n_gpu_layers;
+  if (a.n_gpu_layers == -2) {  // -ngl not given: every layer and the head on the accelerator, if they fit
+    r.n_gpu_layers = -1;
+    r.auto_fit = true;
+  }
   r.cpu_moe = a.cpu_moe;
   r.n_cpu_moe = a.n_cpu_moe;
   for (const auto& v : a.override_tensor)
@@ -146,6 +200,7 @@ ContextOptions context_options(const EngineArgs& a, int n_ctx, int n_batch) {
   o.precision = a.precision == "f32" ? Precision::F32 : Precision::Fast;
   o.cache_type = a.cache_type == "f32" ? CacheType::F32 : CacheType::F16;
   o.placement = placement_rules(a);
+  o.extra_backends = open_accelerators(a);
   return o;
 }
 

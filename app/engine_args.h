@@ -37,7 +37,7 @@ struct EngineArgs {
   bool verbose = false;
   // placement (validated while parsing: a bad value is a usage error naming the flag)
   std::string device = "cpu";                  // --device DEV[,DEV..]: the backends to use
-  int n_gpu_layers = 0;                        // -ngl
+  int n_gpu_layers = -2;                       // -ngl (-2 = not given: fit the accelerator's memory)
   bool cpu_moe = false;                        // --cpu-moe
   int n_cpu_moe = 0;                           // --n-cpu-moe
   std::vector<std::string> override_tensor;    // -ot REGEX=DEV (each may hold several, ',')
@@ -75,6 +75,10 @@ void print_engine_summary(const EngineArgs& a, const Context& ctx);
 
 // The backends this build has, in device order (index 0 is the host CPU).
 const std::vector<std::string>& compiled_devices();
+
+// The accelerator backends --device names, opened once per process (device order 1..; the CPU
+// backend is the context's own device 0). Throws kimi::Error when a device cannot be opened.
+std::vector<Backend*> open_accelerators(const EngineArgs& a);
 
 // --device value -> its items ("cpu,vulkan:1" -> cpu, vulkan:1).
 std::vector<std::string> split_devices(const std::string& value);

@@ -20,10 +20,20 @@ std::string lower(std::string s) {
 
 bool starts_with(const std::string& s, const char* p) { return s.rfind(p, 0) == 0; }
 
+std::string without_colon(std::string s) {
+  s.erase(std::remove(s.begin(), s.end(), ':'), s.end());
+  return s;
+}
+
+// DEV of -ot: a device name (case-insensitive; "vulkan0" = "vulkan:0" as llama.cpp spells it), a
+// backend name alone for its first device ("vulkan" = the first vulkan:N, "gpu" = the first
+// accelerator), or an index.
 int device_index(const std::string& dev, const std::vector<std::string>& devices, const std::string& item) {
   const std::string want = lower(dev);
   for (size_t i = 0; i < devices.size(); ++i)
-    if (lower(devices[i]) == want) return static_cast<int>(i);
+    if (lower(devices[i]) == want || without_colon(lower(devices[i])) == without_colon(want)) return static_cast<int>(i);
+  for (size_t i = 1; i < devices.size(); ++i)
+    if (want == "gpu" || lower(devices[i]).rfind(want + ":", 0) == 0) return static_cast<int>(i);
   if (!dev.empty() && std::all_of(dev.begin(), dev.end(), [](char ch) { return ch >= '0' && ch <= '9'; }) &&
       dev.size() < 6) {
     const int i = std::stoi(dev);
@@ -240,6 +250,54 @@ Placement resolve_placement(const PlacementRules& rules, const std::vector<std::
     p.tensors[name] = part_ref(part, il);
   }
   return p;
+}
+
+PlacementRules fit_to_memory(PlacementRules r, const std::vector<std::string>& devices,
+                             const std::vector<TensorBytes>& tensors, uint32_t n_layer, uint64_t budget,
+                             uint64_t reserve, std::string* why) {
+  if (budget == 0 || devices.size() < 2) return r;
+  std::vector<std::string> names;
+  names.reserve(tensors.size());
+  for (const auto& t : tensors) names.push_back(t.name);
+  auto on_accel = [&](const PlacementRules& rr) {
+    const Placement p = resolve_placement(rr, devices, names, n_layer);
+    uint64_t b = 0;
+    for (const auto& t : tensors)
+      if (p.device_of(t.name) != 0) b += t.bytes;
+    return b;
+  };
+  auto fits = [&](const PlacementRules& rr, uint64_t* b) {
+    *b = on_accel(rr);
+    return *b + reserve <= budget;
+  };
+  auto gib = [](uint64_t b) { return static_cast<double>(b) / 1073741824.0; };
+  uint64_t b = 0;
+  std::string msg;
+  if (fits(r, &b)) {
+    msg = fmt::format("placement: {:.2f} GiB of weights on {} ({:.2f} GiB available): everything the rules place there fits",
+                      gib(b), devices[1], gib(budget - reserve));
+  } else {
+    const uint64_t all = b;
+    r.cpu_moe = true;
+    if (fits(r, &b)) {
+      msg = fmt::format("placement: the model needs {:.2f} GiB on {} ({:.2f} GiB available): routed experts stay on the "
+                        "CPU (--cpu-moe), {:.2f} GiB on the device",
+                        gib(all), devices[1], gib(budget - reserve), gib(b));
+    } else {
+      int ngl = static_cast<int>(n_layer);
+      for (; ngl > 0; --ngl) {
+        r.n_gpu_layers = ngl;
+        if (fits(r, &b)) break;
+      }
+      r.n_gpu_layers = ngl;
+      b = ngl > 0 ? b : 0;
+      msg = fmt::format("placement: the model needs {:.2f} GiB on {} ({:.2f} GiB available): routed experts on the CPU "
+                        "and the last {} of {} layers on the device (-ngl {}), {:.2f} GiB",
+                        gib(all), devices[1], gib(budget > reserve ? budget - reserve : 0), ngl, n_layer, ngl, gib(b));
+    }
+  }
+  if (why) *why = msg;
+  return r;
 }
 
 }  // namespace kimi

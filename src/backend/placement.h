@@ -44,6 +44,9 @@ struct PlacementRules {
     std::string device;
   };
   std::vector<Override> overrides;
+  // Fit the rules to the first accelerator's memory when the context is made (fit_to_memory):
+  // set by the command line when -ngl was not given with an accelerator device.
+  bool auto_fit = false;
 };
 
 // One -ot argument: "REGEX=DEV", several joined with ',' (as llama.cpp accepts). The '=' that
@@ -68,6 +71,20 @@ struct Placement {
   // One line per device: which layers' parts it holds (for -v and the load summary).
   std::string summary() const;
 };
+
+struct TensorBytes {
+  std::string name;
+  uint64_t bytes = 0;
+};
+
+// The default placement on an accelerator of `budget` bytes (device 1), keeping `reserve` bytes
+// free for caches and work buffers: the rules as given when everything they place on
+// accelerators fits; else the routed experts on the CPU first (--cpu-moe, what users of big MoE
+// models do by hand); else also fewer layers (-ngl) until it fits. `why` gets one line for the
+// load summary. budget 0 = unlimited (rules returned as given).
+PlacementRules fit_to_memory(PlacementRules rules, const std::vector<std::string>& devices,
+                             const std::vector<TensorBytes>& tensors, uint32_t n_layer, uint64_t budget,
+                             uint64_t reserve, std::string* why);
 
 // Resolves the rules for the given devices (names; index 0 = host CPU, must not be empty) and
 // tensor names. Throws kimi::Error for an override naming an unknown device, a regex that does not

@@ -37,6 +37,7 @@ struct Context::Impl {
   std::unique_ptr<CpuBackend> cpu;  // device 0
   Placement placement;
   std::unique_ptr<Forward> fwd;
+  std::string fit_note;  // how the default placement was fitted to the accelerator (memory_summary)
 
   struct Snap {  // KDA states saved (in every backend's store, slot `slot`) at length `pos`
     int32_t pos = 0;
@@ -91,7 +92,16 @@ Context::Impl::Impl(const Model& m, const ContextOptions& o)
   {
     std::vector<std::string> tensor_names;
     for (const auto& t : m.reader().tensors()) tensor_names.push_back(t.name);
-    placement = resolve_placement(opts.placement, names, tensor_names, hp.n_layer);
+    PlacementRules rules = opts.placement;
+    if (rules.auto_fit && backends.size() > 1) {  // default placement: what fits the accelerator
+      std::vector<TensorBytes> tb;
+      for (const auto& t : m.reader().tensors()) tb.push_back({t.name, t.nbytes});
+      const double cache_bytes = double(hp.n_mla_layers()) * double(nseq) * double(nctx) *
+                                 double(hp.mla_row() + (top_k > 0 ? hp.idx_dim : 0)) * double(cache_f16 ? 2 : 4);
+      const uint64_t reserve = static_cast<uint64_t>(cache_bytes * 1.25) + (uint64_t{512} << 20);
+      rules = fit_to_memory(rules, names, tb, hp.n_layer, backends[1]->memory_capacity(), reserve, &fit_note);
+    }
+    placement = resolve_placement(rules, names, tensor_names, hp.n_layer);
   }
   ForwardOptions fo;
   fo.n_seq = opts.n_seq_max;
@@ -326,6 +336,7 @@ std::string Context::memory_summary() const {
       memory_bytes() / 1048576.0, c.n_threads, opts_.attn == AttnPath::Sparse ? "sparse" : "dense",
       c.top_k == 0 ? std::string("off") : std::to_string(c.top_k),
       c.prec == Precision::Fast ? "fast" : "f32");
+  if (!c.fit_note.empty()) s += c.fit_note + "\n";
   if (!c.placement.single_device()) s += c.placement.summary();
   return s;
 }

@@ -103,6 +103,7 @@ Server::Server(const ServerOptions& opts) : impl_(std::make_unique<Impl>()) {
   co.precision = opts.precision == "f32" ? Precision::F32 : Precision::Fast;
   co.cache_type = opts.cache_type == "f32" ? CacheType::F32 : CacheType::F16;
   co.placement = opts.placement;
+  co.extra_backends = opts.extra_backends;
   co.n_batch_max = opts.sched.chunk * opts.sched.max_chunks + opts.sched.parallel;
   I.sched = std::make_unique<Scheduler>(*I.model, *I.tok, co, opts.sched);
   I.lim.n_ctx = opts.ctx;

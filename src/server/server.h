@@ -28,6 +28,7 @@ struct ServerOptions {
   std::string precision = "fast";
   std::string cache_type = "f16";
   PlacementRules placement;         // which backend holds each weight (-ngl, --cpu-moe, -ot)
+  std::vector<Backend*> extra_backends;  // accelerators (devices 1..; not owned, outlive the server)
   int ctx = 4096;                   // positions per sequence
   SamplerParams sampling = {.temp = 1.0f};  // for requests that leave a field out (Limits::sampling)
   bool fixed_seed = false;          // requests without "seed" use sampling.seed (else a random one)

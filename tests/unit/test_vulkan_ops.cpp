@@ -282,6 +282,21 @@ TEST_F(VulkanDense, MoeExperts) {
       gpu_->moe_experts(mg, x.gp<float>(), n, Lw, s.gp<int32_t>(), wts.gp<float>(), k, E, 2.0f, 3.0f, acc.gp<float>());
       auto [c, g] = read(acc);
       EXPECT_LT(rel_rms(g, c), 1e-5) << "n = " << n;
+      // a slot whose expert is < 0 (held by another rank) adds nothing: the same as a zero weight
+      std::vector<int32_t> sel2 = sel;
+      std::vector<float> w2 = random_floats(static_cast<size_t>(n * k), 63);
+      sel2[0] = -1;
+      w2[0] = 0.0f;
+      auto s2 = both(sel2);
+      auto wz = both(w2);
+      auto acc2 = zeros(static_cast<size_t>(n * Lw));
+      gpu_->moe_experts(mg, x.gp<float>(), n, Lw, s2.gp<int32_t>(), wz.gp<float>(), k, E, 2.0f, 3.0f, acc2.gp<float>());
+      auto [c2, g2] = read(acc2);
+      s2 = both(sel);
+      auto acc3 = zeros(static_cast<size_t>(n * Lw));
+      gpu_->moe_experts(mg, x.gp<float>(), n, Lw, s2.gp<int32_t>(), wz.gp<float>(), k, E, 2.0f, 3.0f, acc3.gp<float>());
+      auto [c3, g3] = read(acc3);
+      EXPECT_EQ(g2, g3) << "skipped slot";
     }
   }
 }

@@ -34,8 +34,11 @@ void main() {
   const uint nt = min(TT, pc.n - t0);
   uint64_t wbase = pc.w;
   uint64_t xoff, yoff;
+  bool skip = false;  // a routed slot with expert < 0 (held by another rank): its rows are 0
   if (pc.sel != 0ul) {
-    wbase += uint64_t(I32(pc.sel).v[z]) * pc.slice_bytes;
+    const int e = I32(pc.sel).v[z];
+    skip = e < 0;
+    wbase += uint64_t(max(e, 0)) * pc.slice_bytes;
     xoff = uint64_t(z / pc.x_div) * pc.x_batch;
   } else {
     wbase += uint64_t(z) * pc.slice_bytes;
@@ -47,7 +50,7 @@ void main() {
     const uint64_t row = wbase + uint64_t(r) * pc.row_bytes;
     float acc[TT];
     for (uint t = 0u; t < TT; ++t) acc[t] = 0.0;
-    for (uint c = tid; c < nchunk; c += 64u) {
+    for (uint c = tid; !skip && c < nchunk; c += 64u) {
       float v[8];
       dq8(row, c, v);
       for (uint t = 0u; t < nt; ++t) {
@@ -59,7 +62,7 @@ void main() {
       }
     }
 #if defined(PLAIN_TYPE)
-    for (uint j = nchunk * 8u + tid; j < pc.cols; j += 64u) {  // tail of a row whose length is not a multiple of 8
+    for (uint j = nchunk * 8u + tid; !skip && j < pc.cols; j += 64u) {  // tail of a row whose length is not a multiple of 8
       const float wv = dq1(row, j);
       for (uint t = 0u; t < nt; ++t) acc[t] += wv * F32(pc.x + 4ul * (xoff + uint64_t(t0 + t) * pc.ldx + j)).v[0];
     }

@@ -1,0 +1,148 @@
+// The `kimi` program with --device vulkan (lavapipe in CI): eval logits of a converted model
+// against the CPU's (every layer on the GPU, and hybrid with the routed experts on the CPU), and
+// `kimi serve --device vulkan` answering a chat request exactly as the CPU server does (greedy).
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <nlohmann/json.hpp>
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "test_util.h"
+#include "unit/vulkan_fixture.h"
+
+using namespace kimi;
+
+namespace {
+
+bool have_vulkan() {
+  if (test::first_vulkan_device() >= 0) return true;
+  if (test::vulkan_required()) ADD_FAILURE() << "no usable Vulkan device, but KIMI_REQUIRE_VULKAN=1 / CI=true";
+  return false;
+}
+
+std::vector<float> read_f32(const std::string& path) {
+  const std::string b = test::read_file(path);
+  std::vector<float> v(b.size() / 4);
+  std::memcpy(v.data(), b.data(), v.size() * 4);
+  return v;
+}
+
+// all-position f32 logits of `kimi eval` with extra flags
+std::vector<float> eval_logits(const std::string& model, const std::string& toks, const std::string& flags,
+                               const std::string& out) {
+  const auto r = test::run_kimi("eval -m " + model + " --tokens " + toks + " --all-logits --precision f32 --logits-out " +
+                                out + " " + flags);
+  EXPECT_EQ(r.exit_code, 0) << r.out;
+  return read_f32(out);
+}
+
+}  // namespace
+
+TEST(AppVulkan, EvalLogitsMatchCpu) {
+  if (!have_vulkan()) GTEST_SKIP() << "no Vulkan device on this machine: Vulkan CLI tests skipped";
+  test::TempDir d;
+  const std::string g = test::tiny_gguf();
+  std::string toks;
+  for (int i = 0; i < 40; ++i) toks += (i ? "," : "") + std::to_string((i * 97 + 13) % 1000);
+  const auto cpu = eval_logits(g, toks, "", d.file("cpu.f32"));
+  ASSERT_FALSE(cpu.empty());
+  const size_t V = cpu.size() / 40;
+  for (const char* flags : {"--device vulkan", "--device vulkan --cpu-moe", "--device vulkan -ngl 3",
+                            "--device vulkan -b 7"}) {
+    SCOPED_TRACE(flags);
+    const auto gpu = eval_logits(g, toks, flags, d.file("gpu.f32"));
+    ASSERT_EQ(gpu.size(), cpu.size());
+    double worst = 0;
+    for (size_t t = 0; t < 40; ++t) {
+      std::vector<float> a(cpu.begin() + t * V, cpu.begin() + (t + 1) * V), b(gpu.begin() + t * V, gpu.begin() + (t + 1) * V);
+      worst = std::max(worst, test::rel_rms(b, a));
+      EXPECT_EQ(std::max_element(a.begin(), a.end()) - a.begin(), std::max_element(b.begin(), b.end()) - b.begin())
+          << "top-1 of position " << t;
+    }
+    EXPECT_LT(worst, 1e-4);
+    std::printf("[ %s ] worst rel RMS of 40 positions vs CPU f32: %.3g\n", flags, worst);
+  }
+  // -v names the device and the placement
+  const auto r = test::run_kimi("eval -m " + g + " --tokens 1,2 --device vulkan -v --logits-out " + d.file("x.f32"));
+  EXPECT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("vulkan:0"), std::string::npos) << r.out;
+  // a device that does not exist is a clear error
+  const auto bad = test::run_kimi("eval -m " + g + " --tokens 1 --device vulkan:7 --logits-out " + d.file("y.f32"));
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.out.find("vulkan: device 7 does not exist"), std::string::npos) << bad.out;
+}
+
+namespace {
+
+// `kimi serve` in a child process on a free port, until destroyed
+struct Served {
+  pid_t pid = -1;
+  int port = 0;
+  Served(const std::string& model, const std::string& flags, const std::string& log) {
+    std::mt19937 rng(static_cast<uint32_t>(::getpid()) * 7919u + static_cast<uint32_t>(flags.size()));
+    port = 20000 + static_cast<int>(rng() % 30000);
+    const std::string cmd = std::string(KIMI_BIN) + " serve -m " + model + " --port " + std::to_string(port) +
+                            " --precision f32 -c 512 " + flags + " > " + log + " 2>&1";
+    pid = ::fork();
+    if (pid == 0) {
+      ::execl("/bin/sh", "sh", "-c", ("exec " + cmd).c_str(), static_cast<char*>(nullptr));
+      ::_exit(127);
+    }
+  }
+  bool wait_ready() const {
+    for (int i = 0; i < 600; ++i) {  // up to 60 s (lavapipe compiles shaders at first use)
+      httplib::Client c("127.0.0.1", port);
+      if (auto r = c.Get("/health"); r && r->status == 200) return true;
+      int st = 0;
+      if (::waitpid(pid, &st, WNOHANG) == pid) return false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    return false;
+  }
+  ~Served() {
+    if (pid > 0) {
+      ::kill(pid, SIGTERM);
+      int st = 0;
+      ::waitpid(pid, &st, 0);
+    }
+  }
+};
+
+std::string chat(int port) {
+  httplib::Client c("127.0.0.1", port);
+  c.set_read_timeout(120, 0);
+  const nlohmann::json body = {{"messages", {{{"role", "user"}, {"content", "Tell me about the sea."}}}},
+                               {"max_tokens", 24}, {"temperature", 0}, {"thinking", false}};
+  auto r = c.Post("/v1/chat/completions", body.dump(), "application/json");
+  EXPECT_TRUE(r);
+  if (!r) return "";
+  EXPECT_EQ(r->status, 200) << r->body;
+  const auto j = nlohmann::json::parse(r->body, nullptr, false);
+  return j.is_discarded() ? r->body : j["choices"][0]["message"].dump();
+}
+
+}  // namespace
+
+TEST(AppVulkan, ServeAnswersAsTheCpuServer) {
+  if (!have_vulkan()) GTEST_SKIP() << "no Vulkan device on this machine: Vulkan CLI tests skipped";
+  test::TempDir d;
+  const std::string g = test::tiny_gguf();
+  Served cpu(g, "", d.file("cpu.log"));
+  Served gpu(g, "--device vulkan", d.file("gpu.log"));
+  ASSERT_TRUE(cpu.wait_ready()) << test::read_file(d.file("cpu.log"));
+  ASSERT_TRUE(gpu.wait_ready()) << test::read_file(d.file("gpu.log"));
+  const std::string a = chat(cpu.port), b = chat(gpu.port);
+  EXPECT_FALSE(a.empty());
+  EXPECT_EQ(a, b);
+  EXPECT_EQ(chat(gpu.port), b) << "a second request (prompt cache hit) answers the same";
+}

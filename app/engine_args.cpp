@@ -128,6 +128,10 @@ void add_engine_options(CLI::App& app, EngineArgs& a, const EngineSpec& spec) {
       ->check(CLI::IsMember({"fast", "f32"}));
   app.add_option("--cache-type", a.cache_type, "cache element type in fast mode: f16 or f32")
       ->check(CLI::IsMember({"f16", "f32"}));
+  app.add_option("--split-mode", a.split_mode,
+                 "under mpirun: tensor (experts, heads and rows split over the ranks) or layer (contiguous "
+                 "layers per rank); docs/distributed.md")
+      ->check(CLI::IsMember({"tensor", "layer"}));
   app.add_option("-c,--ctx", a.ctx, spec.ctx_help)->check(CLI::Range(spec.ctx_min, 1 << 24));
   if (spec.batch) app.add_option("-b,--batch", a.batch, spec.batch_help)->check(CLI::Range(1, INT32_MAX));
   app.add_flag("-v,--verbose", a.verbose, spec.verbose_help);
@@ -200,9 +204,18 @@ ContextOptions context_options(const EngineArgs& a, int n_ctx, int n_batch) {
   o.precision = a.precision == "f32" ? Precision::F32 : Precision::Fast;
   o.cache_type = a.cache_type == "f32" ? CacheType::F32 : CacheType::F16;
   o.placement = placement_rules(a);
+  o.collective = collective();
+  o.split_mode = split_mode(a);
   o.extra_backends = open_accelerators(a);
   return o;
 }
+
+namespace {
+Collective* g_collective = nullptr;
+}
+Collective* collective() { return g_collective; }
+void set_collective(Collective* c) { g_collective = c && c->size() > 1 ? c : nullptr; }
+SplitMode split_mode(const EngineArgs& a) { return a.split_mode == "layer" ? SplitMode::Layer : SplitMode::Tensor; }
 
 void print_engine_summary(const EngineArgs& a, const Context& ctx) {
   if (!a.verbose) return;

@@ -41,6 +41,7 @@ struct EngineArgs {
   bool cpu_moe = false;                        // --cpu-moe
   int n_cpu_moe = 0;                           // --n-cpu-moe
   std::vector<std::string> override_tensor;    // -ot REGEX=DEV (each may hold several, ',')
+  std::string split_mode = "tensor";           // --split-mode tensor|layer (under mpirun)
 };
 
 // What differs between the commands that take EngineArgs.
@@ -69,6 +70,12 @@ ModelOptions model_options(const EngineArgs& a);
 PlacementRules placement_rules(const EngineArgs& a);
 // n_ctx: positions per sequence when -c was not given; n_batch: the command's micro-batch.
 ContextOptions context_options(const EngineArgs& a, int n_ctx, int n_batch);
+
+// The communicator of this process when it was started by mpirun with more than one rank (set
+// by main; nullptr otherwise). context_options passes it on with --split-mode.
+Collective* collective();
+void set_collective(Collective* c);
+SplitMode split_mode(const EngineArgs& a);
 
 // With -v: the context's memory summary and where the placement put each part, on stderr.
 void print_engine_summary(const EngineArgs& a, const Context& ctx);

@@ -3,10 +3,15 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <memory>
 #include <new>
 
 #include "command.h"
+#include "engine_args.h"
 #include "util/error.h"
+#ifdef KIMI_HAVE_MPI
+#include "dist/mpi_collective.h"
+#endif
 
 namespace kimi::app {
 std::vector<Command>& registry() {
@@ -27,19 +32,35 @@ int main(int argc, char** argv) {
     usage(argc < 2 ? stderr : stdout);
     return argc < 2 ? 2 : 0;
   }
+#ifdef KIMI_HAVE_MPI
+  // under mpirun: one communicator for the whole run (docs/distributed.md); an error on any rank
+  // ends the whole job (the other ranks would wait for it)
+  std::unique_ptr<kimi::dist::MpiCollective> mpi;
+  if (kimi::dist::launched_by_mpi()) {
+    mpi = kimi::dist::MpiCollective::init(&argc, &argv);
+    kimi::app::set_collective(mpi.get());
+  }
+  auto failed = [&](const char* what) {
+    if (mpi && mpi->size() > 1) mpi->abort_job(fmt::format("kimi {}: error: {}", argv[1], what));
+    std::fprintf(stderr, "kimi %s: error: %s\n", argv[1], what);
+    return 1;
+  };
+#else
+  auto failed = [&](const char* what) {
+    std::fprintf(stderr, "kimi %s: error: %s\n", argv[1], what);
+    return 1;
+  };
+#endif
   for (auto& c : kimi::app::registry()) {
     if (c.name == argv[1]) {
       try {
         return c.fn(argc - 1, argv + 1);
       } catch (const kimi::Error& e) {
-        std::fprintf(stderr, "kimi %s: error: %s\n", argv[1], e.what());
-        return 1;
+        return failed(e.what());
       } catch (const std::bad_alloc&) {
-        std::fprintf(stderr, "kimi %s: error: out of memory\n", argv[1]);
-        return 1;
+        return failed("out of memory");
       } catch (const std::exception& e) {
-        std::fprintf(stderr, "kimi %s: error: %s\n", argv[1], e.what());
-        return 1;
+        return failed(e.what());
       }
     }
   }

@@ -6,10 +6,10 @@ namespace kimi {
 void dense_ffn(const PartRun& r, const WeightView& gate, const WeightView& up, const WeightView& down, FfnScratch& s,
                const float* x, float* out) {
   const int64_t w = gate.mat.rows;
-  r.be.matmul(gate.mat, x, r.n, s.gate.p);
-  r.be.matmul(up.mat, x, r.n, s.up.p);
+  r.matmul(gate.mat, x, r.n, s.gate.p);
+  r.matmul(up.mat, x, r.n, s.up.p);
   r.be.situ_rows(s.gate.p, s.up.p, r.n, w, r.hp.situ_beta, r.hp.situ_lambda);
-  r.be.matmul(down.mat, s.gate.p, r.n, out);
+  r.matmul(down.mat, s.gate.p, r.n, out);
 }
 
 }  // namespace kimi

@@ -5,43 +5,13 @@
 #include <algorithm>
 #include <cmath>
 
-#include "model/layers.h"
+#include "model/forward_impl.h"
 #include "util/error.h"
 
 namespace kimi {
 
-// What one backend holds for this forward pass: its store (caches/states of the layers whose
-// attention it runs) and the scratch of the part kinds it runs.
-struct Forward::Device {
-  Backend* be = nullptr;
-  std::unique_ptr<StateStore> store;
-  bool runs_any = false, runs_mla = false, runs_kda = false, runs_dense = false, runs_moe = false;
-  bool runs_remote_experts = false, runs_output = false;
-  int n_mla = 0, n_kda = 0;
-  ResidualScratch res;
-  MlaScratch mla;
-  IndexerScratch idx;
-  KdaScratch kda;
-  FfnScratch ffn;
-  MoeScratch moe;
-  ExpertScratch experts;
-  HeadScratch head;
-};
 
 namespace {
-
-template <class F>
-void for_each_weight(LayerWeights& L, F&& f) {
-  for (WeightView* w :
-       {&L.attn_norm, &L.ffn_norm, &L.attn_res_score, &L.ffn_res_score, &L.attn_q, &L.attn_k, &L.attn_v, &L.conv_q,
-        &L.conv_k, &L.conv_v, &L.ssm_f_a, &L.ssm_f_b, &L.ssm_beta, &L.ssm_a, &L.ssm_dt_b, &L.ssm_g, &L.ssm_norm,
-        &L.attn_q_a, &L.attn_q_a_norm, &L.attn_q_b, &L.attn_kv_a_mqa, &L.attn_kv_a_norm, &L.attn_k_b, &L.attn_v_b,
-        &L.attn_gate, &L.attn_output, &L.idx_q_b, &L.idx_k, &L.idx_k_norm_w, &L.idx_k_norm_b, &L.idx_proj,
-        &L.ffn_gate, &L.ffn_up, &L.ffn_down, &L.ffn_gate_inp, &L.exp_probs_b, &L.ffn_gate_exps, &L.ffn_up_exps,
-        &L.ffn_down_exps, &L.ffn_routed_down, &L.ffn_routed_up, &L.ffn_routed_norm, &L.ffn_gate_shexp,
-        &L.ffn_up_shexp, &L.ffn_down_shexp})
-    f(*w);
-}
 
 // the view of w as the backend that holds it reads it
 void place(WeightView& w, Backend& be) {
@@ -66,12 +36,13 @@ Forward::Forward(const Model& m, const std::vector<Backend*>& backends, const Pl
     devs_.back()->be = b;
   }
   auto dev = [&](int i) -> Device& { return *devs_[static_cast<size_t>(i)]; };
+  setup_dist();  // several ranks: which layers / experts / rows are this rank's
 
   // 1. weights onto the backends that run their parts
   layers_.resize(hp.n_layer);
   for (uint32_t il = 0; il < hp.n_layer; ++il) {
     layers_[il] = m.layer(il);
-    for_each_weight(layers_[il], [&](WeightView& w) {
+    for_each_layer_weight(layers_[il], [&](WeightView& w) {
       if (w) place(w, *dev(place_.device_of(w.info->name)).be);
     });
   }
@@ -87,6 +58,7 @@ Forward::Forward(const Model& m, const std::vector<Backend*>& backends, const Pl
   dev(place_.output).runs_any = dev(place_.output).runs_output = true;
   cache_slot_.assign(hp.n_layer, -1);
   for (uint32_t il = 0; il < hp.n_layer; ++il) {
+    if (!owns_layer(il)) continue;  // layer mode: another rank's layer (no cache, no scratch here)
     Device& a = dev(place_.attn[il]);
     Device& f = dev(place_.ffn[il]);
     a.runs_any = f.runs_any = true;
@@ -194,6 +166,7 @@ Forward::Forward(const Model& m, const std::vector<Backend*>& backends, const Pl
       s.router_logits.alloc(be, N * E, "router logits");
       s.router_probs.alloc(be, N * E, "router probabilities");
       s.sel.alloc(be, N * k, "routed experts");
+      if (tensor_split()) s.sel_local.alloc(be, N * k, "routed experts of this rank");
       s.weights.alloc(be, N * k, "routed expert weights");
       if (hp.n_latent) s.latent_in.alloc(be, N * Lw, "moe latent input");
       s.latent_acc.alloc(be, N * Lw, "moe latent sum");
@@ -210,9 +183,8 @@ Forward::Forward(const Model& m, const std::vector<Backend*>& backends, const Pl
     }
   }
   wanted_.assign(static_cast<size_t>(N), 0);
+  size_dist();
 }
-
-Forward::~Forward() = default;
 
 // The residual stream (and the ResMix bank) moves to the backend of the next part.
 void Forward::move_residual(int& dev, int to, int64_t n, uint32_t nb) {
@@ -229,15 +201,20 @@ void Forward::move_residual(int& dev, int to, int64_t n, uint32_t nb) {
   dev = to;
 }
 
-void Forward::run(const BatchEntry* e, int64_t n, float* logits) {
+void Forward::run_local(const BatchEntry* e, int64_t n, float* logits) {
   const HParams& hp = hp_;
   const int64_t d = hp.n_embd, N = opts_.n_batch;
   const uint32_t B = hp.attn_res_block;
   const float eps = hp.rms_eps;
 
-  // embeddings
+  TensorSplit* tp = tensor_split();
+  const bool layer_mode = dist_ && !tp;
+
+  // embeddings (layer mode: on rank 0, which runs the first layers)
   int dev = place_.input;
-  devs_[static_cast<size_t>(dev)]->be->embed_rows(token_embd_.mat, e, n, devs_[static_cast<size_t>(dev)]->res.stream.p);
+  if (owns_layer(0))
+    devs_[static_cast<size_t>(dev)]->be->embed_rows(token_embd_.mat, e, n,
+                                                     devs_[static_cast<size_t>(dev)]->res.stream.p);
 
   uint32_t nb = 0;  // ResMix bank entries so far
   // ResMix (when the file has it) of the bank and the stream: the input of the part's RMSNorm
@@ -251,6 +228,13 @@ void Forward::run(const BatchEntry* e, int64_t n, float* logits) {
   };
   for (uint32_t il = 0; il < hp.n_layer; ++il) {
     const LayerWeights& L = layers_[il];
+    if (layer_mode) {  // the stream comes from the rank that ran the previous layer
+      if (il > 0 && owns_layer(il) != owns_layer(il - 1)) pass_layer_boundary(il, n, nb);
+      if (!owns_layer(il)) {
+        if (B > 0 && il % B == 0) ++nb;
+        continue;
+      }
+    }
 
     // attention part: ResMix, bank entry at block starts, norm, MLA or KDA, residual
     move_residual(dev, place_.attn[il], n, nb);
@@ -265,7 +249,7 @@ void Forward::run(const BatchEntry* e, int64_t n, float* logits) {
         ++nb;
       }
       be.rms_norm_rows(x, d, L.attn_norm.f32, v.res.normed.p, d, n, d, eps);
-      const PartRun r{be, hp, e, n};
+      const PartRun r{be, hp, e, n, tp};
       const int slot = cache_slot_[il];
       if (hp.is_mla[il]) {
         const MlaCache cache{v.store->latent(slot), v.store->index_keys(slot)};
@@ -287,7 +271,7 @@ void Forward::run(const BatchEntry* e, int64_t n, float* logits) {
       Backend& be = *v.be;
       const float* x = resmix(v, L.ffn_res_score);
       be.rms_norm_rows(x, d, L.ffn_norm.f32, v.res.normed.p, d, n, d, eps);
-      const PartRun r{be, hp, e, n};
+      const PartRun r{be, hp, e, n, tp};
       if (!hp.is_moe(il)) {
         dense_ffn(r, L.ffn_gate, L.ffn_up, L.ffn_down, v.ffn, v.res.normed.p, v.res.ffn_out.p);
       } else {
@@ -302,19 +286,29 @@ void Forward::run(const BatchEntry* e, int64_t n, float* logits) {
     }
   }
 
-  // final ResMix, norm, lm head for the requested rows
+  // final ResMix, norm, lm head for the requested rows (layer mode: on the last rank, whose
+  // logits go to rank 0)
+  int64_t nw = 0;
+  for (int64_t t = 0; t < n; ++t)
+    if (e[t].want_logits) wanted_[static_cast<size_t>(nw++)] = static_cast<int32_t>(t);
+  if (layer_mode && !owns_layer(hp.n_layer - 1)) {
+    if (nw > 0) layer_mode_logits(nw, logits);
+    return;
+  }
   move_residual(dev, place_.output, n, nb);
   Device& v = *devs_[static_cast<size_t>(dev)];
   Backend& be = *v.be;
   const float* fin = resmix(v, output_res_score_);
-  int64_t nw = 0;
-  for (int64_t t = 0; t < n; ++t)
-    if (e[t].want_logits) wanted_[static_cast<size_t>(nw++)] = static_cast<int32_t>(t);
   if (nw == 0) return;
   be.gather_rows(fin, d, wanted_.data(), nw, v.head.rows.p);
   be.rms_norm_rows(v.head.rows.p, d, output_norm_.f32, v.head.rows.p, d, nw, d, eps);
   const int64_t V = hp.n_vocab;
-  if (be.host_visible()) {
+  if (tp) {  // vocabulary rows split over the ranks, gathered on rank 0
+    tp->matmul(be, output_.mat, v.head.rows.p, nw, logits, 0);
+  } else if (layer_mode) {
+    be.matmul(output_.mat, v.head.rows.p, nw, layer_logits());
+    layer_mode_logits(nw, logits);
+  } else if (be.host_visible()) {
     be.matmul(output_.mat, v.head.rows.p, nw, logits);
   } else {
     be.matmul(output_.mat, v.head.rows.p, nw, v.head.logits.p);
@@ -325,23 +319,23 @@ void Forward::run(const BatchEntry* e, int64_t n, float* logits) {
 
 // ---- per-sequence state on every backend ----
 
-void Forward::seq_clear(int32_t seq) {
+void Forward::seq_clear_local(int32_t seq) {
   for (auto& v : devs_) v->store->seq_clear(seq);
 }
-void Forward::seq_copy(int32_t src, int32_t dst, int32_t n_rows) {
+void Forward::seq_copy_local(int32_t src, int32_t dst, int32_t n_rows) {
   for (auto& v : devs_) v->store->seq_copy(src, dst, n_rows);
 }
-void Forward::snapshot_save(int32_t seq, int32_t slot) {
+void Forward::snapshot_save_local(int32_t seq, int32_t slot) {
   for (auto& v : devs_) v->store->snapshot_save(seq, slot);
 }
-void Forward::snapshot_restore(int32_t src, int32_t slot, int32_t dst) {
+void Forward::snapshot_restore_local(int32_t src, int32_t slot, int32_t dst) {
   for (auto& v : devs_) v->store->snapshot_restore(src, slot, dst);
 }
-void Forward::snapshot_copy(int32_t src, int32_t dst, int32_t slot) {
+void Forward::snapshot_copy_local(int32_t src, int32_t dst, int32_t slot) {
   for (auto& v : devs_) v->store->snapshot_copy(src, dst, slot);
 }
 
-void Forward::fill_synthetic(int32_t seq, int32_t n_tokens, uint64_t seed) {
+void Forward::fill_synthetic_local(int32_t seq, int32_t n_tokens, uint64_t seed) {
   uint64_t st = seed * 0x9E3779B97F4A7C15ull + 1;
   auto next = [&]() {  // ~N(0, 1): sum of 4 uniforms, rescaled
     float acc = 0;
@@ -358,15 +352,17 @@ void Forward::fill_synthetic(int32_t seq, int32_t n_tokens, uint64_t seed) {
   // layers in order (the same numbers as a single-backend context)
   for (uint32_t il = 0; il < hp_.n_layer; ++il) {
     if (!hp_.is_mla[il]) continue;
+    const bool mine = owns_layer(il);  // layer mode: other ranks' layers only advance the numbers
     StateStore& st_ = *devs_[static_cast<size_t>(place_.attn[il])]->store;
-    const CacheRows lat = st_.latent(cache_slot_[il]);
-    const CacheRows keys = st_.index_keys(cache_slot_[il]);
+    const CacheRows lat = mine ? st_.latent(cache_slot_[il]) : CacheRows{};
+    const bool with_keys = opts_.top_k > 0;
+    const CacheRows keys = mine && with_keys ? st_.index_keys(cache_slot_[il]) : CacheRows{};
     for (int32_t p = 0; p < n_tokens; ++p) {
       for (int64_t j = 0; j < W; ++j) row[static_cast<size_t>(j)] = next();
-      st_.write_row(lat, seq, p, row.data());
-      if (keys.data) {
+      if (mine) st_.write_row(lat, seq, p, row.data());
+      if (with_keys) {
         for (int64_t j = 0; j < DI; ++j) row[static_cast<size_t>(j)] = next();
-        st_.write_row(keys, seq, p, row.data());
+        if (mine) st_.write_row(keys, seq, p, row.data());
       }
     }
   }

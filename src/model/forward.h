@@ -15,12 +15,15 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/collective.h"
 #include "backend/placement.h"
 #include "backend/state_store.h"
 #include "model/model.h"
 #include "model/scratch.h"
 
 namespace kimi {
+
+struct TensorSplit;  // model/layers.h
 
 struct ForwardOptions {
   int n_seq = 1;          // sequence ids 0..n_seq-1
@@ -30,7 +33,13 @@ struct ForwardOptions {
   AttnPath attn = AttnPath::Sparse;
   bool cache_f16 = true;  // cache element type
   int n_snapshots = 1;    // KDA snapshot slots per sequence
+  // Several ranks (docs/distributed.md): every rank builds the same Forward; rank 0 calls the
+  // methods below, the other ranks call serve_worker(), which replays them. nullptr or one rank:
+  // a single process.
+  Collective* coll = nullptr;
+  SplitMode split = SplitMode::Tensor;
 };
+
 
 class Forward {
  public:
@@ -51,15 +60,38 @@ class Forward {
   // benchmark fill: pseudo-random cache rows 0..n-1 of seq (see Context::seq_fill_synthetic)
   void fill_synthetic(int32_t seq, int32_t n, uint64_t seed);
 
+  // Ranks > 0: replay rank 0's calls until rank 0's Forward is destroyed.
+  void serve_worker();
+  bool is_worker() const;
+  // Rank 0: every rank's traffic (gathered); reset = zero the communication counters after.
+  std::vector<RankTraffic> traffic(bool reset);
+
   const Placement& placement() const { return place_; }
   uint64_t cache_bytes() const;
   uint64_t state_bytes() const;
   uint64_t work_bytes() const;  // scratch of every part and backend
 
   struct Device;  // per-backend scratch and store (forward.cpp)
+  struct Dist;    // the ranks: split, worker protocol (forward_dist.cpp)
 
  private:
   void move_residual(int& dev, int to, int64_t n, uint32_t nb);
+  void run_local(const BatchEntry* e, int64_t n, float* logits);
+  void seq_clear_local(int32_t seq);
+  void seq_copy_local(int32_t src, int32_t dst, int32_t n_rows);
+  void snapshot_save_local(int32_t seq, int32_t slot);
+  void snapshot_restore_local(int32_t src, int32_t slot, int32_t dst);
+  void snapshot_copy_local(int32_t src, int32_t dst, int32_t slot);
+  void fill_synthetic_local(int32_t seq, int32_t n, uint64_t seed);
+  void setup_dist();
+  void size_dist();
+  TensorSplit* tensor_split();
+  bool layer_mode_logits(int64_t nw, float* logits);
+  // layer mode: does this rank run layer il (always true without ranks)
+  bool owns_layer(uint32_t il) const;
+  void pass_layer_boundary(uint32_t il, int64_t n, uint32_t nb);
+  float* layer_logits();
+  std::unique_ptr<Dist> dist_;
   const Model& model_;
   const HParams& hp_;
   ForwardOptions opts_;

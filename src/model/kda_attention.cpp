@@ -15,9 +15,9 @@ void kda_attention(const PartRun& r, const LayerWeights& L, const SeqStates& con
   const float eps = hp.rms_eps;
 
   // 1. q, k, v projections
-  be.matmul(L.attn_q.mat, x, n, s.q.p);
-  be.matmul(L.attn_k.mat, x, n, s.k.p);
-  be.matmul(L.attn_v.mat, x, n, s.v.p);
+  r.matmul(L.attn_q.mat, x, n, s.q.p);
+  r.matmul(L.attn_k.mat, x, n, s.k.p);
+  r.matmul(L.attn_v.mat, x, n, s.v.p);
 
   // 2. causal depthwise conv (per-sequence state) + SiLU on the three streams
   const float* const conv_w[3] = {L.conv_q.f32, L.conv_k.f32, L.conv_v.f32};
@@ -29,12 +29,12 @@ void kda_attention(const PartRun& r, const LayerWeights& L, const SeqStates& con
   be.l2_norm_rows(s.k.p, n * H, D, eps);
 
   // 4. decay gate from the low-rank f projection
-  be.matmul(L.ssm_f_a.mat, x, n, s.f_low.p);
-  be.matmul(L.ssm_f_b.mat, s.f_low.p, n, s.decay.p);
+  r.matmul(L.ssm_f_a.mat, x, n, s.f_low.p);
+  r.matmul(L.ssm_f_b.mat, s.f_low.p, n, s.decay.p);
   be.kda_gate(s.decay.p, L.ssm_dt_b.f32, L.ssm_a.f32, n, H, D, {hp.has_gate_lb, hp.gate_lb});
 
   // 5. beta = sigmoid(W_beta x)
-  be.matmul(L.ssm_beta.mat, x, n, s.beta.p);
+  r.matmul(L.ssm_beta.mat, x, n, s.beta.p);
   be.sigmoid(s.beta.p, n * H);
 
   // 6. gated delta-rule recurrence (per-sequence state, tokens in order)
@@ -42,10 +42,10 @@ void kda_attention(const PartRun& r, const LayerWeights& L, const SeqStates& con
   be.kda_scan(rec, r.e, n, H, D, s.q.p, s.k.p, s.v.p, s.decay.p, s.beta.p, scale, s.out.p);
 
   // 7. per-head RMSNorm (shared weights), sigmoid output gate, output projection
-  be.matmul(L.ssm_g.mat, x, n, s.gate.p);
+  r.matmul(L.ssm_g.mat, x, n, s.gate.p);
   be.rms_norm_rows(s.out.p, D, L.ssm_norm.f32, s.out.p, D, n * H, D, eps);
   be.mul_sigmoid_rows(s.out.p, s.gate.p, n * H, D);
-  be.matmul(L.attn_output.mat, s.out.p, n, out);
+  r.matmul(L.attn_output.mat, s.out.p, n, out);
 }
 
 }  // namespace kimi

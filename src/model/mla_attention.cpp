@@ -16,12 +16,12 @@ void mla_attention(const PartRun& r, const LayerWeights& L, const MlaCache& cach
   const float eps = hp.rms_eps;
 
   // 1. query latent (normed) and per-head queries
-  be.matmul(L.attn_q_a.mat, x, n, s.q_latent.p);
+  r.matmul(L.attn_q_a.mat, x, n, s.q_latent.p);
   be.rms_norm_rows(s.q_latent.p, ql, L.attn_q_a_norm.f32, s.q_latent.p, ql, n, ql, eps);
-  be.matmul(L.attn_q_b.mat, s.q_latent.p, n, s.q.p);
+  r.matmul(L.attn_q_b.mat, s.q_latent.p, n, s.q.p);
 
   // 2. compressed KV row [normed latent | pe] -> cache
-  be.matmul(L.attn_kv_a_mqa.mat, x, n, s.kv_row.p);
+  r.matmul(L.attn_kv_a_mqa.mat, x, n, s.kv_row.p);
   be.rms_norm_rows(s.kv_row.p, W, L.attn_kv_a_norm.f32, s.kv_row.p, W, n, kvl, eps);
   be.store_cache_rows(s.kv_row.p, W, r.e, n, cache.latent);
 
@@ -44,10 +44,10 @@ void mla_attention(const PartRun& r, const LayerWeights& L, const MlaCache& cach
 
   // 7. sigmoid output gate on the concatenated heads, output projection
   if (L.attn_gate) {
-    be.matmul(L.attn_gate.mat, x, n, s.gate.p);
+    r.matmul(L.attn_gate.mat, x, n, s.gate.p);
     be.mul_sigmoid_rows(s.heads_out.p, s.gate.p, n, H * vd);
   }
-  be.matmul(L.attn_output.mat, s.heads_out.p, n, out);
+  r.matmul(L.attn_output.mat, s.heads_out.p, n, out);
 }
 
 }  // namespace kimi

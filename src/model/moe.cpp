@@ -13,7 +13,7 @@ void moe_ffn(const PartRun& r, const LayerWeights& L, MoeScratch& s, FfnScratch&
   const int64_t Lw = latent ? hp.n_latent : d;
 
   // 1. router: probabilities, selection (+ bias), weights (unbiased, renormalised, scaled)
-  be.matmul(L.ffn_gate_inp.mat, x, n, s.router_logits.p);
+  r.matmul(L.ffn_gate_inp.mat, x, n, s.router_logits.p);
   const RouterParams rp{E, k, hp.gating_func == 1, hp.expert_weights_norm, hp.expert_weights_scale};
   be.moe_route(s.router_logits.p, L.exp_probs_b ? L.exp_probs_b.f32 : nullptr, n, rp, s.router_probs.p, s.sel.p,
                s.weights.p);
@@ -21,14 +21,28 @@ void moe_ffn(const PartRun& r, const LayerWeights& L, MoeScratch& s, FfnScratch&
   // 2. the routed experts' input: the latent projection of x (or x itself)
   const float* xl = x;
   if (latent) {
-    be.matmul(L.ffn_routed_down.mat, x, n, s.latent_in.p);
+    r.matmul(L.ffn_routed_down.mat, x, n, s.latent_in.p);
     xl = s.latent_in.p;
   }
 
   // 3. routed experts, weighted sum (on the experts' backend, with copies when it is another one)
   const ExpertMats em{L.ffn_gate_exps.mat, L.ffn_up_exps.mat, L.ffn_down_exps.mat,
                       L.ffn_gate_exps.slice_bytes, L.ffn_up_exps.slice_bytes, L.ffn_down_exps.slice_bytes};
-  if (site.be == nullptr || site.be == &be) {
+  if (r.tp) {
+    // expert parallelism: this rank's contiguous range of experts; the other ranks' slots are
+    // marked -1 (skipped), then the partial sums are added over the ranks (host memory)
+    TensorSplit& tp = *r.tp;
+    const int64_t lo = tp.expert_lo[static_cast<size_t>(tp.rank)], hi = tp.expert_lo[static_cast<size_t>(tp.rank) + 1];
+    const int32_t* sel = s.sel.p;
+    int32_t* mine = s.sel_local.p;
+    for (int64_t i = 0; i < n * k; ++i) mine[i] = sel[i] >= lo && sel[i] < hi ? static_cast<int32_t>(sel[i] - lo) : -1;
+    ExpertMats part = em;
+    part.gate.data += em.gate_slice * static_cast<uint64_t>(lo);
+    part.up.data += em.up_slice * static_cast<uint64_t>(lo);
+    part.down.data += em.down_slice * static_cast<uint64_t>(lo);
+    be.moe_experts(part, xl, n, Lw, mine, s.weights.p, k, hi - lo, hp.situ_beta, hp.situ_lambda, s.latent_acc.p);
+    tp.sum_partials(be, s.latent_acc.p, n * Lw);
+  } else if (site.be == nullptr || site.be == &be) {
     be.moe_experts(em, xl, n, Lw, s.sel.p, s.weights.p, k, E, hp.situ_beta, hp.situ_lambda, s.latent_acc.p);
   } else {
     Backend& xb = *site.be;
@@ -44,7 +58,7 @@ void moe_ffn(const PartRun& r, const LayerWeights& L, MoeScratch& s, FfnScratch&
   if (latent) {
     if (L.ffn_routed_norm)
       be.rms_norm_rows(s.latent_acc.p, Lw, L.ffn_routed_norm.f32, s.latent_acc.p, Lw, n, Lw, hp.rms_eps);
-    be.matmul(L.ffn_routed_up.mat, s.latent_acc.p, n, out);
+    r.matmul(L.ffn_routed_up.mat, s.latent_acc.p, n, out);
   } else {
     be.copy(out, s.latent_acc.p, static_cast<uint64_t>(n * d) * 4);
   }

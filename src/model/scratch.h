@@ -71,6 +71,7 @@ struct MoeScratch {
   Buf<float> router_logits;  // [N][E] (then the selection scores)
   Buf<float> router_probs;   // [N][E]
   Buf<int32_t> sel;          // [N][k] chosen experts, ranked
+  Buf<int32_t> sel_local;    // [N][k] expert parallelism: this rank's experts (index - first), else -1
   Buf<float> weights;        // [N][k] their weights
   Buf<float> latent_in;      // [N][Lw] routed-expert input (latent projection of the normed x)
   Buf<float> latent_acc;     // [N][Lw] weighted sum of the routed experts' outputs

@@ -111,8 +111,15 @@ Context::Impl::Impl(const Model& m, const ContextOptions& o)
   fo.attn = opts.attn;
   fo.cache_f16 = cache_f16;
   fo.n_snapshots = opts.n_snapshots_max;
+  fo.coll = opts.collective;
+  fo.split = opts.split_mode;
   fwd = std::make_unique<Forward>(m, backends, placement, fo);
   seqs.resize(static_cast<size_t>(nseq));
+  if (fwd->is_worker()) {  // rank > 0: run rank 0's calls until it closes its context
+    fwd->serve_worker();
+    fwd.reset();
+    opts.collective->worker_finished();
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -123,6 +130,8 @@ Context::~Context() = default;
 
 ThreadPool& Context::pool() { return impl_->pool; }
 const Placement& Context::placement() const { return impl_->placement; }
+std::vector<RankTraffic> Context::rank_traffic(bool reset) { return impl_->fwd->traffic(reset); }
+int Context::n_ranks() const { return opts_.collective ? opts_.collective->size() : 1; }
 int Context::effective_top_k() const { return impl_->top_k; }
 CacheType Context::cache_type() const { return impl_->cache_f16 ? CacheType::F16 : CacheType::F32; }
 

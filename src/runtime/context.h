@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "backend/backend.h"  // BatchEntry, AttnPath, Precision
+#include "backend/collective.h"
 #include "backend/placement.h"
 #include "model/model.h"
 #include "util/thread_pool.h"
@@ -48,6 +49,12 @@ struct ContextOptions {
   // 1.. are extra_backends in order (not owned; they must outlive the context).
   PlacementRules placement;
   std::vector<Backend*> extra_backends;
+  // One model over several ranks (docs/distributed.md): the communicator (not owned; nullptr or
+  // one rank = a single process) and how the model is split. On ranks > 0 the constructor serves
+  // rank 0's calls until rank 0's context is destroyed, then calls collective->worker_finished()
+  // (which ends the process for MPI).
+  Collective* collective = nullptr;
+  SplitMode split_mode = SplitMode::Tensor;
 };
 
 struct Batch {
@@ -106,6 +113,10 @@ class Context {
   std::string memory_summary() const;
   ThreadPool& pool();
   const Placement& placement() const;
+  // Several ranks: what each rank reads and sends (rank 0 gets every rank's record; one record
+  // without ranks). reset: zero the communication counters afterwards.
+  std::vector<RankTraffic> rank_traffic(bool reset = false);
+  int n_ranks() const;
 
   struct Impl;
 

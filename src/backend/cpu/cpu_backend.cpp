@@ -402,26 +402,30 @@ void CpuBackend::moe_experts(const ExpertMats& m, const float* xl, int64_t n, in
   int32_t* cnt_ = ex_count_.data();
   int32_t* off = ex_off_.data();
   std::fill(cnt_, cnt_ + E, 0);
-  for (int64_t t = 0; t < n * k; ++t) ++cnt_[rsel[t]];
+  for (int64_t t = 0; t < n * k; ++t)
+    if (rsel[t] >= 0) ++cnt_[rsel[t]];  // < 0: an expert of another rank (skipped)
   off[0] = 0;
   for (int64_t i = 0; i < E; ++i) off[i + 1] = off[i] + cnt_[i];
   std::fill(cnt_, cnt_ + E, 0);
   for (int64_t t = 0; t < n; ++t)
     for (int64_t j = 0; j < k; ++j) {
       const int32_t ex = rsel[t * k + j];
+      if (ex < 0) continue;
       const int32_t slot = off[ex] + cnt_[ex]++;
       ex_tok_[static_cast<size_t>(slot)] = static_cast<int32_t>(t);
       ex_wt_[static_cast<size_t>(slot)] = rw[t * k + j];
     }
   std::fill(acc, acc + n * Lw, 0.0f);
+  const int64_t slots = off[E];  // n * k unless some slots are skipped
+  if (slots == 0) return;
   float* xin = ex_in_.data();
   float* eg = ex_gate_.data();
   float* eu = ex_up_.data();
   float* er = ex_out_.data();
-  if (n * k <= lim_.n_tokens) {
+  if (slots <= lim_.n_tokens) {
     // all routed slots fit the gather buffers (decode, small batches): every active expert's
     // gate/up rows in ONE parallel job, SiTU, every expert's down rows in one more job
-    for (int64_t slot = 0; slot < n * k; ++slot)
+    for (int64_t slot = 0; slot < slots; ++slot)
       std::memcpy(xin + slot * Lw, xl + static_cast<int64_t>(ex_tok_[static_cast<size_t>(slot)]) * Lw,
                   static_cast<size_t>(Lw) * 4);
     int32_t* act = ex_active_.data();
@@ -436,7 +440,7 @@ void CpuBackend::moe_experts(const ExpertMats& m, const float* xl, int64_t n, in
       return rc;
     };
     const int64_t rcF = chunks(F, 2), nchF = (F + rcF - 1) / rcF;
-    par(na * 2 * nchF, Lw * rcF * (n * k / na + 1) * 2, [&](int64_t item, int) {
+    par(na * 2 * nchF, Lw * rcF * (slots / na + 1) * 2, [&](int64_t item, int) {
       const int64_t ex = act[item / (2 * nchF)], which = (item / nchF) % 2, ch = item % nchF;
       const int64_t o = off[ex], cnt = off[ex + 1] - o;
       const int64_t r0 = ch * rcF, r1 = std::min(F, r0 + rcF);
@@ -444,9 +448,9 @@ void CpuBackend::moe_experts(const ExpertMats& m, const float* xl, int64_t n, in
       float* dst = (which == 0 ? eg : eu) + o * F;
       kern::matmul_rows(w, xin + o * Lw, cnt, dst, r0, r1, prec_);
     });
-    CpuBackend::situ_rows(eg, eu, n * k, F, beta, lambda);  // internal scratch: not a virtual op
+    CpuBackend::situ_rows(eg, eu, slots, F, beta, lambda);  // internal scratch: not a virtual op
     const int64_t rcL = chunks(Lw, 1), nchL = (Lw + rcL - 1) / rcL;
-    par(na * nchL, F * rcL * (n * k / na + 1) * 2, [&](int64_t item, int) {
+    par(na * nchL, F * rcL * (slots / na + 1) * 2, [&](int64_t item, int) {
       const int64_t ex = act[item / nchL], ch = item % nchL;
       const int64_t o = off[ex], cnt = off[ex + 1] - o;
       const int64_t r0 = ch * rcL, r1 = std::min(Lw, r0 + rcL);

@@ -1,0 +1,255 @@
+// Forward over several ranks (forward.h, docs/distributed.md): how the model is split, the
+// worker protocol (rank 0's calls replayed on every other rank), layer mode's hand-over of the
+// residual stream, and the per-rank traffic counters.
+#include <algorithm>
+
+#include "model/forward_impl.h"
+#include "util/error.h"
+
+namespace kimi {
+
+namespace {
+
+enum Op : int32_t { kRun = 1, kSeqClear, kSeqCopy, kSnapSave, kSnapRestore, kSnapCopy, kFill, kTraffic, kClose };
+
+struct Command {
+  int32_t op = 0, a = 0, b = 0, c = 0;
+  int64_t n = 0;
+  uint64_t seed = 0;
+};
+
+void announce(Forward::Dist& d, const Command& cmd) {  // rank 0 only
+  if (d.rank != 0) return;
+  Command x = cmd;
+  d.c->broadcast(&x, sizeof x, 0);
+}
+
+}  // namespace
+
+bool Forward::is_worker() const { return dist_ && dist_->rank != 0; }
+
+bool Forward::owns_layer(uint32_t il) const {
+  return !dist_ || dist_->mode == SplitMode::Tensor || dist_->owner(il) == dist_->rank;
+}
+
+TensorSplit* Forward::tensor_split() { return dist_ && dist_->mode == SplitMode::Tensor ? &dist_->tp : nullptr; }
+
+void Forward::setup_dist() {
+  Collective* c = opts_.coll;
+  if (!c || c->size() <= 1) return;
+  dist_ = std::make_unique<Dist>();
+  Dist& d = *dist_;
+  d.c = c;
+  d.rank = c->rank();
+  d.size = c->size();
+  d.mode = opts_.split;
+  d.bytes.assign(static_cast<size_t>(d.size), 0);
+  check(devs_.size() == 1 && devs_[0]->be->host_visible(),
+        "forward: {} ranks run on the CPU backend only (no accelerator placement with MPI yet)", d.size);
+  const HParams& hp = hp_;
+  if (d.mode == SplitMode::Layer) {
+    check(hp.n_layer >= static_cast<uint32_t>(d.size),
+          "forward: layer split over {} ranks needs at least as many layers (the model has {})", d.size,
+          hp.n_layer);
+    for (int r = 0; r <= d.size; ++r)
+      d.layer_lo.push_back(static_cast<uint32_t>(static_cast<uint64_t>(hp.n_layer) * static_cast<uint64_t>(r) /
+                                                 static_cast<uint64_t>(d.size)));
+  } else {
+    TensorSplit& t = d.tp;
+    t.c = c;
+    t.rank = d.rank;
+    t.size = d.size;
+    t.min_rows = d.size;
+    t.bytes.assign(static_cast<size_t>(d.size), 0);
+    check(hp.n_expert == 0 || hp.n_expert >= static_cast<uint32_t>(d.size),
+          "forward: expert parallelism over {} ranks needs at least as many routed experts (the model has {})",
+          d.size, hp.n_expert);
+    for (int r = 0; r <= d.size; ++r) t.expert_lo.push_back(static_cast<int64_t>(hp.n_expert) * r / d.size);
+  }
+}
+
+// Sizes the exchange buffers and counts the weight bytes each rank reads (after placement).
+void Forward::size_dist() {
+  if (!dist_) return;
+  Dist& d = *dist_;
+  const HParams& hp = hp_;
+  const int64_t N = opts_.n_batch, Lw = hp.n_latent ? hp.n_latent : hp.n_embd;
+  int64_t max_rows = output_ ? output_.mat.rows : 0;
+  for (uint32_t il = 0; il < hp.n_layer; ++il) {
+    LayerWeights& L = layers_[il];
+    const bool mine = owns_layer(il);
+    for_each_layer_weight(L, [&](WeightView& w) {
+      if (!w || w.f32) return;
+      const bool expert = &w == &L.ffn_gate_exps || &w == &L.ffn_up_exps || &w == &L.ffn_down_exps;
+      if (expert) {
+        if (!mine) return;
+        const uint64_t per = w.slice_bytes;
+        int64_t lo = 0, hi = hp.n_expert;
+        if (d.mode == SplitMode::Tensor) {
+          lo = d.tp.expert_lo[static_cast<size_t>(d.rank)];
+          hi = d.tp.expert_lo[static_cast<size_t>(d.rank) + 1];
+        }
+        d.expert_bytes += per * static_cast<uint64_t>(hi - lo);
+        if (hp.n_expert) d.expert_tok += per * static_cast<uint64_t>(hi - lo) * hp.n_expert_used / hp.n_expert;
+        return;
+      }
+      max_rows = std::max<int64_t>(max_rows, w.mat.rows);
+      if (!mine) return;
+      if (d.mode == SplitMode::Tensor && w.mat.rows >= d.tp.min_rows) {
+        int64_t lo = 0, hi = 0;
+        TensorSplit::range(w.mat.rows, d.size, d.rank, lo, hi);
+        d.dense_bytes += static_cast<uint64_t>(hi - lo) * w.mat.row_bytes;
+      } else {
+        d.dense_bytes += static_cast<uint64_t>(w.mat.rows) * w.mat.row_bytes;
+      }
+    });
+  }
+  if (output_ && (d.mode == SplitMode::Tensor || d.rank == d.size - 1)) {
+    int64_t lo = 0, hi = output_.mat.rows;
+    if (d.mode == SplitMode::Tensor) TensorSplit::range(output_.mat.rows, d.size, d.rank, lo, hi);
+    d.dense_bytes += static_cast<uint64_t>(hi - lo) * output_.mat.row_bytes;
+  }
+  if (d.mode == SplitMode::Tensor) {
+    d.tp.weight_bytes = d.dense_bytes;
+    d.tp.local.assign(static_cast<size_t>(N * max_rows), 0.0f);
+    d.tp.gathered.assign(static_cast<size_t>(std::max(N * max_rows, d.size * N * Lw)), 0.0f);
+  } else if (d.rank == d.size - 1) {
+    d.logits.assign(static_cast<size_t>(N * hp.n_vocab), 0.0f);
+  }
+  d.batch.assign(static_cast<size_t>(N), BatchEntry{});
+  d.traffic.assign(static_cast<size_t>(d.size), TrafficWire{});
+}
+
+float* Forward::layer_logits() { return dist_->logits.data(); }
+
+// layer mode: the residual stream and the ResMix bank entries so far go from the rank that ran
+// layer il - 1 to the one that runs layer il
+void Forward::pass_layer_boundary(uint32_t il, int64_t n, uint32_t nb) {
+  Dist& d = *dist_;
+  const int from = d.owner(il - 1), to = d.owner(il);
+  if (d.rank != from && d.rank != to) return;
+  Device& v = *devs_[0];
+  const int64_t D = hp_.n_embd, N = opts_.n_batch;
+  auto xfer = [&](float* p, int64_t count) {
+    if (d.rank == from)
+      d.c->send(p, static_cast<uint64_t>(count) * 4, to);
+    else
+      d.c->recv(p, static_cast<uint64_t>(count) * 4, from);
+  };
+  xfer(v.res.stream.p, n * D);
+  for (uint32_t k = 0; k < nb; ++k) {
+    xfer(v.res.bank.p + static_cast<int64_t>(k) * N * D, n * D);
+    xfer(v.res.bank_inv.p + static_cast<int64_t>(k) * N, n);
+  }
+}
+
+// layer mode, after the layers: the last rank computed the logits; rank 0 receives them
+bool Forward::layer_mode_logits(int64_t nw, float* logits) {
+  if (!dist_ || dist_->mode != SplitMode::Layer) return false;
+  Dist& d = *dist_;
+  const int last = d.size - 1;
+  const uint64_t bytes = static_cast<uint64_t>(nw * hp_.n_vocab) * 4;
+  if (d.rank == 0) d.c->recv(logits, bytes, last);
+  else if (d.rank == last) d.c->send(d.logits.data(), bytes, 0);
+  return true;
+}
+
+// ---- rank 0's calls, announced to the workers ----
+
+void Forward::run(const BatchEntry* e, int64_t n, float* logits) {
+  if (dist_) {
+    announce(*dist_, {kRun, 0, 0, 0, n, 0});
+    dist_->c->broadcast(const_cast<BatchEntry*>(e), static_cast<uint64_t>(n) * sizeof(BatchEntry), 0);
+  }
+  run_local(e, n, logits);
+}
+void Forward::seq_clear(int32_t seq) {
+  if (dist_) announce(*dist_, {kSeqClear, seq, 0, 0, 0, 0});
+  seq_clear_local(seq);
+}
+void Forward::seq_copy(int32_t src, int32_t dst, int32_t n_rows) {
+  if (dist_) announce(*dist_, {kSeqCopy, src, dst, n_rows, 0, 0});
+  seq_copy_local(src, dst, n_rows);
+}
+void Forward::snapshot_save(int32_t seq, int32_t slot) {
+  if (dist_) announce(*dist_, {kSnapSave, seq, slot, 0, 0, 0});
+  snapshot_save_local(seq, slot);
+}
+void Forward::snapshot_restore(int32_t src, int32_t slot, int32_t dst) {
+  if (dist_) announce(*dist_, {kSnapRestore, src, slot, dst, 0, 0});
+  snapshot_restore_local(src, slot, dst);
+}
+void Forward::snapshot_copy(int32_t src, int32_t dst, int32_t slot) {
+  if (dist_) announce(*dist_, {kSnapCopy, src, dst, slot, 0, 0});
+  snapshot_copy_local(src, dst, slot);
+}
+void Forward::fill_synthetic(int32_t seq, int32_t n, uint64_t seed) {
+  if (dist_) announce(*dist_, {kFill, seq, n, 0, 0, seed});
+  fill_synthetic_local(seq, n, seed);
+}
+
+std::vector<RankTraffic> Forward::traffic(bool reset) {
+  std::vector<RankTraffic> out;
+  Collective* c = dist_ ? dist_->c : nullptr;
+  if (dist_) announce(*dist_, {kTraffic, reset ? 1 : 0, 0, 0, 0, 0});
+  if (!dist_) {
+    out.push_back({});
+    return out;
+  }
+  Dist& d = *dist_;
+  const CollectiveStats s = c->stats();  // before the gather below counts itself
+  TrafficWire mine{d.dense_bytes, d.expert_bytes, d.expert_tok, s.bytes_sent, s.bytes_received, s.calls, s.seconds};
+  for (auto& b : d.bytes) b = sizeof(TrafficWire);
+  c->gather(&mine, d.traffic.data(), d.bytes.data(), 0);
+  if (reset) c->reset_stats();
+  if (d.rank != 0) return out;
+  for (int r = 0; r < d.size; ++r) {
+    const TrafficWire& w = d.traffic[static_cast<size_t>(r)];
+    RankTraffic t;
+    t.rank = r;
+    t.dense_weight_bytes = w.dense;
+    t.expert_weight_bytes = w.experts;
+    t.expert_bytes_per_token = w.experts_tok;
+    t.comm = {w.sent, w.received, w.calls, w.seconds};
+    out.push_back(t);
+  }
+  return out;
+}
+
+void Forward::serve_worker() {
+  if (!is_worker()) return;
+  Dist& d = *dist_;
+  for (;;) {
+    Command cmd;
+    d.c->wait_command(&cmd, sizeof cmd);
+    switch (cmd.op) {
+      case kRun:
+        check(cmd.n >= 0 && cmd.n <= opts_.n_batch, "rank {}: rank 0 sent a batch of {} tokens (capacity {})", d.rank,
+              cmd.n, opts_.n_batch);
+        d.c->broadcast(d.batch.data(), static_cast<uint64_t>(cmd.n) * sizeof(BatchEntry), 0);
+        run_local(d.batch.data(), cmd.n, nullptr);
+        break;
+      case kSeqClear: seq_clear_local(cmd.a); break;
+      case kSeqCopy: seq_copy_local(cmd.a, cmd.b, cmd.c); break;
+      case kSnapSave: snapshot_save_local(cmd.a, cmd.b); break;
+      case kSnapRestore: snapshot_restore_local(cmd.a, cmd.b, cmd.c); break;
+      case kSnapCopy: snapshot_copy_local(cmd.a, cmd.b, cmd.c); break;
+      case kFill: fill_synthetic_local(cmd.a, static_cast<int32_t>(cmd.b), cmd.seed); break;
+      case kTraffic: traffic(cmd.a != 0); break;
+      case kClose: d.closed = true; return;
+      default: fail("rank {}: unknown command {} from rank 0", d.rank, cmd.op);
+    }
+  }
+}
+
+Forward::~Forward() {
+  if (dist_ && dist_->rank == 0 && !dist_->closed) {
+    dist_->closed = true;
+    try {
+      announce(*dist_, {kClose, 0, 0, 0, 0, 0});
+    } catch (...) {
+    }
+  }
+}
+
+}  // namespace kimi

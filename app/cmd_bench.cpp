@@ -50,8 +50,12 @@ int cmd_bench(int argc, char** argv) {
                  "(random cache rows, no forward pass: times decode at a depth without the prefill cost)")
       ->check(CLI::IsMember({"prefill", "synthetic"}));
   app.add_option("--seed", seed, "seed of the random tokens");
-  app.add_flag("--json", json, "print JSON instead of a table");
+  app.add_flag("--json", json, "print JSON instead of a table (= -o json)");
+  std::string output = "md";
+  app.add_option("-o,--output", output, "output format (llama-bench's): md (table), json, jsonl (one line)")
+      ->check(CLI::IsMember({"md", "json", "jsonl"}));
   if (int rc = kimi::app::parse_engine_cli(app, argc, argv); rc >= 0) return rc;
+  if (json && !app.count("--output")) output = "json";
 
   auto model = kimi::Model::load(ea.model, kimi::app::model_options(ea));
   const int n_ctx = depth + std::max(n_prompt, n_gen) + 1;
@@ -137,7 +141,7 @@ int cmd_bench(int argc, char** argv) {
   const double rss_mib = double(ru.ru_maxrss) / 1024.0;  // ru_maxrss is KiB on Linux
   const double best_tg = tg.empty() ? 0.0 : *std::max_element(tg.begin(), tg.end());
   const double best_pp = pp.empty() ? 0.0 : *std::max_element(pp.begin(), pp.end());
-  if (json) {
+  if (output != "md") {
     nlohmann::ordered_json j;
     j["model"] = ea.model;
     j["threads"] = ctx.pool().size();
@@ -162,7 +166,7 @@ int cmd_bench(int argc, char** argv) {
       if (n_prompt > 0) j["pp_host_device_bytes_per_token"] = double(pp_moved) / (double(n_prompt) * reps);
       if (n_gen > 0) j["tg_host_device_bytes_per_token"] = double(tg_moved) / (double(n_gen) * reps);
     }
-    std::printf("%s\n", j.dump(2).c_str());
+    std::printf("%s\n", j.dump(output == "json" ? 2 : -1).c_str());
     return 0;
   }
   std::printf("| %-28s | %7s | %-10s | %-9s | %14s | %20s |\n", "model", "threads", "attn", "precision", "test",

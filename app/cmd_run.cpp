@@ -2,6 +2,8 @@
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdio>
+#include <fstream>
+#include <sstream>
 #include <memory>
 #include <optional>
 
@@ -20,11 +22,13 @@ int cmd_run(int argc, char** argv) {
   CLI::App app{"Generate tokens with a kimi-k3 GGUF model"};
   kimi::app::EngineArgs ea;
   kimi::app::add_engine_options(app, ea);
-  std::string prompt, tokens;
+  std::string prompt, tokens, prompt_file;
   int n_predict = 32;
-  bool ids = false, ignore_eos = false;
+  bool ids = false, ignore_eos = false, no_display_prompt = false;
   kimi::SamplerParams sp;
   app.add_option("-p,--prompt", prompt, "prompt text (needs the tokenizer in the GGUF)");
+  app.add_option("-f,--file", prompt_file, "read the prompt text from FILE (as -p)");
+  app.add_flag("--no-display-prompt", no_display_prompt, "do not echo the prompt before the generated text");
   app.add_option("--tokens", tokens, "prompt as comma-separated token ids");
   app.add_option("-n,--n-predict", n_predict, "tokens to generate")->check(CLI::Range(0, INT32_MAX));
   kimi::app::add_sampling_options(app, sp);
@@ -33,8 +37,18 @@ int cmd_run(int argc, char** argv) {
   bool chat = false;
   app.add_flag("--chat", chat, "wrap -p TEXT in the Kimi chat format (one user turn, thinking on)");
   if (int rc = kimi::app::parse_engine_cli(app, argc, argv); rc >= 0) return rc;
+  if (app.count("--file")) {
+    kimi::check(!app.count("--prompt"), "give one of -p/--prompt and -f/--file");
+    std::ifstream f(prompt_file, std::ios::binary);
+    kimi::check(f.good(), "-f/--file: cannot open '{}'", prompt_file);
+    std::ostringstream ss;
+    ss << f.rdbuf();
+    prompt = ss.str();
+    kimi::check(!prompt.empty(), "-f/--file: '{}' is empty", prompt_file);
+  }
   kimi::check(!(app.count("--prompt") && prompt.empty()), "-p/--prompt: the prompt is empty");
-  kimi::check(prompt.empty() != tokens.empty(), "give exactly one of -p/--prompt and --tokens");
+  kimi::check(prompt.empty() != tokens.empty(), "give exactly one of -p/--prompt (or -f/--file) and --tokens");
+  const std::string shown_prompt = prompt;
   kimi::check(!chat || !prompt.empty(), "--chat needs -p/--prompt");
   if (chat) prompt = kimi::render_single_turn(prompt);
 
@@ -57,12 +71,22 @@ int cmd_run(int argc, char** argv) {
   kimi::check(ea.ctx > 0 || n_ctx_train == 0 || n_ctx_need <= n_ctx_train,
               "{}: the prompt ({} tokens) + -n {} exceed the model's context length {} (kimi-k3.context_length)",
               ea.model, in.size(), n_predict, n_ctx_train);
+  // positions decoded: the prompt and every generated token but the last
+  const int64_t n_pos = static_cast<int64_t>(in.size()) + std::max(n_predict - 1, 0);
+  kimi::check(ea.ctx == 0 || n_pos <= ea.ctx,
+              "the prompt ({} tokens) + -n {} need {} positions, which exceeds the context size (-c {})", in.size(),
+              n_predict, n_pos, ea.ctx);
   const int n_ctx = static_cast<int>(std::min<int64_t>(n_ctx_need, INT32_MAX));
   kimi::Context ctx(*model, kimi::app::context_options(ea, n_ctx, std::min<int>(ea.batch, static_cast<int>(in.size()))));
   kimi::app::print_engine_summary(ea, ctx);
   kimi::Sampler sampler(sp, ctx.n_vocab());
   for (int32_t t : in) sampler.accept(t);
 
+  if (!no_display_prompt && text_out) {  // the prompt first, as llama-cli shows it
+    const std::string shown = !shown_prompt.empty() ? shown_prompt : tok->decode(in);
+    std::fwrite(shown.data(), 1, shown.size(), stdout);
+    std::fflush(stdout);
+  }
   using clk = std::chrono::steady_clock;
   auto t0 = clk::now();
   kimi::Batch b;

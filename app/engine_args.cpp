@@ -2,6 +2,8 @@
 #include "engine_args.h"
 
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
 #include <sstream>
 
 #ifdef KIMI_HAVE_VULKAN
@@ -72,6 +74,29 @@ std::string check_override(const std::string& value) {
   }
 }
 
+// -m: a Hugging Face checkpoint directory gets the command that converts it.
+std::string check_model_file(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::is_directory(path, ec)) return "";
+  if (std::filesystem::exists(std::filesystem::path(path) / "config.json", ec))
+    return fmt::format("'{}' is a Hugging Face checkpoint; convert it with `kimi convert {} -o FILE.gguf`", path, path);
+  return "";  // the model loader names the problem
+}
+
+// A sampling value in [lo, hi] (or (lo, hi] when lo_open): an error that names the range.
+std::string in_range(const std::string& v, double lo, double hi, bool lo_open) {
+  char* end = nullptr;
+  const double d = std::strtod(v.c_str(), &end);
+  if (end == v.c_str() || *end) return fmt::format("'{}' is not a number", v);
+  if (!(d <= hi && (lo_open ? d > lo : d >= lo)))
+    return fmt::format("{} is out of range {}{}, {}]", v, lo_open ? "(" : "[", lo, hi);
+  return "";
+}
+CLI::Validator range_check(double lo, double hi, bool lo_open = false) {
+  return CLI::Validator([=](std::string& v) { return in_range(v, lo, hi, lo_open); },
+                        fmt::format("{}{},{}]", lo_open ? "(" : "[", lo, hi), "range");
+}
+
 }  // namespace
 
 std::vector<std::string> split_devices(const std::string& value) {
@@ -119,7 +144,7 @@ std::vector<Backend*> open_accelerators(const EngineArgs& a) {
 
 void add_engine_options(CLI::App& app, EngineArgs& a, const EngineSpec& spec) {
   a.ctx = spec.ctx_default;
-  app.add_option("-m,--model", a.model, spec.model_help)->required();
+  app.add_option("-m,--model", a.model, spec.model_help)->required()->check(CLI::Validator(check_model_file, "FILE.gguf", "model"));
   app.add_option("-t,--threads", a.threads, spec.threads_help);
   app.add_option("--attn", a.attn, "attention path: sparse (gather the selected rows) or dense (masked softmax)")
       ->check(CLI::IsMember({"sparse", "dense"}));
@@ -132,8 +157,11 @@ void add_engine_options(CLI::App& app, EngineArgs& a, const EngineSpec& spec) {
                  "under mpirun: tensor (experts, heads and rows split over the ranks) or layer (contiguous "
                  "layers per rank); docs/distributed.md")
       ->check(CLI::IsMember({"tensor", "layer"}));
-  app.add_option("-c,--ctx", a.ctx, spec.ctx_help)->check(CLI::Range(spec.ctx_min, 1 << 24));
-  if (spec.batch) app.add_option("-b,--batch", a.batch, spec.batch_help)->check(CLI::Range(1, INT32_MAX));
+  app.add_option("-c,--ctx,--ctx-size", a.ctx, spec.ctx_help)->check(CLI::Range(spec.ctx_min, 1 << 24));
+  if (spec.batch)
+    app.add_option("-b,--batch,--batch-size,--ubatch-size", a.batch, spec.batch_help)->check(CLI::Range(1, INT32_MAX));
+  app.add_option("--flash-attn", a.flash_attn, "-fa on|off|auto: accepted for llama.cpp scripts; no effect (attention is always fused)")
+      ->check(CLI::IsMember({"on", "off", "auto"}));
   app.add_flag("-v,--verbose", a.verbose, spec.verbose_help);
 
   app.add_option("--device", a.device,
@@ -153,21 +181,25 @@ void add_engine_options(CLI::App& app, EngineArgs& a, const EngineSpec& spec) {
 }
 
 void add_sampling_options(CLI::App& app, SamplerParams& p) {
-  app.add_option("--temp", p.temp, "temperature (0 = greedy)");
-  app.add_option("--top-k", p.top_k, "top-k sampling (0 = off)");
-  app.add_option("--top-p", p.top_p, "top-p (nucleus) sampling (1 = off)");
-  app.add_option("--min-p", p.min_p, "min-p sampling (0 = off)");
-  app.add_option("--repeat-penalty", p.repeat_penalty, "repetition penalty (1 = off)");
-  app.add_option("--repeat-last-n", p.repeat_last_n, "tokens the repetition penalty looks back (-1 = all)");
+  app.add_option("--temp", p.temp, "temperature (0 = greedy)")->check(range_check(0, 100));
+  app.add_option("--top-k", p.top_k, "top-k sampling (0 = off)")->check(range_check(0, INT32_MAX));
+  app.add_option("--top-p", p.top_p, "top-p (nucleus) sampling (1 = off)")->check(range_check(0, 1, true));
+  app.add_option("--min-p", p.min_p, "min-p sampling (0 = off)")->check(range_check(0, 1));
+  app.add_option("--repeat-penalty", p.repeat_penalty, "repetition penalty (1 = off)")->check(range_check(0, 100, true));
+  app.add_option("--repeat-last-n", p.repeat_last_n, "tokens the repetition penalty looks back (-1 = all)")
+      ->check(range_check(-1, INT32_MAX));
   app.add_option("--seed", p.seed, "random seed");
 }
 
 int parse_engine_cli(CLI::App& app, int argc, char** argv) {
+  // llama.cpp's multi-letter short flags, spelled as the long flag of the same meaning
+  static const char* const kAliases[][2] = {{"-ngl", "--n-gpu-layers"}, {"-ot", "--override-tensor"},
+                                            {"-np", "--parallel"},       {"-ub", "--ubatch-size"},
+                                            {"-fa", "--flash-attn"}};
   std::vector<std::string> args(argv, argv + argc);
-  for (size_t i = 1; i < args.size() && args[i] != "--"; ++i) {
-    if (args[i] == "-ngl") args[i] = "--n-gpu-layers";
-    else if (args[i] == "-ot") args[i] = "--override-tensor";
-  }
+  for (size_t i = 1; i < args.size() && args[i] != "--"; ++i)
+    for (const auto& al : kAliases)
+      if (args[i] == al[0] && app.get_option_no_throw(al[1])) args[i] = al[1];
   std::vector<char*> ptrs;
   for (auto& s : args) ptrs.push_back(s.data());
   return parse_cli(app, argc, ptrs.data());

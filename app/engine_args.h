@@ -34,6 +34,7 @@ struct EngineArgs {
   std::string cache_type = "f16";    // f16 | f32 (fast mode)
   int ctx = 0;                       // 0: sized by the command (see EngineSpec::ctx_default)
   int batch = 512;                   // -b: micro-batch cap (tokens per forward step)
+  std::string flash_attn = "auto";   // -fa on|off|auto: llama.cpp's flag, accepted, no effect
   bool verbose = false;
   // placement (validated while parsing: a bad value is a usage error naming the flag)
   std::string device = "cpu";                  // --device DEV[,DEV..]: the backends to use
@@ -62,8 +63,9 @@ void add_engine_options(CLI::App& app, EngineArgs& a, const EngineSpec& spec = {
 // are the defaults; the Sampler checks the ranges).
 void add_sampling_options(CLI::App& app, SamplerParams& p);
 
-// kimi::parse_cli (util/cli.h) after spelling the llama.cpp-style multi-letter short flags
-// -ngl and -ot as --n-gpu-layers / --override-tensor (CLI11 has one-letter short flags only).
+// kimi::parse_cli (util/cli.h) after spelling the llama.cpp-style multi-letter short flags -ngl,
+// -ot, -np, -ub, -fa as --n-gpu-layers, --override-tensor, --parallel, --ubatch-size, --flash-attn
+// where the command has that flag (CLI11 has one-letter short flags only).
 int parse_engine_cli(CLI::App& app, int argc, char** argv);
 
 ModelOptions model_options(const EngineArgs& a);

@@ -196,9 +196,9 @@ const std::vector<BadCase> kBad = {
     {"run -m {G} -p hi -n 2 --attn fast", "--attn"},
     {"run -m {G} -p hi -n 2 --attn-top-k -5", "attn_top_k"},
     {"run -m {G} -p hi -n 2 --precision f8", "--precision"},
-    {"run -m {G} -p hi -n 2 --top-p 2", "top_p"},
-    {"run -m {G} -p hi -n 2 --min-p 5", "min_p"},
-    {"run -m {G} -p hi -n 2 --repeat-penalty -1", "repeat_penalty"},
+    {"run -m {G} -p hi -n 2 --top-p 2", "--top-p"},
+    {"run -m {G} -p hi -n 2 --min-p 5", "--min-p"},
+    {"run -m {G} -p hi -n 2 --repeat-penalty -1", "--repeat-penalty"},
     {"run -m {G} -p hi -n 2 -c -5", "--ctx"},
     {"run -m {G} -p 'hello world foo bar baz' -n 8 -c 2", "exceeds the context size"},
     // ---- eval
@@ -210,7 +210,7 @@ const std::vector<BadCase> kBad = {
     // ---- chat
     {"chat -m {G} --thinking maybe < /dev/null", "--thinking"},
     {"chat -m {G} --threads -1 < /dev/null", "thread count"},
-    {"chat -m {G} --top-p 0 < /dev/null", "top_p"},
+    {"chat -m {G} --top-p 0 < /dev/null", "--top-p"},
     // ---- perplexity
     {"perplexity -m {G} -f {M}", "cannot open the text file"},
     {"perplexity -m {G} -f {D}", "is a directory"},
@@ -442,10 +442,10 @@ TEST(AppCli, ServeSamplingFlagsAreRequestDefaults) {
   const uint64_t s2 = kimi::server::parse_completion_request(bare, tok, lim).gen.sampler.seed;
   EXPECT_FALSE(s1 == 1234u && s2 == 1234u);
 
-  // a bad default is refused when the server starts, naming the value
+  // a bad default is a usage error before the server starts, naming the flag
   const auto bad = run_kimi("serve -m " + q(files().gguf) + " --port 0 --top-p 2");
-  EXPECT_EQ(bad.exit_code, 1) << bad.out;
-  EXPECT_NE(bad.out.find("top_p must be in (0, 1]"), std::string::npos) << bad.out;
+  EXPECT_EQ(bad.exit_code, 2) << bad.out;
+  EXPECT_NE(bad.out.find("--top-p: 2 is out of range (0, 1]"), std::string::npos) << bad.out;
 }
 
 TEST(AppCli, InspectJsonMatchesReader) {

@@ -1,0 +1,41 @@
+// kimi version (also `kimi --version`): the version, git commit, build type, compiler, the kernel
+// ISA in use / best on this CPU, and the backends compiled in.
+#include <cstdio>
+#include <string>
+
+#include "backend/cpu/dispatch.h"
+#include "build_info.h"
+#include "command.h"
+#include "engine_args.h"
+
+namespace {
+
+int cmd_version(int argc, char** argv) {
+  if (argc > 1) {
+    std::fprintf(stderr, "kimi version: error: takes no arguments (got '%s')\n", argv[1]);
+    return 2;
+  }
+  std::string backends;
+  for (const auto& d : kimi::app::compiled_devices()) backends += (backends.empty() ? "" : ", ") + d;
+#ifdef KIMI_HAVE_MPI
+  backends += ", mpi (distributed)";
+#endif
+  std::printf("kimi.cpp version %s (commit %s)\n", KIMI_VERSION, KIMI_COMMIT);
+  std::printf("build: %s, %s %s\n", KIMI_BUILD_TYPE[0] ? KIMI_BUILD_TYPE : "(no build type)",
+#if defined(__clang__)
+              "clang", __clang_version__
+#elif defined(__GNUC__)
+              "gcc", __VERSION__
+#else
+              "compiler", "unknown"
+#endif
+  );
+  std::printf("cpu kernels: %s in use (best on this cpu: %s; KIMI_ISA selects a lower one)\n",
+              kimi::kern::isa_name(kimi::kern::current_isa()), kimi::kern::isa_name(kimi::kern::best_isa()));
+  std::printf("backends: %s\n", backends.c_str());
+  return 0;
+}
+
+kimi::app::Registrar reg("version", "print the version, commit, build type, kernel ISA and backends", cmd_version);
+
+}  // namespace

@@ -34,7 +34,8 @@ TempDir::~TempDir() {
 }
 
 RunResult run_kimi(const std::string& args) {
-  std::string cmd = std::string(KIMI_BIN) + " " + args + " 2>&1";
+  // KIMI_RUNNER: the emulator of a cross build (qemu-aarch64 -L SYSROOT), empty natively
+  std::string cmd = std::string(KIMI_RUNNER) + std::string(KIMI_BIN) + " " + args + " 2>&1";
   RunResult r;
   FILE* p = ::popen(cmd.c_str(), "r");
   if (!p) throw std::runtime_error("popen failed: " + cmd);

@@ -30,35 +30,44 @@ const char* kind_of(mode_t m) {
   fail("'{}' is not a regular file (it is {})", path, kind_of(m));
 }
 
+// The identity of an existing file: device + inode (on Windows: volume serial + file index, as the
+// C runtime's stat has no inode there).
+bool file_id(const std::string& path, uint64_t* dev, uint64_t* ino) {
+#if defined(_WIN32)
+  unsigned long long d = 0, i = 0;
+  if (kimi_file_id(path.c_str(), &d, &i) != 0) return false;
+  *dev = d;
+  *ino = i;
+#else
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return false;
+  *dev = static_cast<uint64_t>(st.st_dev);
+  *ino = static_cast<uint64_t>(st.st_ino);
+#endif
+  return true;
+}
+
 // Identity of a path: the file's device + inode when it exists, else its parent directory's
 // device + inode and its last component.
 struct Key {
   bool exists = false;
-  dev_t dev = 0;
-  ino_t ino = 0;
+  uint64_t dev = 0;
+  uint64_t ino = 0;
   bool has_parent = false;
-  dev_t pdev = 0;
-  ino_t pino = 0;
+  uint64_t pdev = 0;
+  uint64_t pino = 0;
   std::string name;
 };
 
 Key key_of(const std::string& path) {
   Key k;
-  struct stat st {};
-  if (::stat(path.c_str(), &st) == 0) {
-    k.exists = true;
-    k.dev = st.st_dev;
-    k.ino = st.st_ino;
-  }
+  k.exists = file_id(path, &k.dev, &k.ino);
   fs::path p(path);
   std::string name = p.filename().string();
   fs::path parent = p.parent_path();
   if (parent.empty()) parent = ".";
-  struct stat ps {};
-  if (!name.empty() && name != "." && name != ".." && ::stat(parent.c_str(), &ps) == 0) {
+  if (!name.empty() && name != "." && name != ".." && file_id(parent.string(), &k.pdev, &k.pino)) {
     k.has_parent = true;
-    k.pdev = ps.st_dev;
-    k.pino = ps.st_ino;
     k.name = name;
   }
   return k;

@@ -4,8 +4,10 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
 #include <unistd.h>
+#if !defined(_WIN32)
+#include <sys/syscall.h>
+#endif
 
 #include <atomic>
 #include <cerrno>
@@ -46,6 +48,11 @@ std::once_flag g_install_once;
 // Removes the entries directly inside directory PATH, then PATH itself (async-signal-safe: raw
 // getdents64, unlinkat, rmdir; no allocation).
 void remove_dir_signal_safe(const char* path) {
+#if defined(_WIN32)
+  // the C runtime runs signal handlers on a thread of their own, where the library may be used
+  std::error_code ec;
+  fs::remove_all(fs::u8path(path), ec);
+#else
   int dfd = ::open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dfd >= 0) {
     alignas(8) char buf[4096];
@@ -71,6 +78,7 @@ void remove_dir_signal_safe(const char* path) {
     ::close(dfd);
   }
   ::rmdir(path);
+#endif
 }
 
 void remove_all_registered() {

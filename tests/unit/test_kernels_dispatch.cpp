@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -121,6 +122,15 @@ TEST(Dispatch, NeonLevelsAndTheirChain) {
   ASSERT_FALSE(levels.empty());
   EXPECT_EQ(levels.front(), Isa::Scalar);
   EXPECT_EQ(levels.back(), best_isa());
+}
+
+// The level detected on this CPU is the one the caller expects (KIMI_EXPECT_ISA, set by
+// scripts/cross-test.sh for each qemu CPU model: neon_i8mm on -cpu max, neon on cortex-a53), so the
+// HWCAP reading is checked, not only the kernels; without the variable there is nothing to compare.
+TEST(Dispatch, DetectedLevelIsTheExpectedOne) {
+  const char* want = std::getenv("KIMI_EXPECT_ISA");
+  if (want == nullptr || *want == '\0') GTEST_SKIP() << "KIMI_EXPECT_ISA not set";
+  EXPECT_STREQ(isa_name(best_isa()), want);
 }
 
 // kernel_impl names the level every family runs at: the highest level <= the one in use that the

@@ -1,0 +1,236 @@
+// Windows (MinGW-w64) implementations of the POSIX names declared in posix_shim.h and
+// include/sys/*.h. Compiled to nothing elsewhere.
+#if defined(_WIN32)
+#ifndef NOMINMAX
+#define NOMINMAX
+#endif
+#ifndef WIN32_LEAN_AND_MEAN
+#define WIN32_LEAN_AND_MEAN
+#endif
+#include <windows.h>
+#include <psapi.h>
+
+#include <sys/mman.h>
+#include <sys/resource.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <csignal>
+#include <cstdarg>
+#include <mutex>
+#include <string>
+
+namespace {
+
+// ---- signals over the C runtime's signal() ----
+constexpr int kMaxSig = 32;
+struct Handler {
+  void (*plain)(int) = SIG_DFL;
+  void (*info)(int, siginfo_t*, void*) = nullptr;
+};
+Handler g_handlers[kMaxSig];
+
+void trampoline(int sig) {
+  if (sig < 0 || sig >= kMaxSig) return;
+  std::signal(sig, trampoline);  // the runtime reset it to SIG_DFL before calling us
+  const Handler h = g_handlers[sig];
+  if (h.info) {
+    siginfo_t si{sig};
+    h.info(sig, &si, nullptr);
+  } else if (h.plain != SIG_DFL && h.plain != SIG_IGN) {
+    h.plain(sig);
+  }
+}
+
+bool runtime_signal(int sig) { return sig == SIGINT || sig == SIGTERM || sig == SIGBREAK || sig == SIGABRT; }
+
+// ---- sigwait ----
+std::mutex g_wait_mu;
+std::condition_variable g_wait_cv;
+int g_pending = 0;  // a signal that arrived, or -1: woken by kimi_pthread_kill
+
+void post(int sig) {
+  {
+    std::lock_guard<std::mutex> lock(g_wait_mu);
+    g_pending = sig;
+  }
+  g_wait_cv.notify_all();
+}
+void on_waited_signal(int sig) {
+  std::signal(sig, on_waited_signal);
+  post(sig);
+}
+
+// The console shows what the program writes as UTF-8 (the text kimi prints is UTF-8); the
+// application manifest (kimi.manifest) makes the ANSI API, argv and file names UTF-8 too.
+struct ConsoleUtf8 {
+  ConsoleUtf8() {
+    ::SetConsoleOutputCP(CP_UTF8);
+    ::SetConsoleCP(CP_UTF8);
+  }
+} g_console_utf8;
+
+}  // namespace
+
+extern "C" {
+
+int fcntl(int fd, int cmd, ...) {
+  if (_get_osfhandle(fd) == -1) {
+    errno = EBADF;
+    return -1;
+  }
+  return 0;
+}
+
+int fsync(int fd) { return _commit(fd); }
+
+long sysconf(int name) {
+  SYSTEM_INFO si;
+  ::GetSystemInfo(&si);
+  switch (name) {
+    case _SC_PAGESIZE: return static_cast<long>(si.dwPageSize);
+    case _SC_NPROCESSORS_ONLN: return static_cast<long>(si.dwNumberOfProcessors);
+    case _SC_PHYS_PAGES: {
+      MEMORYSTATUSEX ms{};
+      ms.dwLength = sizeof ms;
+      if (!::GlobalMemoryStatusEx(&ms)) return -1;
+      return static_cast<long>(ms.ullTotalPhys / si.dwPageSize);
+    }
+    default: errno = EINVAL; return -1;
+  }
+}
+
+int kill(int pid, int sig) {
+  if (sig != 0) {
+    errno = EINVAL;
+    return -1;
+  }
+  HANDLE h = ::OpenProcess(PROCESS_QUERY_LIMITED_INFORMATION, FALSE, static_cast<DWORD>(pid));
+  if (!h) {
+    errno = ::GetLastError() == ERROR_ACCESS_DENIED ? EPERM : ESRCH;
+    return -1;
+  }
+  DWORD code = 0;
+  const bool alive = ::GetExitCodeProcess(h, &code) && code == STILL_ACTIVE;
+  ::CloseHandle(h);
+  if (alive) return 0;
+  errno = ESRCH;
+  return -1;
+}
+
+int kimi_file_id(const char* path, unsigned long long* dev, unsigned long long* ino) {
+  const int n = ::MultiByteToWideChar(CP_UTF8, 0, path, -1, nullptr, 0);
+  if (n <= 0) return -1;
+  std::wstring w(static_cast<size_t>(n), L'\0');
+  ::MultiByteToWideChar(CP_UTF8, 0, path, -1, w.data(), n);
+  HANDLE h = ::CreateFileW(w.c_str(), 0, FILE_SHARE_READ | FILE_SHARE_WRITE | FILE_SHARE_DELETE, nullptr,
+                           OPEN_EXISTING, FILE_FLAG_BACKUP_SEMANTICS, nullptr);
+  if (h == INVALID_HANDLE_VALUE) return -1;
+  BY_HANDLE_FILE_INFORMATION fi{};
+  const bool ok = ::GetFileInformationByHandle(h, &fi);
+  ::CloseHandle(h);
+  if (!ok) return -1;
+  *dev = fi.dwVolumeSerialNumber;
+  *ino = (static_cast<unsigned long long>(fi.nFileIndexHigh) << 32) | fi.nFileIndexLow;
+  return 0;
+}
+
+int sigemptyset(sigset_t* set) {
+  *set = 0;
+  return 0;
+}
+int sigaddset(sigset_t* set, int sig) {
+  if (sig <= 0 || sig >= kMaxSig) {
+    errno = EINVAL;
+    return -1;
+  }
+  *set |= sigset_t(1) << sig;
+  return 0;
+}
+
+int sigaction(int sig, const struct sigaction* sa, struct sigaction* old) {
+  if (sig <= 0 || sig >= kMaxSig || !runtime_signal(sig)) {
+    errno = EINVAL;
+    return -1;
+  }
+  Handler& h = g_handlers[sig];
+  if (old) {
+    *old = {};
+    old->sa_handler = h.plain;
+    old->sa_sigaction = h.info;
+    old->sa_flags = h.info ? SA_SIGINFO : 0;
+  }
+  if (!sa) return 0;
+  h = {};
+  if (sa->sa_flags & SA_SIGINFO) {
+    h.info = sa->sa_sigaction;
+    std::signal(sig, trampoline);
+  } else if (sa->sa_handler == SIG_DFL || sa->sa_handler == SIG_IGN) {
+    h.plain = sa->sa_handler;
+    std::signal(sig, sa->sa_handler);
+  } else {
+    h.plain = sa->sa_handler;
+    std::signal(sig, trampoline);
+  }
+  return 0;
+}
+
+int kimi_sigwait(const sigset_t* set, int* sig) {
+  for (int s : {SIGINT, SIGTERM, SIGBREAK})
+    if (*set & (sigset_t(1) << s)) std::signal(s, on_waited_signal);
+  std::unique_lock<std::mutex> lock(g_wait_mu);
+  g_wait_cv.wait(lock, [] { return g_pending != 0; });
+  *sig = g_pending > 0 ? g_pending : SIGTERM;
+  g_pending = 0;
+  return 0;
+}
+
+int kimi_pthread_kill(pthread_t, int sig) {
+  if (sig != 0) post(-1);
+  return 0;
+}
+
+void* mmap(void*, size_t len, int, int, int fd, long long off) {
+  const HANDLE file = reinterpret_cast<HANDLE>(_get_osfhandle(fd));
+  if (file == INVALID_HANDLE_VALUE) {
+    errno = EBADF;
+    return MAP_FAILED;
+  }
+  HANDLE map = ::CreateFileMappingW(file, nullptr, PAGE_READONLY, 0, 0, nullptr);
+  if (!map) {
+    errno = EACCES;
+    return MAP_FAILED;
+  }
+  void* p = ::MapViewOfFile(map, FILE_MAP_READ, static_cast<DWORD>(static_cast<unsigned long long>(off) >> 32),
+                            static_cast<DWORD>(off & 0xffffffffu), len);
+  ::CloseHandle(map);  // the view keeps the mapping alive
+  if (!p) {
+    errno = ENOMEM;
+    return MAP_FAILED;
+  }
+  return p;
+}
+
+int munmap(void* addr, size_t) { return ::UnmapViewOfFile(addr) ? 0 : -1; }
+
+int madvise(void*, size_t, int) { return 0; }  // a hint only
+
+int getrusage(int, struct rusage* ru) {
+  FILETIME c, e, k, u;
+  *ru = {};
+  if (!::GetProcessTimes(::GetCurrentProcess(), &c, &e, &k, &u)) return -1;
+  auto to_tv = [](const FILETIME& ft, struct timeval* tv) {
+    const unsigned long long t = (static_cast<unsigned long long>(ft.dwHighDateTime) << 32) | ft.dwLowDateTime;
+    tv->tv_sec = static_cast<long>(t / 10000000ull);
+    tv->tv_usec = static_cast<long>(t % 10000000ull / 10);
+  };
+  to_tv(u, &ru->ru_utime);
+  to_tv(k, &ru->ru_stime);
+  PROCESS_MEMORY_COUNTERS pmc{};
+  if (::GetProcessMemoryInfo(::GetCurrentProcess(), &pmc, sizeof pmc))
+    ru->ru_maxrss = static_cast<long>(pmc.PeakWorkingSetSize / 1024);
+  return 0;
+}
+
+}  // extern "C"
+#endif  // _WIN32

@@ -82,6 +82,32 @@ TEST(AppVulkan, EvalLogitsMatchCpu) {
   EXPECT_NE(bad.out.find("vulkan: device 7 does not exist"), std::string::npos) << bad.out;
 }
 
+// A slice of the small preset (hidden 2048, 64 experts top-8, 32 indexer heads x 128): its first 4
+// layers (3 KDA + 1 MLA with the indexer, top-k 4 so it selects), 8 positions, GPU vs CPU f32.
+TEST(AppVulkan, SmallPresetSliceMatchesCpu) {
+  if (!have_vulkan()) GTEST_SKIP() << "no Vulkan device on this machine: Vulkan CLI tests skipped";
+  test::TempDir d;
+  auto r = test::run_kimi("synth --preset small --seed 3 -o " + d.file("small-hf"));
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  r = test::run_kimi("convert " + d.file("small-hf") + " -o " + d.file("small-4l.gguf") + " --layers 4");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const std::string toks = "17,4021,9,30000,512,77,1024,3";
+  const auto cpu = eval_logits(d.file("small-4l.gguf"), toks, "--attn-top-k 4", d.file("cpu.f32"));
+  const auto gpu = eval_logits(d.file("small-4l.gguf"), toks, "--attn-top-k 4 --device vulkan", d.file("gpu.f32"));
+  ASSERT_EQ(cpu.size(), gpu.size());
+  ASSERT_EQ(cpu.size() % 8, 0u);
+  const size_t V = cpu.size() / 8;
+  double worst = 0;
+  for (size_t t = 0; t < 8; ++t) {
+    std::vector<float> a(cpu.begin() + t * V, cpu.begin() + (t + 1) * V), b(gpu.begin() + t * V, gpu.begin() + (t + 1) * V);
+    worst = std::max(worst, test::rel_rms(b, a));
+    EXPECT_EQ(std::max_element(a.begin(), a.end()) - a.begin(), std::max_element(b.begin(), b.end()) - b.begin())
+        << "top-1 of position " << t;
+  }
+  EXPECT_LT(worst, 1e-4);
+  std::printf("[ small preset, 4 layers ] worst rel RMS of 8 positions vs CPU f32: %.3g\n", worst);
+}
+
 namespace {
 
 // `kimi serve` in a child process on a free port, until destroyed

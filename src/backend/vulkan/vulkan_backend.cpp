@@ -203,7 +203,7 @@ void VulkanBackend::mm(const MatView& W, const float* x, int64_t n, float* y, in
        u32(W.rows, "matmul rows"), u32(W.cols, "matmul cols"), u32(n, "matmul tokens"), u32(static_cast<int64_t>(W.row_bytes), "row bytes"),
        u32(static_cast<int64_t>(a.ldx), "ldx"), u32(static_cast<int64_t>(a.ldy), "ldy"),
        u32(static_cast<int64_t>(a.x_batch), "x batch"), u32(static_cast<int64_t>(a.y_batch), "y batch"), a.x_div};
-  constexpr int64_t kTile = 4;  // tokens per workgroup (mm.comp TT)
+  constexpr int64_t kTile = 8;  // tokens per workgroup (mm.comp TT)
   rt_.dispatch(mm_pipe(W.type), &pc, sizeof(pc), groups(W.rows), u32((n + kTile - 1) / kTile, "token tiles"),
                u32(batch, "matmul batch"));
 }

@@ -12,6 +12,7 @@
 #include "command.h"
 #include "engine_args.h"
 #include "server/server.h"
+#include "util/error.h"
 
 namespace {
 
@@ -32,12 +33,14 @@ int cmd_serve(int argc, char** argv) {
   app.add_option("--host", o.host, "address to bind (default 127.0.0.1; 0.0.0.0 exposes the server)");
   app.add_option("--port", o.port, "port (0 = ephemeral; the chosen port is printed)")->check(CLI::Range(0, 65535));
   app.add_option("--alias", o.model_id, "model id reported by the API (default: file name stem)");
-  app.add_option("-P,--parallel", o.sched.parallel, "slots: requests decoded concurrently")->check(CLI::Range(1, 256));
+  app.add_option("-P,--parallel", o.sched.parallel, "slots: requests decoded concurrently (also -np)")->check(CLI::Range(1, 256));
   app.add_option("--cache-slots", o.sched.cache_slots, "extra sequences that keep earlier prompts (-1 = --parallel)")
       ->check(CLI::Range(-1, 256));
   bool no_cache = false;
   app.add_flag("--no-prompt-cache", no_cache, "disable the prompt cache (every request prefills its whole prompt)");
-  app.add_option("--chunk", o.sched.chunk, "prefill chunk size (tokens)")->check(CLI::Range(1, 65536));
+  app.add_option("--chunk,-b,--batch-size,--ubatch-size", o.sched.chunk,
+                 "prefill chunk size (tokens); llama-server's -b / -ub are taken as this")
+      ->check(CLI::Range(1, 65536));
   app.add_option("--max-chunks", o.sched.max_chunks, "prefill chunks per step")->check(CLI::Range(1, 64));
   app.add_option("--queue", o.sched.queue_limit, "requests waiting for a slot before 503")->check(CLI::Range(0, 1 << 20));
   app.add_option("--api-key", o.api_key, "require Authorization: Bearer KEY (also env KIMI_API_KEY)")->envname("KIMI_API_KEY");
@@ -56,6 +59,7 @@ int cmd_serve(int argc, char** argv) {
   app.add_option("--body-timeout", o.body_timeout_s, "seconds within which a whole request body must arrive")
       ->check(CLI::PositiveNumber);
   app.add_option("--timeout", o.timeout_s, "per-request time limit in seconds (0 = none)")->check(CLI::NonNegativeNumber);
+  app.add_flag("-q,--quiet", o.quiet, "no log line per generation request");
   app.add_option("--grace", o.grace_s, "shutdown grace period in seconds")->check(CLI::NonNegativeNumber);
   if (int rc = kimi::app::parse_engine_cli(app, argc, argv); rc >= 0) return rc;
   o.sched.prompt_cache = !no_cache;
@@ -70,6 +74,13 @@ int cmd_serve(int argc, char** argv) {
   o.extra_backends = kimi::app::open_accelerators(ea);
   o.fixed_seed = app.count("--seed") > 0;
   o.verbose = ea.verbose;
+  o.load_in_background = true;  // bound first: /health says 503 "loading model" until it is loaded
+  int port = 0;
+  o.on_loaded = [&] {  // scripts wait for this line: from here requests are served
+    std::printf("kimi serve: listening on http://%s:%d (model %s, %d slots, ctx %d)\n", o.host.c_str(), port,
+                o.model_path.c_str(), o.sched.parallel, o.ctx);
+    std::fflush(stdout);
+  };
 
   // SIGINT/SIGTERM are handled by a dedicated thread (blocked everywhere else)
   sigset_t set;
@@ -80,10 +91,9 @@ int cmd_serve(int argc, char** argv) {
   std::signal(SIGPIPE, SIG_IGN);
 
   kimi::server::Server server(o);
-  const int port = server.bind();
-  std::printf("kimi serve: listening on http://%s:%d (model %s, %d slots, ctx %d)\n", o.host.c_str(), port,
-              o.model_path.c_str(), o.sched.parallel, o.ctx);
-  std::fflush(stdout);
+  port = server.bind();
+  std::fprintf(stderr, "kimi serve: bound to %s:%d, loading %s (/health answers 503 until it is loaded)\n",
+               o.host.c_str(), port, o.model_path.c_str());
   std::atomic<bool> done{false}, got_signal{false};
   std::thread sig([&] {
     int s = 0;
@@ -94,11 +104,17 @@ int cmd_serve(int argc, char** argv) {
                  o.grace_s);
     server.shutdown();
   });
-  server.run();
+  std::string load_error;
+  try {
+    server.run();
+  } catch (const kimi::Error& e) {  // the model could not be loaded
+    load_error = e.what();
+  }
   done.store(true);
   // wake the signal thread if it is still waiting
   if (!got_signal.load()) pthread_kill(sig.native_handle(), SIGTERM);
   sig.join();
+  if (!load_error.empty()) throw kimi::Error(load_error);
   std::fprintf(stderr, "kimi serve: stopped\n");
   return 0;
 }

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <random>
 
+#include "server/grammar.h"
 #include "util/error.h"
 #include "util/json.h"
 
@@ -132,6 +133,9 @@ int prompt_limit(const Limits& lim) {
 
 namespace {
 
+constexpr int64_t kMaxChoices = 16;      // n
+constexpr int64_t kMaxTopLogprobs = 20;  // top_logprobs (OpenAI's limit)
+
 const ojson* field(const ojson& b, const char* k) {
   auto it = b.find(k);
   return it == b.end() || it->is_null() ? nullptr : &*it;
@@ -195,21 +199,76 @@ bool boolean(const ojson& b, const char* k, bool dflt) {
   return v->get<bool>();
 }
 
+// The output constraint: response_format {"type":"json_object"} / {"type":"json_schema",
+// "json_schema":{"schema":{...}}}, or llama.cpp's "json_schema": {...} / "grammar": "GBNF". At most
+// one of them; an unsupported schema feature or a bad grammar is a 400 naming it.
+void constraint(const ojson& b, ParsedRequest& r) {
+  std::string gbnf, param;
+  auto one = [&](const std::string& p) {
+    if (!param.empty()) bad(p, fmt::format("give only one of '{}' and '{}'", param, p));
+    param = p;
+  };
+  auto schema = [&](const ojson& sc, const std::string& p) {
+    try {
+      gbnf = grammar::schema_to_gbnf(sc);
+    } catch (const grammar::SchemaError& e) {
+      throw ApiError(400, fmt::format("{}: {}", p, e.what()), "invalid_request_error", p, "unsupported_schema");
+    }
+  };
+  if (const ojson* rf = field(b, "response_format")) {
+    const ojson* t = rf->is_object() ? field(*rf, "type") : nullptr;
+    if (t && *t == "json_object") {
+      one("response_format");
+      gbnf = grammar::json_object_gbnf();
+    } else if (t && *t == "json_schema") {
+      one("response_format");
+      const ojson* js = field(*rf, "json_schema");
+      const ojson* sc = js && js->is_object() ? field(*js, "schema") : nullptr;
+      if (!sc) bad("response_format.json_schema.schema", "'response_format.json_schema.schema' is required");
+      schema(*sc, "response_format.json_schema.schema");
+    }
+  }
+  if (const ojson* js = field(b, "json_schema")) {
+    one("json_schema");
+    schema(*js, "json_schema");
+  }
+  if (const ojson* g = field(b, "grammar")) {
+    one("grammar");
+    if (!g->is_string()) bad("grammar", "'grammar' must be a string (GBNF)");
+    gbnf = g->get<std::string>();
+  }
+  if (param.empty()) return;
+  try {
+    r.gen.grammar = grammar::Grammar::parse(gbnf);
+  } catch (const grammar::GrammarError& e) {
+    throw ApiError(400, fmt::format("{}: {}", param, e.what()), "invalid_request_error", param, "invalid_grammar");
+  }
+}
+
 // Fields shared by both endpoints.
 void common_params(const ojson& b, ParsedRequest& r, const Limits& lim, bool chat) {
+  constraint(b, r);
   if (const ojson* m = field(b, "model")) {
     if (!m->is_string()) bad("model", "'model' must be a string");
     r.model = m->get<std::string>();
   }
-  if (integer(b, "n", 1, 1, INT32_MAX) != 1) bad("n", "only n=1 is supported");
-  if (chat && integer(b, "best_of", 1, 1, 1) != 1) bad("best_of", "only best_of=1 is supported");
+  r.n = static_cast<int>(integer(b, "n", 1, 1, kMaxChoices));
+  const int64_t best_of = integer(b, "best_of", r.n, 1, kMaxChoices);
+  if (best_of != r.n) bad("best_of", fmt::format("only best_of = n is supported (got best_of {}, n {})", best_of, r.n));
   r.stream = boolean(b, "stream", false);
   if (const ojson* so = field(b, "stream_options")) {
     if (!so->is_object()) bad("stream_options", "'stream_options' must be an object");
     r.include_usage = boolean(*so, "include_usage", false);
   }
-  if (const ojson* lp = field(b, "logprobs"))
-    if (!(lp->is_boolean() && !lp->get<bool>())) bad("logprobs", "logprobs are not supported");
+  if (chat) {  // logprobs: bool, top_logprobs: 0..20 (needs logprobs)
+    const bool lp = boolean(b, "logprobs", false);
+    const int64_t top = integer(b, "top_logprobs", 0, 0, kMaxTopLogprobs);
+    if (field(b, "top_logprobs") && !lp) bad("top_logprobs", "'top_logprobs' needs \"logprobs\": true");
+    r.gen.logprobs = lp ? static_cast<int>(top) : -1;
+  } else if (const ojson* lp = field(b, "logprobs")) {  // completions: logprobs = N alternatives
+    if (lp->is_boolean()) r.gen.logprobs = lp->get<bool>() ? 0 : -1;
+    else r.gen.logprobs = static_cast<int>(integer(b, "logprobs", 0, 0, kMaxTopLogprobs));
+  }
   SamplerParams& sp = r.gen.sampler;
   const SamplerParams& def = lim.sampling;
   sp.temp = static_cast<float>(number(b, "temperature", def.temp, 0.0, 2.0));
@@ -414,6 +473,12 @@ ParsedRequest parse_completion_request(const std::string& body_text, const tok::
   if (!p) bad("prompt", "'prompt' is required");
   if (field(b, "suffix")) bad("suffix", "'suffix' is not supported");
   if (boolean(b, "echo", false)) bad("echo", "'echo' is not supported");
+  if (const ojson* rf = field(b, "response_format")) {
+    if (!rf->is_object()) bad("response_format", "'response_format' must be an object");
+    if (const ojson* t = field(*rf, "type"))
+      if (!t->is_string() || (*t != "text" && *t != "json_object" && *t != "json_schema"))
+        bad("response_format.type", "'response_format.type' must be \"text\", \"json_object\" or \"json_schema\"");
+  }
   if (p->is_string()) {
     r.prompt = encode_prompt(tok, p->get_ref<const std::string&>(), lim, false);
   } else if (p->is_array() && p->size() == 1 && (*p)[0].is_string()) {
@@ -469,43 +534,122 @@ std::string openai_finish_reason(const std::string& r) {
   return r;
 }
 
-ojson chat_response(const std::string& id, const std::string& model, int64_t created, const JobOutput& out,
-                    const Job::Result& r) {
-  ojson msg = ojson::object();
-  msg["role"] = "assistant";
-  msg["content"] = out.content.empty() && !out.tool_calls.empty() ? ojson(nullptr) : ojson(out.content);
-  if (!out.reasoning.empty()) msg["reasoning_content"] = out.reasoning;
-  if (!out.tool_calls.empty()) {
-    ojson calls = ojson::array();
-    for (size_t i = 0; i < out.tool_calls.size(); ++i)
-      calls.push_back(tool_call_json(out.tool_calls[i], fmt::format("call_{}_{}", id, i)));
-    msg["tool_calls"] = std::move(calls);
-  }
-  ojson choice = {{"index", 0}, {"message", msg}, {"logprobs", nullptr},
-                  {"finish_reason", openai_finish_reason(r.finish_reason)}};
-  return ojson{{"id", id},           {"object", "chat.completion"}, {"created", created},
-               {"model", model},     {"choices", ojson::array({choice})}, {"usage", usage_json(r)}};
+namespace {
+
+ojson bytes_json(const std::string& piece) {
+  ojson b = ojson::array();
+  for (unsigned char c : piece) b.push_back(static_cast<int>(c));
+  return b;
 }
 
-ojson completion_response(const std::string& id, const std::string& model, int64_t created, const JobOutput& out,
-                          const Job::Result& r) {
-  ojson choice = {{"text", out.text}, {"index", 0}, {"logprobs", nullptr},
-                  {"finish_reason", openai_finish_reason(r.finish_reason)}};
+const std::string& piece_of(const tok::Tokenizer& tok, int32_t id) {
+  static const std::string none;
+  return id >= 0 && id < tok.n_vocab() ? tok.token_to_piece(id) : none;
+}
+
+ojson chat_entry(const TokenLogprob& l, const tok::Tokenizer& tok) {
+  ojson top = ojson::array();
+  for (const auto& [id, lp] : l.top) {
+    const std::string& p = piece_of(tok, id);
+    top.push_back({{"token", p}, {"logprob", lp}, {"bytes", bytes_json(p)}});
+  }
+  return {{"token", l.piece}, {"logprob", l.logprob}, {"bytes", bytes_json(l.piece)}, {"top_logprobs", std::move(top)}};
+}
+
+}  // namespace
+
+ojson chat_logprobs_json(const std::vector<TokenLogprob>& lp, const tok::Tokenizer& tok) {
+  ojson content = ojson::array(), reasoning = ojson::array();
+  for (const TokenLogprob& l : lp) {
+    if (l.channel == TokenLogprob::Reasoning) reasoning.push_back(chat_entry(l, tok));
+    else if (l.channel == TokenLogprob::Content || l.channel == TokenLogprob::Text) content.push_back(chat_entry(l, tok));
+  }
+  ojson j = {{"content", std::move(content)}};
+  if (!reasoning.empty()) j["reasoning_content"] = std::move(reasoning);
+  return j;
+}
+
+ojson completion_logprobs_json(const std::vector<TokenLogprob>& lp, const tok::Tokenizer& tok, size_t text_offset0) {
+  ojson tokens = ojson::array(), lps = ojson::array(), tops = ojson::array(), offs = ojson::array();
+  size_t off = text_offset0;
+  for (const TokenLogprob& l : lp) {
+    tokens.push_back(l.piece);
+    lps.push_back(l.logprob);
+    ojson t = ojson::object();
+    for (const auto& [id, v] : l.top) t[piece_of(tok, id)] = v;  // same piece twice: the better one stays
+    tops.push_back(std::move(t));
+    offs.push_back(off);
+    off += l.piece.size();
+  }
+  return {{"tokens", std::move(tokens)}, {"token_logprobs", std::move(lps)}, {"top_logprobs", std::move(tops)},
+          {"text_offset", std::move(offs)}};
+}
+
+ojson usage_json(const std::vector<Job::Result>& rs) {
+  int gen = 0;
+  for (const auto& r : rs) gen += r.n_generated;
+  const int prompt = rs.empty() ? 0 : rs[0].n_prompt;
+  int cached = 0;
+  for (const auto& r : rs) cached = std::max(cached, r.n_cached);
+  return ojson{{"prompt_tokens", prompt},
+               {"completion_tokens", gen},
+               {"total_tokens", prompt + gen},
+               {"prompt_tokens_details", {{"cached_tokens", cached}}}};
+}
+
+ojson chat_response(const std::string& id, const std::string& model, int64_t created, const std::vector<Choice>& cs,
+                    const tok::Tokenizer* tok) {
+  ojson choices = ojson::array();
+  std::vector<Job::Result> rs;
+  for (size_t k = 0; k < cs.size(); ++k) {
+    const JobOutput& out = cs[k].out;
+    ojson msg = ojson::object();
+    msg["role"] = "assistant";
+    msg["content"] = out.content.empty() && !out.tool_calls.empty() ? ojson(nullptr) : ojson(out.content);
+    if (!out.reasoning.empty()) msg["reasoning_content"] = out.reasoning;
+    if (!out.tool_calls.empty()) {
+      ojson calls = ojson::array();
+      for (size_t i = 0; i < out.tool_calls.size(); ++i)
+        calls.push_back(tool_call_json(out.tool_calls[i], cs.size() == 1 ? fmt::format("call_{}_{}", id, i)
+                                                                          : fmt::format("call_{}_{}_{}", id, k, i)));
+      msg["tool_calls"] = std::move(calls);
+    }
+    const bool lp = tok != nullptr;  // asked for: a list even when it is empty
+    choices.push_back({{"index", k}, {"message", msg}, {"logprobs", lp ? chat_logprobs_json(out.logprobs, *tok) : ojson(nullptr)},
+                       {"finish_reason", openai_finish_reason(cs[k].result.finish_reason)}});
+    rs.push_back(cs[k].result);
+  }
+  return ojson{{"id", id},       {"object", "chat.completion"}, {"created", created},
+               {"model", model}, {"choices", std::move(choices)}, {"usage", usage_json(rs)}};
+}
+
+ojson completion_response(const std::string& id, const std::string& model, int64_t created,
+                          const std::vector<Choice>& cs, const tok::Tokenizer* tok) {
+  ojson choices = ojson::array();
+  std::vector<Job::Result> rs;
+  for (size_t k = 0; k < cs.size(); ++k) {
+    const JobOutput& out = cs[k].out;
+    const bool lp = tok != nullptr;
+    choices.push_back({{"text", out.text}, {"index", k},
+                       {"logprobs", lp ? completion_logprobs_json(out.logprobs, *tok) : ojson(nullptr)},
+                       {"finish_reason", openai_finish_reason(cs[k].result.finish_reason)}});
+    rs.push_back(cs[k].result);
+  }
   return ojson{{"id", id},       {"object", "text_completion"}, {"created", created},
-               {"model", model}, {"choices", ojson::array({choice})}, {"usage", usage_json(r)}};
+               {"model", model}, {"choices", std::move(choices)}, {"usage", usage_json(rs)}};
 }
 
 ojson chat_chunk(const std::string& id, const std::string& model, int64_t created, const ojson& delta,
-                 const std::string& finish_reason) {
-  ojson choice = {{"index", 0}, {"delta", delta}, {"logprobs", nullptr},
+                 const std::string& finish_reason, int index, const ojson& logprobs) {
+  ojson choice = {{"index", index}, {"delta", delta}, {"logprobs", logprobs},
                   {"finish_reason", finish_reason.empty() ? ojson(nullptr) : ojson(finish_reason)}};
   return ojson{{"id", id}, {"object", "chat.completion.chunk"}, {"created", created}, {"model", model},
                {"choices", ojson::array({choice})}};
 }
 
 ojson completion_chunk(const std::string& id, const std::string& model, int64_t created, const std::string& text,
-                       const std::string& finish_reason) {
-  ojson choice = {{"text", text}, {"index", 0}, {"logprobs", nullptr},
+                       const std::string& finish_reason, int index, const ojson& logprobs) {
+  ojson choice = {{"text", text}, {"index", index}, {"logprobs", logprobs},
                   {"finish_reason", finish_reason.empty() ? ojson(nullptr) : ojson(finish_reason)}};
   return ojson{{"id", id}, {"object", "text_completion"}, {"created", created}, {"model", model},
                {"choices", ojson::array({choice})}};

@@ -48,6 +48,7 @@ int prompt_limit(const Limits& lim);
 struct ParsedRequest {
   std::vector<int32_t> prompt;
   GenParams gen;
+  int n = 1;                   // choices (n): n jobs with seeds seed, seed + 1, ...
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
   std::string model;           // as given (informational)
@@ -70,17 +71,33 @@ void apply_chat_text(tok::ChatParser& parser, const std::string& text, JobOutput
 ojson tool_call_json(const tok::ParsedToolCall& c, const std::string& id);
 ojson usage_json(const Job::Result& r);
 
-// Full (non-streaming) responses.
-ojson chat_response(const std::string& id, const std::string& model, int64_t created, const JobOutput& out,
-                    const Job::Result& r);
-ojson completion_response(const std::string& id, const std::string& model, int64_t created, const JobOutput& out,
-                          const Job::Result& r);
+ojson usage_json(const std::vector<Job::Result>& rs);  // n choices: the prompt counted once
+
+// One choice of a response: its output and result.
+struct Choice {
+  JobOutput out;
+  Job::Result result;
+};
+
+// `logprobs` of a choice (null when the request asked for none): chat {"content": [{"token",
+// "logprob","bytes","top_logprobs"}], "reasoning_content": [...]} (OpenAI's chat form; reasoning
+// tokens in their own list); completions {"tokens","token_logprobs","top_logprobs","text_offset"}
+// (the legacy form). `text_offset0`: offset of the first token in the choice's text (streaming).
+ojson chat_logprobs_json(const std::vector<TokenLogprob>& lp, const tok::Tokenizer& tok);
+ojson completion_logprobs_json(const std::vector<TokenLogprob>& lp, const tok::Tokenizer& tok, size_t text_offset0 = 0);
+
+// Full (non-streaming) responses; `tok` is needed only for logprobs (nullptr: none asked).
+ojson chat_response(const std::string& id, const std::string& model, int64_t created, const std::vector<Choice>& cs,
+                    const tok::Tokenizer* tok = nullptr);
+ojson completion_response(const std::string& id, const std::string& model, int64_t created,
+                          const std::vector<Choice>& cs, const tok::Tokenizer* tok = nullptr);
 
 // Streaming chunks (one SSE `data:` payload each).
 ojson chat_chunk(const std::string& id, const std::string& model, int64_t created, const ojson& delta,
-                 const std::string& finish_reason);  // "" -> null
+                 const std::string& finish_reason, int index = 0,
+                 const ojson& logprobs = nullptr);  // finish_reason "" -> null
 ojson completion_chunk(const std::string& id, const std::string& model, int64_t created, const std::string& text,
-                       const std::string& finish_reason);
+                       const std::string& finish_reason, int index = 0, const ojson& logprobs = nullptr);
 
 // OpenAI finish_reason for a scheduler result ("timeout" / "cancelled" map to "length" / "stop").
 std::string openai_finish_reason(const std::string& r);

@@ -393,6 +393,12 @@ bool Matcher::partial_ok(const std::vector<Stack>& stacks, const std::string& pe
     lo <<= 6;
     hi = (hi << 6) | 0x3F;
   }
+  // only what a valid sequence can still become: no overlong forms, surrogates or beyond U+10FFFF
+  lo = std::max(lo, n == 2 ? 0x80u : n == 3 ? 0x800u : 0x10000u);
+  hi = std::min(hi, 0x10FFFFu);
+  if (lo >= 0xD800 && hi <= 0xDFFF) return false;
+  if (lo <= 0xD7FF && hi >= 0xD800 && hi <= 0xDFFF) hi = 0xD7FF;  // ED: up to U+D7FF
+  if (lo > hi) return false;
   for (const Stack& st : stacks) {
     if (st.empty()) continue;
     const Pos p = st.back();
@@ -417,10 +423,19 @@ bool Matcher::feed(std::vector<Stack>& stacks, std::string& pending, std::string
         if (!step(stacks, b)) return false;
         continue;
       }
-      if ((b >> 5) != 6 && (b >> 4) != 14 && (b >> 3) != 30) return false;  // not a lead byte
+      if (b < 0xC2 || b > 0xF4) return false;  // not a lead byte (C0, C1: overlong; F5..: beyond U+10FFFF)
       pending.push_back(static_cast<char>(b));
     } else {
-      if ((b >> 6) != 2) return false;
+      // strict UTF-8 (as the detokenizer): no overlong forms, no surrogates, nothing beyond U+10FFFF
+      const unsigned char c0 = static_cast<unsigned char>(pending[0]);
+      unsigned char lo = 0x80, hi = 0xBF;
+      if (pending.size() == 1) {
+        if (c0 == 0xE0) lo = 0xA0;
+        else if (c0 == 0xED) hi = 0x9F;
+        else if (c0 == 0xF0) lo = 0x90;
+        else if (c0 == 0xF4) hi = 0x8F;
+      }
+      if (b < lo || b > hi) return false;
       pending.push_back(static_cast<char>(b));
     }
     const unsigned char c0 = static_cast<unsigned char>(pending[0]);

@@ -1,10 +1,12 @@
 // HTTP endpoints of `kimi serve` on the small HTTP/1.1 server in httpd.h.
 #include <atomic>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <mutex>
 #include <optional>
+#include <thread>
 
 #include "server/api.h"
 #include "server/httpd.h"
@@ -48,7 +50,11 @@ std::string bearer_token(const std::string* h) {
 }
 
 const char* const kKnownPaths[] = {"/health", "/metrics", "/v1/models", "/v1/chat/completions", "/v1/completions",
-                                   "/tokenize", "/detokenize"};
+                                   "/tokenize", "/detokenize", "/props", "/slots"};
+
+bool is_embeddings(const std::string& p) {
+  return p == "/v1/embeddings" || p == "/embeddings" || p == "/embedding" || p == "/v1/embedding";
+}
 
 }  // namespace
 
@@ -61,6 +67,9 @@ struct Server::Impl {
   Limits lim;
   int port = -1;
   std::atomic<bool> stopping{false};
+  std::atomic<bool> ready{false};   // model, tokenizer and scheduler are loaded
+  std::thread loader;               // load_in_background
+  std::string load_error;
   std::atomic<int> in_flight{0};
   std::atomic<uint64_t> next_id{1};
   Clock::time_point t_start = Clock::now();
@@ -71,16 +80,23 @@ struct Server::Impl {
   double ttft_sum = 0;
   uint64_t ttft_n = 0;
 
+  void load();
   bool quick(const httpd::Request& req, bool workers_free, bool draining, httpd::Reply& out);
   void handle(const httpd::Request& req, httpd::Responder& res);
   void log(const httpd::Request& req, int status);
   httpd::Reply health() const;
   httpd::Reply models() const;
+  ojson model_json() const;
+  httpd::Reply model_by_id(const std::string& id) const;
+  httpd::Reply props() const;
+  httpd::Reply slots() const;
   httpd::Reply tokenize(const httpd::Request& req) const;
   httpd::Reply detokenize(const httpd::Request& req) const;
   void generate(const httpd::Request& req, httpd::Responder& res, bool chat);
-  void stream(const std::shared_ptr<Job>& job, httpd::Responder& res, bool chat, bool include_usage,
-              const std::string& id);
+  std::vector<Job::Result> stream(const std::vector<std::shared_ptr<Job>>& jobs, httpd::Responder& res, bool chat,
+                                  bool include_usage, const std::string& id, bool logprobs);
+  void log_generation(const httpd::Request& req, const std::string& id, const std::vector<Job::Result>& rs,
+                      double total_s);
   void record_ttft(const Job::Result& r);
   std::string metrics() const;
   std::string new_id(const char* prefix) { return fmt::format("{}{:08x}", prefix, next_id.fetch_add(1)); }
@@ -89,23 +105,8 @@ struct Server::Impl {
 Server::Server(const ServerOptions& opts) : impl_(std::make_unique<Impl>()) {
   Impl& I = *impl_;
   I.o = opts;
-  I.model = Model::load(opts.model_path, {opts.verbose});
-  check(I.model->reader().has("tokenizer.ggml.tokens"),
-        "{}: the GGUF has no tokenizer (tokenizer.ggml.tokens); kimi serve needs one", opts.model_path);
-  I.tok.emplace(tok::Tokenizer::from_gguf(I.model->reader()));
   if (I.o.model_id.empty()) I.o.model_id = std::filesystem::path(opts.model_path).stem().string();
   check(opts.ctx >= 8, "--ctx must be >= 8 (got {})", opts.ctx);
-  ContextOptions co;
-  co.n_threads = opts.threads;
-  co.n_ctx_max = opts.ctx;
-  co.attn = opts.attn == "dense" ? AttnPath::Dense : AttnPath::Sparse;
-  co.attn_top_k = opts.attn_top_k;
-  co.precision = opts.precision == "f32" ? Precision::F32 : Precision::Fast;
-  co.cache_type = opts.cache_type == "f32" ? CacheType::F32 : CacheType::F16;
-  co.placement = opts.placement;
-  co.extra_backends = opts.extra_backends;
-  co.n_batch_max = opts.sched.chunk * opts.sched.max_chunks + opts.sched.parallel;
-  I.sched = std::make_unique<Scheduler>(*I.model, *I.tok, co, opts.sched);
   I.lim.n_ctx = opts.ctx;
   I.lim.max_prompt_tokens = opts.max_prompt_tokens;
   I.lim.max_tokens = opts.max_tokens;
@@ -114,7 +115,6 @@ Server::Server(const ServerOptions& opts) : impl_(std::make_unique<Impl>()) {
   I.lim.sampling = opts.sampling;
   I.lim.fixed_seed = opts.fixed_seed;
   Sampler check_sampling(opts.sampling, 1);  // a bad default (e.g. --top-p 2) fails at startup
-  I.lim.max_token_bytes = I.tok->max_token_bytes();
 
   httpd::Options h;
   h.host = opts.host;
@@ -134,16 +134,44 @@ Server::Server(const ServerOptions& opts) : impl_(std::make_unique<Impl>()) {
       h, [&I](const httpd::Request& rq, httpd::Responder& rs) { I.handle(rq, rs); },
       [&I](const httpd::Request& rq, bool free, bool draining, httpd::Reply& out) { return I.quick(rq, free, draining, out); },
       [&I](const httpd::Request& rq, int status) { I.log(rq, status); });
+  if (!opts.load_in_background) I.load();
+}
+
+// The model, tokenizer and scheduler; requests are served once this has returned.
+void Server::Impl::load() {
+  model = Model::load(o.model_path, {o.verbose});
+  check(model->reader().has("tokenizer.ggml.tokens"),
+        "{}: the GGUF has no tokenizer (tokenizer.ggml.tokens); kimi serve needs one", o.model_path);
+  tok.emplace(tok::Tokenizer::from_gguf(model->reader()));
+  ContextOptions co;
+  co.n_threads = o.threads;
+  co.n_ctx_max = o.ctx;
+  co.attn = o.attn == "dense" ? AttnPath::Dense : AttnPath::Sparse;
+  co.attn_top_k = o.attn_top_k;
+  co.precision = o.precision == "f32" ? Precision::F32 : Precision::Fast;
+  co.cache_type = o.cache_type == "f32" ? CacheType::F32 : CacheType::F16;
+  co.placement = o.placement;
+  co.extra_backends = o.extra_backends;
+  co.n_batch_max = o.sched.chunk * o.sched.max_chunks + o.sched.parallel;
+  sched = std::make_unique<Scheduler>(*model, *tok, co, o.sched);
+  lim.max_token_bytes = tok->max_token_bytes();
+  ready.store(true, std::memory_order_release);
+  if (o.on_loaded) o.on_loaded();
 }
 
 Server::~Server() {
   shutdown();
   impl_->http.reset();  // joins the handler threads (run() may never have been called)
+  if (impl_->loader.joinable()) impl_->loader.join();
   if (impl_->sched) impl_->sched->shutdown(std::chrono::milliseconds(0));
 }
 
-Scheduler& Server::scheduler() { return *impl_->sched; }
+Scheduler& Server::scheduler() {
+  check(impl_->ready.load(std::memory_order_acquire), "Server::scheduler(): the model is not loaded yet");
+  return *impl_->sched;
+}
 std::string Server::metrics_text() const { return impl_->metrics(); }
+bool Server::loaded() const { return impl_->ready.load(std::memory_order_acquire); }
 
 int Server::bind() {
   Impl& I = *impl_;
@@ -154,10 +182,24 @@ int Server::bind() {
 void Server::run() {
   Impl& I = *impl_;
   check(I.port > 0, "Server::run() before bind()");
+  if (!I.ready.load()) {
+    I.loader = std::thread([&I] {
+      try {
+        if (I.o.test_load_delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(I.o.test_load_delay_ms));
+        if (!I.stopping.load()) I.load();
+      } catch (const std::exception& e) {
+        I.load_error = e.what();
+        I.stopping.store(true);
+        I.http->drain();
+      }
+    });
+  }
   // returns once shutdown() was called and no request is being handled any more; until then
   // /health answers 503 and new requests are refused with 503
   I.http->run();
-  I.sched->shutdown(std::chrono::milliseconds(static_cast<int64_t>(I.o.grace_s * 1000)));
+  if (I.loader.joinable()) I.loader.join();
+  if (I.sched) I.sched->shutdown(std::chrono::milliseconds(static_cast<int64_t>(I.o.grace_s * 1000)));
+  if (!I.load_error.empty()) throw Error(I.load_error);
 }
 
 void Server::shutdown() {
@@ -165,7 +207,8 @@ void Server::shutdown() {
   std::call_once(I.stop_once, [&] {
     I.stopping.store(true);
     // the scheduler keeps serving in-flight requests for the grace period, then cancels them
-    I.sched->request_stop(std::chrono::milliseconds(static_cast<int64_t>(I.o.grace_s * 1000)));
+    if (I.ready.load(std::memory_order_acquire))
+      I.sched->request_stop(std::chrono::milliseconds(static_cast<int64_t>(I.o.grace_s * 1000)));
     I.http->drain();
   });
 }
@@ -205,10 +248,29 @@ bool Server::Impl::quick(const httpd::Request& req, bool workers_free, bool drai
     out = health();
     return true;
   }
-  if (req.path == "/metrics" || req.path == "/v1/models") {
+  if (is_embeddings(req.path)) {
+    out = error_reply(501,
+                      "embeddings are not supported: kimi-k3 is a generative chat model and kimi serve has no "
+                      "embedding (pooled hidden state) output; use an embedding model",
+                      "not_implemented_error", "", "embeddings_not_supported");
+    return true;
+  }
+  const bool models_path = req.path == "/v1/models" || req.path.rfind("/v1/models/", 0) == 0;
+  if (req.path == "/metrics" || models_path || req.path == "/props" || req.path == "/slots") {
     if (!get) return wrong_method("GET");
+    if (!ready.load(std::memory_order_acquire) && req.path != "/metrics") {
+      out = error_reply(503, "the model is loading", "server_unavailable_error", "", "loading");
+      out.headers.emplace_back("Retry-After", "1");
+      return true;
+    }
     if (req.path == "/v1/models") {
       out = models();
+    } else if (models_path) {
+      out = model_by_id(req.path.substr(std::strlen("/v1/models/")));
+    } else if (req.path == "/props") {
+      out = props();
+    } else if (req.path == "/slots") {
+      out = slots();
     } else {
       out.content_type = "text/plain; version=0.0.4";
       out.body = metrics();
@@ -220,6 +282,11 @@ bool Server::Impl::quick(const httpd::Request& req, bool workers_free, bool drai
     if (!post) return wrong_method("POST");
     if (draining || stopping.load()) {
       out = error_reply(503, "server is shutting down", "server_unavailable_error");
+      return true;
+    }
+    if (!ready.load(std::memory_order_acquire)) {
+      out = error_reply(503, "the model is loading", "server_unavailable_error", "", "loading");
+      out.headers.emplace_back("Retry-After", "1");
       return true;
     }
     if (!workers_free) {
@@ -234,18 +301,72 @@ bool Server::Impl::quick(const httpd::Request& req, bool workers_free, bool drai
 
 httpd::Reply Server::Impl::health() const {
   if (stopping.load()) return json_reply(ojson{{"status", "shutting down"}}, 503);
+  if (!ready.load(std::memory_order_acquire)) return json_reply(ojson{{"status", "loading model"}}, 503);
   const SchedulerStats s = sched->stats();
   return json_reply(ojson{{"status", "ok"}, {"slots", s.slots}, {"slots_busy", s.active}, {"queue", s.queue_depth}});
 }
 
-httpd::Reply Server::Impl::models() const {
+ojson Server::Impl::model_json() const {
   const auto& hp = model->hparams();
-  ojson m = {{"id", o.model_id},
-             {"object", "model"},
-             {"created", unix_now()},
-             {"owned_by", "kimi.cpp"},
-             {"meta", {{"n_ctx", o.ctx}, {"n_vocab", hp.n_vocab}, {"n_layer", hp.n_layer}, {"n_embd", hp.n_embd}}}};
-  return json_reply(ojson{{"object", "list"}, {"data", ojson::array({m})}});
+  return {{"id", o.model_id},
+          {"object", "model"},
+          {"created", unix_now()},
+          {"owned_by", "kimi.cpp"},
+          {"meta", {{"n_ctx", o.ctx}, {"n_vocab", hp.n_vocab}, {"n_layer", hp.n_layer}, {"n_embd", hp.n_embd}}}};
+}
+
+httpd::Reply Server::Impl::models() const {
+  return json_reply(ojson{{"object", "list"}, {"data", ojson::array({model_json()})}});
+}
+
+httpd::Reply Server::Impl::model_by_id(const std::string& id) const {
+  if (id != o.model_id)
+    return error_reply(404, fmt::format("model '{}' not found (this server has '{}')", id, o.model_id),
+                       "not_found_error", "model", "model_not_found");
+  return json_reply(model_json());
+}
+
+// llama-server's /props: the model, context, chat template and the defaults of a request.
+httpd::Reply Server::Impl::props() const {
+  const SamplerParams& d = lim.sampling;
+  ojson dflt = {{"n_ctx", o.ctx},
+                {"temperature", d.temp},
+                {"top_k", d.top_k},
+                {"top_p", d.top_p},
+                {"min_p", d.min_p},
+                {"repeat_penalty", d.repeat_penalty},
+                {"repeat_last_n", d.repeat_last_n},
+                {"seed", lim.fixed_seed ? ojson(d.seed) : ojson(nullptr)},
+                {"max_tokens", lim.default_max_tokens > 0 ? ojson(lim.default_max_tokens) : ojson(nullptr)},
+                {"completion_max_tokens", 16},
+                {"thinking", true},
+                {"thinking_effort", "max"}};
+  return json_reply(ojson{{"model", o.model_id},
+                          {"model_path", o.model_path},
+                          {"n_ctx", o.ctx},
+                          {"total_slots", o.sched.parallel},
+                          {"chat_template", "kimi-k3 (built in: tokenizer/chat.cpp renders the K3 template)"},
+                          {"max_prompt_tokens", prompt_limit(lim)},
+                          {"max_tokens", lim.max_tokens > 0 ? lim.max_tokens : o.ctx},
+                          {"default_generation_settings", dflt}});
+}
+
+// llama-server's /slots: one entry per sequence of the context (the first --parallel run
+// requests; the rest keep earlier prompts), with the tokens each holds in its cache.
+httpd::Reply Server::Impl::slots() const {
+  ojson arr = ojson::array();
+  for (const SlotInfo& s : sched->slots()) {
+    ojson j = {{"id", s.id},
+               {"state", s.busy ? "processing" : "idle"},
+               {"is_processing", s.busy},
+               {"prefix_entry", s.prefix},
+               {"n_ctx", o.ctx},
+               {"n_tokens_cached", s.n_cached}};
+    if (s.busy) j["request"] = {{"n_prompt_tokens", s.n_prompt}, {"n_prompt_tokens_processed", s.n_prompt_done},
+                                {"n_decoded", s.n_decoded}};
+    arr.push_back(std::move(j));
+  }
+  return json_reply(arr);
 }
 
 // On a handler thread.
@@ -332,111 +453,203 @@ void Server::Impl::record_ttft(const Job::Result& r) {
 
 void Server::Impl::generate(const httpd::Request& req, httpd::Responder& res, bool chat) {
   if (stopping.load()) throw ApiError(503, "server is shutting down", "server_unavailable_error");
+  const auto t0 = Clock::now();
   ParsedRequest pr = chat ? parse_chat_request(req.body, *tok, lim) : parse_completion_request(req.body, *tok, lim);
-  auto job = std::make_shared<Job>(std::move(pr.prompt), pr.gen);
-  if (!sched->submit(job)) {
-    if (sched->shutting_down()) throw ApiError(503, "server is shutting down", "server_unavailable_error");
-    throw ApiError(503, fmt::format("server is busy: the request queue is full ({} waiting)", sched->options().queue_limit),
-                   "server_unavailable_error", "", "queue_full");
+  std::vector<std::shared_ptr<Job>> jobs;
+  struct CancelOnThrow {  // a request that fails half-submitted gives its jobs up
+    std::vector<std::shared_ptr<Job>>& js;
+    bool armed = true;
+    ~CancelOnThrow() {
+      if (armed)
+        for (auto& j : js) j->cancel();
+    }
+  } guard{jobs};
+  for (int i = 0; i < pr.n; ++i) {
+    GenParams g = pr.gen;
+    g.sampler.seed = pr.gen.sampler.seed + static_cast<uint64_t>(i);  // n choices: n different samples
+    auto job = std::make_shared<Job>(i + 1 < pr.n ? pr.prompt : std::move(pr.prompt), g);
+    if (!sched->submit(job)) {
+      if (sched->shutting_down()) throw ApiError(503, "server is shutting down", "server_unavailable_error");
+      throw ApiError(503, fmt::format("server is busy: the request queue is full ({} waiting)", sched->options().queue_limit),
+                     "server_unavailable_error", "", "queue_full");
+    }
+    jobs.push_back(std::move(job));
   }
+  guard.armed = false;
   const std::string id = new_id(chat ? "chatcmpl-" : "cmpl-");
-  if (pr.stream) return stream(job, res, chat, pr.include_usage, id);
-
-  JobOutput out;
-  int polls = 0;
-  while (!job->wait(out, std::chrono::milliseconds(50))) {
-    if (++polls % 2 == 0 && res.peer_closed()) job->cancel();
+  std::vector<Job::Result> results;
+  if (pr.stream) {
+    results = stream(jobs, res, chat, pr.include_usage, id, pr.gen.logprobs >= 0);
+  } else {
+    std::vector<Choice> cs(jobs.size());
+    int polls = 0;
+    for (size_t k = 0; k < jobs.size(); ++k)
+      while (!jobs[k]->wait(cs[k].out, std::chrono::milliseconds(50)))
+        if (++polls % 2 == 0 && res.peer_closed())
+          for (auto& j : jobs) j->cancel();
+    for (size_t k = 0; k < jobs.size(); ++k) {
+      cs[k].result = jobs[k]->result();
+      record_ttft(cs[k].result);
+      results.push_back(cs[k].result);
+    }
+    for (const Choice& c : cs) {
+      const Job::Result& r = c.result;
+      if (r.http_status >= 400) throw ApiError(r.http_status, r.error.empty() ? r.finish_reason : r.error);
+      if (r.finish_reason == "cancelled")
+        throw ApiError(503, "the request was cancelled (client gone or server shutting down)", "server_unavailable_error");
+    }
+    const int64_t created = unix_now();
+    const tok::Tokenizer* lp_tok = pr.gen.logprobs >= 0 ? &*tok : nullptr;
+    const ojson j = chat ? chat_response(id, o.model_id, created, cs, lp_tok)
+                         : completion_response(id, o.model_id, created, cs, lp_tok);
+    res.send(json_reply(j));
   }
-  const Job::Result r = job->result();
-  record_ttft(r);
-  if (r.http_status >= 400) throw ApiError(r.http_status, r.error.empty() ? r.finish_reason : r.error);
-  if (r.finish_reason == "cancelled")
-    throw ApiError(503, "the request was cancelled (client gone or server shutting down)", "server_unavailable_error");
-  const int64_t created = unix_now();
-  const ojson j = chat ? chat_response(id, o.model_id, created, out, r) : completion_response(id, o.model_id, created, out, r);
-  res.send(json_reply(j));
+  log_generation(req, id, results, std::chrono::duration<double>(Clock::now() - t0).count());
+}
+
+// One line per generation request on stderr: prompt and generation speed (as llama-server logs).
+void Server::Impl::log_generation(const httpd::Request& req, const std::string& id, const std::vector<Job::Result>& rs,
+                                  double total_s) {
+  if (rs.empty() || o.quiet) return;
+  int n_gen = 0;
+  double prefill_s = 0, gen_s = 0;
+  for (const auto& r : rs) {
+    n_gen += r.n_generated;
+    prefill_s = std::max(prefill_s, r.prefill_s);
+    gen_s = std::max(gen_s, r.gen_s);
+  }
+  const Job::Result& r0 = rs[0];
+  const int evaluated = r0.n_prompt - r0.n_cached;
+  std::fprintf(stderr,
+               "kimi serve: %s %s %s: %s; prompt %d tokens (%d cached) %.3f s, %.1f tok/s; generated %d tokens "
+               "%.3f s, %.1f tok/s; total %.3f s\n",
+               req.method.c_str(), req.path.c_str(), id.c_str(), r0.finish_reason.c_str(), r0.n_prompt, r0.n_cached,
+               prefill_s, prefill_s > 0 ? evaluated / prefill_s : 0.0, n_gen, gen_s,
+               gen_s > 0 && n_gen > static_cast<int>(rs.size()) ? (n_gen - static_cast<int>(rs.size())) / gen_s : 0.0,
+               total_s);
 }
 
 // Server-sent events. A stream that does not end normally (an engine error, a timeout, the
 // shutdown grace running out) ends with an error event and no [DONE]: a client can tell it from a
-// finished answer.
-void Server::Impl::stream(const std::shared_ptr<Job>& job, httpd::Responder& res, bool chat, bool include_usage,
-                          const std::string& id) {
+// finished answer. With n > 1 the choices' chunks interleave, each with its `index`.
+std::vector<Job::Result> Server::Impl::stream(const std::vector<std::shared_ptr<Job>>& jobs, httpd::Responder& res,
+                                              bool chat, bool include_usage, const std::string& id, bool logprobs) {
   const int64_t created = unix_now();
   const std::string& model_id = o.model_id;
+  std::vector<Job::Result> results;
+  auto cancel_all = [&] {
+    for (auto& j : jobs) j->cancel();
+  };
   if (!res.begin_stream(200, "text/event-stream", {{"Cache-Control", "no-cache"}, {"X-Accel-Buffering", "no"}})) {
-    job->cancel();
-    return;
+    cancel_all();
+    return results;
   }
   auto write = [&](const std::string& s) {
     if (res.write(s)) return true;
-    job->cancel();
+    cancel_all();
     return false;
   };
+  const size_t n = jobs.size();
   try {
-    if (chat && !write(sse(chat_chunk(id, model_id, created, {{"role", "assistant"}, {"content", ""}}, "")))) return;
-    int n_tool = 0;
+    if (chat)
+      for (size_t k = 0; k < n; ++k)
+        if (!write(sse(chat_chunk(id, model_id, created, {{"role", "assistant"}, {"content", ""}}, "", static_cast<int>(k)))))
+          return results;
+    std::vector<int> n_tool(n, 0);
+    std::vector<size_t> text_off(n, 0);
+    std::vector<bool> done(n, false);
+    std::vector<Job::Result> rs(n);
+    size_t n_done = 0;
     auto idle_since = Clock::now();
-    for (;;) {
-      JobOutput out;
-      const bool done = job->wait(out, std::chrono::milliseconds(50));
+    std::string tail_err;
+    while (n_done < n) {
       std::string buf;
-      if (chat) {
-        if (!out.reasoning.empty()) buf += sse(chat_chunk(id, model_id, created, {{"reasoning_content", out.reasoning}}, ""));
-        if (!out.content.empty()) buf += sse(chat_chunk(id, model_id, created, {{"content", out.content}}, ""));
-        for (const auto& c : out.tool_calls) {
-          ojson tc = tool_call_json(c, fmt::format("call_{}_{}", id, n_tool));
-          ojson d = {{"tool_calls", ojson::array({ojson{{"index", n_tool}, {"id", tc["id"]}, {"type", "function"},
-                                                        {"function", tc["function"]}}})}};
-          ++n_tool;
-          buf += sse(chat_chunk(id, model_id, created, d, ""));
+      for (size_t k = 0; k < n; ++k) {
+        if (done[k]) continue;
+        JobOutput out;
+        const bool fin = jobs[k]->wait(out, std::chrono::milliseconds(n == 1 ? 50 : 10));
+        const int idx = static_cast<int>(k);
+        if (chat) {
+          ojson lpj = logprobs && !out.logprobs.empty() ? chat_logprobs_json(out.logprobs, *tok) : ojson(nullptr);
+          if (!out.reasoning.empty()) {
+            buf += sse(chat_chunk(id, model_id, created, {{"reasoning_content", out.reasoning}}, "", idx,
+                                  out.content.empty() ? lpj : ojson(nullptr)));
+            if (out.content.empty()) lpj = nullptr;
+          }
+          if (!out.content.empty()) {
+            buf += sse(chat_chunk(id, model_id, created, {{"content", out.content}}, "", idx, lpj));
+            lpj = nullptr;
+          }
+          if (!lpj.is_null())  // tokens whose text is held back or structural: their records still come
+            buf += sse(chat_chunk(id, model_id, created, ojson::object(), "", idx, lpj));
+          for (const auto& c : out.tool_calls) {
+            ojson tc = tool_call_json(c, n == 1 ? fmt::format("call_{}_{}", id, n_tool[k])
+                                                : fmt::format("call_{}_{}_{}", id, k, n_tool[k]));
+            ojson d = {{"tool_calls", ojson::array({ojson{{"index", n_tool[k]}, {"id", tc["id"]}, {"type", "function"},
+                                                          {"function", tc["function"]}}})}};
+            ++n_tool[k];
+            buf += sse(chat_chunk(id, model_id, created, d, "", idx));
+          }
+        } else if (!out.text.empty() || (logprobs && !out.logprobs.empty())) {
+          const ojson lpj = logprobs ? completion_logprobs_json(out.logprobs, *tok, text_off[k]) : ojson(nullptr);
+          for (const auto& l : out.logprobs) text_off[k] += l.piece.size();
+          buf += sse(completion_chunk(id, model_id, created, out.text, "", idx, lpj));
         }
-      } else if (!out.text.empty()) {
-        buf += sse(completion_chunk(id, model_id, created, out.text, ""));
+        if (!fin) continue;
+        done[k] = true;
+        ++n_done;
+        rs[k] = jobs[k]->result();
+        record_ttft(rs[k]);
+        const Job::Result& r = rs[k];
+        if (r.http_status >= 400) {
+          tail_err = sse(error_json(r.http_status, r.error.empty() ? r.finish_reason : r.error));
+        } else if (r.finish_reason == "cancelled") {
+          tail_err = sse(error_json(503, "the request was cancelled (server shutting down); the output is incomplete",
+                                    "server_unavailable_error", "", "cancelled"));
+        } else {
+          const std::string fr = openai_finish_reason(r.finish_reason);
+          buf += sse(chat ? chat_chunk(id, model_id, created, ojson::object(), fr, idx)
+                          : completion_chunk(id, model_id, created, "", fr, idx));
+        }
+      }
+      if (!tail_err.empty()) {  // one choice failed: the whole stream ends with the error
+        cancel_all();
+        if (write(buf + tail_err)) res.end();
+        for (size_t k = 0; k < n; ++k)
+          if (!done[k]) { JobOutput rest; while (!jobs[k]->wait(rest, std::chrono::milliseconds(50))) {} rs[k] = jobs[k]->result(); }
+        return rs;
       }
       if (!buf.empty()) {
-        if (!write(buf)) return;
+        if (!write(buf)) return results;
         idle_since = Clock::now();
-      } else if (!done) {
+      } else if (n_done < n) {
         if (res.peer_closed()) {
-          job->cancel();
+          cancel_all();
         } else if (Clock::now() - idle_since > std::chrono::seconds(5)) {
-          if (!write(": keep-alive\n\n")) return;  // SSE comment; also detects a dead peer
+          if (!write(": keep-alive\n\n")) return results;  // SSE comment; also detects a dead peer
           idle_since = Clock::now();
         }
       }
-      if (!done) continue;
-      const Job::Result r = job->result();
-      record_ttft(r);
-      std::string tail;
-      if (r.http_status >= 400) {
-        tail = sse(error_json(r.http_status, r.error.empty() ? r.finish_reason : r.error));
-      } else if (r.finish_reason == "cancelled") {
-        tail = sse(error_json(503, "the request was cancelled (server shutting down); the output is incomplete",
-                              "server_unavailable_error", "", "cancelled"));
-      } else {
-        const std::string fr = openai_finish_reason(r.finish_reason);
-        tail += sse(chat ? chat_chunk(id, model_id, created, ojson::object(), fr)
-                         : completion_chunk(id, model_id, created, "", fr));
-        if (include_usage) {
-          ojson u = {{"id", id},         {"object", chat ? "chat.completion.chunk" : "text_completion"},
-                     {"created", created}, {"model", model_id},
-                     {"choices", ojson::array()}, {"usage", usage_json(r)}};
-          tail += sse(u);
-        }
-        tail += "data: [DONE]\n\n";
-      }
-      if (write(tail)) res.end();
-      return;
     }
+    std::string tail;
+    if (include_usage) {
+      ojson u = {{"id", id},         {"object", chat ? "chat.completion.chunk" : "text_completion"},
+                 {"created", created}, {"model", model_id},
+                 {"choices", ojson::array()}, {"usage", usage_json(rs)}};
+      tail += sse(u);
+    }
+    tail += "data: [DONE]\n\n";
+    if (write(tail)) res.end();
+    return rs;
   } catch (const std::exception& e) {
-    job->cancel();
+    cancel_all();
     if (write(sse(error_json(500, std::string("internal error: ") + e.what())))) res.end();
   }
+  return results;
 }
 
 std::string Server::Impl::metrics() const {
-  const SchedulerStats s = sched->stats();
+  const SchedulerStats s = ready.load(std::memory_order_acquire) ? sched->stats() : SchedulerStats{};
   std::string out;
   auto metric = [&](const char* name, const char* type, const char* help, const std::string& samples) {
     out += fmt::format("# HELP {} {}\n# TYPE {} {}\n{}", name, help, name, type, samples);

@@ -3,6 +3,7 @@
 #include "server/api.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "util/error.h"
 
@@ -16,6 +17,7 @@ void JobOutput::append(JobOutput&& o) {
   reasoning += o.reasoning;
   content += o.content;
   for (auto& c : o.tool_calls) tool_calls.push_back(std::move(c));
+  for (auto& l : o.logprobs) logprobs.push_back(std::move(l));
 }
 
 Job::Job(std::vector<int32_t> prompt, GenParams params)
@@ -82,9 +84,12 @@ Scheduler::Scheduler(const Model& model, const tok::Tokenizer& tok, const Contex
     if (!tok_.is_special(id)) continue;
     const std::string& p = tok_.token_to_piece(id);
     drop_special_[static_cast<size_t>(id)] = p != "<|open|>" && p != "<|close|>" && p != "<|sep|>" && p != "<|end_of_msg|>";
+    if (p == "<|close|>") close_id_ = id;
   }
   st_.slots = so_.parallel;
   st_.sequences = o.n_seq_max;
+  slot_info_.resize(static_cast<size_t>(o.n_seq_max));
+  for (int i = 0; i < o.n_seq_max; ++i) slot_info_[static_cast<size_t>(i)].id = i;
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -121,6 +126,29 @@ void Scheduler::shutdown(std::chrono::milliseconds grace) {
   if (thread_.joinable()) thread_.join();
 }
 
+std::vector<SlotInfo> Scheduler::slots() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return slot_info_;
+}
+
+void Scheduler::update_slots() {
+  std::lock_guard<std::mutex> lk(mu_);
+  for (size_t i = 0; i < seqs_.size(); ++i) {
+    SlotInfo& si = slot_info_[i];
+    si.busy = seqs_[i].busy;
+    si.prefix = seqs_[i].prefix;
+    si.n_cached = static_cast<int>(seqs_[i].toks.size());
+    si.n_prompt = si.n_prompt_done = si.n_decoded = 0;
+  }
+  for (const auto& a : active_) {
+    if (a->done || a->seq < 0) continue;
+    SlotInfo& si = slot_info_[static_cast<size_t>(a->seq)];
+    si.n_prompt = static_cast<int>(a->job->prompt().size());
+    si.n_prompt_done = static_cast<int>(a->pos);
+    si.n_decoded = a->n_gen;
+  }
+}
+
 SchedulerStats Scheduler::stats() const {
   std::lock_guard<std::mutex> lk(mu_);
   SchedulerStats s = st_;
@@ -146,6 +174,9 @@ void Scheduler::loop() {
         for (auto& a : active_) a->job->cancel();
       }
       if (stop_ && queue_.empty() && active_.empty()) break;
+      lk.unlock();
+      update_slots();
+      lk.lock();
       const auto now = Clock::now();  // drop queued jobs that were given up or timed out
       for (auto it = queue_.begin(); it != queue_.end();) {
         const bool late = now >= (*it)->params().deadline;
@@ -209,6 +240,7 @@ void Scheduler::loop() {
       }
     }
     active_.erase(std::remove_if(active_.begin(), active_.end(), [](auto& a) { return a->done; }), active_.end());
+    update_slots();
   }
   std::lock_guard<std::mutex> lk(mu_);
   st_.active = 0;
@@ -287,6 +319,7 @@ void Scheduler::start(Active& a) {
   t.used = ++tick_;
   a.seq = target;
   a.pos = best_r;
+  a.t_admit = Clock::now();
   a.split_at = (so_.prompt_cache && so_.cache_slots > 0 && L >= best_r + static_cast<size_t>(so_.min_prefix_entry)) ? static_cast<int>(L) : -1;
   const GenParams& gp = a.job->params();
   a.sampler.emplace(gp.sampler, ctx_->n_vocab());
@@ -294,6 +327,11 @@ void Scheduler::start(Active& a) {
     for (int32_t tkn : P) a.sampler->accept(tkn);
   a.detok.emplace(tok_, false);
   if (gp.chat) a.parser.emplace(gp.start_in_think);
+  if (gp.grammar) {
+    a.matcher.emplace(gp.grammar);
+    a.constrained = !gp.chat || !gp.start_in_think;  // thinking: once the response channel opens
+    a.masked.assign(static_cast<size_t>(ctx_->n_vocab()), 0.0f);
+  }
   {
     Job::Result r;  // record prompt/cached counts early (visible in the final result)
     std::lock_guard<std::mutex> lk(a.job->mu_);
@@ -402,7 +440,8 @@ void Scheduler::step() {
   }
   for (Active* a : gen_now) {
     if (a->done) continue;
-    const int32_t t = a->sampler->sample(ctx_->logits(static_cast<size_t>(a->logit_idx)));
+    const float* lg = ctx_->logits(static_cast<size_t>(a->logit_idx));
+    const int32_t t = a->constrained ? sample_constrained(*a, lg) : a->sampler->sample(lg);
     a->sampler->accept(t);
     ++generated;
     {
@@ -410,7 +449,7 @@ void Scheduler::step() {
       std::lock_guard<std::mutex> lk(mu_);
       ++st_.generated_tokens;
     }
-    on_token(*a, t);
+    on_token(*a, t, lg);
   }
   std::lock_guard<std::mutex> lk(mu_);
   ++st_.decode_steps;
@@ -421,24 +460,101 @@ void Scheduler::step() {
 }
 
 void Scheduler::emit(Active& a, const std::string& text) {
-  if (text.empty()) return;
+  if (text.empty() && a.lp_pending.empty()) return;
   JobOutput o;
   if (a.parser) {
     apply_chat_text(*a.parser, text, o);
+    // the records of the tokens whose text this is go where the text went
+    const TokenLogprob::Channel ch = !o.content.empty()     ? TokenLogprob::Content
+                                     : !o.reasoning.empty() ? TokenLogprob::Reasoning
+                                                            : TokenLogprob::Other;
+    for (auto& l : a.lp_pending) l.channel = ch;
   } else {
     o.text = text;
   }
+  o.logprobs.swap(a.lp_pending);
   a.job->push(std::move(o));
 }
 
-void Scheduler::on_token(Active& a, int32_t t) {
+// May token t come next under the grammar? Text tokens: their bytes must continue a sentence;
+// the end of the answer (an end-of-generation token, or <|close|> in chat) only when the sentence
+// is complete; other special tokens never.
+bool Scheduler::grammar_allows(const Active& a, int32_t t) const {
+  const bool end = tok_.is_eog(t) || t == model_.hparams().eos_id || (a.job->params().chat && t == close_id_);
+  if (end) return a.matcher->can_end();
+  if (t < 0 || t >= tok_.n_vocab() || tok_.is_special(t)) return false;
+  const std::string& piece = tok_.token_to_piece(t);
+  return !piece.empty() && a.matcher->accepts_bytes(piece);
+}
+
+// Sample first; only when the grammar refuses that token are all tokens checked and the refused
+// ones masked (the usual case costs one check).
+int32_t Scheduler::sample_constrained(Active& a, const float* logits) {
+  const int32_t first = a.sampler->sample(logits);
+  if (grammar_allows(a, first)) return first;
+  const int nv = ctx_->n_vocab();
+  int32_t best = -1;
+  for (int32_t i = 0; i < nv; ++i) {
+    const bool ok = grammar_allows(a, i);
+    a.masked[static_cast<size_t>(i)] = ok ? logits[i] : -INFINITY;
+    if (ok && (best < 0 || logits[i] > logits[best])) best = i;
+  }
+  if (best < 0) return -1;  // nothing can follow: the caller ends the answer
+  const int32_t t = a.sampler->sample(a.masked.data());
+  return grammar_allows(a, t) ? t : best;
+}
+
+// Log-softmax of the raw logits for the sampled token `t`, and the k most likely tokens.
+static TokenLogprob token_logprob(const float* lg, int n_vocab, int32_t t, int k) {
+  float mx = -INFINITY;
+  for (int i = 0; i < n_vocab; ++i) mx = std::max(mx, lg[i]);
+  double sum = 0;
+  for (int i = 0; i < n_vocab; ++i) sum += std::exp(static_cast<double>(lg[i]) - mx);
+  const double lse = mx + std::log(sum);
+  TokenLogprob r;
+  r.id = t;
+  r.logprob = static_cast<float>(lg[t] - lse);
+  k = std::min(k, n_vocab);
+  r.top.reserve(static_cast<size_t>(k));
+  for (int i = 0; i < n_vocab && k > 0; ++i) {  // insertion into the k best (ties: the lower id first)
+    if (static_cast<int>(r.top.size()) == k && lg[i] <= r.top.back().second) continue;
+    auto it = r.top.begin();
+    while (it != r.top.end() && it->second >= lg[i]) ++it;
+    r.top.insert(it, {i, lg[i]});
+    if (static_cast<int>(r.top.size()) > k) r.top.pop_back();
+  }
+  for (auto& p : r.top) p.second = static_cast<float>(p.second - lse);
+  return r;
+}
+
+void Scheduler::on_token(Active& a, int32_t t, const float* logits) {
   ++a.n_gen;
   if (a.n_gen == 1) {
+    a.t_first = Clock::now();
     std::lock_guard<std::mutex> lk(a.job->mu_);
-    a.job->result_.ttft_s = std::chrono::duration<double>(Clock::now() - a.job->t_submit_).count();
+    a.job->result_.ttft_s = std::chrono::duration<double>(a.t_first - a.job->t_submit_).count();
   }
   const GenParams& gp = a.job->params();
+  if (a.matcher) {
+    if (t < 0) return finish(a, "stop");  // the grammar allows nothing more
+    if (a.constrained) {
+      // the answer ends with the grammar's sentence: an end token, <|close|> in chat
+      if (tok_.is_eog(t) || t == model_.hparams().eos_id || (gp.chat && t == close_id_)) return finish(a, "stop");
+      a.matcher->advance_bytes(tok_.token_to_piece(t));
+    } else if (t >= 0 && t < tok_.n_vocab()) {  // chat, thinking: watch for the response channel
+      a.raw_tail += tok_.token_to_piece(t);
+      static const std::string kResponse = "<|open|>response<|sep|>";
+      if (a.raw_tail.size() >= kResponse.size() &&
+          a.raw_tail.compare(a.raw_tail.size() - kResponse.size(), kResponse.size(), kResponse) == 0)
+        a.constrained = true;
+      if (a.raw_tail.size() > 64) a.raw_tail.erase(0, a.raw_tail.size() - 32);
+    }
+  }
   if (!gp.ignore_eos && (tok_.is_eog(t) || t == model_.hparams().eos_id)) return finish(a, "stop");
+  if (gp.logprobs >= 0) {
+    a.lp_pending.push_back(token_logprob(logits, ctx_->n_vocab(), t, gp.logprobs));
+    if (t < tok_.n_vocab()) a.lp_pending.back().piece = tok_.token_to_piece(t);
+  }
   if (t >= 0 && t < tok_.n_vocab() && !(gp.chat && drop_special_[static_cast<size_t>(t)])) a.hold += a.detok->push(t);
   const auto& stops = gp.stop;
   if (!stops.empty()) {
@@ -462,6 +578,7 @@ void Scheduler::on_token(Active& a, int32_t t) {
     a.hold.clear();
   }
   if (a.parser && a.parser->message().done) return finish(a, "stop");
+  if (a.constrained && !a.matcher->can_continue()) return finish(a, "stop");  // the sentence is complete
   if (a.n_gen >= gp.max_tokens) return finish(a, "length");
   if (static_cast<int>(seqs_[static_cast<size_t>(a.seq)].toks.size()) + 1 >= n_ctx_) return finish(a, "length");
   a.pending = t;
@@ -494,14 +611,24 @@ void Scheduler::finish(Active& a, const std::string& reason, int status, const s
     r.n_cached = a.job->result_.n_cached;
   }
   r.n_generated = a.n_gen;
+  if (a.n_gen > 0) {
+    r.prefill_s = std::chrono::duration<double>(a.t_first - a.t_admit).count();
+    r.gen_s = std::chrono::duration<double>(Clock::now() - a.t_first).count();
+  }
   if (a.seq >= 0) {
     SeqRec& s = seqs_[static_cast<size_t>(a.seq)];
     s.busy = false;
     s.used = ++tick_;
   }
   {
-    std::lock_guard<std::mutex> lk(mu_);  // stats first: a client may ask /metrics right after
-    if (a.seq >= 0) --st_.active;
+    std::lock_guard<std::mutex> lk(mu_);  // stats first: a client may ask /metrics or /slots right after
+    if (a.seq >= 0) {
+      --st_.active;
+      SlotInfo& si = slot_info_[static_cast<size_t>(a.seq)];
+      si.busy = false;
+      si.n_cached = static_cast<int>(seqs_[static_cast<size_t>(a.seq)].toks.size());
+      si.n_prompt = si.n_prompt_done = si.n_decoded = 0;
+    }
     ++st_.requests_finished;
     if (reason == "cancelled") ++st_.requests_cancelled;
     else if (reason == "timeout") ++st_.requests_timeout;

@@ -31,6 +31,7 @@
 #include "model/model.h"
 #include "runtime/context.h"
 #include "runtime/sampling.h"
+#include "server/grammar.h"
 #include "tokenizer/chat.h"
 #include "tokenizer/tokenizer.h"
 
@@ -45,7 +46,22 @@ struct GenParams {
   bool chat = false;              // parse the output with tok::ChatParser
   bool start_in_think = true;     // the prompt ended with the think tag open
   bool ignore_eos = false;
+  int logprobs = -1;              // -1: none; N >= 0: each token's log-probability and the N most likely
+  // The answer must be a sentence of this grammar (response_format, json_schema, grammar): the
+  // whole output of a completion; in chat the response channel only (thinking and tool calls are
+  // free), which ends as soon as the grammar is complete and the model closes it.
+  std::shared_ptr<const grammar::Grammar> grammar;
   Clock::time_point deadline = Clock::time_point::max();
+};
+
+// The log-probability of one generated token (log-softmax of the raw logits, temperature 1) and
+// the most likely alternatives, best first.
+struct TokenLogprob {
+  int32_t id = -1;
+  std::string piece;              // the token's bytes (may be part of a UTF-8 character)
+  float logprob = 0;
+  std::vector<std::pair<int32_t, float>> top;
+  enum Channel : uint8_t { Text, Reasoning, Content, Other } channel = Text;  // chat: where its text went
 };
 
 // Output produced since the last drain (or, accumulated, the whole output).
@@ -53,8 +69,11 @@ struct JobOutput {
   std::string text;                             // raw text after stop filtering (completions)
   std::string reasoning, content;               // chat: parsed channels
   std::vector<tok::ParsedToolCall> tool_calls;  // chat: completed tool calls
+  std::vector<TokenLogprob> logprobs;           // GenParams::logprobs >= 0: one per generated token
   void append(JobOutput&& o);
-  bool empty() const { return text.empty() && reasoning.empty() && content.empty() && tool_calls.empty(); }
+  bool empty() const {
+    return text.empty() && reasoning.empty() && content.empty() && tool_calls.empty() && logprobs.empty();
+  }
 };
 
 // One generation request. Created by the HTTP handler, filled by the scheduler thread.
@@ -78,6 +97,8 @@ class Job {
     int n_prompt = 0, n_cached = 0, n_generated = 0;
     double ttft_s = -1;         // enqueue -> first generated token
     double total_s = 0;
+    double prefill_s = 0;       // admitted to a slot -> first generated token (prompt evaluation)
+    double gen_s = 0;           // first generated token -> end
   };
   Result result() const;  // valid after wait() returned true
   bool finished() const;
@@ -110,6 +131,15 @@ struct SchedulerOptions {
   bool prompt_cache = true;   // false: every request prefills its whole prompt
 };
 
+// One sequence of the context, for /slots: a slot running a request, or one that keeps a prompt.
+struct SlotInfo {
+  int id = 0;
+  bool busy = false;             // running a request
+  bool prefix = false;           // a prefix entry (kept for prompts that share its start)
+  int n_cached = 0;              // tokens held in this sequence's cache
+  int n_prompt = 0, n_prompt_done = 0, n_decoded = 0;  // busy: the request's progress
+};
+
 struct SchedulerStats {
   uint64_t requests_started = 0, requests_finished = 0, requests_cancelled = 0, requests_timeout = 0,
            requests_failed = 0;
@@ -137,6 +167,7 @@ class Scheduler {
   bool shutting_down() const { return draining_.load(); }
 
   SchedulerStats stats() const;
+  std::vector<SlotInfo> slots() const;  // every sequence (the first `parallel` + cache slots)
   int n_ctx() const { return n_ctx_; }
   const SchedulerOptions& options() const { return so_; }
 
@@ -161,13 +192,22 @@ class Scheduler {
     std::optional<tok::ChatParser> parser;
     std::string hold;           // text held back while it may start a stop string
     bool done = false;
+    Clock::time_point t_admit, t_first;
+    std::vector<TokenLogprob> lp_pending;  // records of tokens whose text is held back
+    std::optional<grammar::Matcher> matcher;  // GenParams::grammar
+    bool constrained = false;   // the grammar applies to the next token (chat: in the response)
+    std::string raw_tail;       // chat + grammar: the end of the raw output (finds the response tag)
+    std::vector<float> masked;  // logits with the tokens the grammar forbids at -inf (n_vocab)
   };
 
   void loop();
   void start(Active& a);
   void step();
-  void on_token(Active& a, int32_t t);
+  void on_token(Active& a, int32_t t, const float* logits);
+  int32_t sample_constrained(Active& a, const float* logits);
+  bool grammar_allows(const Active& a, int32_t t) const;
   void emit(Active& a, const std::string& text);
+  void update_slots();  // slot_info_ from seqs_ / active_ (under mu_)
   void finish(Active& a, const std::string& reason, int status = 200, const std::string& err = "");
   int pick_victim(int exclude) const;
   bool chunk_snaps() const { return so_.prompt_cache && so_.snapshot_every > 0 && !any_prefix_; }
@@ -179,6 +219,7 @@ class Scheduler {
   std::unique_ptr<Context> ctx_;
   int n_ctx_ = 0;
   bool any_prefix_ = false;
+  int32_t close_id_ = -1;              // <|close|>: ends the constrained response channel
   std::vector<uint8_t> drop_special_;  // per token id: special, not structural (chat output skips it)  // no KDA layer: any prefix of a sequence can be resumed
 
   std::vector<SeqRec> seqs_;
@@ -197,6 +238,7 @@ class Scheduler {
 
   // stats (guarded by mu_)
   SchedulerStats st_;
+  std::vector<SlotInfo> slot_info_;
   std::deque<std::pair<Clock::time_point, int>> rate_;  // (step end, tokens generated)
 };
 

@@ -7,8 +7,11 @@
 //   std::thread t([&] { s.run(); });
 //   ...
 //   s.shutdown();                   // graceful: stop accepting, finish/cancel within the grace
+//                                   // (load_in_background: run() loads the model first and throws
+//                                   // kimi::Error when that fails)
 //   t.join();
 #pragma once
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -46,7 +49,13 @@ struct ServerOptions {
   double body_timeout_s = 60;       // a whole request body must arrive within this
   double timeout_s = 600;           // per request, 0 = none
   double grace_s = 10;              // shutdown grace period
-  bool verbose = false;             // log requests to stderr
+  bool verbose = false;             // log every HTTP request to stderr
+  bool quiet = false;               // no line per generation request (prompt / generation speed)
+  // Load the model in run() (after bind()): meanwhile /health answers 503 {"status":"loading model"}
+  // and the other endpoints 503. Default: the constructor loads it (and throws on a bad file).
+  bool load_in_background = false;
+  int test_load_delay_ms = 0;       // tests: the background load waits this long first
+  std::function<void()> on_loaded;  // called (on the loading thread) once requests are served
 };
 
 class Server {
@@ -62,6 +71,7 @@ class Server {
                      // /health and new requests get 503)
   Scheduler& scheduler();
   std::string metrics_text() const;
+  bool loaded() const;  // the model is loaded and requests are served
 
   struct Impl;
 

@@ -256,7 +256,7 @@ TEST(Server, ToolCallResponseBuilderParsesCannedOutput) {
   res.n_prompt = 10;
   res.n_generated = 7;
   res.n_cached = 4;
-  ojson j = chat_response("x", "m", 1, out, res);
+  ojson j = chat_response("x", "m", 1, {Choice{out, res}});
   const ojson& msg = j["choices"][0]["message"];
   EXPECT_EQ(msg["reasoning_content"], "Need the weather.");
   EXPECT_TRUE(msg["content"].is_null());
@@ -477,7 +477,7 @@ TEST(Server, BadInputsGet4xxInOpenAIShape) {
       {"/v1/chat/completions", ojson{{"messages", msgs}, {"max_tokens", 51}}.dump(), 400},
       {"/v1/chat/completions", ojson{{"messages", msgs}, {"temperature", "hot"}}.dump(), 400},
       {"/v1/chat/completions", ojson{{"messages", msgs}, {"temperature", 9}}.dump(), 400},
-      {"/v1/chat/completions", ojson{{"messages", msgs}, {"n", 2}}.dump(), 400},
+      {"/v1/chat/completions", ojson{{"messages", msgs}, {"n", 17}}.dump(), 400},
       {"/v1/chat/completions", ojson{{"messages", msgs}, {"stream", "yes"}}.dump(), 400},
       {"/v1/chat/completions", ojson{{"messages", msgs}, {"stop", 7}}.dump(), 400},
       {"/v1/chat/completions", ojson{{"messages", msgs}, {"tools", "x"}}.dump(), 400},
@@ -907,7 +907,9 @@ TEST(ServerHardening, EveryBadFieldValueIs400NamingTheField) {
       {"/v1/chat/completions", "{" + m + R"(,"stop":[1]})", "stop"},
       {"/v1/chat/completions", "{" + m + R"(,"stop":["a","b","c","d","e"]})", "stop"},
       {"/v1/chat/completions", "{" + m + R"(,"ignore_eos":"no"})", "ignore_eos"},
-      {"/v1/chat/completions", "{" + m + R"(,"logprobs":true})", "logprobs"},
+      {"/v1/chat/completions", "{" + m + R"(,"logprobs":"yes"})", "logprobs"},
+      {"/v1/chat/completions", "{" + m + R"(,"logprobs":true,"top_logprobs":21})", "top_logprobs"},
+      {"/v1/chat/completions", "{" + m + R"(,"n":17})", "n"},
       {"/v1/chat/completions", "{" + m + R"(,"tools":{}})", "tools"},
       {"/v1/chat/completions", "{" + m + R"(,"tools":[{"function":{"name":5}}]})", "tools[0].function.name"},
       {"/v1/chat/completions", "{" + m + R"(,"tool_choice":5})", "tool_choice"},

@@ -66,6 +66,19 @@ TEST(Grammar, Utf8AcrossPiecesAndEscapes) {
   Matcher m2(Grammar::parse(g));
   EXPECT_FALSE(m2.advance_bytes("\xc2"));  // U+0080..U+00BF: none in range
   EXPECT_FALSE(m2.advance_bytes("\xff"));  // never UTF-8
+  // overlong forms, surrogates and code points beyond U+10FFFF are not characters, whatever they decode to
+  const std::string any = "root ::= .+";
+  EXPECT_FALSE(prefix(any, "\xc1\xb9"));          // overlong 'y'
+  EXPECT_FALSE(prefix(any, "\xe0\x81\xb9"));      // overlong 'y'
+  EXPECT_FALSE(prefix(any, "\xed\xa0\x80"));      // U+D800
+  EXPECT_FALSE(prefix(any, "\xf4\x90\x80\x80"));  // U+110000
+  EXPECT_TRUE(full(any, "y\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80"));
+  EXPECT_FALSE(full(R"(root ::= "y")", "\xc1\xb9"));
+  // a lead byte alone is accepted only when a valid character it starts can follow
+  EXPECT_FALSE(prefix(R"(root ::= [a-z])", "\xe0"));  // E0 starts U+0800..U+0FFF only
+  EXPECT_FALSE(prefix(R"(root ::= [\u0000-\u07ff])", "\xe0"));
+  EXPECT_TRUE(prefix(R"(root ::= [\u0900-\u0901])", "\xe0"));
+  EXPECT_FALSE(prefix(R"(root ::= [\ud800-\udfff] | [\ue000-\ue001])", "\xed"));
 }
 
 TEST(Grammar, BadGrammarsNameTheProblem) {

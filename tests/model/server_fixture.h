@@ -1,0 +1,102 @@
+// In-process `kimi serve` on an ephemeral port for the server tests (the tiny synthetic model),
+// with small HTTP helpers (cpp-httplib client).
+#pragma once
+#include <gtest/gtest.h>
+#include <httplib.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "server/api.h"
+#include "server/server.h"
+#include "test_util.h"
+
+namespace kimi::test {
+
+using server::ojson;
+
+inline server::ServerOptions server_opts() {
+  server::ServerOptions o;
+  o.model_path = tiny_gguf();
+  o.port = 0;
+  o.threads = 2;
+  o.ctx = 1024;
+  o.precision = "f32";
+  o.sched.parallel = 4;
+  o.sched.chunk = 64;
+  o.grace_s = 5;
+  return o;
+}
+
+struct RunningServer {
+  explicit RunningServer(const server::ServerOptions& o) : s(std::make_unique<server::Server>(o)) {
+    port = s->bind();
+    t = std::thread([this] { s->run(); });
+  }
+  ~RunningServer() {
+    s->shutdown();
+    t.join();
+  }
+  httplib::Client client() const {
+    httplib::Client c("127.0.0.1", port);
+    c.set_read_timeout(60, 0);
+    return c;
+  }
+  // POST a body; returns the parsed JSON (discarded when not JSON) and the status.
+  ojson post(const std::string& path, const std::string& body, int* status = nullptr,
+             const std::string& content_type = "application/json") const {
+    auto c = client();
+    auto res = c.Post(path.c_str(), body, content_type.c_str());
+    EXPECT_TRUE(res) << "no response for " << path;
+    if (!res) return {};
+    if (status) *status = res->status;
+    return ojson::parse(res->body, nullptr, false);
+  }
+  ojson post(const std::string& path, const ojson& body, int* status = nullptr) const {
+    return post(path, body.dump(), status);
+  }
+  ojson get(const std::string& path, int* status = nullptr) const {
+    auto c = client();
+    auto res = c.Get(path.c_str());
+    EXPECT_TRUE(res) << "no response for " << path;
+    if (!res) return {};
+    if (status) *status = res->status;
+    return ojson::parse(res->body, nullptr, false);
+  }
+  // POST a streaming request; returns the raw SSE body.
+  std::string post_stream(const std::string& path, const ojson& body) const {
+    auto c = client();
+    auto res = c.Post(path.c_str(), body.dump(), "application/json");
+    EXPECT_TRUE(res) << "no response for " << path;
+    return res ? res->body : std::string();
+  }
+  std::unique_ptr<server::Server> s;
+  int port = 0;
+  std::thread t;
+};
+
+// The `data:` events of an SSE body (JSON), and whether `data: [DONE]` came.
+inline std::vector<ojson> sse_events(const std::string& body, bool* saw_done) {
+  std::vector<ojson> ev;
+  *saw_done = false;
+  size_t p = 0;
+  while (p < body.size()) {
+    size_t e = body.find('\n', p);
+    if (e == std::string::npos) e = body.size();
+    const std::string line = body.substr(p, e - p);
+    p = e + 1;
+    if (line.rfind("data: ", 0) != 0) continue;
+    const std::string d = line.substr(6);
+    if (d == "[DONE]") {
+      *saw_done = true;
+      continue;
+    }
+    ev.push_back(ojson::parse(d));
+  }
+  return ev;
+}
+
+}  // namespace kimi::test

@@ -5,6 +5,8 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <fmt/format.h>
+#include <set>
 #include <algorithm>
 #include <cerrno>
 #include <csignal>
@@ -44,6 +46,10 @@ struct SigintGuard {
 class LineReader {
  public:
   enum class Status { Line, Eof, Interrupted };
+  // tty: a line not ended by Enter when Ctrl-D ends the input is dropped, not sent (from a pipe the
+  // last line may lack its newline and is a message like any other).
+  explicit LineReader(bool tty) : tty_(tty) {}
+  bool dropped_partial() const { return dropped_; }
   Status next(std::string& line) {
     for (;;) {
       const size_t nl = buf_.find('\n');
@@ -55,6 +61,11 @@ class LineReader {
       }
       if (eof_) {
         if (buf_.empty()) return Status::Eof;
+        if (tty_) {
+          dropped_ = true;
+          buf_.clear();
+          return Status::Eof;
+        }
         line.swap(buf_);
         buf_.clear();
         if (!line.empty() && line.back() == '\r') line.pop_back();
@@ -72,7 +83,20 @@ class LineReader {
  private:
   std::string buf_;
   bool eof_ = false;
+  bool tty_ = false, dropped_ = false;
 };
+
+// Model text for a terminal: control characters other than newline and tab are shown as \xHH
+// (an escape sequence from the model must not drive the terminal).
+std::string escape_controls(const std::string& s) {
+  std::string o;
+  o.reserve(s.size());
+  for (unsigned char c : s) {
+    if ((c < 0x20 && c != '\n' && c != '\t') || c == 0x7f) o += fmt::format("\\x{:02x}", c);
+    else o += static_cast<char>(c);
+  }
+  return o;
+}
 
 // Prints a reply as it streams: reasoning dimmed on a terminal (between <think> lines otherwise).
 class ReplyPrinter {
@@ -84,12 +108,12 @@ class ReplyPrinter {
         where_ = Where::Reasoning;
         out(tty_ ? "\033[2m" : "<think>\n");
       }
-      out(d.reasoning);
+      out(tty_ ? escape_controls(d.reasoning) : d.reasoning);
     }
     if (!d.content.empty()) {
       if (where_ == Where::Reasoning) out(tty_ ? "\033[0m\n" : "\n</think>\n");
       where_ = Where::Content;
-      out(d.content);
+      out(tty_ ? escape_controls(d.content) : d.content);
     }
     std::fflush(stdout);
   }
@@ -155,7 +179,8 @@ int cmd_chat(int argc, char** argv) {
 
   const bool tty_in = ::isatty(0) != 0, tty_out = ::isatty(1) != 0;
   SigintGuard sig;
-  LineReader reader;
+  LineReader reader(tty_in);
+  std::set<std::string> notes_shown;  // a note (e.g. the template re-rendering a turn) is shown once
   auto stop = [] { return g_sigint != 0; };
   if (tty_in)
     std::fprintf(stderr, "kimi chat: %s, context %d tokens. /help for commands, Ctrl-C stops a reply.\n",
@@ -182,6 +207,7 @@ int cmd_chat(int argc, char** argv) {
     }
     if (s == LineReader::Status::Eof) {
       if (tty_in) std::fputs("\n", stdout);
+      if (reader.dropped_partial()) std::fputs("(the unfinished line was not sent)\n", stderr);
       break;
     }
     last_was_sigint = false;
@@ -265,7 +291,9 @@ int cmd_chat(int argc, char** argv) {
       std::fprintf(stderr, "error: %s\n", e.what());
       continue;
     }
-    if (!ts.note.empty()) std::fprintf(stderr, "note: %s\n", ts.note.c_str());
+    // the same kind of note (its text up to the numbers in parentheses) is shown once
+    if (!ts.note.empty() && notes_shown.insert(ts.note.substr(0, ts.note.find(" ("))).second)
+      std::fprintf(stderr, "note: %s (shown once)\n", ts.note.c_str());
     if (ts.interrupted) {
       std::fprintf(stderr, "(interrupted while reading the prompt; the message was dropped)\n");
       last_was_sigint = true;

@@ -3,7 +3,9 @@
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdio>
+#include <algorithm>
 #include <filesystem>
+#include <fmt/format.h>
 #include <fstream>
 #include <iterator>
 #include <nlohmann/json.hpp>
@@ -121,14 +123,19 @@ int cmd_perplexity(int argc, char** argv) {
                n_chunk, po.n_ctx, per_chunk, eff_top_k, eff_top_k == 0 ? " (indexer off)" : "", ea.attn.c_str(),
                ea.precision.c_str(), ctx.pool().size());
 
+  double elapsed = 0;  // for the ETA: the mean chunk time so far times the chunks left
   auto on_chunk = [&](const kimi::ppl::ChunkReport& r) {
+    elapsed += r.seconds;
+    const double eta = r.chunk > 0 ? elapsed / r.chunk * (r.n_chunk - r.chunk) : 0.0;
+    const std::string tail = fmt::format("  {:.2f} s, {:.0f}% done, ETA {:.1f} s", r.seconds,
+                                         100.0 * r.chunk / std::max(1, r.n_chunk), eta);
     if (r.has_kld)
-      std::fprintf(stderr, "[%d/%d] PPL %.8f +/- %.8f (chunk %.8f) KLD %.8f top-1 %.4f%% base PPL %.8f  %.2f s\n",
+      std::fprintf(stderr, "[%d/%d] PPL %.8f +/- %.8f (chunk %.8f) KLD %.8f top-1 %.4f%% base PPL %.8f%s\n",
                    r.chunk, r.n_chunk, r.ppl, r.ppl_err, r.chunk_ppl, r.kld_mean, 100.0 * r.top1_agree, r.base_ppl,
-                   r.seconds);
+                   tail.c_str());
     else
-      std::fprintf(stderr, "[%d/%d] PPL %.8f +/- %.8f (chunk %.8f)  %.2f s\n", r.chunk, r.n_chunk, r.ppl, r.ppl_err,
-                   r.chunk_ppl, r.seconds);
+      std::fprintf(stderr, "[%d/%d] PPL %.8f +/- %.8f (chunk %.8f)%s\n", r.chunk, r.n_chunk, r.ppl, r.ppl_err,
+                   r.chunk_ppl, tail.c_str());
     std::fflush(stderr);
   };
   const kimi::ppl::Result res = kimi::ppl::evaluate(ctx, tokens, po, on_chunk, kld_base_out, base ? &*base : nullptr);

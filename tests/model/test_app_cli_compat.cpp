@@ -4,6 +4,7 @@
 // Face directory, out-of-range sampling values), `kimi bench -o`, `kimi --version`.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
@@ -202,4 +203,19 @@ TEST(CliCompat, Version) {
   }
   const auto bad = run_kimi("version extra");
   EXPECT_EQ(bad.exit_code, 2) << bad.out;
+}
+
+// perplexity reports progress per chunk with the share done and an ETA that falls to 0 at the end.
+TEST(CliCompat, PerplexityProgressHasEta) {
+  const std::string text = q(std::string(KIMI_SOURCE_DIR) + "/data/ppl-sample.txt");
+  const auto r = run_kimi("perplexity -m " + gguf() + " -f " + text + " -c 64 --chunks 3 -t 1");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  for (int k = 1; k <= 3; ++k) {
+    const std::string head = "[" + std::to_string(k) + "/3] PPL ";
+    const size_t p = r.out.find(head);
+    ASSERT_NE(p, std::string::npos) << head << " in " << r.out;
+    const std::string line = r.out.substr(p, r.out.find('\n', p) - p);
+    EXPECT_NE(line.find(std::to_string(std::lround(100.0 * k / 3)) + "% done, ETA "), std::string::npos) << line;
+    if (k == 3) EXPECT_NE(line.find("ETA 0.0 s"), std::string::npos) << line;
+  }
 }

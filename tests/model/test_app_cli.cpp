@@ -192,7 +192,7 @@ const std::vector<BadCase> kBad = {
     {"run -m {G} -n 2", "-p/--prompt"},
     {"run -m {G} --tokens 1,x -n 2", "'x' is not a token id"},
     {"run -m {G} --tokens -1 -n 2", "'-1' is not a token id"},
-    {"run -m {G} --tokens 5000 -n 2", "token 5000 out of range"},
+    {"run -m {G} --tokens 5000 -n 2", "token id 5000 is out of range"},
     {"run -m {G} -p hi -n 2 --attn fast", "--attn"},
     {"run -m {G} -p hi -n 2 --attn-top-k -5", "attn_top_k"},
     {"run -m {G} -p hi -n 2 --precision f8", "--precision"},

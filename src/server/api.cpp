@@ -446,18 +446,21 @@ ParsedRequest parse_chat_request(const std::string& body_text, const tok::Tokeni
     req["thinking"] = *th;
     thinking = truthy(*th);
   }
+  // the effort goes to the template, which refuses what the K3 template refuses, with its message
+  const char* effort_key = nullptr;
   for (const char* k : {"thinking_effort", "reasoning_effort"}) {
     const ojson* e = field(b, k);
     if (!e) continue;
-    if (!e->is_string() || (*e != "low" && *e != "medium" && *e != "high" && *e != "max"))
-      bad(k, fmt::format("'{}' must be one of \"low\", \"medium\", \"high\", \"max\"", k));
     req["thinking_effort"] = *e;
+    effort_key = k;
     break;
   }
   try {
     r.rendered = tok::render_chat_request(req);
   } catch (const std::exception& e) {  // kimi::Error from the template, or a JSON type error
-    bad("messages", std::string("cannot render the chat: ") + e.what());
+    const std::string m = e.what();
+    if (effort_key && m.find("thinking_effort") != std::string::npos) bad(effort_key, m);
+    bad("messages", "cannot render the chat: " + m);
   }
   r.prompt = encode_prompt(tok, r.rendered, lim, true);
   r.gen.chat = true;

@@ -62,3 +62,25 @@ TEST(ServerCompat, LargeJsonBodyWithoutJsonContentType) {
     EXPECT_EQ(j["usage"]["prompt_tokens"], 2500) << ct;
   }
 }
+
+// thinking_effort follows the K3 template: what it refuses is a 400 with the template's message.
+TEST(ServerCompat, ThinkingEffortAsTheTemplateSays) {
+  RunningServer r(server_opts());
+  const ojson msgs = ojson::array({{{"role", "user"}, {"content", "hi"}}});
+  int st = 0;
+  for (const char* k : {"thinking_effort", "reasoning_effort"}) {
+    const ojson j = r.post("/v1/chat/completions", ojson{{"messages", msgs}, {k, "extreme"}, {"max_tokens", 2}}, &st);
+    EXPECT_EQ(st, 400) << j.dump();
+    EXPECT_EQ(j["error"]["param"], k);
+    EXPECT_NE(j["error"]["message"].get<std::string>().find(
+                  "Unsupported thinking_effort=extreme; supported values are low, medium, high, and max."),
+              std::string::npos)
+        << j.dump();
+  }
+  r.post("/v1/chat/completions", ojson{{"messages", msgs}, {"thinking_effort", "low"}, {"max_tokens", 2}}, &st);
+  EXPECT_EQ(st, 200);
+  // thinking off: the template does not look at the effort
+  r.post("/v1/chat/completions",
+         ojson{{"messages", msgs}, {"thinking", false}, {"thinking_effort", "extreme"}, {"max_tokens", 2}}, &st);
+  EXPECT_EQ(st, 200);
+}

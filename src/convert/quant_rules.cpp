@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <cctype>
 #include <charconv>
+#include <string>
+#include <vector>
 
 #include "tensor/quants.h"
 #include "util/error.h"
@@ -126,6 +128,30 @@ GgmlType mix_type(const TensorDesc& t, Category cat, GgmlType ty, FileType ft, c
   }
 }
 
+// " (did you mean 'X'?)" for the closest name (edit distance, case-insensitive) when it is close.
+std::string did_you_mean(const std::string& text, const std::vector<std::string>& names) {
+  const std::string t = upper(text);
+  std::string best;
+  size_t best_d = SIZE_MAX;
+  for (const auto& n : names) {
+    const std::string u = upper(n);
+    std::vector<size_t> prev(u.size() + 1), cur(u.size() + 1);
+    for (size_t j = 0; j <= u.size(); ++j) prev[j] = j;
+    for (size_t i = 1; i <= t.size(); ++i) {
+      cur[0] = i;
+      for (size_t j = 1; j <= u.size(); ++j)
+        cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (t[i - 1] == u[j - 1] ? 0 : 1)});
+      prev.swap(cur);
+    }
+    if (prev[u.size()] < best_d) {
+      best_d = prev[u.size()];
+      best = n;
+    }
+  }
+  if (best.empty() || best_d > std::max<size_t>(2, t.size() / 3)) return "";
+  return fmt::format(" (did you mean '{}'?)", best);
+}
+
 }  // namespace
 
 // ------------------------------------------------------------------------------------------------
@@ -164,19 +190,24 @@ Target parse_target(const std::string& text) {
     }
   std::string list;
   for (const auto& n : target_names()) list += (list.empty() ? "" : ", ") + n;
-  fail("unknown quantization type '{}' (expected one of {}, or the file_type number of one of them)", text, list);
+  fail("unknown quantization type '{}'{} (expected one of {}, or the file_type number of one of them)", text,
+       did_you_mean(text, target_names()), list);
 }
 
 GgmlType parse_tensor_type(const std::string& text, const std::string& what) {
   auto t = type_from_name(text);
   if (t && writable(*t)) return *t;
   std::string list;
+  std::vector<std::string> names;
   for (auto c : {GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0, GgmlType::Q6_K, GgmlType::Q5_K,
                  GgmlType::Q4_K, GgmlType::Q3_K, GgmlType::Q2_K, GgmlType::IQ4_XS, GgmlType::IQ2_XS, GgmlType::Q4_0,
                  GgmlType::MXFP4, GgmlType::Q5_0, GgmlType::Q5_1})
-    if (writable(c)) list += (list.empty() ? "" : ", ") + std::string(type_name(c));
+    if (writable(c)) {
+      list += (list.empty() ? "" : ", ") + std::string(type_name(c));
+      names.push_back(type_name(c));
+    }
   if (t) fail("{}: type '{}' cannot be written by this build (expected one of {})", what, text, list);
-  fail("{}: unknown tensor type '{}' (expected one of {})", what, text, list);
+  fail("{}: unknown tensor type '{}'{} (expected one of {})", what, text, did_you_mean(text, names), list);
 }
 
 Override parse_override(const std::string& text) {

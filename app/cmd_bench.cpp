@@ -10,6 +10,7 @@
 #include <sys/resource.h>
 
 #include "command.h"
+#include "dist_report.h"
 #include "engine_args.h"
 #include "model/model.h"
 #include "runtime/context.h"
@@ -85,6 +86,7 @@ int cmd_bench(int argc, char** argv) {
   uint64_t pp_moved = 0, tg_moved = 0;
   double pp_cpu = 0, pp_wall = 0, tg_cpu = 0, tg_wall = 0;
   kimi::Batch b;
+  kimi::app::RankTrafficSum rank_traffic;  // under mpirun: per-rank bytes and exchanges of tg
   for (int r = 0; r < reps; ++r) {
     ctx.seq_clear(0);
     if (depth > 0 && fill == "synthetic") {
@@ -111,6 +113,7 @@ int cmd_bench(int argc, char** argv) {
     }
     if (n_gen > 0) {
       auto toks = rand_tokens(n_gen);
+      rank_traffic.start(ctx);
       const double c0 = cpu_s();
       const uint64_t m0 = moved();
       auto t0 = clk::now();
@@ -124,6 +127,7 @@ int cmd_bench(int argc, char** argv) {
       tg_moved += moved() - m0;
       tg_wall += w;
       tg_cpu += cpu_s() - c0;
+      rank_traffic.stop(ctx);
     }
   }
   const std::string attn = ctx.effective_top_k() == 0 ? std::string("no-indexer") : ea.attn;
@@ -166,6 +170,7 @@ int cmd_bench(int argc, char** argv) {
       if (n_prompt > 0) j["pp_host_device_bytes_per_token"] = double(pp_moved) / (double(n_prompt) * reps);
       if (n_gen > 0) j["tg_host_device_bytes_per_token"] = double(tg_moved) / (double(n_gen) * reps);
     }
+    rank_traffic.to_json(j, double(n_gen) * reps);
     std::printf("%s\n", j.dump(output == "json" ? 2 : -1).c_str());
     return 0;
   }
@@ -183,6 +188,7 @@ int cmd_bench(int argc, char** argv) {
   };
   if (n_prompt > 0) row("pp", n_prompt, sp);
   if (n_gen > 0) row("tg", n_gen, sg);
+  rank_traffic.print(stdout, double(n_gen) * reps);
   std::printf("weights read per decoded token: %.1f MiB; cache read per token at this depth: %.2f MiB; peak RSS %.0f MiB\n",
               wbytes / 1048576.0, cbytes / 1048576.0, rss_mib);
   if (n_prompt > 0)

@@ -71,6 +71,8 @@ int cmd_serve(int argc, char** argv) {
   o.cache_type = ea.cache_type;
   o.ctx = ea.ctx;
   o.placement = kimi::app::placement_rules(ea);
+  o.collective = kimi::app::collective();
+  o.split_mode = kimi::app::split_mode(ea);
   o.extra_backends = kimi::app::open_accelerators(ea);
   o.fixed_seed = app.count("--seed") > 0;
   o.verbose = ea.verbose;

@@ -5,6 +5,8 @@
 #include <exception>
 #include <memory>
 #include <new>
+#include <string>
+#include <vector>
 
 #include "command.h"
 #include "engine_args.h"
@@ -40,6 +42,16 @@ int main(int argc, char** argv) {
   if (kimi::dist::launched_by_mpi()) {
     mpi = kimi::dist::MpiCollective::init(&argc, &argv);
     kimi::app::set_collective(mpi.get());
+  }
+  // {rank} in an argument (-m 'DIR/M.rank{rank}-of-4.gguf'): this rank's number, so that each rank
+  // opens its own per-rank file (kimi shard, docs/distributed.md)
+  static std::vector<std::string> rank_args;
+  rank_args.reserve(static_cast<size_t>(argc));
+  for (int i = 2; i < argc; ++i) {
+    std::string a = argv[i];
+    for (size_t p; (p = a.find("{rank}")) != std::string::npos;)
+      a.replace(p, 6, std::to_string(mpi ? mpi->rank() : 0));
+    if (a != argv[i]) argv[i] = rank_args.emplace_back(std::move(a)).data();
   }
   auto failed = [&](const char* what) {
     if (mpi && mpi->size() > 1) mpi->abort_job(fmt::format("kimi {}: error: {}", argv[1], what));

@@ -34,6 +34,8 @@ struct RankTraffic {
   uint64_t expert_weight_bytes = 0;  // its share of the routed experts (all of its experts' bytes)
   uint64_t expert_bytes_per_token = 0;  // expected routed-expert bytes per token (k/E of them)
   CollectiveStats comm;              // since the last reset
+  uint64_t rss_bytes = 0;            // resident memory of the rank's process (Linux; else 0)
+  uint64_t model_rss_bytes = 0;      // of it: resident pages of the model file(s) (the mmap)
 };
 
 class Collective {

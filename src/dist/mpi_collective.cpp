@@ -7,6 +7,9 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <csignal>
+#include <pthread.h>
+#include <signal.h>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -34,6 +37,13 @@ std::string mpi_error_text(int code) {
   if (MPI_Error_string(code, buf, &len) != MPI_SUCCESS) return "MPI error " + std::to_string(code);
   return std::string(buf, static_cast<size_t>(len));
 }
+
+// A worker that gets SIGTERM/SIGINT (mpirun forwards them to every rank) keeps serving rank 0
+// until rank 0 closes the model, so that a server's graceful shutdown ends every rank with status
+// 0; if rank 0 does not close within kTermGrace seconds, the worker ends (status 1).
+volatile std::sig_atomic_t g_term = 0;
+constexpr double kTermGrace = 120;
+extern "C" void on_term(int) { g_term = 1; }
 
 // mpirun --enable-recovery sets this MCA parameter in the ranks' environment
 bool recovery_mode() {
@@ -75,7 +85,16 @@ struct MpiCollective::Pending {
 
 std::unique_ptr<MpiCollective> MpiCollective::init(int* argc, char*** argv) {
   int provided = 0;
-  if (MPI_Init_thread(argc, argv, MPI_THREAD_SERIALIZED, &provided) != MPI_SUCCESS) {
+  // MPI starts helper threads; they must not take the termination signals, which the program
+  // handles in its own threads (e.g. the server's graceful shutdown): block them while MPI starts
+  // (the new threads inherit the mask), then restore this thread's mask.
+  sigset_t block, old;
+  sigemptyset(&block);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT}) sigaddset(&block, sig);
+  pthread_sigmask(SIG_BLOCK, &block, &old);
+  const int rc = MPI_Init_thread(argc, argv, MPI_THREAD_SERIALIZED, &provided);
+  pthread_sigmask(SIG_SETMASK, &old, nullptr);
+  if (rc != MPI_SUCCESS) {
     std::fprintf(stderr, "kimi: MPI_Init failed\n");
     std::exit(1);
   }
@@ -183,6 +202,14 @@ void MpiCollective::wait_all(int n, const char* op, bool deadline) {
       last_progress = now;
       spins = 0;
       continue;
+    }
+    if (!deadline && g_term) {  // a worker told to stop: rank 0 gets kTermGrace seconds to close
+      static auto since = now;
+      if (std::chrono::duration<double>(now - since).count() > kTermGrace) {
+        std::fprintf(stderr, "kimi: rank %d: stopped by a signal; rank 0 did not close the model within %g s\n",
+                     rank_, kTermGrace);
+        std::_Exit(1);
+      }
     }
     if (deadline && std::chrono::duration<double>(now - last_progress).count() > timeout_s_) {
       std::string lost;
@@ -340,6 +367,17 @@ void MpiCollective::worker_finished() {
   std::_Exit(0);
 }
 
-void MpiCollective::wait_command(void* data, uint64_t bytes) { bcast(data, bytes, 0, false); }
+void MpiCollective::wait_command(void* data, uint64_t bytes) {
+  static bool installed = false;
+  if (!installed && rank_ != 0) {
+    installed = true;
+    struct sigaction sa {};
+    sa.sa_handler = on_term;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, nullptr);
+    sigaction(SIGINT, &sa, nullptr);
+  }
+  bcast(data, bytes, 0, false);
+}
 
 }  // namespace kimi::dist

@@ -2,8 +2,13 @@
 // worker protocol (rank 0's calls replayed on every other rank), layer mode's hand-over of the
 // residual stream, and the per-rank traffic counters.
 #include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <string>
 
 #include "model/forward_impl.h"
+#include "model/shard.h"
 #include "util/error.h"
 
 namespace kimi {
@@ -24,6 +29,39 @@ void announce(Forward::Dist& d, const Command& cmd) {  // rank 0 only
   d.c->broadcast(&x, sizeof x, 0);
 }
 
+// Resident bytes of this process and of its mappings of `files` (Linux: /proc/self/smaps; 0
+// elsewhere). The model is mmapped and only read where this rank computes, so the second number
+// is what this rank's share of the weights costs in memory.
+void resident_bytes(std::vector<std::string> files, uint64_t& total, uint64_t& of_files) {
+  total = of_files = 0;
+  for (auto& p : files) {
+    std::error_code ec;
+    const auto c = std::filesystem::weakly_canonical(p, ec);
+    if (!ec) p = c.string();
+  }
+  FILE* f = std::fopen("/proc/self/smaps", "r");
+  if (!f) return;
+  char line[4096];
+  bool in_file = false;
+  while (std::fgets(line, sizeof line, f)) {
+    unsigned long long kb = 0;
+    if (std::strncmp(line, "Rss:", 4) == 0 && std::sscanf(line + 4, "%llu", &kb) == 1) {
+      total += kb * 1024;
+      if (in_file) of_files += kb * 1024;
+      continue;
+    }
+    // a mapping's header: "start-end perms offset dev inode [path]"
+    const char* dash = std::strchr(line, '-');
+    if (!dash || dash == line || std::strchr(line, ':') < dash) continue;
+    std::string l(line);
+    if (!l.empty() && l.back() == '\n') l.pop_back();
+    in_file = false;
+    for (const std::string& p : files)
+      if (l.size() >= p.size() && l.compare(l.size() - p.size(), p.size(), p) == 0) in_file = true;
+  }
+  std::fclose(f);
+}
+
 }  // namespace
 
 bool Forward::is_worker() const { return dist_ && dist_->rank != 0; }
@@ -36,7 +74,15 @@ TensorSplit* Forward::tensor_split() { return dist_ && dist_->mode == SplitMode:
 
 void Forward::setup_dist() {
   Collective* c = opts_.coll;
-  if (!c || c->size() <= 1) return;
+  const HParams& hp0 = hp_;
+  const std::string& file = model_.reader().path();
+  if (!c || c->size() <= 1) {
+    check(hp0.shard_ranks == 0,
+          "{}: a per-rank file (rank {} of {}); run it with mpirun -np {} (-m with {{rank}} in the path picks each "
+          "rank's file), or use the full model",
+          file, hp0.shard_rank, hp0.shard_ranks, hp0.shard_ranks);
+    return;
+  }
   dist_ = std::make_unique<Dist>();
   Dist& d = *dist_;
   d.c = c;
@@ -44,6 +90,26 @@ void Forward::setup_dist() {
   d.size = c->size();
   d.mode = opts_.split;
   d.bytes.assign(static_cast<size_t>(d.size), 0);
+  {  // every rank runs the same model (a shard set has its source's id)
+    std::string id = model_id(model_.reader());
+    id.resize(16, ' ');
+    std::vector<char> all(static_cast<size_t>(d.size) * 16);
+    for (auto& b : d.bytes) b = 16;
+    c->all_gather(id.data(), all.data(), d.bytes.data());
+    for (int r = 0; r < d.size; ++r) {
+      const std::string other(all.data() + r * 16, 16);
+      check(other == id, "rank {}: {} is model {}, but rank {} runs model {}: every rank needs the same model (or "
+            "its shard of it)", d.rank, file, id, r, other);
+    }
+  }
+  if (hp0.shard_ranks) {
+    check(hp0.shard_ranks == static_cast<uint32_t>(d.size) && hp0.shard_rank == static_cast<uint32_t>(d.rank),
+          "rank {}: {} is the file of rank {} of a {}-rank split, but this job has {} ranks and this is rank {} "
+          "(mpirun -np {}; {{rank}} in -m picks each rank's file)",
+          d.rank, file, hp0.shard_rank, hp0.shard_ranks, d.size, d.rank, hp0.shard_ranks);
+    check(opts_.split == SplitMode::Tensor, "rank {}: {} holds only this rank's experts: use --split-mode tensor",
+          d.rank, file);
+  }
   check(devs_.size() == 1 && devs_[0]->be->host_visible(),
         "forward: {} ranks run on the CPU backend only (no accelerator placement with MPI yet)", d.size);
   const HParams& hp = hp_;
@@ -65,6 +131,13 @@ void Forward::setup_dist() {
           "forward: expert parallelism over {} ranks needs at least as many routed experts (the model has {})",
           d.size, hp.n_expert);
     for (int r = 0; r <= d.size; ++r) t.expert_lo.push_back(static_cast<int64_t>(hp.n_expert) * r / d.size);
+    t.expert_file_first = hp.shard_ranks ? hp.shard_expert_first : 0;
+    check(!hp.shard_ranks || (t.expert_lo[static_cast<size_t>(d.rank)] == hp.shard_expert_first &&
+                              t.expert_lo[static_cast<size_t>(d.rank) + 1] - t.expert_lo[static_cast<size_t>(d.rank)] ==
+                                  hp.shard_expert_count),
+          "rank {}: {} holds experts {}+{}, but rank {} of {} runs experts {}..{}", d.rank, file,
+          hp.shard_expert_first, hp.shard_expert_count, d.rank, d.size, t.expert_lo[static_cast<size_t>(d.rank)],
+          t.expert_lo[static_cast<size_t>(d.rank) + 1] - 1);
   }
 }
 
@@ -192,13 +265,20 @@ std::vector<RankTraffic> Forward::traffic(bool reset) {
   std::vector<RankTraffic> out;
   Collective* c = dist_ ? dist_->c : nullptr;
   if (dist_) announce(*dist_, {kTraffic, reset ? 1 : 0, 0, 0, 0, 0});
-  if (!dist_) {
-    out.push_back({});
+  if (!dist_) {  // one process: what it reads (all of it) and its memory
+    RankTraffic t;
+    std::vector<std::string> files;
+    for (size_t i = 0; i < model_.reader().n_files(); ++i) files.push_back(model_.reader().file_path(i));
+    resident_bytes(files, t.rss_bytes, t.model_rss_bytes);
+    out.push_back(t);
     return out;
   }
   Dist& d = *dist_;
   const CollectiveStats s = c->stats();  // before the gather below counts itself
   TrafficWire mine{d.dense_bytes, d.expert_bytes, d.expert_tok, s.bytes_sent, s.bytes_received, s.calls, s.seconds};
+  std::vector<std::string> files;
+  for (size_t i = 0; i < model_.reader().n_files(); ++i) files.push_back(model_.reader().file_path(i));
+  resident_bytes(files, mine.rss, mine.model_rss);
   for (auto& b : d.bytes) b = sizeof(TrafficWire);
   c->gather(&mine, d.traffic.data(), d.bytes.data(), 0);
   if (reset) c->reset_stats();
@@ -211,6 +291,8 @@ std::vector<RankTraffic> Forward::traffic(bool reset) {
     t.expert_weight_bytes = w.experts;
     t.expert_bytes_per_token = w.experts_tok;
     t.comm = {w.sent, w.received, w.calls, w.seconds};
+    t.rss_bytes = w.rss;
+    t.model_rss_bytes = w.model_rss;
     out.push_back(t);
   }
   return out;

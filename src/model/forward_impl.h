@@ -32,6 +32,7 @@ struct Forward::Device {
 struct TrafficWire {
   uint64_t dense = 0, experts = 0, experts_tok = 0, sent = 0, received = 0, calls = 0;
   double seconds = 0;
+  uint64_t rss = 0, model_rss = 0;
 };
 
 struct Forward::Dist {

@@ -26,6 +26,7 @@ struct TensorSplit {
   int rank = 0, size = 1;
   int64_t min_rows = 0;              // matrices with fewer rows are computed whole on every rank
   std::vector<int64_t> expert_lo;    // size + 1 boundaries over the routed experts
+  int64_t expert_file_first = 0;     // the first expert the model file holds (a per-rank file: its first)
   std::vector<float> local, gathered;  // [N * max rows] row slices / gathered rows
   std::vector<uint64_t> bytes;       // per-rank payload of the current exchange
   uint64_t weight_bytes = 0;         // bytes of the always-read matrices this rank reads per token

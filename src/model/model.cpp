@@ -105,6 +105,17 @@ struct ModelLoader {
         hp.n_expert = u32("expert_count");
         hp.n_expert_used = u32("expert_used_count");
         hp.n_expert_shared = u32_or("expert_shared_count", 0);
+        if (r.has("kimi.shard.ranks")) {  // a per-rank file (model/shard.h)
+          hp.shard_ranks = r.get_u32("kimi.shard.ranks");
+          hp.shard_rank = r.get_u32("kimi.shard.rank");
+          hp.shard_expert_first = r.get_u32("kimi.shard.expert_first");
+          hp.shard_expert_count = r.get_u32("kimi.shard.expert_count");
+          if (hp.shard_ranks < 2 || hp.shard_rank >= hp.shard_ranks || hp.shard_expert_count == 0 ||
+              uint64_t{hp.shard_expert_first} + hp.shard_expert_count > hp.n_expert)
+            bad(fmt::format("keys kimi.shard.*: rank {} of {} with experts {}+{} of {}: not a valid split",
+                            hp.shard_rank, hp.shard_ranks, hp.shard_expert_first, hp.shard_expert_count,
+                            hp.n_expert));
+        }
         hp.n_ff_exp = u32("expert_feed_forward_length");
         hp.n_latent = u32_or("expert_latent_length", 0);
         hp.expert_weights_scale = f32_or("expert_weights_scale", 1.0f);
@@ -301,9 +312,10 @@ struct ModelLoader {
           L.ffn_gate_inp.mat = {GgmlType::F32, gi->data, E, d, static_cast<uint64_t>(d) * 4};
         }
         L.exp_probs_b = bind(n("exp_probs_b.bias"), Kind::Vec, {E}, false);
-        L.ffn_gate_exps = bind(n("ffn_gate_exps.weight"), Kind::Mat, {Lw, F, E});
-        L.ffn_up_exps = bind(n("ffn_up_exps.weight"), Kind::Mat, {Lw, F, E});
-        L.ffn_down_exps = bind(n("ffn_down_exps.weight"), Kind::Mat, {F, Lw, E});
+        const int64_t Ef = hp.file_experts();  // a per-rank file holds only its experts
+        L.ffn_gate_exps = bind(n("ffn_gate_exps.weight"), Kind::Mat, {Lw, F, Ef});
+        L.ffn_up_exps = bind(n("ffn_up_exps.weight"), Kind::Mat, {Lw, F, Ef});
+        L.ffn_down_exps = bind(n("ffn_down_exps.weight"), Kind::Mat, {F, Lw, Ef});
         if (hp.n_latent) {
           L.ffn_routed_down = bind(n("ffn_routed_down.weight"), Kind::Mat, {d, Lw});
           L.ffn_routed_up = bind(n("ffn_routed_up.weight"), Kind::Mat, {Lw, d});
@@ -365,7 +377,7 @@ uint64_t Model::decode_weight_bytes_per_token() const {
     if (t.name == "token_embd.weight" && t.ne[1] > 0) {
       b += t.nbytes / static_cast<uint64_t>(t.ne[1]);
     } else if (t.name.size() > 13 && t.name.compare(t.name.size() - 12, 12, "_exps.weight") == 0 && hp_.n_expert > 0) {
-      b += t.nbytes / hp_.n_expert * std::min(hp_.n_expert_used, hp_.n_expert);
+      b += t.nbytes / hp_.file_experts() * std::min(hp_.n_expert_used, hp_.n_expert);
     } else {
       b += t.nbytes;
     }

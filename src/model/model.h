@@ -55,6 +55,10 @@ struct HParams {
   float expert_weights_scale = 1.0f;
   bool expert_weights_norm = true;
   uint32_t gating_func = 2;    // 1 softmax, 2 sigmoid
+  // per-rank file (model/shard.h): kimi.shard.*; shard_ranks == 0 for a full model. The file's
+  // expert tensors hold experts [shard_expert_first, + shard_expert_count) of n_expert.
+  uint32_t shard_ranks = 0, shard_rank = 0, shard_expert_first = 0, shard_expert_count = 0;
+  uint32_t file_experts() const { return shard_ranks ? shard_expert_count : n_expert; }
 
   // residual attention (ResMix) and activation
   uint32_t attn_res_block = 0; // attn_res.block_size (0 = plain residual)

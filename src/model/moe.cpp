@@ -37,9 +37,10 @@ void moe_ffn(const PartRun& r, const LayerWeights& L, MoeScratch& s, FfnScratch&
     int32_t* mine = s.sel_local.p;
     for (int64_t i = 0; i < n * k; ++i) mine[i] = sel[i] >= lo && sel[i] < hi ? static_cast<int32_t>(sel[i] - lo) : -1;
     ExpertMats part = em;
-    part.gate.data += em.gate_slice * static_cast<uint64_t>(lo);
-    part.up.data += em.up_slice * static_cast<uint64_t>(lo);
-    part.down.data += em.down_slice * static_cast<uint64_t>(lo);
+    const uint64_t skip = static_cast<uint64_t>(lo - tp.expert_file_first);  // a per-rank file starts at lo
+    part.gate.data += em.gate_slice * skip;
+    part.up.data += em.up_slice * skip;
+    part.down.data += em.down_slice * skip;
     be.moe_experts(part, xl, n, Lw, mine, s.weights.p, k, hi - lo, hp.situ_beta, hp.situ_lambda, s.latent_acc.p);
     tp.sum_partials(be, s.latent_acc.p, n * Lw);
   } else if (site.be == nullptr || site.be == &be) {

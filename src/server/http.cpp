@@ -151,6 +151,8 @@ void Server::Impl::load() {
   co.precision = o.precision == "f32" ? Precision::F32 : Precision::Fast;
   co.cache_type = o.cache_type == "f32" ? CacheType::F32 : CacheType::F16;
   co.placement = o.placement;
+  co.collective = o.collective;
+  co.split_mode = o.split_mode;
   co.extra_backends = o.extra_backends;
   co.n_batch_max = o.sched.chunk * o.sched.max_chunks + o.sched.parallel;
   sched = std::make_unique<Scheduler>(*model, *tok, co, o.sched);

@@ -30,6 +30,8 @@ struct ServerOptions {
   int attn_top_k = -1;
   std::string precision = "fast";
   std::string cache_type = "f16";
+  Collective* collective = nullptr;  // under mpirun: the ranks that run the model with this one
+  SplitMode split_mode = SplitMode::Tensor;  // (docs/distributed.md)
   PlacementRules placement;         // which backend holds each weight (-ngl, --cpu-moe, -ot)
   std::vector<Backend*> extra_backends;  // accelerators (devices 1..; not owned, outlive the server)
   int ctx = 4096;                   // positions per sequence

@@ -6,7 +6,8 @@
 //   equal everywhere; 2 and 3 ranks (3 splits 8 layers / 8 experts / every matrix unevenly);
 // - greedy generation (decode steps, KDA states, caches) identical;
 // - a rank killed mid-generation: every rank ends non-zero within 30 s and the lost rank is named;
-// - a worker's error ends the job with a non-zero status instead of a hang.
+// - a worker's error ends the job with a non-zero status instead of a hang;
+// - per-rank files (kimi shard) equal the full file; wrong rank count / different models: errors.
 // Runs only in a build with MPI (KIMI_MPI, found by CMake); CI runs these on one machine with
 // --oversubscribe (as root: OMPI_ALLOW_RUN_AS_ROOT*).
 #include <gtest/gtest.h>
@@ -16,6 +17,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -42,9 +44,10 @@ RunResult sh(const std::string& cmd) {
   return r;
 }
 
-std::string mpirun(int np, const std::string& extra = "") {
+// mpirun -np NP [extra] PROG (the kimi binary unless a wrapper script is given)
+std::string mpirun(int np, const std::string& extra = "", const std::string& prog = KIMI_BIN) {
   return "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 "
-         "timeout 120 mpirun --oversubscribe " + extra + " -np " + std::to_string(np) + " " + std::string(KIMI_BIN);
+         "timeout 120 mpirun --oversubscribe " + extra + " -np " + std::to_string(np) + " " + prog;
 }
 
 std::vector<float> read_floats(const std::string& path) {
@@ -196,6 +199,58 @@ TEST_F(Dist, ErrorOnOneRankEndsTheJob) {
   EXPECT_NE(r.exit_code, 124) << "hang: " << r.out;
   EXPECT_NE(r.out.find("kimi: rank 1: kimi run: error:"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("nonexistent.gguf"), std::string::npos) << r.out;
+}
+
+// kimi shard: per-rank files give the same logits as the full file; a shard set used with the wrong
+// rank count, a shard without mpirun, and ranks with different models are errors at start.
+TEST_F(Dist, PerRankFilesAndMismatches) {
+  const std::string shards = dir.file("shards");
+  auto w = kimi::test::run_kimi("shard " + q(model) + " --ranks 2 -o " + q(shards) + " -q");
+  ASSERT_EQ(w.exit_code, 0) << w.out;
+  const std::string stem = std::filesystem::path(model).stem().string();
+  const std::string per_rank = shards + "/" + stem + ".rank{rank}-of-2.gguf";
+  for (int r : {0, 1}) {
+    const auto sz = std::filesystem::file_size(shards + "/" + stem + ".rank" + std::to_string(r) + "-of-2.gguf");
+    EXPECT_LT(sz, std::filesystem::file_size(model)) << "rank " << r << " holds only its experts";
+  }
+  const std::string args = std::string(" eval --tokens ") + kTokens + " --all-logits --attn-top-k 4 -t 1 --precision f32";
+  const std::string full = dir.file("full.bin"), part = dir.file("part.bin");
+  auto a = sh(mpirun(2) + args + " -m " + q(model) + " --logits-out " + q(full));
+  ASSERT_EQ(a.exit_code, 0) << a.out;
+  auto b = sh(mpirun(2) + args + " -m " + q(per_rank) + " --logits-out " + q(part));
+  ASSERT_EQ(b.exit_code, 0) << b.out;
+  EXPECT_TRUE(compare(read_floats(full), read_floats(part), 1024).bit_equal);  // the same computation
+  // one rank on the full file, the other on its shard: the same model
+  const std::string mixed = dir.file("mixed.sh");
+  kimi::test::write_file(mixed, "#!/bin/sh\nif [ \"$OMPI_COMM_WORLD_RANK\" = 1 ]; then m=" + q(shards + "/" + stem +
+                                    ".rank1-of-2.gguf") + "; else m=" + q(model) + "; fi\nexec " +
+                                    std::string(KIMI_BIN) + args + " -m \"$m\" --logits-out " + q(part) + "\n");
+  auto c = sh("chmod +x " + q(mixed) + " && " + mpirun(2, "", q(mixed)));
+  ASSERT_EQ(c.exit_code, 0) << c.out;
+  EXPECT_TRUE(compare(read_floats(full), read_floats(part), 1024).bit_equal);
+
+  // 3 ranks with a 2-rank set: every rank that opens a file says what is wrong
+  auto d = sh(mpirun(3) + args + " -m " + q(per_rank) + " --logits-out " + q(part));
+  EXPECT_NE(d.exit_code, 0);
+  EXPECT_NE(d.exit_code, 124) << "hang";
+  EXPECT_TRUE(d.out.find("2-rank split, but this job has 3 ranks") != std::string::npos ||
+              d.out.find("rank2-of-2") != std::string::npos)
+      << d.out;
+  // a shard without mpirun
+  auto e = kimi::test::run_kimi(std::string("eval --tokens 1,2 --logits-out ") + q(part) + " -m " +
+                                q(shards + "/" + stem + ".rank0-of-2.gguf"));
+  EXPECT_NE(e.exit_code, 0);
+  EXPECT_NE(e.out.find("a per-rank file (rank 0 of 2); run it with mpirun -np 2"), std::string::npos) << e.out;
+  // different models on the ranks
+  const std::string other = kimi::test::tiny_gguf(2);
+  const std::string two = dir.file("two.sh");
+  kimi::test::write_file(two, "#!/bin/sh\nif [ \"$OMPI_COMM_WORLD_RANK\" = 1 ]; then m=" + q(other) + "; else m=" +
+                                  q(model) + "; fi\nexec " + std::string(KIMI_BIN) + args + " -m \"$m\" --logits-out " +
+                                  q(part) + "\n");
+  auto f = sh("chmod +x " + q(two) + " && " + mpirun(2, "", q(two)));
+  EXPECT_NE(f.exit_code, 0);
+  EXPECT_NE(f.exit_code, 124) << "hang";
+  EXPECT_NE(f.out.find("every rank needs the same model"), std::string::npos) << f.out;
 }
 
 }  // namespace

@@ -11,6 +11,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 target=${1:?usage: cross-deps.sh aarch64-linux-gnu|x86_64-w64-mingw32}
 root=$(pwd)
+export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$root}
 deps=${KIMI_DEPS_DIR:-$root/build-deps}
 prefix=$deps/$target
 toolchain=$root/cmake/toolchains/$target.cmake

@@ -16,6 +16,8 @@ what=${1:-all}
 [[ ${KIMI_CROSS:-1} == 0 ]] && { echo "cross-test: skipped (KIMI_CROSS=0)"; exit 0; }
 JOBS=${JOBS:-$(nproc)}
 root=$(pwd)
+# ccache keys with paths relative to the checkout: a CI clone in another folder hits the cache
+export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$root}
 t_start=$SECONDS
 
 # test programs built and run per target (regex on the test file name)

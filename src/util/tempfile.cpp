@@ -258,7 +258,12 @@ void discard_temp(const std::string& path) noexcept {
 }
 
 void commit_temp(const std::string& temp_path, const std::string& final_path) {
+#if defined(_WIN32)
+  // the C runtime's rename() refuses an existing target there: replace it as POSIX rename does
+  if (kimi_rename_replace(temp_path.c_str(), final_path.c_str()) != 0)
+#else
   if (std::rename(temp_path.c_str(), final_path.c_str()) != 0)
+#endif
     fail("cannot rename '{}' to '{}': {}", temp_path, final_path, std::strerror(errno));
   unregister_temp(temp_path);
 }

@@ -2,7 +2,8 @@
 // CMakeLists.txt force-includes this header into every translation unit of a Windows build and puts
 // include/ (sys/mman.h, sys/resource.h, sys/wait.h, sys/syscall.h) on the include path, so the
 // portable code keeps one spelling. The functions are in posix_win32.cpp. Files are opened in
-// binary mode by default (the build links MinGW's binmode.o). Never included elsewhere.
+// binary mode by default (posix_win32.cpp sets the C runtime's _fmode at start-up, and the build
+// links MinGW's binmode.o). Never included elsewhere.
 #pragma once
 #if defined(_WIN32)
 #include <errno.h>
@@ -35,11 +36,13 @@ int fsync(int fd);                // _commit
 #define _SC_NPROCESSORS_ONLN 84
 #define _SC_PHYS_PAGES 85
 long sysconf(int name);
+// only sig 0 (is the process alive): 0, or -1 with ESRCH; an int pid (MinGW has no pid_t without _POSIX)
 int kill(int pid, int sig);
 // The identity of an existing file or directory (UTF-8 path): volume serial + file index; 0 on
 // success (util/paths.cpp, where stat() has no inode on Windows).
-int kimi_file_id(const char* path, unsigned long long* dev, unsigned long long* ino);  // only sig 0 (is the process alive): 0, or -1 with ESRCH
-// kill() takes an int pid: no pid_t exists in MinGW's POSIX names without _POSIX
+int kimi_file_id(const char* path, unsigned long long* dev, unsigned long long* ino);
+// rename(from, to) replacing an existing file `to` (MoveFileExW, MOVEFILE_REPLACE_EXISTING); 0 on success.
+int kimi_rename_replace(const char* from, const char* to);
 
 // Signals the C runtime does not have: never raised on Windows, so a handler for them is never run.
 #define SIGHUP 1

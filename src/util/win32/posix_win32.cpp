@@ -61,10 +61,21 @@ void on_waited_signal(int sig) {
   post(sig);
 }
 
+// A UTF-8 string as UTF-16 for the wide Windows API (empty when it is not valid UTF-8).
+std::wstring widen(const char* s) {
+  const int n = ::MultiByteToWideChar(CP_UTF8, 0, s, -1, nullptr, 0);
+  if (n <= 0) return std::wstring();
+  std::wstring w(static_cast<size_t>(n), L'\0');
+  ::MultiByteToWideChar(CP_UTF8, 0, s, -1, w.data(), n);
+  w.resize(static_cast<size_t>(n - 1));
+  return w;
+}
+
 // The console shows what the program writes as UTF-8 (the text kimi prints is UTF-8); the
 // application manifest (kimi.manifest) makes the ANSI API, argv and file names UTF-8 too.
-struct ConsoleUtf8 {
+struct ConsoleUtf8 {  // and binary files
   ConsoleUtf8() {
+    _fmode = _O_BINARY;  // open() without _O_TEXT/_O_BINARY: binary (text mode turns \n into \r\n)
     ::SetConsoleOutputCP(CP_UTF8);
     ::SetConsoleCP(CP_UTF8);
   }
@@ -119,10 +130,8 @@ int kill(int pid, int sig) {
 }
 
 int kimi_file_id(const char* path, unsigned long long* dev, unsigned long long* ino) {
-  const int n = ::MultiByteToWideChar(CP_UTF8, 0, path, -1, nullptr, 0);
-  if (n <= 0) return -1;
-  std::wstring w(static_cast<size_t>(n), L'\0');
-  ::MultiByteToWideChar(CP_UTF8, 0, path, -1, w.data(), n);
+  const std::wstring w = widen(path);
+  if (w.empty()) return -1;
   HANDLE h = ::CreateFileW(w.c_str(), 0, FILE_SHARE_READ | FILE_SHARE_WRITE | FILE_SHARE_DELETE, nullptr,
                            OPEN_EXISTING, FILE_FLAG_BACKUP_SEMANTICS, nullptr);
   if (h == INVALID_HANDLE_VALUE) return -1;
@@ -133,6 +142,12 @@ int kimi_file_id(const char* path, unsigned long long* dev, unsigned long long* 
   *dev = fi.dwVolumeSerialNumber;
   *ino = (static_cast<unsigned long long>(fi.nFileIndexHigh) << 32) | fi.nFileIndexLow;
   return 0;
+}
+
+int kimi_rename_replace(const char* from, const char* to) {
+  if (::MoveFileExW(widen(from).c_str(), widen(to).c_str(), MOVEFILE_REPLACE_EXISTING | MOVEFILE_COPY_ALLOWED)) return 0;
+  errno = ::GetLastError() == ERROR_ACCESS_DENIED ? EACCES : ENOENT;
+  return -1;
 }
 
 int sigemptyset(sigset_t* set) {

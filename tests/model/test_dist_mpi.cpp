@@ -21,6 +21,9 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
+#include "io/gguf.h"
 #include "test_util.h"
 
 namespace {
@@ -251,6 +254,35 @@ TEST_F(Dist, PerRankFilesAndMismatches) {
   EXPECT_NE(f.exit_code, 0);
   EXPECT_NE(f.exit_code, 124) << "hang";
   EXPECT_NE(f.out.find("every rank needs the same model"), std::string::npos) << f.out;
+}
+
+// Expert parallelism keeps each rank's memory to its share: on a 4-layer `small` model (experts
+// ~30 % of the file), each of 2 ranks' resident model pages (the mmap, from /proc/self/smaps)
+// stay within the shared bytes + routed-expert bytes / 2 + 10 %, and each rank holds half the experts.
+TEST_F(Dist, ResidentModelBytesPerRank) {
+  const std::string hf = dir.file("s4-hf"), gguf = dir.file("s4.gguf");
+  auto a = kimi::test::run_kimi("synth --preset small --layers 4 -q -o " + q(hf));
+  ASSERT_EQ(a.exit_code, 0) << a.out;
+  auto b = kimi::test::run_kimi("convert " + q(hf) + " -o " + q(gguf) + " --quiet");
+  ASSERT_EQ(b.exit_code, 0) << b.out;
+  std::filesystem::remove_all(hf);
+  uint64_t experts = 0;
+  {
+    auto r = kimi::gguf::Reader::open(gguf);
+    for (const auto& t : r->tensors())
+      if (t.name.find("_exps.weight") != std::string::npos) experts += t.nbytes;
+  }
+  const uint64_t file = std::filesystem::file_size(gguf), shared = file - experts;
+  auto m = sh("(" + mpirun(2) + " bench -m " + q(gguf) + " -p 0 -n 8 -r 1 -t 1 --json 2>/dev/null)");
+  ASSERT_EQ(m.exit_code, 0) << m.out;
+  const auto j = nlohmann::json::parse(m.out.substr(m.out.find('{')));
+  ASSERT_EQ(j["ranks"].size(), 2u) << m.out;
+  for (const auto& r : j["ranks"]) {
+    const double rss = r["model_rss_bytes"].get<double>();
+    EXPECT_GT(rss, 0.0);
+    EXPECT_LE(rss, 1.1 * (double(shared) + double(experts) / 2)) << "rank " << r["rank"];
+    EXPECT_EQ(r["expert_weight_bytes_held"].get<uint64_t>(), experts / 2) << "rank " << r["rank"];
+  }
 }
 
 }  // namespace

@@ -21,6 +21,8 @@
 #include <string>
 #include <vector>
 
+#include <unistd.h>
+
 #include <nlohmann/json.hpp>
 
 #include "io/gguf.h"
@@ -84,6 +86,23 @@ Cmp compare(const std::vector<float>& a, const std::vector<float>& b, int V) {
     c.top1_same += ia == ib;
   }
   return c;
+}
+
+// A 4-layer `small` model (d 2048, 64 experts top-8, 16 heads; 858 MB), made once and kept next to
+// the other cached test models (ctest runs every test in its own process).
+std::string small4() {
+  const auto dir = std::filesystem::path(KIMI_BIN).parent_path() / "test-models";
+  const std::string path = (dir / "small-4layers.gguf").string();
+  if (std::filesystem::exists(path)) return path;
+  std::filesystem::create_directories(dir);
+  TempDir t;
+  const std::string hf = t.file("hf"), tmp = path + ".tmp." + std::to_string(::getpid());
+  auto a = kimi::test::run_kimi("synth --preset small --layers 4 -q -o '" + hf + "'");
+  if (a.exit_code != 0) return "";
+  auto b = kimi::test::run_kimi("convert '" + hf + "' -o '" + tmp + "' --quiet");
+  if (b.exit_code != 0) return "";
+  std::filesystem::rename(tmp, path);  // atomic: a concurrent maker's file is as good
+  return path;
 }
 
 class Dist : public ::testing::Test {
@@ -260,12 +279,8 @@ TEST_F(Dist, PerRankFilesAndMismatches) {
 // ~30 % of the file), each of 2 ranks' resident model pages (the mmap, from /proc/self/smaps)
 // stay within the shared bytes + routed-expert bytes / 2 + 10 %, and each rank holds half the experts.
 TEST_F(Dist, ResidentModelBytesPerRank) {
-  const std::string hf = dir.file("s4-hf"), gguf = dir.file("s4.gguf");
-  auto a = kimi::test::run_kimi("synth --preset small --layers 4 -q -o " + q(hf));
-  ASSERT_EQ(a.exit_code, 0) << a.out;
-  auto b = kimi::test::run_kimi("convert " + q(hf) + " -o " + q(gguf) + " --quiet");
-  ASSERT_EQ(b.exit_code, 0) << b.out;
-  std::filesystem::remove_all(hf);
+  const std::string gguf = small4();
+  ASSERT_FALSE(gguf.empty()) << "synth/convert of the small model failed";
   uint64_t experts = 0;
   {
     auto r = kimi::gguf::Reader::open(gguf);
@@ -283,6 +298,29 @@ TEST_F(Dist, ResidentModelBytesPerRank) {
     EXPECT_LE(rss, 1.1 * (double(shared) + double(experts) / 2)) << "rank " << r["rank"];
     EXPECT_EQ(r["expert_weight_bytes_held"].get<uint64_t>(), experts / 2) << "rank " << r["rank"];
   }
+}
+
+// The same on the `small` shapes (4 layers; 16 heads, 64 experts over 2 or 3 ranks, the indexer
+// selecting 4 rows): f32 logits of every position.
+TEST_F(Dist, SmallModelLogitsMatchOneProcess) {
+  const std::string gguf = small4();
+  ASSERT_FALSE(gguf.empty()) << "synth/convert of the small model failed";
+  const std::string args = std::string(" eval -m ") + q(gguf) + " --tokens " + kTokens +
+                           " --all-logits --attn-top-k 4 -t 1 --precision f32 --logits-out ";
+  const std::string one = dir.file("one.bin"), out = dir.file("m.bin");
+  auto r = kimi::test::run_kimi(args + q(one));
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const auto ref = read_floats(one);
+  for (int np : {2, 3})
+    for (const char* mode : {"tensor", "layer"}) {
+      const std::string what = "np=" + std::to_string(np) + " " + mode;
+      auto m = sh(mpirun(np) + args + q(out) + " --split-mode " + mode);
+      ASSERT_EQ(m.exit_code, 0) << what << "\n" << m.out;
+      const Cmp c = compare(ref, read_floats(out), 32768);
+      EXPECT_EQ(c.top1_same, c.rows) << what;
+      EXPECT_LE(c.rel_rms, 1e-6) << what;
+      if (std::string(mode) == "layer") EXPECT_TRUE(c.bit_equal) << what;
+    }
 }
 
 }  // namespace

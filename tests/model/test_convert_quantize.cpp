@@ -557,7 +557,7 @@ TEST(Quantize, BadInputsErrorCleanly) {
   const std::string out = td.file("out.gguf");
   struct Case { std::string args; std::string want; };
   const std::vector<Case> cases = {
-      {q(src) + " " + q(out) + " Q3_K_M", "unknown quantization type 'Q3_K_M'"},
+      {q(src) + " " + q(out) + " Q3_K_S", "unknown quantization type 'Q3_K_S'"},
       {q(td.file("missing.gguf")) + " " + q(out) + " Q4_K_M", "does not exist"},
       {q(std::string(KIMI_SOURCE_DIR) + "/CMakeLists.txt") + " " + q(out) + " Q4_K_M", "not a GGUF file"},
       {q(src) + " " + q(out) + " Q4_K_M --tensor-type 'blk.(3=q4_0'", "bad regular expression"},

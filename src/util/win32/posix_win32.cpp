@@ -85,6 +85,18 @@ struct ConsoleUtf8 {  // and binary files
 
 extern "C" {
 
+// MinGW-w64's round / roundf round the largest float below 0.5 (0.49999997f) up to 1: they add 0.5
+// first. The quantizers use roundf (ggml's rule: half away from zero), so these replace them;
+// x - trunc(x) is exact, and infinities and NaN pass through.
+float roundf(float x) {
+  const float t = __builtin_truncf(x);
+  return __builtin_fabsf(x - t) >= 0.5f ? t + __builtin_copysignf(1.0f, x) : t;
+}
+double round(double x) {
+  const double t = __builtin_trunc(x);
+  return __builtin_fabs(x - t) >= 0.5 ? t + __builtin_copysign(1.0, x) : t;
+}
+
 int fcntl(int fd, int cmd, ...) {
   if (_get_osfhandle(fd) == -1) {
     errno = EBADF;

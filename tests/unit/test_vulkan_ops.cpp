@@ -33,11 +33,14 @@ std::vector<uint8_t> make_weight(GgmlType t, int64_t rows, int64_t cols, uint32_
 
 const GgmlType kTypes[] = {GgmlType::F32,  GgmlType::F16,  GgmlType::BF16, GgmlType::Q8_0,
                            GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::MXFP4,
-                           GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K};
+                           GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::Q2_K,
+                           GgmlType::Q3_K, GgmlType::IQ4_XS};
 
 int64_t cols_for(GgmlType t, bool odd) {
   if (t == GgmlType::F32 || t == GgmlType::F16 || t == GgmlType::BF16) return odd ? 203 : 256;
-  if (t == GgmlType::Q4_K || t == GgmlType::Q5_K || t == GgmlType::Q6_K) return odd ? 768 : 512;
+  if (t == GgmlType::Q4_K || t == GgmlType::Q5_K || t == GgmlType::Q6_K || t == GgmlType::Q2_K ||
+      t == GgmlType::Q3_K || t == GgmlType::IQ4_XS)
+    return odd ? 768 : 512;
   return odd ? 96 : 160;
 }
 

@@ -22,13 +22,6 @@ namespace kimi {
 
 namespace {
 
-uint32_t u32(int64_t v, const char* what) {
-  check(v >= 0 && v <= 0xFFFFFFFFll, "vulkan: {} = {} does not fit 32 bits", what, v);
-  return static_cast<uint32_t>(v);
-}
-
-// a grid dimension for `items` work units (the shaders loop past 65535)
-uint32_t grid(int64_t items) { return static_cast<uint32_t>(std::clamp<int64_t>(items, 1, 65535)); }
 
 constexpr int64_t kChunk = 64;        // rows per chunk (mla_attn.comp CH)
 constexpr int64_t kMaxSplits = 8;     // workgroups per (token, head) at most
@@ -91,7 +84,7 @@ void VulkanBackend::mla_attention(const CacheRows& latent, int64_t kvl, const Ba
       uint32_t n, sel_cap, mask_words;
     } mp{dev_addr(sel_idx), dev_addr(sel_n), mask, u32(n, "tokens"), u32(sel_cap, "selection capacity"),
          u32(mask_words, "mask words")};
-    rt_.dispatch(pipe("mla_attn_mask"), &mp, sizeof(mp), grid(n));
+    rt_.dispatch(pipe("mla_attn_mask"), &mp, sizeof(mp), groups(n));
   }
   struct {
     uint64_t latent, qcat, sel_idx, sel_n, ents, part, mask, z;
@@ -110,7 +103,7 @@ void VulkanBackend::mla_attention(const CacheRows& latent, int64_t kvl, const Ba
     pc.w_first = static_cast<uint32_t>(w * window);
     pc.load_state = w > 0 ? 1u : 0u;
     pc.final_z = w == windows - 1 && splits == 1 ? 1u : 0u;
-    rt_.dispatch(attn, &pc, sizeof(pc), static_cast<uint32_t>(splits), static_cast<uint32_t>(H), grid(n));
+    rt_.dispatch(attn, &pc, sizeof(pc), static_cast<uint32_t>(splits), static_cast<uint32_t>(H), groups(n));
   }
   if (splits > 1) {
     struct {
@@ -118,7 +111,7 @@ void VulkanBackend::mla_attention(const CacheRows& latent, int64_t kvl, const Ba
       uint32_t kvl, H, n, splits;
     } cp{part, dev_addr(z), static_cast<uint32_t>(kvl), static_cast<uint32_t>(H), static_cast<uint32_t>(n),
          static_cast<uint32_t>(splits)};
-    rt_.dispatch(pipe("mla_attn_combine"), &cp, sizeof(cp), static_cast<uint32_t>(H), grid(n));
+    rt_.dispatch(pipe("mla_attn_combine"), &cp, sizeof(cp), static_cast<uint32_t>(H), groups(n));
   }
 }
 
@@ -150,7 +143,7 @@ void VulkanBackend::indexer_scores(const CacheRows& keys, int32_t seq, const flo
     pc.h_first = static_cast<uint32_t>(b * 64);
     pc.h_end = static_cast<uint32_t>(std::min(n_heads, (b + per) * 64));
     pc.accumulate = b > 0 ? 1u : 0u;
-    rt_.dispatch(pipe("indexer_scores"), &pc, sizeof(pc), grid((n_visible + 63) / 64));
+    rt_.dispatch(pipe("indexer_scores"), &pc, sizeof(pc), groups((n_visible + 63) / 64));
   }
 }
 

@@ -7,6 +7,7 @@
 // micro-batch entries, row lists) go through rt_.stage(); scratch the op needs is allocated in
 // reserve() from WorkLimits, never in the op.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -14,10 +15,21 @@
 
 #include "backend/backend.h"
 #include "backend/vulkan/vk_runtime.h"
+#include "util/error.h"
 
 namespace kimi {
 
 inline uint64_t dev_addr(const void* p) { return reinterpret_cast<uint64_t>(p); }
+
+// a push-constant field: v must fit 32 bits (kimi::Error naming `what` otherwise)
+inline uint32_t u32(int64_t v, const char* what) {
+  check(v >= 0 && v <= 0xFFFFFFFFll, "vulkan: {} = {} does not fit 32 bits", what, v);
+  return static_cast<uint32_t>(v);
+}
+
+// workgroups for `items` independent units, capped at the grid size every device allows (65535);
+// the shaders loop over the rest
+inline uint32_t groups(int64_t items) { return static_cast<uint32_t>(std::clamp<int64_t>(items, 1, 65535)); }
 
 class VulkanBackend final : public Backend {
  public:
@@ -93,6 +105,8 @@ class VulkanBackend final : public Backend {
     uint32_t x_div = 1;
   };
   void mm(const MatView& W, const float* x, int64_t n, float* y, int64_t batch, const MmArgs& a);
+  void head_mm(const MatView& W, uint64_t slice_bytes, const float* x, int64_t x_head, float* y, int64_t y_head,
+               int64_t n, int64_t H);
   // element-wise op of eltwise.comp over `count` elements
   void eltwise(uint32_t op, void* y, const void* x, uint64_t count, float a = 0, float b = 0, int32_t i = 0);
   // a copy of n rows of `width` floats between strided layouts (copy2d.comp)

@@ -19,13 +19,6 @@ namespace kimi {
 
 namespace {
 
-uint32_t u32(int64_t v, const char* what) {
-  check(v >= 0 && v <= 0xFFFFFFFFll, "vulkan: {} = {} does not fit 32 bits", what, v);
-  return static_cast<uint32_t>(v);
-}
-
-// workgroups for `items` units, capped at the guaranteed grid limit (the shaders loop over the rest)
-uint32_t groups(int64_t items) { return static_cast<uint32_t>(std::clamp<int64_t>(items, 1, 65535)); }
 
 constexpr int64_t kLoopBudget = 32768;  // loop iterations one invocation may spend per dispatch
 constexpr int64_t kScanMaxD = 256;   // kda_scan.comp MAXD

@@ -28,15 +28,6 @@ class VkBuffer final : public Buffer {
   vk::Runtime::Alloc a_;
 };
 
-uint32_t u32(int64_t v, const char* what) {
-  check(v >= 0 && v <= 0xFFFFFFFFll, "vulkan: {} = {} does not fit 32 bits", what, v);
-  return static_cast<uint32_t>(v);
-}
-
-// workgroups for `items` independent work units, capped at the guaranteed grid limit (shaders
-// loop over the rest)
-uint32_t groups(int64_t items) { return static_cast<uint32_t>(std::clamp<int64_t>(items, 1, 65535)); }
-
 }  // namespace
 
 std::vector<VulkanDeviceInfo> list_vulkan_devices() {
@@ -174,6 +165,9 @@ static const char* type_suffix(GgmlType t) {
     case GgmlType::Q4_K: return "q4_k";
     case GgmlType::Q5_K: return "q5_k";
     case GgmlType::Q6_K: return "q6_k";
+    case GgmlType::Q2_K: return "q2_k";
+    case GgmlType::Q3_K: return "q3_k";
+    case GgmlType::IQ4_XS: return "iq4_xs";
     default: return nullptr;
   }
 }
@@ -340,29 +334,29 @@ void VulkanBackend::store_cache_rows(const float* src, int64_t ld_src, const Bat
 
 // ---- MLA per-head matmuls ----
 
+// y[t][h] = W_h x[t][h] over H stacked per-head slices: x rows of x_head floats per head (H of
+// them per token), y rows of y_head
+void VulkanBackend::head_mm(const MatView& W, uint64_t slice_bytes, const float* x, int64_t x_head, float* y,
+                            int64_t y_head, int64_t n, int64_t H) {
+  MmArgs a;
+  a.ldx = static_cast<uint64_t>(H * x_head);
+  a.x_batch = static_cast<uint64_t>(x_head);
+  a.ldy = static_cast<uint64_t>(H * y_head);
+  a.y_batch = static_cast<uint64_t>(y_head);
+  a.slice_bytes = slice_bytes;
+  mm(W, x, n, y, H, a);
+}
+
 void VulkanBackend::mla_absorb_queries(const MatView& k_b, uint64_t slice_bytes, const float* q, int64_t n, int64_t H,
                                        int64_t nope, int64_t pe, float* qcat) {
   const int64_t kvl = k_b.rows, kq = nope + pe, W = kvl + pe;
-  MmArgs a;
-  a.ldx = static_cast<uint64_t>(H * kq);
-  a.x_batch = static_cast<uint64_t>(kq);
-  a.ldy = static_cast<uint64_t>(H * W);
-  a.y_batch = static_cast<uint64_t>(W);
-  a.slice_bytes = slice_bytes;
-  mm(k_b, q, n, qcat, H, a);
+  head_mm(k_b, slice_bytes, q, kq, qcat, W, n, H);
   if (pe > 0) copy2d(qcat + kvl, W, q + nope, kq, n * H, pe);  // the rope part passes through
 }
 
 void VulkanBackend::mla_value_heads(const MatView& v_b, uint64_t slice_bytes, const float* z, int64_t n, int64_t H,
                                     float* o) {
-  const int64_t kvl = v_b.cols, vd = v_b.rows;
-  MmArgs a;
-  a.ldx = static_cast<uint64_t>(H * kvl);
-  a.x_batch = static_cast<uint64_t>(kvl);
-  a.ldy = static_cast<uint64_t>(H * vd);
-  a.y_batch = static_cast<uint64_t>(vd);
-  a.slice_bytes = slice_bytes;
-  mm(v_b, z, n, o, H, a);
+  head_mm(v_b, slice_bytes, z, v_b.cols, o, v_b.rows, n, H);
 }
 
 // ---- routed experts ----

@@ -131,6 +131,52 @@ void dq8(uint64_t row, uint c, out float v[8]) {
     v[i] = d * float(s) * float(q);
   }
 }
+#elif defined(VARIANT_Q2_K) || defined(VARIANT_Q3_K)
+// Q2_K {u8 scales[16] (low nibble scale, high nibble min); u8 qs[64]; f16 d; f16 dmin} = 84 bytes
+// Q3_K {u8 hmask[32]; u8 qs[64]; u8 scales[12] (16 x 6 bits, +32); f16 d} = 110 bytes
+// element e: 2-bit level (qs[32(e/128) + e%32] >> 2((e%128)/32)) & 3, sub-block scale e/16;
+// Q3_K: bit e/32 of hmask[e%32] clear = level - 4
+void dq8(uint64_t row, uint c, out float v[8]) {
+#if defined(VARIANT_Q2_K)
+  const uint BS = 84u, QS = 16u;
+#else
+  const uint BS = 110u, QS = 32u;
+#endif
+  uint64_t blk = row + uint64_t(c / 32u) * uint64_t(BS);
+  uint e0 = (c % 32u) * 8u, sb = e0 / 16u;
+#if defined(VARIANT_Q2_K)
+  uint sc = b8(blk, sb);
+  float d = hf(blk, 80u) * float(sc & 15u), m = hf(blk, 82u) * float(sc >> 4);
+#else
+  uint lo = sb < 8u ? (b8(blk, 96u + sb) & 15u) : (b8(blk, 96u + sb - 8u) >> 4);
+  uint hi = (b8(blk, 104u + sb % 4u) >> (2u * (sb / 4u))) & 3u;
+  float d = hf(blk, 108u) * float(int(lo | (hi << 4)) - 32), m = 0.0;
+#endif
+  uint shift = 2u * ((e0 % 128u) / 32u);
+  for (uint i = 0u; i < 8u; ++i) {
+    uint e = e0 + i;
+    int q = int((b8(blk, QS + 32u * (e / 128u) + e % 32u) >> shift) & 3u);
+#if defined(VARIANT_Q3_K)
+    if ((b8(blk, e % 32u) & (1u << (e / 32u))) == 0u) q -= 4;
+#endif
+    v[i] = d * float(q) - m;
+  }
+}
+#elif defined(VARIANT_IQ4_XS)
+// {f16 d; u16 scales_h; u8 scales_l[4]; u8 qs[128]} = 136 bytes; 8 sub-blocks of 32 with 6-bit
+// scales (+32), values from the IQ4_NL table; sub-block bytes: low nibble j, high nibble j+16
+const float KV_IQ4NL[16] = float[16](-127., -104., -83., -65., -49., -35., -22., -10., 1., 13., 25., 38., 53., 69., 89., 113.);
+void dq8(uint64_t row, uint c, out float v[8]) {
+  uint64_t blk = row + uint64_t(c / 32u) * 136ul;
+  uint e0 = (c % 32u) * 8u, ib = e0 / 32u;
+  uint ls = ((b8(blk, 4u + ib / 2u) >> (4u * (ib % 2u))) & 15u) | (((u16at(blk, 2u) >> (2u * ib)) & 3u) << 4);
+  float d = hf(blk, 0u) * float(int(ls) - 32);
+  for (uint i = 0u; i < 8u; ++i) {
+    uint j = (e0 + i) % 32u;
+    uint qb = b8(blk, 8u + ib * 16u + (j % 16u));
+    v[i] = d * KV_IQ4NL[j < 16u ? (qb & 15u) : (qb >> 4)];
+  }
+}
 #else
 #error "dequant.glsl: no VARIANT_* type given"
 #endif

@@ -1,4 +1,4 @@
-// variants: F32 F16 BF16 Q8_0 Q4_0 Q5_0 Q5_1 MXFP4 Q4_K Q5_K Q6_K
+// variants: F32 F16 BF16 Q8_0 Q4_0 Q5_0 Q5_1 MXFP4 Q4_K Q5_K Q6_K Q2_K Q3_K IQ4_XS
 // out[t] = row ids[t] of a weight table, decoded to f32 (embedding lookup). ids: i32 token ids
 // at a stride of `id_stride` ints (the micro-batch entries). One workgroup per token.
 #version 460

@@ -1,4 +1,4 @@
-// variants: F32 F16 BF16 Q8_0 Q4_0 Q5_0 Q5_1 MXFP4 Q4_K Q5_K Q6_K F32+SG F16+SG BF16+SG Q8_0+SG Q4_0+SG Q5_0+SG Q5_1+SG MXFP4+SG Q4_K+SG Q5_K+SG Q6_K+SG
+// variants: F32 F16 BF16 Q8_0 Q4_0 Q5_0 Q5_1 MXFP4 Q4_K Q5_K Q6_K Q2_K Q3_K IQ4_XS F32+SG F16+SG BF16+SG Q8_0+SG Q4_0+SG Q5_0+SG Q5_1+SG MXFP4+SG Q4_K+SG Q5_K+SG Q6_K+SG Q2_K+SG Q3_K+SG IQ4_XS+SG
 // y[t][r] = sum_c W[r][c] x[t][c] for a weight type (dequant.glsl), f32 activations and sums.
 // Workgroup = 64 threads on one weight row and a tile of up to 8 tokens; the threads split the
 // row into 8-value chunks and reduce in shared memory. The z dimension batches independent

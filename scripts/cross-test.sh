@@ -7,13 +7,15 @@
 #   windows  MinGW-w64 build (build-win/) of kimi.exe and the unit tests, run under wine64, then a
 #            tiny-model generation (synth -> convert -> run) under Wine whose tokens must equal
 #            the native build's (KIMI_NATIVE_BIN, default build/kimi, when it exists).
-# usage: scripts/cross-test.sh [aarch64|windows|all]   (default all)
+# usage: scripts/cross-test.sh [aarch64|windows|all]   (default: $KIMI_CROSS, else all)
 # Builds only what the emulated tests need, with ccache; the target libraries come from
-# scripts/cross-deps.sh. KIMI_CROSS=0 skips everything.
+# scripts/cross-deps.sh. KIMI_CROSS=0 skips everything, KIMI_CROSS=aarch64|windows runs one target.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-what=${1:-all}
-[[ ${KIMI_CROSS:-1} == 0 ]] && { echo "cross-test: skipped (KIMI_CROSS=0)"; exit 0; }
+cross=${KIMI_CROSS:-all}
+[[ $cross == 0 ]] && { echo "cross-test: skipped (KIMI_CROSS=0)"; exit 0; }
+[[ $cross == 1 ]] && cross=all
+what=${1:-$cross}
 JOBS=${JOBS:-$(nproc)}
 root=$(pwd)
 # ccache keys with paths relative to the checkout: a CI clone in another folder hits the cache

@@ -108,7 +108,7 @@ TEST(CliCompat, SamplingValuesOutOfRangeAreRejected) {
   for (const char* v : {"--temp -1", "--top-p 0", "--top-p 1.5", "--min-p -0.1", "--min-p 2", "--top-k -1",
                         "--repeat-penalty 0", "--repeat-last-n -2", "--top-p abc"}) {
     // serve: an address that cannot be bound, should the flag ever be accepted
-    for (const std::string cmd : {"run -p hi", "chat", "serve --host 256.0.0.1"}) {
+    for (const std::string& cmd : {"run -p hi", "chat", "serve --host 256.0.0.1"}) {
       const auto r = run_kimi(cmd + " -m " + gguf() + " " + v + " < /dev/null");
       SCOPED_TRACE(std::string(cmd) + " " + v + "\n" + r.out);
       EXPECT_TRUE(one_line_usage_error(r));
@@ -216,7 +216,9 @@ TEST(CliCompat, PerplexityProgressHasEta) {
     ASSERT_NE(p, std::string::npos) << head << " in " << r.out;
     const std::string line = r.out.substr(p, r.out.find('\n', p) - p);
     EXPECT_NE(line.find(std::to_string(std::lround(100.0 * k / 3)) + "% done, ETA "), std::string::npos) << line;
-    if (k == 3) EXPECT_NE(line.find("ETA 0.0 s"), std::string::npos) << line;
+    if (k == 3) {
+      EXPECT_NE(line.find("ETA 0.0 s"), std::string::npos) << line;
+    }
   }
 }
 

@@ -31,7 +31,9 @@ void expect_record(const std::string& text) {
   ASSERT_TRUE(j.contains("count") && j["count"].is_number_integer()) << text;
   for (auto it = j.begin(); it != j.end(); ++it)
     EXPECT_TRUE(it.key() == "name" || it.key() == "count" || it.key() == "ok") << text;
-  if (j.contains("ok")) EXPECT_TRUE(j["ok"].is_boolean()) << text;
+  if (j.contains("ok")) {
+    EXPECT_TRUE(j["ok"].is_boolean()) << text;
+  }
 }
 
 }  // namespace

@@ -170,7 +170,9 @@ TEST(JsonSchema, ObjectWithRequiredAndOptionalProperties) {
     ASSERT_TRUE(j.contains("name") && j["name"].is_string()) << j.dump();
     EXPECT_LE(j["name"].get<std::string>().size(), 5u * 3);  // up to 5 characters (UTF-8 bytes)
     ASSERT_TRUE(j.contains("ok") && (j["ok"].is_boolean() || j["ok"].is_null())) << j.dump();
-    if (j.contains("age")) EXPECT_TRUE(j["age"].is_number_integer()) << j.dump();
+    if (j.contains("age")) {
+      EXPECT_TRUE(j["age"].is_number_integer()) << j.dump();
+    }
     if (j.contains("tags")) {
       ASSERT_TRUE(j["tags"].is_array());
       EXPECT_LE(j["tags"].size(), 2u);

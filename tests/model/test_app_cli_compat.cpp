@@ -108,8 +108,8 @@ TEST(CliCompat, SamplingValuesOutOfRangeAreRejected) {
   for (const char* v : {"--temp -1", "--top-p 0", "--top-p 1.5", "--min-p -0.1", "--min-p 2", "--top-k -1",
                         "--repeat-penalty 0", "--repeat-last-n -2", "--top-p abc"}) {
     // serve: an address that cannot be bound, should the flag ever be accepted
-    for (const std::string& cmd : {"run -p hi", "chat", "serve --host 256.0.0.1"}) {
-      const auto r = run_kimi(cmd + " -m " + gguf() + " " + v + " < /dev/null");
+    for (const char* cmd : {"run -p hi", "chat", "serve --host 256.0.0.1"}) {
+      const auto r = run_kimi(std::string(cmd) + " -m " + gguf() + " " + v + " < /dev/null");
       SCOPED_TRACE(std::string(cmd) + " " + v + "\n" + r.out);
       EXPECT_TRUE(one_line_usage_error(r));
       const std::string flag = std::string(v).substr(0, std::string(v).find(' '));
@@ -123,7 +123,7 @@ TEST(CliCompat, SamplingValuesOutOfRangeAreRejected) {
 
 TEST(CliCompat, HuggingFaceDirectoryGetsTheConvertCommand) {
   const std::string hf = q(kimi::test::tiny_hf());
-  for (const std::string cmd : {"run -m " + hf + " -p hi", "chat -m " + hf + " < /dev/null", "serve -m " + hf,
+  for (const std::string& cmd : {"run -m " + hf + " -p hi", "chat -m " + hf + " < /dev/null", "serve -m " + hf,
                                 "bench -m " + hf, "perplexity -m " + hf + " -f x"}) {
     const auto r = run_kimi(cmd);
     SCOPED_TRACE(cmd + "\n" + r.out);

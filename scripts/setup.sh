@@ -8,7 +8,8 @@ PKGS=(build-essential cmake ninja-build ccache pkg-config git
       libopenmpi-dev openmpi-bin  # MPI: the -DKIMI_MPI=ON build (docs/distributed.md)
       g++-aarch64-linux-gnu qemu-user g++-mingw-w64-x86-64 wine wine64 unzip  # cross builds + emulation: scripts/cross-test.sh
       clang libclang-rt-dev llvm  # clang + its sanitizer/libFuzzer runtimes + llvm-symbolizer: scripts/fuzz.sh
-      libvulkan-dev glslc mesa-vulkan-drivers vulkan-tools)  # Vulkan backend + lavapipe (Mesa's software GPU) for its tests
+      libvulkan-dev glslc mesa-vulkan-drivers vulkan-tools
+      chromium)  # the web chat page's browser test (tests/web, with playwright-core from npm)  # Vulkan backend + lavapipe (Mesa's software GPU) for its tests
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -28,4 +29,8 @@ echo "setup: all packages present"
 # the real tiktoken (npm) for the tokenizer's golden tests and benchmark
 if [[ ! -d tools/tiktoken/node_modules/tiktoken ]]; then
   npm ci --prefix tools/tiktoken --no-audit --no-fund --loglevel=error
+fi
+# playwright-core (npm) drives Debian's chromium in the web chat page's test (tests/web/webui_test.js)
+if [[ ! -d tests/web/node_modules/playwright-core ]]; then
+  npm ci --prefix tests/web --no-audit --no-fund --loglevel=error
 fi

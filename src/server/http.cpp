@@ -11,6 +11,7 @@
 #include "server/api.h"
 #include "server/httpd.h"
 #include "server/server.h"
+#include "server/web_ui.h"
 #include "util/error.h"
 
 namespace kimi::server {
@@ -230,6 +231,18 @@ bool Server::Impl::quick(const httpd::Request& req, bool workers_free, bool drai
   if (req.method == "OPTIONS" && !o.cors_origin.empty()) {
     out.status = 204;
     out.body.clear();
+    return true;
+  }
+  if (req.path == "/" || req.path == "/index.html") {  // the built-in chat page: static, no key needed
+    if (req.method != "GET" && req.method != "HEAD") {
+      out = error_reply(405, fmt::format("method not allowed: {} {} (use GET)", req.method, req.path));
+      out.headers.emplace_back("Allow", "GET");
+      return true;
+    }
+    out.status = 200;
+    out.content_type = "text/html; charset=utf-8";
+    out.body = std::string(web_index_html());
+    out.headers.emplace_back("Cache-Control", "no-cache");
     return true;
   }
   if (!o.api_key.empty() && req.path != "/health" &&

@@ -25,12 +25,14 @@ std::string device_list() {
   return s;
 }
 
+#ifdef KIMI_HAVE_VULKAN
 // "vulkan" or "vulkan:N": a Vulkan device (opened, and so checked, when the context is made)
 bool is_vulkan_item(const std::string& item) {
   if (item == "vulkan") return true;
   if (item.rfind("vulkan:", 0) != 0 || item.size() == 7 || item.size() > 11) return false;
   return item.find_first_not_of("0123456789", 7) == std::string::npos;
 }
+#endif
 
 // --device item: "cpu", "vulkan[:N]" when compiled in, or BACKEND[:N] for a backend that is not
 // compiled in (an error naming what this build has).
@@ -117,9 +119,11 @@ const std::vector<std::string>& compiled_devices() {
 }
 
 std::vector<Backend*> open_accelerators(const EngineArgs& a) {
+  std::vector<Backend*> out;
+#ifdef KIMI_HAVE_VULKAN
   // opened once and kept for the process (contexts come and go; device start-up is slow)
   static auto* opened = new std::vector<std::pair<std::string, std::unique_ptr<Backend>>>();
-  std::vector<Backend*> out;
+#endif
   for (const std::string& item : split_devices(a.device)) {
     if (item == "cpu") continue;
 #ifdef KIMI_HAVE_VULKAN

@@ -42,7 +42,7 @@ size_t respond(const server::ParsedRequest& req, const server::ojson& body, cons
   server::Job::Result res;
   res.finish_reason = out.tool_calls.empty() ? "stop" : "tool_calls";
   res.n_prompt = static_cast<int>(req.prompt.size());
-  return server::chat_response("id", req.model, 0, out, res).dump().size();
+  return server::chat_response("id", req.model, 0, {server::Choice{out, res}}, &t).dump().size();
 }
 }  // namespace
 

@@ -202,7 +202,8 @@ void api_seeds() {
     body.pop_back();
     body += kSampling[n % std::size(kSampling)];
     body += "}";
-    seed("api", "chat-sampling-" + std::to_string(n++), with_mode(static_cast<char>(n % 2 ? 0 : 8), body));
+    seed("api", "chat-sampling-" + std::to_string(n), with_mode(static_cast<char>(n % 2 ? 0 : 8), body));
+    ++n;
   }
   const char* const completions[] = {
       R"({"prompt":"Once upon a time","max_tokens":8,"temperature":0.5})",

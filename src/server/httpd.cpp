@@ -1,18 +1,12 @@
 #include "server/httpd.h"
 
-#include <fcntl.h>
+#if defined(__GLIBC__)
 #include <malloc.h>
-#include <netdb.h>
-#include <netinet/in.h>
-#include <arpa/inet.h>
-#include <poll.h>
-#include <sys/socket.h>
-#include <unistd.h>
+#endif
 
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -20,6 +14,7 @@
 #include <thread>
 
 #include "util/error.h"
+#include "util/net.h"
 
 namespace kimi::server::httpd {
 
@@ -51,22 +46,21 @@ std::string_view trim_ows(std::string_view s) {
   return s;
 }
 
-void set_nonblock(int fd) { ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL, 0) | O_NONBLOCK); }
-
 // Writes all of `d` to a non-blocking socket; false when the peer is gone or no byte could be
 // written for `timeout_s`.
-bool send_all(int fd, std::string_view d, double timeout_s) {
+bool send_all(net::Socket fd, std::string_view d, double timeout_s) {
   while (!d.empty()) {
-    const ssize_t n = ::send(fd, d.data(), d.size(), MSG_NOSIGNAL);
+    const long n = net::send(fd, d.data(), d.size());
     if (n > 0) {
       d.remove_prefix(static_cast<size_t>(n));
       continue;
     }
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-      pollfd p{fd, POLLOUT, 0};
-      const int r = ::poll(&p, 1, static_cast<int>(timeout_s * 1000));
-      if (r < 0 && errno == EINTR) continue;
+    const int e = n < 0 ? net::last_error() : 0;
+    if (n < 0 && net::interrupted(e)) continue;
+    if (n < 0 && net::would_block(e)) {
+      net::PollFd p{fd, net::kPollOut, 0};
+      const int r = net::poll(&p, 1, static_cast<int>(timeout_s * 1000));
+      if (r < 0 && net::interrupted(net::last_error())) continue;
       if (r <= 0) return false;
       continue;
     }
@@ -133,7 +127,7 @@ const std::string* Request::header(std::string_view lower_name) const {
 // ---------------------------------------------------------------------------------------------
 // Responder (worker side)
 
-Responder::Responder(int fd, const Request& req, const Headers& defaults, double write_timeout_s, bool close_after)
+Responder::Responder(net::Socket fd, const Request& req, const Headers& defaults, double write_timeout_s, bool close_after)
     : fd_(fd), req_(req), defaults_(defaults), write_timeout_s_(write_timeout_s), close_after_(close_after) {}
 
 bool Responder::raw(std::string_view data) {
@@ -173,13 +167,7 @@ bool Responder::end() {
   return chunked_ ? raw("0\r\n\r\n") : !failed_;
 }
 
-bool Responder::peer_closed() const {
-  char c;
-  const ssize_t n = ::recv(fd_, &c, 1, MSG_PEEK | MSG_DONTWAIT);
-  if (n > 0) return false;
-  if (n == 0) return true;
-  return !(errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR);
-}
+bool Responder::peer_closed() const { return net::peer_closed(fd_); }
 
 // ---------------------------------------------------------------------------------------------
 // HttpServer
@@ -187,7 +175,7 @@ bool Responder::peer_closed() const {
 namespace {
 
 struct Conn {
-  int fd = -1;
+  net::Socket fd = net::kNoSocket;
   std::string addr;
   int port = 0;
   std::string in;    // received, not yet consumed (may hold the start of the next request)
@@ -213,8 +201,8 @@ struct HttpServer::Impl {
   Handler handler;
   QuickHandler quick;
   Logger logger;
-  int listen_fd = -1;
-  int wake_r = -1, wake_w = -1;
+  net::Socket listen_fd = net::kNoSocket;
+  net::Waker waker;
   int port = -1;
   std::atomic<int> busy{0};
   std::atomic<bool> draining{false}, stopping{false};
@@ -229,10 +217,7 @@ struct HttpServer::Impl {
   std::vector<std::unique_ptr<Conn>> conns;   // event thread only
   Clock::time_point accept_pause_until{};     // out of file descriptors: stop polling the listener briefly
 
-  void wake() {
-    const char c = 1;
-    [[maybe_unused]] ssize_t n = ::write(wake_w, &c, 1);
-  }
+  void wake() { waker.notify(); }
   Reply error(int status, const std::string& msg) const {
     if (o.error_reply) return o.error_reply(status, msg);
     Reply r;
@@ -267,10 +252,6 @@ HttpServer::HttpServer(Options o, Handler handler, QuickHandler quick, Logger lo
   impl_->handler = std::move(handler);
   impl_->quick = std::move(quick);
   impl_->logger = std::move(logger);
-  int p[2];
-  check(::pipe2(p, O_NONBLOCK | O_CLOEXEC) == 0, "kimi serve: cannot create a pipe: {}", std::strerror(errno));
-  impl_->wake_r = p[0];
-  impl_->wake_w = p[1];
 }
 
 HttpServer::~HttpServer() {
@@ -283,12 +264,10 @@ HttpServer::~HttpServer() {
   for (auto& t : I.workers)
     if (t.joinable()) t.join();
   for (auto& c : I.conns)
-    if (c && c->fd >= 0) ::close(c->fd);
+    if (c) net::close(c->fd);
   for (auto& c : I.returned)
-    if (c && c->fd >= 0) ::close(c->fd);
-  if (I.listen_fd >= 0) ::close(I.listen_fd);
-  ::close(I.wake_r);
-  ::close(I.wake_w);
+    if (c) net::close(c->fd);
+  net::close(I.listen_fd);
 }
 
 int HttpServer::busy() const { return impl_->busy.load(); }
@@ -296,43 +275,12 @@ int HttpServer::busy() const { return impl_->busy.load(); }
 int HttpServer::bind() {
   Impl& I = *impl_;
   check(I.listen_fd < 0, "HttpServer::bind() called twice");
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
-  addrinfo* res = nullptr;
-  const std::string port_s = std::to_string(I.o.port);
-  const int gai = ::getaddrinfo(I.o.host.empty() ? nullptr : I.o.host.c_str(), port_s.c_str(), &hints, &res);
-  check(gai == 0, "cannot listen on {}:{}: the address cannot be resolved ({})", I.o.host, I.o.port, gai_strerror(gai));
-  std::string why;
-  for (addrinfo* a = res; a; a = a->ai_next) {
-    const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
-    if (fd < 0) {
-      why = std::strerror(errno);
-      continue;
-    }
-    // SO_REUSEADDR only (rebinding while old connections sit in TIME_WAIT). No SO_REUSEPORT: with
-    // it a second server on the same port would start and share the connections.
-    const int one = 1;
-    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    if (::bind(fd, a->ai_addr, a->ai_addrlen) != 0 || ::listen(fd, 1024) != 0) {
-      const int e = errno;
-      why = std::strerror(e);
-      if (e == EADDRINUSE) why += " (another process is listening on this port; choose another with --port)";
-      ::close(fd);
-      continue;
-    }
-    I.listen_fd = fd;
-    break;
-  }
-  ::freeaddrinfo(res);
-  check(I.listen_fd >= 0, "cannot listen on {}:{}: {}", I.o.host, I.o.port, why.empty() ? "no usable address" : why);
-  set_nonblock(I.listen_fd);
-  sockaddr_storage ss{};
-  socklen_t sl = sizeof ss;
-  ::getsockname(I.listen_fd, reinterpret_cast<sockaddr*>(&ss), &sl);
-  I.port = ss.ss_family == AF_INET6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port)
-                                    : ntohs(reinterpret_cast<sockaddr_in*>(&ss)->sin_port);
+  net::ListenError why;
+  I.listen_fd = net::listen_tcp(I.o.host, I.o.port, 1024, &I.port, &why);
+  check(!why.unresolved, "cannot listen on {}:{}: the address cannot be resolved ({})", I.o.host, I.o.port, why.text);
+  if (why.in_use) why.text += " (another process is listening on this port; choose another with --port)";
+  check(I.listen_fd != net::kNoSocket, "cannot listen on {}:{}: {}", I.o.host, I.o.port,
+        why.text.empty() ? "no usable address" : why.text);
   return I.port;
 }
 
@@ -368,13 +316,13 @@ void HttpServer::run() {
   std::lock_guard<std::mutex> lk(I.mu);
   for (auto& c : I.returned) I.close_conn(*c);
   I.returned.clear();
-  ::close(I.listen_fd);
-  I.listen_fd = -1;
+  net::close(I.listen_fd);
+  I.listen_fd = net::kNoSocket;
 }
 
 void HttpServer::Impl::close_conn(Conn& c) {
-  if (c.fd >= 0) ::close(c.fd);
-  c.fd = -1;
+  net::close(c.fd);
+  c.fd = net::kNoSocket;
 }
 
 void HttpServer::Impl::queue_reply(Conn& c, const Reply& r, bool close) {
@@ -387,7 +335,7 @@ void HttpServer::Impl::start_linger(Conn& c) {
   // the reply is written: stop sending, then read and drop what the client still sends for a
   // moment, so that closing with unread input does not reset the connection before the client
   // has read the reply
-  ::shutdown(c.fd, SHUT_WR);
+  net::shutdown_send(c.fd);
   c.st = Conn::St::Linger;
   c.in.clear();
   c.since = Clock::now();
@@ -395,14 +343,15 @@ void HttpServer::Impl::start_linger(Conn& c) {
 
 void HttpServer::Impl::flush(Conn& c) {
   while (!c.out.empty()) {
-    const ssize_t n = ::send(c.fd, c.out.data(), c.out.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+    const long n = net::send(c.fd, c.out.data(), c.out.size());
     if (n > 0) {
       c.out.erase(0, static_cast<size_t>(n));
       c.out_since = Clock::now();
       continue;
     }
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+    const int e = n < 0 ? net::last_error() : 0;
+    if (n < 0 && net::interrupted(e)) continue;
+    if (n < 0 && net::would_block(e)) return;
     close_conn(c);
     return;
   }
@@ -413,50 +362,42 @@ void HttpServer::Impl::flush(Conn& c) {
 bool HttpServer::Impl::read_some(Conn& c) {
   char buf[65536];
   for (int i = 0; i < 16; ++i) {  // at most 1 MiB per wake-up: the other connections get their turn
-    const ssize_t n = ::recv(c.fd, buf, sizeof buf, 0);
+    const long n = net::recv(c.fd, buf, sizeof buf);
     if (n > 0) {
       if (c.st != Conn::St::Linger) c.in.append(buf, static_cast<size_t>(n));
       if (static_cast<size_t>(n) < sizeof buf) return true;
       continue;
     }
     if (n == 0) return false;
-    if (errno == EINTR) continue;
-    return errno == EAGAIN || errno == EWOULDBLOCK;
+    const int e = net::last_error();
+    if (net::interrupted(e)) continue;
+    return net::would_block(e);
   }
   return true;
 }
 
 void HttpServer::Impl::accept_all() {
   for (;;) {
-    sockaddr_storage ss{};
-    socklen_t sl = sizeof ss;
-    const int fd = ::accept4(listen_fd, reinterpret_cast<sockaddr*>(&ss), &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
-    if (fd < 0) {
-      if (errno == EINTR || errno == ECONNABORTED) continue;
+    std::string addr;
+    int port = 0, e = 0;
+    const net::Socket fd = net::accept(listen_fd, &addr, &port, &e);
+    if (fd == net::kNoSocket) {
+      if (net::interrupted(e) || net::conn_aborted(e)) continue;
       // out of descriptors (EMFILE, ENFILE) or memory: the pending connection stays in the backlog;
       // leave the listener alone for a moment instead of spinning on it
-      if (errno != EAGAIN && errno != EWOULDBLOCK) accept_pause_until = after(Clock::now(), 0.1);
+      if (!net::would_block(e)) accept_pause_until = after(Clock::now(), 0.1);
       return;
     }
     if (static_cast<int>(conns.size()) >= o.max_open) {
       const std::string s = format_reply(error(503, "too many open connections"), o.default_headers, true, 1);
-      [[maybe_unused]] ssize_t n = ::send(fd, s.data(), s.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
-      ::close(fd);
+      [[maybe_unused]] long n = net::send(fd, s.data(), s.size());
+      net::close(fd);
       continue;
     }
     auto c = std::make_unique<Conn>();
     c->fd = fd;
-    char host[INET6_ADDRSTRLEN] = {0};
-    if (ss.ss_family == AF_INET) {
-      auto* a = reinterpret_cast<sockaddr_in*>(&ss);
-      ::inet_ntop(AF_INET, &a->sin_addr, host, sizeof host);
-      c->port = ntohs(a->sin_port);
-    } else if (ss.ss_family == AF_INET6) {
-      auto* a = reinterpret_cast<sockaddr_in6*>(&ss);
-      ::inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof host);
-      c->port = ntohs(a->sin6_port);
-    }
-    c->addr = host;
+    c->port = port;
+    c->addr = std::move(addr);
     c->since = Clock::now();
     conns.push_back(std::move(c));
   }
@@ -730,7 +671,7 @@ void HttpServer::Impl::check_deadlines(Conn& c, Clock::time_point now) {
 }
 
 void HttpServer::Impl::loop() {
-  std::vector<pollfd> pfd;
+  std::vector<net::PollFd> pfd;
   const size_t in_cap = o.max_body + o.max_head + (1u << 20);
   for (;;) {
     std::vector<std::unique_ptr<Conn>> back;
@@ -753,32 +694,31 @@ void HttpServer::Impl::loop() {
       if (work.empty() && returned.empty()) break;
     }
     pfd.clear();
-    pfd.push_back({wake_r, POLLIN, 0});
-    pfd.push_back({listen_fd, static_cast<short>(Clock::now() < accept_pause_until ? 0 : POLLIN), 0});
+    pfd.push_back({waker.fd(), net::kPollIn, 0});
+    pfd.push_back({listen_fd, static_cast<short>(Clock::now() < accept_pause_until ? 0 : net::kPollIn), 0});
     for (auto& c : conns) {
       short ev = 0;
-      if (!c->out.empty()) ev = POLLOUT;
-      else if (c->st == Conn::St::Linger || c->in.size() < in_cap) ev = POLLIN;
+      if (!c->out.empty()) ev = net::kPollOut;
+      else if (c->st == Conn::St::Linger || c->in.size() < in_cap) ev = net::kPollIn;
       pfd.push_back({c->fd, ev, 0});
     }
-    const int n = ::poll(pfd.data(), pfd.size(), 100);
-    if (n < 0 && errno != EINTR) fail("kimi serve: poll failed: {}", std::strerror(errno));
+    const int n = net::poll(pfd.data(), pfd.size(), 100);
+    if (n < 0) {
+      const int e = net::last_error();
+      if (!net::interrupted(e)) fail("kimi serve: poll failed: {}", net::error_text(e));
+    }
     if (n > 0) {
-      if (pfd[0].revents) {
-        char buf[256];
-        while (::read(wake_r, buf, sizeof buf) > 0) {
-        }
-      }
+      if (pfd[0].revents) waker.drain();
       for (size_t i = 0; i < conns.size(); ++i) {
         auto& c = conns[i];
         const short re = pfd[i + 2].revents;
         if (!c || !re || c->fd < 0) continue;
-        if (re & POLLOUT) {
+        if (re & net::kPollOut) {
           flush(*c);
           if (c->fd >= 0 && c->out.empty() && c->st != Conn::St::Linger) process(c);
           continue;
         }
-        if (re & (POLLIN | POLLHUP | POLLERR)) {
+        if (re & (net::kPollIn | net::kPollHup | net::kPollErr)) {
           if (!read_some(*c)) {
             close_conn(*c);  // the client closed (or reset): drop what it left half-sent
             continue;
@@ -786,7 +726,7 @@ void HttpServer::Impl::loop() {
           if (c->st != Conn::St::Linger) process(c);
         }
       }
-      if (pfd[1].revents & POLLIN) accept_all();
+      if (pfd[1].revents & net::kPollIn) accept_all();
     }
     const auto now = Clock::now();
     for (auto& c : conns)
@@ -822,7 +762,9 @@ void HttpServer::Impl::worker() {
     if (big) {
       // give the memory of a large request back to the system (glibc keeps freed heap otherwise)
       std::string(c->in).swap(c->in);
+#if defined(__GLIBC__)
       ::malloc_trim(0);
+#endif
     }
     if (rs.close_after() || draining.load() || stopping.load()) {
       if (rs.failed()) {
@@ -830,7 +772,7 @@ void HttpServer::Impl::worker() {
         c.reset();
       } else {
         c->in.clear();
-        ::shutdown(c->fd, SHUT_WR);
+        net::shutdown_send(c->fd);
         c->st = Conn::St::Linger;
       }
     }

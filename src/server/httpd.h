@@ -5,9 +5,10 @@
 // byte at a time hold every worker (and /health) for as long as they like; it sets SO_REUSEPORT (two
 // servers share a port), loses pipelined requests, and waits on a negative Content-Length. Here
 //
-//  * one event thread (poll) accepts connections and reads request heads and bodies for all of them,
-//    without blocking, each against a deadline (whole head: head_timeout_s, whole body:
-//    body_timeout_s, idle keep-alive: keep_alive_s); a late client gets 408 and is closed;
+//  * one event thread (poll, or WSAPoll on Windows: util/net.h) accepts connections and reads
+//    request heads and bodies for all of them, without blocking, each against a deadline (whole
+//    head: head_timeout_s, whole body: body_timeout_s, idle keep-alive: keep_alive_s); a late
+//    client gets 408 and is closed;
 //  * only a complete request goes to one of `workers` handler threads, which writes the response
 //    (whole or chunked) and hands the connection back; bytes of the next request that came in the
 //    same read stay buffered, so pipelined requests are answered in order;
@@ -29,6 +30,8 @@
 #include <string_view>
 #include <utility>
 #include <vector>
+
+#include "util/net.h"
 
 namespace kimi::server::httpd {
 
@@ -56,7 +59,7 @@ struct Reply {
 // Handed to a worker's handler: send() one whole response, or begin_stream() + write()* + end().
 class Responder {
  public:
-  Responder(int fd, const Request& req, const Headers& defaults, double write_timeout_s, bool close_after);
+  Responder(net::Socket fd, const Request& req, const Headers& defaults, double write_timeout_s, bool close_after);
   bool send(const Reply& r);
   bool begin_stream(int status, const std::string& content_type, const Headers& headers = {});
   bool write(std::string_view data);  // false: the peer is gone or stopped reading (write timeout)
@@ -72,7 +75,7 @@ class Responder {
  private:
   bool raw(std::string_view data);
   std::string head(int status, const std::string& content_type, const Headers& headers, const std::string* length);
-  int fd_;
+  net::Socket fd_;
   const Request& req_;
   const Headers& defaults_;
   double write_timeout_s_;

@@ -1,8 +1,14 @@
 // kimi chat: an interactive terminal chat (also driven by a pipe: each input line is a user turn).
 // The conversation lives in the context's caches and KDA states; each turn prefills only the new
-// tokens (runtime/chat_session.h). See docs/chat.md.
+// tokens (runtime/chat_session.h). On a terminal, lines are read with libedit when the build has it
+// (line editing, history in a file); otherwise, and from a pipe, with read(2). See docs/chat.md.
 #include <signal.h>
 #include <unistd.h>
+#ifdef KIMI_HAVE_LIBEDIT
+#include <histedit.h>
+#include <langinfo.h>
+#include <locale.h>
+#endif
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
@@ -11,9 +17,11 @@
 #include <cerrno>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "command.h"
 #include "engine_args.h"
@@ -85,6 +93,100 @@ class LineReader {
   bool eof_ = false;
   bool tty_ = false, dropped_ = false;
 };
+
+#ifdef KIMI_HAVE_LIBEDIT
+// Line input on a terminal with libedit: emacs-style editing (~/.editrc is read), arrow keys, and a
+// history that persists in a file (0600, the last 1000 distinct lines). Ctrl-D ends the input only
+// on an empty line: on a partial line it deletes the character under the cursor, so an unfinished
+// line is never sent. The editor converts with a UTF-8 character type (the environment's, or C.UTF-8
+// when that is plain ASCII) set for this thread only, so typed UTF-8 arrives unchanged.
+class LineEditor {
+ public:
+  explicit LineEditor(std::string history_file) : file_(std::move(history_file)) {
+    loc_ = ::newlocale(LC_CTYPE_MASK, "", static_cast<locale_t>(0));
+    if (loc_ == static_cast<locale_t>(0) || std::strcmp(::nl_langinfo_l(CODESET, loc_), "UTF-8") != 0) {
+      if (loc_ != static_cast<locale_t>(0)) ::freelocale(loc_);
+      loc_ = ::newlocale(LC_CTYPE_MASK, "C.UTF-8", static_cast<locale_t>(0));
+    }
+    const LocaleScope ls(loc_);
+    hist_ = ::history_init();
+    ::history(hist_, &ev_, H_SETSIZE, 1000);
+    ::history(hist_, &ev_, H_SETUNIQUE, 1);
+    if (!file_.empty() && ::access(file_.c_str(), F_OK) == 0 && ::history(hist_, &ev_, H_LOAD, file_.c_str()) < 0)
+      std::fprintf(stderr, "kimi chat: warning: cannot read the history file %s (history is not saved)\n", file_.c_str());
+    el_ = ::el_init("kimi", stdin, stdout, stderr);
+    ::el_set(el_, EL_CLIENTDATA, this);
+    ::el_set(el_, EL_EDITOR, "emacs");
+    ::el_set(el_, EL_HIST, ::history, hist_);
+    ::el_set(el_, EL_PROMPT, &LineEditor::prompt_of);
+    ::el_set(el_, EL_SIGNAL, 1);  // the terminal is restored before a signal's own handler runs
+    ::el_source(el_, nullptr);    // ~/.editrc
+  }
+  ~LineEditor() {
+    const LocaleScope ls(loc_);
+    ::el_end(el_);
+    ::history_end(hist_);
+    if (loc_ != static_cast<locale_t>(0)) ::freelocale(loc_);
+  }
+  LineEditor(const LineEditor&) = delete;
+  LineEditor& operator=(const LineEditor&) = delete;
+
+  enum class Status { Line, Eof, Interrupted };
+  Status next(std::string& line, const char* prompt) {
+    prompt_ = prompt;
+    const LocaleScope ls(loc_);
+    int n = 0;
+    const char* s = ::el_gets(el_, &n);
+    if (s == nullptr || n <= 0) {
+      if (g_sigint) return Status::Interrupted;
+      return Status::Eof;
+    }
+    line.assign(s, static_cast<size_t>(n));
+    while (!line.empty() && (line.back() == '\n' || line.back() == '\r')) line.pop_back();
+    return Status::Line;
+  }
+  // A typed line goes into the history (and its file) unless it is blank.
+  void remember(const std::string& line) {
+    if (line.find_first_not_of(" \t") == std::string::npos) return;
+    const LocaleScope ls(loc_);
+    ::history(hist_, &ev_, H_ENTER, line.c_str());
+    if (!file_.empty() && !save_failed_ && ::history(hist_, &ev_, H_SAVE, file_.c_str()) < 0) {
+      save_failed_ = true;
+      std::fprintf(stderr, "kimi chat: warning: cannot write the history file %s\n", file_.c_str());
+    }
+  }
+
+ private:
+  struct LocaleScope {
+    locale_t old;
+    explicit LocaleScope(locale_t l) : old(l != static_cast<locale_t>(0) ? ::uselocale(l) : static_cast<locale_t>(0)) {}
+    ~LocaleScope() {
+      if (old != static_cast<locale_t>(0)) ::uselocale(old);
+    }
+  };
+  static char* prompt_of(EditLine* el) {
+    void* self = nullptr;
+    ::el_get(el, EL_CLIENTDATA, &self);
+    return const_cast<char*>(static_cast<LineEditor*>(self)->prompt_.c_str());
+  }
+  std::string file_, prompt_;
+  EditLine* el_ = nullptr;
+  History* hist_ = nullptr;
+  HistEvent ev_{};
+  locale_t loc_ = static_cast<locale_t>(0);
+  bool save_failed_ = false;
+};
+#endif
+
+// Where chat keeps its line history: --history-file, else $KIMI_CHAT_HISTORY (empty or "off": no
+// history), else ~/.kimi_chat_history; "" = none.
+std::string history_path(const std::string& flag, bool no_history) {
+  if (no_history) return "";
+  if (!flag.empty()) return flag;
+  if (const char* e = std::getenv("KIMI_CHAT_HISTORY")) return std::strcmp(e, "off") == 0 ? "" : e;
+  const char* home = std::getenv("HOME");
+  return home && *home ? std::string(home) + "/.kimi_chat_history" : "";
+}
 
 // Model text for a terminal: control characters other than newline and tab are shown as \xHH
 // (an escape sequence from the model must not drive the terminal).
@@ -163,6 +265,11 @@ int cmd_chat(int argc, char** argv) {
       ->check(CLI::IsMember({"low", "medium", "high", "max"}));
   app.add_option("-n,--n-predict", co.max_tokens, "maximum tokens per reply (-1 = until end of message or a full context)")
       ->check(CLI::Range(-1, 1 << 30));
+  std::string history_file;
+  bool no_history = false;
+  app.add_option("--history-file", history_file,
+                 "line history of the terminal editor (default: $KIMI_CHAT_HISTORY, else ~/.kimi_chat_history)");
+  app.add_flag("--no-history", no_history, "keep no line history in a file (also KIMI_CHAT_HISTORY=off)");
   kimi::app::add_sampling_options(app, sp);
   if (int rc = kimi::app::parse_engine_cli(app, argc, argv); rc >= 0) return rc;
   co.thinking = thinking == "on";
@@ -180,6 +287,30 @@ int cmd_chat(int argc, char** argv) {
   const bool tty_in = ::isatty(0) != 0, tty_out = ::isatty(1) != 0;
   SigintGuard sig;
   LineReader reader(tty_in);
+#ifdef KIMI_HAVE_LIBEDIT
+  // the editor on a terminal (both ends: it draws on stdout); a pipe keeps the plain reader
+  std::unique_ptr<LineEditor> editor;
+  if (tty_in && tty_out) editor = std::make_unique<LineEditor>(history_path(history_file, no_history));
+#else
+  (void)history_path(history_file, no_history);
+#endif
+  // one line of input: from the editor (which shows the prompt), or plain (prompt on a terminal)
+  auto read_line = [&](std::string& l, const char* prompt) -> LineReader::Status {
+#ifdef KIMI_HAVE_LIBEDIT
+    if (editor) {
+      switch (editor->next(l, prompt)) {
+        case LineEditor::Status::Line: editor->remember(l); return LineReader::Status::Line;
+        case LineEditor::Status::Interrupted: return LineReader::Status::Interrupted;
+        case LineEditor::Status::Eof: return LineReader::Status::Eof;
+      }
+    }
+#endif
+    if (tty_in) {
+      std::fputs(prompt, stdout);
+      std::fflush(stdout);
+    }
+    return reader.next(l);
+  };
   std::set<std::string> notes_shown;  // a note (e.g. the template re-rendering a turn) is shown once
   auto stop = [] { return g_sigint != 0; };
   if (tty_in)
@@ -189,13 +320,9 @@ int cmd_chat(int argc, char** argv) {
   bool last_was_sigint = false;
   for (;;) {
     // ---- read one message (possibly several lines)
-    if (tty_in) {
-      std::fputs("> ", stdout);
-      std::fflush(stdout);
-    }
     g_sigint = 0;
     std::string line;
-    LineReader::Status s = reader.next(line);
+    LineReader::Status s = read_line(line, "> ");
     if (s == LineReader::Status::Interrupted) {
       if (last_was_sigint) {
         std::fputs("\n", stdout);
@@ -214,11 +341,7 @@ int cmd_chat(int argc, char** argv) {
     std::string text;
     bool interrupted = false;
     auto more = [&](std::string& l) {
-      if (tty_in) {
-        std::fputs("... ", stdout);
-        std::fflush(stdout);
-      }
-      const LineReader::Status st = reader.next(l);
+      const LineReader::Status st = read_line(l, "... ");
       if (st == LineReader::Status::Interrupted) interrupted = true;
       return st == LineReader::Status::Line;
     };

@@ -5,6 +5,7 @@ cd "$(dirname "$0")/.."
 PKGS=(build-essential cmake ninja-build ccache pkg-config git
       nlohmann-json3-dev libfmt-dev libcli11-dev libpcre2-dev libcpp-httplib-dev
       libgtest-dev libgmock-dev googletest time
+      libedit-dev  # line editing + history in `kimi chat` (optional: found by CMake, native Linux only)
       libopenmpi-dev openmpi-bin  # MPI: the -DKIMI_MPI=ON build (docs/distributed.md)
       g++-aarch64-linux-gnu qemu-user g++-mingw-w64-x86-64 wine wine64 unzip  # cross builds + emulation: scripts/cross-test.sh
       clang libclang-rt-dev llvm  # clang + its sanitizer/libFuzzer runtimes + llvm-symbolizer: scripts/fuzz.sh

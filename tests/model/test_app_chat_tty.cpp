@@ -1,15 +1,20 @@
 // `kimi chat` on a terminal (a pseudo-terminal from forkpty): a line left unfinished when Ctrl-D
-// ends the input is not sent, model text reaches the terminal with its control characters escaped,
-// and a template note is shown once, not every turn.
+// is pressed is not sent, model text reaches the terminal with its control characters escaped, and
+// a template note is shown once, not every turn. With libedit (KIMI_HAVE_LIBEDIT): keys edit the
+// line, arrow-up recalls earlier lines, also from an earlier session (the history file), Ctrl-C at
+// the prompt discards the line, --no-history keeps nothing. What was sent is read back from /save.
 #include <gtest/gtest.h>
 
 #include <poll.h>
 #include <pty.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "test_util.h"
 
@@ -42,12 +47,14 @@ struct Pty {
   }
 };
 
-Pty start_chat(const std::string& extra) {
+// `env` sets the child's environment (HOME for the history file, TERM for the editor's keys).
+Pty start_chat(const std::string& extra, const std::string& env = "") {
   Pty p;
   const std::string model = kimi::test::tiny_gguf();
   p.pid = ::forkpty(&p.fd, nullptr, nullptr, nullptr);
   if (p.pid == 0) {
-    const std::string cmd = std::string(KIMI_BIN) + " chat -m '" + model + "' -t 1 --seed 3 " + extra;
+    const std::string cmd = (env.empty() ? "" : "exec env -u KIMI_CHAT_HISTORY " + env + " ") + std::string(KIMI_BIN) + " chat -m '" + model +
+                            "' -t 1 --seed 3 " + extra;
     ::execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
     ::_exit(127);
   }
@@ -63,31 +70,41 @@ size_t count(const std::string& s, const std::string& what) {
 }  // namespace
 
 TEST(ChatTty, UnfinishedLineIsNotSentOnCtrlD) {
-  Pty p = start_chat("--thinking off -n 8");
+  kimi::test::TempDir home;
+  Pty p = start_chat("--thinking off -n 8", "HOME=" + home.path + " TERM=xterm");
   ASSERT_GT(p.pid, 0);
   ASSERT_TRUE(p.read_until("> ")) << p.out;
-  p.send("hello\n");
+  p.send("hello\r");
   ASSERT_TRUE(p.read_until("[prompt ")) << p.out;
   ASSERT_TRUE(p.read_until("> ", p.out.find("[prompt "))) << p.out;
+  const size_t before = p.out.size();
   p.send("half a line");
-  p.send("\x04");  // flushes the partial line to the reader
-  p.send("\x04");  // end of input
+  ASSERT_TRUE(p.read_until("half a line", before)) << p.out;  // echoed: the reader has it
+  p.send("\x04");  // plain reader: flushes the partial line; editor: nothing at the end of a line
+  p.send("\x04");  // plain reader: end of input
+#ifdef KIMI_HAVE_LIBEDIT
+  p.send("\x15");  // editor: Ctrl-U kills the line, then Ctrl-D on the empty line ends the input
+  p.send("\x04");
+#endif
   EXPECT_EQ(p.wait_exit(), 0) << p.out;
   EXPECT_EQ(count(p.out, "[prompt "), 1u) << "the unfinished line was sent: " << p.out;
+#ifndef KIMI_HAVE_LIBEDIT
   EXPECT_NE(p.out.find("(the unfinished line was not sent)"), std::string::npos) << p.out;
+#endif
 }
 
 TEST(ChatTty, ModelControlCharactersAreEscapedAndNotesShownOnce) {
-  Pty p = start_chat("--thinking off -n 48 --temp 1.5");
+  kimi::test::TempDir home;
+  Pty p = start_chat("--thinking off -n 48 --temp 1.5", "HOME=" + home.path + " TERM=xterm");
   ASSERT_GT(p.pid, 0);
   ASSERT_TRUE(p.read_until("> ")) << p.out;
   for (int i = 0; i < 3; ++i) {
     const size_t from = p.out.size();
-    p.send("tell me more " + std::to_string(i) + "\n");
+    p.send("tell me more " + std::to_string(i) + "\r");
     ASSERT_TRUE(p.read_until("[prompt ", from)) << p.out;
     ASSERT_TRUE(p.read_until("> ", p.out.find("[prompt ", from))) << p.out;
   }
-  p.send("/exit\n");
+  p.send("/exit\r");
   EXPECT_EQ(p.wait_exit(), 0) << p.out;
   // the terminal got no raw control bytes (the pty adds \r to each \n); thinking is off, so the
   // program itself sends no escape sequences either
@@ -95,3 +112,86 @@ TEST(ChatTty, ModelControlCharactersAreEscapedAndNotesShownOnce) {
     EXPECT_TRUE(c >= 0x20 || c == '\n' || c == '\r' || c == '\t') << "raw control byte " << int(c);
   EXPECT_LE(count(p.out, "note: "), 1u) << p.out;
 }
+
+#ifdef KIMI_HAVE_LIBEDIT
+namespace {
+
+// Types `keys` at a fresh prompt and waits for the next one (after a reply, or a command's output).
+void turn(Pty& p, const std::string& keys, bool reply = true) {
+  const size_t from = p.out.size();
+  p.send(keys);
+  if (reply) {
+    ASSERT_TRUE(p.read_until("[prompt ", from)) << p.out;
+    ASSERT_TRUE(p.read_until("> ", p.out.find("[prompt ", from))) << p.out;
+  } else {
+    ASSERT_TRUE(p.read_until("> ", from + keys.size())) << p.out;
+  }
+}
+
+// The user messages of a /save file.
+std::vector<std::string> user_messages(const std::string& path) {
+  const auto j = nlohmann::json::parse(kimi::test::read_file(path));
+  std::vector<std::string> r;
+  for (const auto& m : j["messages"])
+    if (m["role"] == "user") r.push_back(m["content"].get<std::string>());
+  return r;
+}
+
+const std::string kUp = "\x1b[A", kLeft = "\x1b[D";
+
+}  // namespace
+
+TEST(ChatTty, EditingKeysArrowUpAndHistoryFile) {
+  kimi::test::TempDir home;
+  const std::string env = "HOME=" + home.path + " TERM=xterm", save = home.file("chat.json");
+  const std::string hist = home.file(".kimi_chat_history");
+  {
+    Pty p = start_chat("--thinking off -n 4", env);
+    ASSERT_GT(p.pid, 0);
+    ASSERT_TRUE(p.read_until("> ")) << p.out;
+    turn(p, "wrld" + kLeft + kLeft + kLeft + "o\r");          // insert in the middle: "world"
+    turn(p, kUp + "\r");                                      // arrow-up recalls "world"
+    turn(p, "abxc" + kLeft + kLeft + "\x04\r");               // Ctrl-D mid-line deletes the 'x'
+    turn(p, "d\xc3\xa9j\xc3\xa0 vu" + kLeft + "\x7f\r");     // UTF-8 typed; Backspace: "déjà u"
+    turn(p, "discarded\x03", false);                         // Ctrl-C at the prompt drops the line
+    turn(p, "/save " + save + "\r", false);
+    p.send("/exit\r");
+    EXPECT_EQ(p.wait_exit(), 0) << p.out;
+    EXPECT_EQ(user_messages(save), (std::vector<std::string>{"world", "world", "abc", "d\xc3\xa9j\xc3\xa0 u"})) << p.out;
+  }
+  // the history file holds the typed lines (not the discarded one), readable by the user only
+  struct stat st {};
+  ASSERT_EQ(::stat(hist.c_str(), &st), 0) << "no history file at " << hist;
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  const std::string h = kimi::test::read_file(hist);
+  EXPECT_NE(h.find("world"), std::string::npos) << h;
+  EXPECT_EQ(h.find("discarded"), std::string::npos) << h;
+  {
+    // a new session: arrow-up reaches the lines of the last one (/exit, /save, "déjà u", "abc")
+    Pty p = start_chat("--thinking off -n 4", env);
+    ASSERT_GT(p.pid, 0);
+    ASSERT_TRUE(p.read_until("> ")) << p.out;
+    turn(p, kUp + kUp + kUp + kUp + "\r");
+    turn(p, "/save " + save + "\r", false);
+    p.send("/exit\r");
+    EXPECT_EQ(p.wait_exit(), 0) << p.out;
+    EXPECT_EQ(user_messages(save), (std::vector<std::string>{"abc"})) << p.out;
+  }
+  {
+    // --no-history: nothing to recall (arrow-up on an empty history leaves an empty line, which
+    // sends nothing), and the file is not touched
+    Pty p = start_chat("--thinking off -n 4 --no-history", env);
+    ASSERT_GT(p.pid, 0);
+    ASSERT_TRUE(p.read_until("> ")) << p.out;
+    turn(p, kUp + "\r", false);
+    turn(p, "secret\r");
+    turn(p, "/save " + save + "\r", false);
+    p.send("/exit\r");
+    EXPECT_EQ(p.wait_exit(), 0) << p.out;
+    EXPECT_EQ(user_messages(save), (std::vector<std::string>{"secret"})) << p.out;
+    EXPECT_EQ(kimi::test::read_file(hist).find("secret"), std::string::npos);
+  }
+}
+#else
+TEST(ChatTty, EditingKeysArrowUpAndHistoryFile) { GTEST_SKIP() << "this build of kimi chat has no line editor (libedit)"; }
+#endif

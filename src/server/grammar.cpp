@@ -7,6 +7,7 @@
 #include <cctype>
 #include <functional>
 #include <map>
+#include <stdexcept>
 
 namespace kimi::server::grammar {
 
@@ -465,6 +466,107 @@ bool Matcher::advance_bytes(std::string_view bytes) {
   stacks_.swap(st);
   pending_.swap(pend);
   return true;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Token trie and the walk over it
+
+TokenTrie::TokenTrie(const std::vector<std::string>& pieces) : n_tokens_(pieces.size()) {
+  std::vector<int32_t> order;
+  order.reserve(pieces.size());
+  for (size_t t = 0; t < pieces.size(); ++t)
+    if (!pieces[t].empty()) order.push_back(static_cast<int32_t>(t));
+  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+    return pieces[static_cast<size_t>(a)] < pieces[static_cast<size_t>(b)];
+  });
+  // sorted strings: each adds the nodes past its common prefix with the previous one, in pre-order
+  std::vector<uint32_t> path;  // path[d]: the node at depth d + 1 on the current string
+  const std::string* prev = nullptr;
+  toks_.reserve(order.size());
+  for (int32_t t : order) {
+    const std::string& p = pieces[static_cast<size_t>(t)];
+    size_t common = 0;
+    if (prev) {
+      while (common < p.size() && common < prev->size() && p[common] == (*prev)[common]) ++common;
+    }
+    if (p.size() > 0xFFFF) throw std::length_error("grammar: a token piece is longer than 65535 bytes");
+    path.resize(common);
+    for (size_t d = common; d < p.size(); ++d) {
+      path.push_back(static_cast<uint32_t>(nodes_.size()));
+      nodes_.push_back({0, 0, 0, static_cast<uint16_t>(d + 1), static_cast<uint8_t>(p[d])});
+    }
+    Node& leaf = nodes_[path.back()];
+    if (leaf.tok_begin == leaf.tok_end) leaf.tok_begin = leaf.tok_end = static_cast<uint32_t>(toks_.size());
+    toks_.push_back(t);  // equal pieces are adjacent in the sorted order
+    leaf.tok_end = static_cast<uint32_t>(toks_.size());
+    prev = &p;
+  }
+  // subtree ends: a node's subtree ends at the next node that is not deeper
+  std::vector<uint32_t> open;
+  for (uint32_t i = 0; i < nodes_.size(); ++i) {
+    while (!open.empty() && nodes_[open.back()].depth >= nodes_[i].depth) {
+      nodes_[open.back()].end = i;
+      open.pop_back();
+    }
+    open.push_back(i);
+  }
+  for (uint32_t i : open) nodes_[i].end = static_cast<uint32_t>(nodes_.size());
+}
+
+size_t Matcher::StateHash::operator()(const State& s) const {
+  size_t h = std::hash<std::string>()(s.pending);
+  for (const Stack& st : s.stacks) {
+    h = h * 1000003u ^ st.size();
+    for (const Pos& p : st)
+      h = (h * 1000003u) ^ (static_cast<size_t>(static_cast<uint32_t>(p.rule)) * 0x9E3779B1u) ^
+          (static_cast<size_t>(static_cast<uint32_t>(p.alt)) << 20) ^ static_cast<size_t>(static_cast<uint32_t>(p.idx));
+  }
+  return h;
+}
+
+int32_t Matcher::intern(State&& s) {
+  auto it = dfa_index_.find(s);
+  if (it != dfa_index_.end()) return it->second;
+  const int32_t id = static_cast<int32_t>(dfa_states_.size());
+  dfa_states_.push_back(s);
+  dfa_index_.emplace(std::move(s), id);
+  dfa_next_.insert(dfa_next_.end(), 256, -2);
+  return id;
+}
+
+// The state after one more byte (feed() one byte at a time is feed() of the whole string).
+int32_t Matcher::next_state(int32_t from, uint8_t byte) {
+  int32_t& slot = dfa_next_[static_cast<size_t>(from) * 256 + byte];
+  if (slot != -2) return slot;
+  State s = dfa_states_[static_cast<size_t>(from)];
+  const char c = static_cast<char>(byte);
+  const int32_t to = feed(s.stacks, s.pending, std::string_view(&c, 1)) ? intern(std::move(s)) : -1;
+  dfa_next_[static_cast<size_t>(from) * 256 + byte] = to;  // intern() may have moved the table
+  return to;
+}
+
+void Matcher::allowed_tokens(const TokenTrie& trie, std::vector<uint8_t>& ok) {
+  ok.assign(trie.n_tokens_, 0);
+  if (dfa_states_.size() > 8192) {  // a long generation through many states: start afresh
+    dfa_states_.clear();
+    dfa_next_.clear();
+    dfa_index_.clear();
+  }
+  std::vector<int32_t> at;  // at[d]: the state after the first d bytes of the current path
+  at.push_back(intern(State{stacks_, pending_}));
+  const auto& nodes = trie.nodes_;
+  for (size_t i = 0; i < nodes.size();) {
+    const TokenTrie::Node& n = nodes[i];
+    at.resize(n.depth);
+    const int32_t s = next_state(at.back(), n.byte);
+    if (s < 0) {
+      i = n.end;  // refused: no token below this prefix can follow
+      continue;
+    }
+    at.push_back(s);
+    for (uint32_t k = n.tok_begin; k < n.tok_end; ++k) ok[static_cast<size_t>(trie.toks_[k])] = 1;
+    ++i;
+  }
 }
 
 bool Matcher::can_end() const {

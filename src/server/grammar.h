@@ -7,6 +7,8 @@
 //   grammar::Matcher m(g);
 //   m.accepts_bytes("ye");   // true: a prefix of a sentence
 //   m.advance_bytes("yes");  // consumes; m.can_end() is now true
+//   grammar::TokenTrie trie(pieces);        // once per vocabulary
+//   m.allowed_tokens(trie, ok);             // ok[t] = m.accepts_bytes(pieces[t]), for all t at once
 //
 // GBNF: `name ::= alternatives` rules (the start rule is `root`); "literal" strings, [a-z] / [^"\\]
 // character classes, `.` (any character), ( groups ), and the postfixes * + ? {m} {m,} {m,n};
@@ -18,6 +20,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 namespace kimi::server::grammar {
@@ -62,6 +65,29 @@ class Grammar {
   int root_ = -1;
 };
 
+// The byte strings of a vocabulary as a trie, stored in depth-first order: a matcher walks it once
+// and skips every subtree whose prefix the grammar refuses (Matcher::allowed_tokens).
+class TokenTrie {
+ public:
+  // pieces[t]: the bytes of token t; an empty piece is never allowed (special tokens: pass "").
+  explicit TokenTrie(const std::vector<std::string>& pieces);
+  size_t n_tokens() const { return n_tokens_; }
+  size_t n_nodes() const { return nodes_.size(); }
+
+ private:
+  friend class Matcher;
+  struct Node {
+    uint32_t end;        // one past the last node of this subtree
+    uint32_t tok_begin;  // tokens whose piece ends here: toks_[tok_begin, tok_end)
+    uint32_t tok_end;
+    uint16_t depth;      // bytes from the root (>= 1)
+    uint8_t byte;        // the edge into this node
+  };
+  std::vector<Node> nodes_;  // depth-first (pre-order); the root itself is not stored
+  std::vector<int32_t> toks_;
+  size_t n_tokens_ = 0;
+};
+
 // Where the automaton is: the set of parse stacks (positions in rule alternatives, innermost
 // last) that are still alive after the input so far, plus an incomplete UTF-8 sequence.
 class Matcher {
@@ -72,6 +98,9 @@ class Matcher {
   bool can_end() const;       // the input so far is a whole sentence of the grammar
   bool can_continue() const;  // some character may still follow
   bool dead() const { return stacks_.empty(); }
+  // ok[t] = 1 when accepts_bytes(piece of t) (ok is resized to trie.n_tokens()): one walk of the
+  // trie with a lazily built byte-level DFA of this matcher's states, kept across calls.
+  void allowed_tokens(const TokenTrie& trie, std::vector<uint8_t>& ok);
 
  private:
   struct Pos {
@@ -86,9 +115,23 @@ class Matcher {
   bool step(std::vector<Stack>& stacks, uint32_t c) const;              // one code point
   bool partial_ok(const std::vector<Stack>& stacks, const std::string& pending) const;
   bool feed(std::vector<Stack>& stacks, std::string& pending, std::string_view bytes) const;
+  struct State {
+    std::vector<Stack> stacks;
+    std::string pending;
+    bool operator==(const State& o) const { return stacks == o.stacks && pending == o.pending; }
+  };
+  struct StateHash {
+    size_t operator()(const State& s) const;
+  };
+  int32_t intern(State&& s);
+  int32_t next_state(int32_t from, uint8_t byte);
   std::shared_ptr<const Grammar> g_;
   std::vector<Stack> stacks_;
   std::string pending_;  // bytes of an incomplete UTF-8 character
+  // allowed_tokens' DFA: interned states and their byte transitions (-2 unknown, -1 refused)
+  std::vector<State> dfa_states_;
+  std::vector<int32_t> dfa_next_;  // 256 per state
+  std::unordered_map<State, int32_t, StateHash> dfa_index_;
 };
 
 // JSON schema (the subset of OpenAI structured outputs) -> GBNF whose `root` derives exactly the

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 
 #include "util/error.h"
 
@@ -86,6 +87,7 @@ Scheduler::Scheduler(const Model& model, const tok::Tokenizer& tok, const Contex
     drop_special_[static_cast<size_t>(id)] = p != "<|open|>" && p != "<|close|>" && p != "<|sep|>" && p != "<|end_of_msg|>";
     if (p == "<|close|>") close_id_ = id;
   }
+  if (const char* e = std::getenv("KIMI_GRAMMAR_FULL_SCAN")) grammar_full_scan_ = std::string(e) == "1";
   st_.slots = so_.parallel;
   st_.sequences = o.n_seq_max;
   slot_info_.resize(static_cast<size_t>(o.n_seq_max));
@@ -487,15 +489,36 @@ bool Scheduler::grammar_allows(const Active& a, int32_t t) const {
   return !piece.empty() && a.matcher->accepts_bytes(piece);
 }
 
-// Sample first; only when the grammar refuses that token are all tokens checked and the refused
-// ones masked (the usual case costs one check).
+void Scheduler::build_trie() {
+  const int nv = ctx_->n_vocab();
+  std::vector<std::string> pieces(static_cast<size_t>(nv));
+  for (int32_t t = 0; t < nv; ++t) {
+    const bool text = t < tok_.n_vocab() && !tok_.is_special(t) && !tok_.is_eog(t) && t != model_.hparams().eos_id &&
+                      t != close_id_ && !tok_.token_to_piece(t).empty();
+    if (text) pieces[static_cast<size_t>(t)] = tok_.token_to_piece(t);
+    else trie_others_.push_back(t);
+  }
+  trie_ = std::make_unique<grammar::TokenTrie>(pieces);
+}
+
+// Sample first; only when the grammar refuses that token is the whole vocabulary checked (one walk
+// of the token trie: grammar_allows for every id, at the cost of the prefixes the grammar admits)
+// and the refused ones masked. The usual case costs one check.
 int32_t Scheduler::sample_constrained(Active& a, const float* logits) {
   const int32_t first = a.sampler->sample(logits);
   if (grammar_allows(a, first)) return first;
   const int nv = ctx_->n_vocab();
+  if (grammar_full_scan_) {
+    allowed_.resize(static_cast<size_t>(nv));
+    for (int32_t i = 0; i < nv; ++i) allowed_[static_cast<size_t>(i)] = grammar_allows(a, i);
+  } else {
+    if (!trie_) build_trie();
+    a.matcher->allowed_tokens(*trie_, allowed_);
+    for (int32_t t : trie_others_) allowed_[static_cast<size_t>(t)] = grammar_allows(a, t);
+  }
   int32_t best = -1;
   for (int32_t i = 0; i < nv; ++i) {
-    const bool ok = grammar_allows(a, i);
+    const bool ok = allowed_[static_cast<size_t>(i)] != 0;
     a.masked[static_cast<size_t>(i)] = ok ? logits[i] : -INFINITY;
     if (ok && (best < 0 || logits[i] > logits[best])) best = i;
   }

@@ -206,6 +206,7 @@ class Scheduler {
   void on_token(Active& a, int32_t t, const float* logits);
   int32_t sample_constrained(Active& a, const float* logits);
   bool grammar_allows(const Active& a, int32_t t) const;
+  void build_trie();
   void emit(Active& a, const std::string& text);
   void update_slots();  // slot_info_ from seqs_ / active_ (under mu_)
   void finish(Active& a, const std::string& reason, int status = 200, const std::string& err = "");
@@ -220,7 +221,13 @@ class Scheduler {
   int n_ctx_ = 0;
   bool any_prefix_ = false;
   int32_t close_id_ = -1;              // <|close|>: ends the constrained response channel
-  std::vector<uint8_t> drop_special_;  // per token id: special, not structural (chat output skips it)  // no KDA layer: any prefix of a sequence can be resumed
+  std::vector<uint8_t> drop_special_;  // per token id: special, not structural (chat output skips it)
+  // constrained sampling (sample_constrained): the text tokens as a trie, built at the first use;
+  // the other ids (special, end of the answer, no text) are checked one by one
+  std::unique_ptr<grammar::TokenTrie> trie_;
+  std::vector<int32_t> trie_others_;
+  std::vector<uint8_t> allowed_;       // scratch: per token id, may it come next
+  bool grammar_full_scan_ = false;     // KIMI_GRAMMAR_FULL_SCAN=1: check every id one by one (the reference)  // no KDA layer: any prefix of a sequence can be resumed
 
   std::vector<SeqRec> seqs_;
   std::vector<std::unique_ptr<Active>> active_;

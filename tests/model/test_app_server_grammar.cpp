@@ -120,6 +120,60 @@ TEST(ServerGrammar, ReasoningIsFreeAnswerIsConstrained) {
     expect_record(m["content"].get<std::string>());
 }
 
+// The token trie (Matcher::allowed_tokens) only finds the allowed set faster: a server that checks
+// every token one by one (KIMI_GRAMMAR_FULL_SCAN=1, the way it was done before the trie) produces
+// the same answers for the same requests and seeds: greedy, temperature with top-k / top-p / min-p,
+// repetition penalty, streaming, schema / json_object / GBNF with multi-byte characters. The random
+// model's first sampled token is refused by every one of these (an answer must start with '{',
+// '"', a Greek letter...), so the masked path is taken.
+TEST(ServerGrammar, TrieWalkSamplesWhatTheFullScanSamples) {
+  const ojson schema_rf = {{"type", "json_schema"}, {"json_schema", {{"name", "record"}, {"schema", kSchema}}}};
+  std::vector<std::pair<std::string, ojson>> reqs;
+  for (int seed = 1; seed <= 3; ++seed) {
+    reqs.push_back({"/v1/chat/completions", {{"messages", kMsgs}, {"max_tokens", 60}, {"seed", seed}, {"thinking", false},
+                                             {"temperature", 1.0}, {"response_format", schema_rf}}});
+    reqs.push_back({"/v1/chat/completions", {{"messages", kMsgs}, {"max_tokens", 60}, {"seed", seed}, {"thinking", false},
+                                             {"temperature", 0.8}, {"top_k", 40}, {"top_p", 0.9}, {"min_p", 0.02},
+                                             {"repeat_penalty", 1.2}, {"response_format", {{"type", "json_object"}}}}});
+    reqs.push_back({"/v1/completions", {{"prompt", "Words:"}, {"max_tokens", 24}, {"seed", seed}, {"temperature", 1.2},
+                                        {"grammar", "root ::= [\u03b1-\u03c9 ]+ (\"!\" | \"\u20ac\")"}}});
+  }
+  reqs.push_back({"/v1/chat/completions", {{"messages", kMsgs}, {"max_tokens", 60}, {"temperature", 0}, {"thinking", false},
+                                           {"json_schema", kSchema}}});
+  auto answers = [&](bool full_scan) {
+    if (full_scan) ::setenv("KIMI_GRAMMAR_FULL_SCAN", "1", 1);
+    else ::unsetenv("KIMI_GRAMMAR_FULL_SCAN");
+    RunningServer r(server_opts());
+    ::unsetenv("KIMI_GRAMMAR_FULL_SCAN");
+    std::vector<std::string> out;
+    for (const auto& [path, body] : reqs) {
+      int st = 0;
+      const ojson j = r.post(path, body, &st);
+      EXPECT_EQ(st, 200) << j.dump();
+      const ojson& c = j["choices"][0];
+      out.push_back((c.contains("text") ? c["text"] : c["message"]["content"]).get<std::string>() + " | " +
+                    c["finish_reason"].get<std::string>());
+    }
+    // streamed too (one request)
+    ojson sreq = reqs[0].second;
+    sreq["stream"] = true;
+    std::string content;
+    bool done = false;
+    for (const ojson& e : sse_events(r.post_stream("/v1/chat/completions", sreq), &done)) {
+      const ojson& d = e["choices"][0]["delta"];
+      if (d.contains("content")) content += d["content"].get<std::string>();
+    }
+    out.push_back(content);
+    return out;
+  };
+  const std::vector<std::string> trie = answers(false), full = answers(true);
+  ASSERT_EQ(trie.size(), full.size());
+  for (size_t i = 0; i < trie.size(); ++i) {
+    EXPECT_EQ(trie[i], full[i]) << "request " << i << ": " << (i < reqs.size() ? reqs[i].second.dump() : "streamed");
+    EXPECT_GT(trie[i].size(), 3u) << i;  // something was generated
+  }
+}
+
 TEST(ServerGrammar, BadConstraintsAre400NamingTheProblem) {
   RunningServer r(server_opts());
   struct Case { ojson extra; std::string param, in_message; };

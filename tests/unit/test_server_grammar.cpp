@@ -232,3 +232,67 @@ TEST(JsonSchema, UnsupportedFeaturesAreNamed) {
   // annotations are fine
   EXPECT_NO_THROW(schema_to_gbnf(ojson::parse(R"({"title": "t", "description": "d", "type": "string", "default": "x"})")));
 }
+
+namespace {
+
+// A vocabulary like a byte-level BPE one: every single byte, words and JSON punctuation glued
+// together, UTF-8 characters whole and cut anywhere (pieces that end or start mid-character),
+// duplicate pieces and empty ones (special tokens).
+std::vector<std::string> test_vocab(size_t n, uint32_t seed) {
+  std::vector<std::string> v;
+  for (int b = 0; b < 256; ++b) v.push_back(std::string(1, static_cast<char>(b)));
+  const std::vector<std::string> parts = {"\"", "{", "}", "[", "]", ":", ",", " ", "\n", "\\", "\\\"", "\\n", "\\u00",
+                                          "true", "false", "null", "name", "count", "ok", "yes", "no", "a", "e", "x",
+                                          "0", "1", "42", "-", ".", "e+", "\xc3\xa9", "\xe2\x82\xac", "\xf0\x9f\x98\x80",
+                                          "\xce\xb1", "\xcf\x89", "\xc3", "\xa9", "\x82\xac", "\xe2", "\xf0\x9f", "\x98\x80"};
+  std::mt19937 rng(seed);
+  while (v.size() < n) {
+    std::string s;
+    const int k = 1 + static_cast<int>(rng() % 4);
+    for (int i = 0; i < k; ++i) s += parts[rng() % parts.size()];
+    v.push_back(s);
+  }
+  v.push_back("");
+  v.push_back(v[300]);  // a duplicate
+  return v;
+}
+
+}  // namespace
+
+// The trie walk is a shortcut for asking accepts_bytes token by token: on random paths through
+// several grammars (JSON schema, json_object, UTF-8 classes, negated classes) both give the same
+// set of allowed tokens at every step, so constrained sampling draws from the same distribution.
+TEST(TokenTrie, AllowedTokensEqualPerTokenChecks) {
+  const std::vector<std::string> vocab = test_vocab(6000, 11);
+  const TokenTrie trie(vocab);
+  EXPECT_EQ(trie.n_tokens(), vocab.size());
+  const std::vector<std::string> grammars = {
+      schema_to_gbnf(ojson::parse(R"({"type": "object", "properties": {"name": {"type": "string", "maxLength": 8},
+          "count": {"type": "integer"}, "ok": {"type": "boolean"}}, "required": ["name", "count"],
+          "additionalProperties": false})")),
+      json_object_gbnf(),
+      "root ::= \"yes\" | \"no\" | [\\u03b1-\\u03c9]+ (\" \" [^a-z\\n]{1,3})?",
+      "root ::= ([a-z ] | \"\\u20ac\" | \"\\U0001F600\")* \"!\"",
+  };
+  std::mt19937 rng(5);
+  for (const std::string& gbnf : grammars) {
+    SCOPED_TRACE(gbnf.substr(0, 80));
+    auto g = Grammar::parse(gbnf);
+    for (int walk = 0; walk < 6; ++walk) {
+      Matcher m(g);
+      std::vector<uint8_t> ok;
+      for (int step = 0; step < 40; ++step) {
+        m.allowed_tokens(trie, ok);
+        ASSERT_EQ(ok.size(), vocab.size());
+        std::vector<size_t> allowed;
+        for (size_t t = 0; t < vocab.size(); ++t) {
+          const bool ref = !vocab[t].empty() && m.accepts_bytes(vocab[t]);
+          ASSERT_EQ(ok[t] != 0, ref) << "token " << t << " '" << vocab[t] << "' at step " << step;
+          if (ref) allowed.push_back(t);
+        }
+        if (allowed.empty()) break;
+        ASSERT_TRUE(m.advance_bytes(vocab[allowed[rng() % allowed.size()]]));
+      }
+    }
+  }
+}

@@ -175,15 +175,17 @@ async function main() {
 
   // 2) Stop: a long generation, stopped after the first streamed text; the request must end
   //    (the page says "stopped", the server's slot is idle again, Send works again)
-  //    (the tiny model makes ~1000-3000 tokens/s and soon samples an end token: this greedy request
-  //    without thinking gets "ignore_eos" added on its way, and then runs ~19000 tokens unless stopped)
-  const addIgnoreEos = (route) => {
+  //    (the tiny model makes ~1000-3000 tokens/s and may sample an end of turn at any point: the
+  //    request gets a GBNF grammar added on its way that derives no end, so the answer cannot finish
+  //    before max_tokens (30000); without thinking the grammar holds from the first token. Its
+  //    lines are short words: one endless word would make every streamed update re-wrap it all)
+  const addEndlessGrammar = (route) => {
     const b = route.request().postDataJSON();
-    route.continue({ postData: JSON.stringify({ ...b, ignore_eos: true }) });
+    route.continue({ postData: JSON.stringify({ ...b, grammar: 'root ::= ([a-z]{1,8} " "){1,8} "\\n" root' }) });
   };
   await page.click("#clear");  // New chat: empties the history and the log
   check(await page.evaluate(() => document.getElementById("log").children.length) === 0, "New chat empties the log");
-  await page.route(base + "/v1/chat/completions", addIgnoreEos);
+  await page.route(base + "/v1/chat/completions", addEndlessGrammar);
   await page.fill("#max_tokens", "30000");
   await page.uncheck("#thinking");
   await page.fill("#msg", "Tell me a very long story");
@@ -205,7 +207,7 @@ async function main() {
     const c = metrics.match(/^kimi_requests_total\{result="cancelled"\} (\d+)/m);
     return Array.isArray(slots) && slots.every((x) => !x.is_processing) && c && Number(c[1]) === 1;
   });
-  await page.unroute(base + "/v1/chat/completions", addIgnoreEos);
+  await page.unroute(base + "/v1/chat/completions", addEndlessGrammar);
   console.log("turn 2: stopped after the first streamed text; the server cancelled it and its slot is idle");
 
   // 3) Send works again after Stop, with thinking off: the answer (no reasoning) again equals the

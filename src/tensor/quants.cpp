@@ -359,8 +359,11 @@ float make_qkx2_quants(int n, int nmax, const float* x, const float* w, uint8_t*
   return scale;
 }
 
-// Signed fit x ~ scale * (L - nmax), L in [0, 2 nmax), weights x^2, 19 candidate scales.
+// Signed fit x ~ scale * (L - nmax), L in [0, 2 nmax), 19 candidate scales; weights x^2, or the imatrix
+// importances (imatrix_element_weights) when qw is given.
 float make_qx_quants(int n, int nmax, const float* x, int8_t* L, const float* qw = nullptr) {
+  float wbuf[32];  // importance weights (n <= 32), else x^2
+  if (n > 32 || !imatrix_element_weights(qw, n, wbuf)) qw = nullptr;
   float mx = 0, amax = 0;
   for (int i = 0; i < n; ++i) {
     const float ax = std::fabs(x[i]);
@@ -378,7 +381,7 @@ float make_qx_quants(int n, int nmax, const float* x, int8_t* L, const float* qw
   for (int i = 0; i < n; ++i) {
     const int l = std::clamp(rne(iscale * x[i]), -nmax, nmax - 1);
     L[i] = static_cast<int8_t>(l + nmax);
-    const float w = qw ? qw[i] * x[i] * x[i] : x[i] * x[i];
+    const float w = qw ? wbuf[i] : x[i] * x[i];
     sumlx += w * x[i] * l;
     suml2 += w * l * l;
   }
@@ -390,7 +393,7 @@ float make_qx_quants(int n, int nmax, const float* x, int8_t* L, const float* qw
     sumlx = suml2 = 0;
     for (int i = 0; i < n; ++i) {
       const int l = std::clamp(rne(iscale * x[i]), -nmax, nmax - 1);
-      const float w = qw ? qw[i] * x[i] * x[i] : x[i] * x[i];
+      const float w = qw ? wbuf[i] : x[i] * x[i];
       sumlx += w * x[i] * l;
       suml2 += w * l * l;
     }
@@ -414,9 +417,8 @@ void quantize_k_scales(const float* x, int nmax, float rmin, float rdelta, int n
     float sum_x2 = 0;
     for (int l = 0; l < 32; ++l) sum_x2 += x[32 * j + l] * x[32 * j + l];
     const float av_x = std::sqrt(sum_x2 / 32);
-    for (int l = 0; l < 32; ++l) w[l] = av_x + std::fabs(x[32 * j + l]);
-    if (qw)  // imatrix: column importance times the same magnitude weight
-      for (int l = 0; l < 32; ++l) w[l] *= std::max(qw[32 * j + l], 0.0f) + 1e-10f;
+    if (!imatrix_element_weights(qw ? qw + 32 * j : nullptr, 32, w))  // else ggml's magnitude weight
+      for (int l = 0; l < 32; ++l) w[l] = av_x + std::fabs(x[32 * j + l]);
     scales[j] = make_qkx2_quants(32, nmax, x + 32 * j, w, L + 32 * j, &mins[j], Laux, rmin, rdelta, nstep);
     max_scale = std::max(max_scale, scales[j]);
     max_min = std::max(max_min, mins[j]);

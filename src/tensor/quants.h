@@ -134,6 +134,14 @@ void quantize_row_q3_K(const float* x, block_q3_K* y, int64_t n, const float* qw
 void quantize_row_iq4_xs(const float* x, block_iq4_xs* y, int64_t n, const float* qw = nullptr);
 void quantize_row_iq2_xs(const float* x, block_iq2_xs* y, int64_t n, const float* qw = nullptr);
 
+// Element weights of the importance-weighted searches for n elements with column importances qw
+// (an imatrix row: the mean squared input activation of each column). The weight is the importance
+// itself, so the weighted squared error of a row is the expected squared error its rounding adds
+// to the matmul's output (columns taken as uncorrelated); a floor of 1e-4 of the mean keeps columns
+// that never saw an activation from being coded arbitrarily. False (w untouched) when qw is null or
+// all zero: the caller then uses its magnitude heuristic, as without an imatrix.
+bool imatrix_element_weights(const float* qw, int n, float* w);
+
 // ---- reference dequantizers ----
 void dequantize_row_q8_0(const block_q8_0* x, float* y, int64_t n);
 void dequantize_row_q4_0(const block_q4_0* x, float* y, int64_t n);

@@ -235,10 +235,12 @@ void quantize_row_iq2_xs(const float* x, block_iq2_xs* y, int64_t n, const float
   float w[QK_K], esc[16];
   GroupPick g[2];
   for (int64_t b = 0; b < n / QK_K; ++b, x += QK_K, qw = qw ? qw + QK_K : nullptr) {
-    double s2 = 0;
-    for (int i = 0; i < QK_K; ++i) s2 += static_cast<double>(x[i]) * x[i];
-    const float sigma2 = static_cast<float>(2.0 * s2 / QK_K);
-    for (int i = 0; i < QK_K; ++i) w[i] = (qw ? std::max(qw[i], 0.0f) : 1.0f) * std::sqrt(sigma2 + x[i] * x[i]);
+    if (!imatrix_element_weights(qw, QK_K, w)) {  // else the magnitude heuristic
+      double s2 = 0;
+      for (int i = 0; i < QK_K; ++i) s2 += static_cast<double>(x[i]) * x[i];
+      const float sigma2 = static_cast<float>(2.0 * s2 / QK_K);
+      for (int i = 0; i < QK_K; ++i) w[i] = std::sqrt(sigma2 + x[i] * x[i]);
+    }
     float emax = 0;
     for (int h = 0; h < 16; ++h) {  // 16-element halves: candidate scales, best by weighted error
       const float* xh = x + 16 * h;

@@ -3,8 +3,9 @@
 // importance-weighted quantizers. The searches are our own: per group a set of candidate scales,
 // the levels for each, the weighted least-squares scale for those levels, keep the lowest
 // weighted error; then the group scales are quantized to the super-block's integer scales and
-// the levels recomputed with the scales as stored. Weights per element: qw[i] (imatrix column
-// importance, 1 without one) * sqrt(sigma2 + x_i^2), sigma2 = 2 * mean(x^2) of the super-block.
+// the levels recomputed with the scales as stored. Weights per element: the imatrix column
+// importance qw[i] (imatrix_element_weights); without one sqrt(sigma2 + x_i^2), sigma2 = 2 *
+// mean(x^2) of the super-block.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -30,12 +31,28 @@ void check_k(int64_t n, const char* what) {
   check(n >= 0 && n % QK_K == 0, "{}: row of {} elements is not a multiple of the block size {}", what, n, QK_K);
 }
 
-// Element weights of one super-block.
+}  // namespace
+
+bool imatrix_element_weights(const float* qw, int n, float* w) {
+  if (!qw) return false;
+  double sum = 0;
+  for (int i = 0; i < n; ++i) sum += std::max(qw[i], 0.0f);
+  if (!(sum > 0) || !std::isfinite(sum)) return false;
+  const float floor = static_cast<float>(1e-4 * sum / n);
+  for (int i = 0; i < n; ++i) w[i] = std::max(qw[i], 0.0f) + floor;
+  return true;
+}
+
+namespace {
+
+// Element weights of one super-block: the importances (imatrix_element_weights), else the
+// magnitude heuristic sqrt(sigma2 + x^2), sigma2 = 2 * mean(x^2) of the super-block.
 void block_weights(const float* x, const float* qw, float* w) {
+  if (imatrix_element_weights(qw, QK_K, w)) return;
   double s2 = 0;
   for (int i = 0; i < QK_K; ++i) s2 += static_cast<double>(x[i]) * x[i];
   const float sigma2 = static_cast<float>(2.0 * s2 / QK_K);
-  for (int i = 0; i < QK_K; ++i) w[i] = (qw ? std::max(qw[i], 0.0f) : 1.0f) * std::sqrt(sigma2 + x[i] * x[i]);
+  for (int i = 0; i < QK_K; ++i) w[i] = std::sqrt(sigma2 + x[i] * x[i]);
 }
 
 // x ~ s * L + m with L in [0, nmax], m <= 0 (returned as *mneg = -m >= 0), weighted.

@@ -90,4 +90,27 @@ void ImatrixBackend::moe_experts(const ExpertMats& m, const float* x, int64_t n,
   CpuBackend::moe_experts(m, x, n, width, sel, weights, n_used, n_expert, situ_beta, situ_lambda, acc);
 }
 
+void ImatrixBackend::mla_absorb_queries(const kern::MatView& k_b, uint64_t slice_bytes, const float* q, int64_t n,
+                                        int64_t H, int64_t nope, int64_t pe, float* qcat) {
+  if (const std::string* nm = name_of(k_b.data)) {
+    Entry& e = entry(*nm, nope, H);
+    for (int64_t t = 0; t < n; ++t)
+      for (int64_t h = 0; h < H; ++h) add_sq(&e.sum2[static_cast<size_t>(h * nope)], q + (t * H + h) * (nope + pe), nope);
+    for (int64_t h = 0; h < H; ++h) e.count[static_cast<size_t>(h)] += static_cast<double>(n);
+  }
+  CpuBackend::mla_absorb_queries(k_b, slice_bytes, q, n, H, nope, pe, qcat);
+}
+
+void ImatrixBackend::mla_value_heads(const kern::MatView& v_b, uint64_t slice_bytes, const float* z, int64_t n,
+                                     int64_t H, float* o) {
+  if (const std::string* nm = name_of(v_b.data)) {
+    const int64_t kvl = v_b.cols;
+    Entry& e = entry(*nm, kvl, H);
+    for (int64_t t = 0; t < n; ++t)
+      for (int64_t h = 0; h < H; ++h) add_sq(&e.sum2[static_cast<size_t>(h * kvl)], z + (t * H + h) * kvl, kvl);
+    for (int64_t h = 0; h < H; ++h) e.count[static_cast<size_t>(h)] += static_cast<double>(n);
+  }
+  CpuBackend::mla_value_heads(v_b, slice_bytes, z, n, H, o);
+}
+
 }  // namespace kimi::imatrix

@@ -1,5 +1,5 @@
 // ImatrixBackend (`kimi imatrix`): a CpuBackend that records the input activations of its matmul()
-// and moe_experts() calls into an imatrix::Data (io/imatrix.h; weights are known by the pointers
+// moe_experts() and MLA per-head calls into an imatrix::Data (io/imatrix.h; weights are known by the pointers
 // place_weight handed out) and then runs the normal CPU kernels, so the forward pass is unchanged.
 // A context places every layer and the output on it (ContextOptions::extra_backends +
 // n_gpu_layers = -1). For the experts' down projection the input (SiTU(gate x) * up x of each
@@ -23,6 +23,12 @@ class ImatrixBackend : public CpuBackend {
   void moe_experts(const ExpertMats& m, const float* x, int64_t n, int64_t width, const int32_t* sel,
                    const float* weights, int64_t n_used, int64_t n_expert, float situ_beta, float situ_lambda,
                    float* acc) override;
+  // MLA's per-head matrices (3-D attn_k_b / attn_v_b): one vector and one count per head, as the
+  // experts (the input of head h is q_nope of head h, resp. the head's attended latent z).
+  void mla_absorb_queries(const kern::MatView& k_b, uint64_t slice_bytes, const float* q, int64_t n, int64_t H,
+                          int64_t nope, int64_t pe, float* qcat) override;
+  void mla_value_heads(const kern::MatView& v_b, uint64_t slice_bytes, const float* z, int64_t n, int64_t H,
+                       float* o) override;
 
  private:
   const std::string* name_of(const uint8_t* p) const;

@@ -45,9 +45,24 @@ TEST(Imatrix, TinyModelEntriesAndExpertCounts) {
   EXPECT_EQ(d.chunk_count, 3u);
   EXPECT_EQ(d.chunk_size, 16u);
   const double n_tok = 3 * 16;
-  int n_stacks = 0, n_dense = 0;
+  int n_stacks = 0, n_dense = 0, n_heads = 0;
   for (const auto& t : model->tensors()) {
     const bool exps = t.name.find("_exps.weight") != std::string::npos;
+    // MLA's per-head matrices: one entry per head, every token reaches every head
+    if (t.name.find("attn_k_b.weight") != std::string::npos || t.name.find("attn_v_b.weight") != std::string::npos) {
+      ++n_heads;
+      auto it = d.entries.find(t.name);
+      ASSERT_NE(it, d.entries.end()) << "no imatrix entry for " << t.name;
+      EXPECT_EQ(it->second.n_in, t.ne[0]) << t.name;
+      ASSERT_EQ(it->second.n_mat, t.ne[2]) << t.name;
+      for (double c : it->second.count) EXPECT_EQ(c, n_tok) << t.name;
+      for (int64_t h = 0; h < t.ne[2]; ++h) {
+        double s = 0;
+        for (int64_t i = 0; i < t.ne[0]; ++i) s += it->second.sum2[static_cast<size_t>(h * t.ne[0] + i)];
+        EXPECT_GT(s, 0) << t.name << " head " << h;
+      }
+      continue;
+    }
     const bool dense_mat = t.n_dims == 2 && t.name.find("token_embd") == std::string::npos &&
                            t.name.find("ssm_conv1d") == std::string::npos;
     if (!exps && !dense_mat) continue;
@@ -75,6 +90,7 @@ TEST(Imatrix, TinyModelEntriesAndExpertCounts) {
     EXPECT_GT(s, 0) << t.name;
   }
   EXPECT_EQ(n_stacks, 21);
+  EXPECT_GT(n_heads, 0) << "the tiny model has MLA layers";
   EXPECT_GT(n_dense, 20);
   // gate and up of a layer's experts see the same input; down sees a different one
   const auto& g = d.entries.at("blk.1.ffn_gate_exps.weight");

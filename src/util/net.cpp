@@ -43,7 +43,7 @@ void prepare(SOCKET s) {
 int clamp_len(size_t n) { return n > static_cast<size_t>(INT_MAX) ? INT_MAX : static_cast<int>(n); }
 #else
 void set_nonblock(int fd) { ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL, 0) | O_NONBLOCK); }
-[[maybe_unused]] void set_cloexec(int fd) { ::fcntl(fd, F_SETFD, ::fcntl(fd, F_GETFD, 0) | FD_CLOEXEC); }
+void set_cloexec(int fd) { ::fcntl(fd, F_SETFD, ::fcntl(fd, F_GETFD, 0) | FD_CLOEXEC); }
 #endif
 
 }  // namespace
@@ -204,6 +204,54 @@ Socket listen_tcp(const std::string& host, int port, int backlog, int* bound_por
   *bound_port = ss.ss_family == AF_INET6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port)
                                          : ntohs(reinterpret_cast<sockaddr_in*>(&ss)->sin_port);
   return l;
+}
+
+Socket connect_tcp(const std::string& host, int port, int* err) {
+  startup();
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICSERV;
+  addrinfo* res = nullptr;
+  const std::string port_s = std::to_string(port);
+  if (::getaddrinfo(host.c_str(), port_s.c_str(), &hints, &res) != 0) {
+    *err = -1;
+    return kNoSocket;
+  }
+  Socket out = kNoSocket;
+  *err = 0;
+  for (addrinfo* a = res; a && out == kNoSocket; a = a->ai_next) {
+#if defined(_WIN32)
+    const SOCKET s = ::socket(a->ai_family, a->ai_socktype, a->ai_protocol);
+    if (s == INVALID_SOCKET) {
+      *err = last_error();
+      continue;
+    }
+    if (::connect(s, a->ai_addr, static_cast<int>(a->ai_addrlen)) != 0) {
+      *err = last_error();
+      ::closesocket(s);
+      continue;
+    }
+    prepare(s);
+    out = static_cast<Socket>(s);
+#else
+    const int fd = ::socket(a->ai_family, a->ai_socktype, a->ai_protocol);
+    if (fd < 0) {
+      *err = errno;
+      continue;
+    }
+    if (::connect(fd, a->ai_addr, a->ai_addrlen) != 0) {
+      *err = errno;
+      ::close(fd);
+      continue;
+    }
+    set_nonblock(fd);
+    set_cloexec(fd);
+    out = fd;
+#endif
+  }
+  ::freeaddrinfo(res);
+  return out;
 }
 
 Socket accept(Socket listener, std::string* addr, int* port, int* err) {

@@ -68,6 +68,11 @@ struct ListenError {
 // Returns kNoSocket and fills *why on failure; *bound_port receives the port (for port 0).
 Socket listen_tcp(const std::string& host, int port, int backlog, int* bound_port, ListenError* why);
 
+// A TCP connection to host:port (a client: the tests, tools), made blocking, then switched to
+// non-blocking like every other socket here. kNoSocket on failure (*err: the reason's code, or
+// -1 when the host did not resolve).
+Socket connect_tcp(const std::string& host, int port, int* err);
+
 // Accepts one pending connection as a non-blocking socket, with the peer's numeric address and
 // port. kNoSocket when none is pending or on error (*err: last_error()).
 Socket accept(Socket listener, std::string* addr, int* port, int* err);

@@ -85,6 +85,11 @@ int cmd_bench(int argc, char** argv) {
   };
   uint64_t pp_moved = 0, tg_moved = 0;
   double pp_cpu = 0, pp_wall = 0, tg_cpu = 0, tg_wall = 0;
+  kimi::PhaseTimes pp_phase, tg_phase;  // wall time per part of the forward pass, summed over reps
+  auto add_phases = [&](kimi::PhaseTimes& sum) {
+    const kimi::PhaseTimes t = ctx.phase_times();
+    for (int p = 0; p < kimi::PhaseTimes::Count; ++p) sum.s[p] += t.s[p];
+  };
   kimi::Batch b;
   kimi::app::RankTrafficSum rank_traffic;  // under mpirun: per-rank bytes and exchanges of tg
   for (int r = 0; r < reps; ++r) {
@@ -102,9 +107,11 @@ int cmd_bench(int argc, char** argv) {
       b.add_sequence(rand_tokens(n_prompt), 0, depth, true);
       const double c0 = cpu_s();
       const uint64_t m0 = moved();
+      ctx.reset_phase_times();
       auto t0 = clk::now();
       ctx.decode(b);
       const double w = std::chrono::duration<double>(clk::now() - t0).count();
+      add_phases(pp_phase);
       pp_moved += moved() - m0;
       pp.push_back(n_prompt / w);
       pp_wall += w;
@@ -116,6 +123,7 @@ int cmd_bench(int argc, char** argv) {
       rank_traffic.start(ctx);
       const double c0 = cpu_s();
       const uint64_t m0 = moved();
+      ctx.reset_phase_times();
       auto t0 = clk::now();
       for (int i = 0; i < n_gen; ++i) {
         b.clear();
@@ -124,6 +132,7 @@ int cmd_bench(int argc, char** argv) {
       }
       const double w = std::chrono::duration<double>(clk::now() - t0).count();
       tg.push_back(n_gen / w);
+      add_phases(tg_phase);
       tg_moved += moved() - m0;
       tg_wall += w;
       tg_cpu += cpu_s() - c0;
@@ -170,6 +179,13 @@ int cmd_bench(int argc, char** argv) {
       if (n_prompt > 0) j["pp_host_device_bytes_per_token"] = double(pp_moved) / (double(n_prompt) * reps);
       if (n_gen > 0) j["tg_host_device_bytes_per_token"] = double(tg_moved) / (double(n_gen) * reps);
     }
+    auto phases_json = [&](const kimi::PhaseTimes& t, double tokens) {
+      nlohmann::ordered_json o;
+      for (int p = 0; p < kimi::PhaseTimes::Count; ++p) o[kimi::PhaseTimes::name(p)] = 1e3 * t.s[p] / tokens;
+      return o;
+    };
+    if (n_prompt > 0) j["pp_phase_ms_per_token"] = phases_json(pp_phase, double(n_prompt) * reps);
+    if (n_gen > 0) j["tg_phase_ms_per_token"] = phases_json(tg_phase, double(n_gen) * reps);
     rank_traffic.to_json(j, double(n_gen) * reps);
     std::printf("%s\n", j.dump(output == "json" ? 2 : -1).c_str());
     return 0;
@@ -197,6 +213,17 @@ int cmd_bench(int argc, char** argv) {
   if (n_gen > 0)
     std::printf("tg: best %.2f t/s = %.2f GB/s of weight + cache reads, CPU %.2f s over %.2f s wall (%.2f cores busy)\n",
                 best_tg, best_tg * (wbytes + cbytes) / 1e9, tg_cpu, tg_wall, tg_wall > 0 ? tg_cpu / tg_wall : 0.0);
+  auto print_phases = [&](const char* kind, const kimi::PhaseTimes& t, double tokens) {
+    const double tot = t.total();
+    if (tot <= 0) return;
+    std::string line;
+    for (int p = 0; p < kimi::PhaseTimes::Count; ++p)
+      if (t.s[p] > 0)
+        line += fmt::format(" {} {:.3f} ({:.0f} %)", kimi::PhaseTimes::name(p), 1e3 * t.s[p] / tokens, 100.0 * t.s[p] / tot);
+    std::printf("%s phases, ms per token:%s\n", kind, line.c_str());
+  };
+  if (n_prompt > 0) print_phases("pp", pp_phase, double(n_prompt) * reps);
+  if (n_gen > 0) print_phases("tg", tg_phase, double(n_gen) * reps);
   for (kimi::Backend* be : accels) {
     const kimi::BackendStats s = be->stats();
     std::printf("device %s: %.1f MiB held (weights %.1f MiB), %llu submits\n", be->name(), s.device_bytes / 1048576.0,

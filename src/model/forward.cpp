@@ -202,6 +202,12 @@ void Forward::move_residual(int& dev, int to, int64_t n, uint32_t nb) {
 }
 
 void Forward::run_local(const BatchEntry* e, int64_t n, float* logits) {
+  // the split of this call's wall time: each part adds its own; the rest goes to Other at return
+  struct PhaseCall {
+    PhaseTimes& t;
+    double start = PhaseTimes::now(), parts0 = t.total() - t.s[PhaseTimes::Other];
+    ~PhaseCall() { t.s[PhaseTimes::Other] += PhaseTimes::now() - start - (t.total() - t.s[PhaseTimes::Other] - parts0); }
+  } phase_call{phase_};
   const HParams& hp = hp_;
   const int64_t d = hp.n_embd, N = opts_.n_batch;
   const uint32_t B = hp.attn_res_block;
@@ -249,8 +255,9 @@ void Forward::run_local(const BatchEntry* e, int64_t n, float* logits) {
         ++nb;
       }
       be.rms_norm_rows(x, d, L.attn_norm.f32, v.res.normed.p, d, n, d, eps);
-      const PartRun r{be, hp, e, n, tp};
+      const PartRun r{be, hp, e, n, tp, &phase_};
       const int slot = cache_slot_[il];
+      const double t0 = PhaseTimes::now();
       if (hp.is_mla[il]) {
         const MlaCache cache{v.store->latent(slot), v.store->index_keys(slot)};
         mla_attention(r, L, cache, v.mla, opts_.top_k > 0 ? &v.idx : nullptr, opts_.top_k, opts_.attn,
@@ -258,6 +265,7 @@ void Forward::run_local(const BatchEntry* e, int64_t n, float* logits) {
       } else {
         kda_attention(r, L, v.store->conv(slot), v.store->rec(slot), v.kda, v.res.normed.p, v.res.mixer_out.p);
       }
+      phase_.s[hp.is_mla[il] ? PhaseTimes::Mla : PhaseTimes::Kda] += PhaseTimes::now() - t0;
       if (bank_layer)  // a block starts: the stream restarts from this mixer's output
         be.copy(v.res.stream.p, v.res.mixer_out.p, static_cast<uint64_t>(n * d) * 4);
       else
@@ -271,7 +279,8 @@ void Forward::run_local(const BatchEntry* e, int64_t n, float* logits) {
       Backend& be = *v.be;
       const float* x = resmix(v, L.ffn_res_score);
       be.rms_norm_rows(x, d, L.ffn_norm.f32, v.res.normed.p, d, n, d, eps);
-      const PartRun r{be, hp, e, n, tp};
+      const PartRun r{be, hp, e, n, tp, &phase_};
+      const double t0 = PhaseTimes::now();
       if (!hp.is_moe(il)) {
         dense_ffn(r, L.ffn_gate, L.ffn_up, L.ffn_down, v.ffn, v.res.normed.p, v.res.ffn_out.p);
       } else {
@@ -282,6 +291,7 @@ void Forward::run_local(const BatchEntry* e, int64_t n, float* logits) {
         }
         moe_ffn(r, L, v.moe, v.ffn, site, v.res.normed.p, v.res.ffn_out.p);
       }
+      phase_.s[hp.is_moe(il) ? PhaseTimes::Moe : PhaseTimes::Ffn] += PhaseTimes::now() - t0;
       be.add(v.res.stream.p, v.res.ffn_out.p, n * d);
     }
   }
@@ -300,6 +310,11 @@ void Forward::run_local(const BatchEntry* e, int64_t n, float* logits) {
   Backend& be = *v.be;
   const float* fin = resmix(v, output_res_score_);
   if (nw == 0) return;
+  struct HeadTime {  // the lm head, whichever branch below returns
+    PhaseTimes& t;
+    double t0;
+    ~HeadTime() { t.s[PhaseTimes::Head] += PhaseTimes::now() - t0; }
+  } head_time{phase_, PhaseTimes::now()};
   be.gather_rows(fin, d, wanted_.data(), nw, v.head.rows.p);
   be.rms_norm_rows(v.head.rows.p, d, output_norm_.f32, v.head.rows.p, d, nw, d, eps);
   const int64_t V = hp.n_vocab;

@@ -19,6 +19,7 @@
 #include "backend/placement.h"
 #include "backend/state_store.h"
 #include "model/model.h"
+#include "model/phase_times.h"
 #include "model/scratch.h"
 
 namespace kimi {
@@ -66,6 +67,10 @@ class Forward {
   // Rank 0: every rank's traffic (gathered); reset = zero the communication counters after.
   std::vector<RankTraffic> traffic(bool reset);
 
+  // wall time per part of the forward pass since the last reset (this process's share only)
+  const PhaseTimes& phase_times() const { return phase_; }
+  void reset_phase_times() { phase_ = {}; }
+
   const Placement& placement() const { return place_; }
   uint64_t cache_bytes() const;
   uint64_t state_bytes() const;
@@ -95,6 +100,7 @@ class Forward {
   const Model& model_;
   const HParams& hp_;
   ForwardOptions opts_;
+  PhaseTimes phase_;
   Placement place_;
   std::vector<std::unique_ptr<Device>> devs_;
   std::vector<LayerWeights> layers_;      // weights as placed (data on their backend)

@@ -9,6 +9,7 @@
 #include "backend/backend.h"
 #include "backend/collective.h"
 #include "model/model.h"
+#include "model/phase_times.h"
 #include "model/scratch.h"
 
 namespace kimi {
@@ -49,6 +50,7 @@ struct PartRun {
   const BatchEntry* e;
   int64_t n;
   TensorSplit* tp = nullptr;
+  PhaseTimes* times = nullptr;  // the forward pass's split (mla_attention moves the indexer's share)
   // y = W x, split over the ranks when tp is set and W is large enough
   void matmul(const MatView& W, const float* x, int64_t nt, float* y) const {
     if (tp && W.rows >= tp->min_rows)

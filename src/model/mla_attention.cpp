@@ -26,10 +26,17 @@ void mla_attention(const PartRun& r, const LayerWeights& L, const MlaCache& cach
   be.store_cache_rows(s.kv_row.p, W, r.e, n, cache.latent);
 
   // 3. which cached rows each query attends to
-  if (top_k > 0)
+  if (top_k > 0) {
+    const double t0 = PhaseTimes::now();
     dsa_indexer(r, L, cache.index_keys, *idx, top_k, x, s.q_latent.p, s);
-  else
+    if (r.times) {  // the caller adds the whole of this call to Mla
+      const double dt = PhaseTimes::now() - t0;
+      r.times->s[PhaseTimes::Indexer] += dt;
+      r.times->s[PhaseTimes::Mla] -= dt;
+    }
+  } else {
     be.set_i32(s.n_selected.p, n, -1);
+  }
 
   // 4. absorption: q_abs,h = W_kb,h^T q_nope,h, concatenated with q_pe,h
   be.mla_absorb_queries(L.attn_k_b.mat, L.attn_k_b.slice_bytes, s.q.p, n, H, hp.n_nope, hp.n_rope, s.q_absorbed.p);

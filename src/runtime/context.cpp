@@ -132,6 +132,8 @@ ThreadPool& Context::pool() { return impl_->pool; }
 const Placement& Context::placement() const { return impl_->placement; }
 std::vector<RankTraffic> Context::rank_traffic(bool reset) { return impl_->fwd->traffic(reset); }
 int Context::n_ranks() const { return opts_.collective ? opts_.collective->size() : 1; }
+PhaseTimes Context::phase_times() const { return impl_->fwd->phase_times(); }
+void Context::reset_phase_times() { impl_->fwd->reset_phase_times(); }
 int Context::effective_top_k() const { return impl_->top_k; }
 CacheType Context::cache_type() const { return impl_->cache_f16 ? CacheType::F16 : CacheType::F32; }
 

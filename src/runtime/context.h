@@ -28,6 +28,7 @@
 #include "backend/collective.h"
 #include "backend/placement.h"
 #include "model/model.h"
+#include "model/phase_times.h"
 #include "util/thread_pool.h"
 
 namespace kimi {
@@ -117,6 +118,10 @@ class Context {
   // without ranks). reset: zero the communication counters afterwards.
   std::vector<RankTraffic> rank_traffic(bool reset = false);
   int n_ranks() const;
+  // Wall time per part of the forward pass (KDA, MLA, indexer, MoE, ...) summed over decode()
+  // calls since the last reset (model/phase_times.h); kimi bench prints it.
+  PhaseTimes phase_times() const;
+  void reset_phase_times();
 
   struct Impl;
 

@@ -1,4 +1,4 @@
-// Copies between backends (backend.h).
+// Copies between backends and the default DSA selection (backend.h).
 #include "backend/backend.h"
 
 #include <vector>
@@ -16,6 +16,21 @@ void copy_between(Backend& to, void* dst, Backend& from, const void* src, uint64
   if (staging.size() < bytes) staging.resize(bytes);
   from.download(staging.data(), src, bytes);
   to.upload(dst, staging.data(), bytes);
+}
+
+void Backend::indexer_select(const CacheRows& keys, const BatchEntry* e, int64_t n, const float* q, const float* w,
+                             int64_t n_heads, int64_t k, int32_t* sel, int64_t sel_cap, int32_t* sel_n, float* scores,
+                             float* tmp) {
+  const int64_t qw = n_heads * keys.width;
+  for (int64_t t = 0; t < n; ++t) {
+    const int64_t n_visible = static_cast<int64_t>(e[t].pos) + 1;
+    if (k >= n_visible) {  // everything visible is selected: plain attention, no scoring
+      set_i32(sel_n + t, 1, -1);
+      continue;
+    }
+    indexer_scores(keys, e[t].seq_id, q + t * qw, w + t * n_heads, n_heads, n_visible, scores);
+    indexer_topk(scores, n_visible, k, sel + t * sel_cap, sel_n + t, tmp);
+  }
 }
 
 }  // namespace kimi

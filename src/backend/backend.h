@@ -192,6 +192,14 @@ class Backend {
                               int64_t n_visible, float* scores) = 0;
   // the k best of scores[0..n) (ties: lower index), ascending, into sel; *sel_n = how many
   virtual void indexer_topk(const float* scores, int64_t n, int64_t k, int32_t* sel, int32_t* sel_n, float* tmp) = 0;
+  // The selection of the n queries of a batch (q: [n][n_heads * keys.width], w: [n][n_heads]): a
+  // query that sees more than k positions gets the k best of its scores (indexer_scores, then
+  // indexer_topk) in sel + t * sel_cap and sel_n[t]; the others get sel_n[t] = -1 (every visible
+  // row). scores, tmp: n_ctx floats of scratch. The default runs the two ops query by query; a
+  // backend may score several queries of a sequence together (same result).
+  virtual void indexer_select(const CacheRows& keys, const BatchEntry* e, int64_t n, const float* q, const float* w,
+                              int64_t n_heads, int64_t k, int32_t* sel, int64_t sel_cap, int32_t* sel_n, float* scores,
+                              float* tmp);  // e: host
 
   // ---- KDA ----
   // x[i][t] = SiLU(causal depthwise conv of stream i (q, k, v) with the sequence's rolling state)

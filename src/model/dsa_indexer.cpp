@@ -24,18 +24,11 @@ void dsa_indexer(const PartRun& r, const LayerWeights& L, const CacheRows& keys,
   r.matmul(L.idx_proj.mat, x, n, s.head_w.p);
   be.scale_rows(s.head_w.p, n, HI, 1.0f / std::sqrt(static_cast<float>(HI * DI)));
 
-  // 3. per query: score -> top-k -> selection. The query's own key is read back from the cache
-  // like every other key (f16-rounded in F16 mode), so prefill == decode.
-  for (int64_t t = 0; t < n; ++t) {
-    const int64_t n_visible = static_cast<int64_t>(r.e[t].pos) + 1;
-    if (top_k >= n_visible) {  // everything visible is selected: plain attention, no scoring
-      be.set_i32(sel.n_selected.p + t, 1, -1);
-      continue;
-    }
-    be.indexer_scores(keys, r.e[t].seq_id, s.q.p + t * HI * DI, s.head_w.p + t * HI, HI, n_visible, s.scores.p);
-    be.indexer_topk(s.scores.p, n_visible, top_k, sel.selected.p + t * sel.sel_cap, sel.n_selected.p + t,
-                    s.topk_tmp.p);
-  }
+  // 3. per query: score -> top-k -> selection (queries that see at most top_k positions select
+  // everything). The query's own key is read back from the cache like every other key
+  // (f16-rounded in F16 mode), so prefill == decode.
+  be.indexer_select(keys, r.e, n, s.q.p, s.head_w.p, HI, top_k, sel.selected.p, sel.sel_cap, sel.n_selected.p,
+                    s.scores.p, s.topk_tmp.p);
 }
 
 }  // namespace kimi

@@ -192,6 +192,11 @@ class FakeDevice final : public CpuBackend {
     Op o(this, "indexer_topk", {s, sel, sn, tmp});
     CpuBackend::indexer_topk(s, n, k, sel, sn, tmp);
   }
+  void indexer_select(const CacheRows& k, const BatchEntry* e, int64_t n, const float* q, const float* w, int64_t h,
+                      int64_t top_k, int32_t* sel, int64_t cap, int32_t* sn, float* s, float* tmp) override {
+    Op o(this, "indexer_select", {k.data, q, w, sel, sn, s, tmp});
+    CpuBackend::indexer_select(k, e, n, q, w, h, top_k, sel, cap, sn, s, tmp);
+  }
   void kda_conv_silu(const float* const w[3], int64_t K, int64_t C, const SeqStates& conv, const BatchEntry* e,
                      int64_t n, float* const x[3]) override {
     Op o(this, "kda_conv_silu", {w[0], w[1], w[2], conv.data, x[0], x[1], x[2]});

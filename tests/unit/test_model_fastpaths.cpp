@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <vector>
@@ -14,6 +15,9 @@
 #include "backend/cpu/kda.h"
 #include "backend/cpu/ops.h"
 #include "backend/cpu/topk.h"
+#include "backend/cpu/cpu_backend.h"
+#include "ref/reference.h"
+#include "util/thread_pool.h"
 #include "tensor/types.h"
 
 using namespace kimi;
@@ -177,5 +181,97 @@ TEST(ModelFastPaths, ThresholdTopKFollowsTheTieRule) {
     const int64_t m = kern::topk_indices_threshold(sc.data(), n, k, got.data(), tmp.data());
     ASSERT_EQ(m, kk) << "n " << n << " k " << k;
     for (int64_t i = 0; i < m; ++i) ASSERT_EQ(got[static_cast<size_t>(i)], want[static_cast<size_t>(i)]) << "n " << n << " k " << k << " i " << i;
+  }
+}
+
+// The radix step of topk_indices_threshold on the indexer's sizes (k = 2048 of up to 40000):
+// widely spread scores (many histogram buckets), scores packed into one bucket, signed zeros
+// (-0 == +0 is a tie, the earlier position wins) and NaN; against a full sort.
+TEST(ModelFastPaths, ThresholdTopKAtIndexerSizes) {
+  std::mt19937 r(11);
+  for (int trial = 0; trial < 12; ++trial) {
+    const int64_t n = 2049 + static_cast<int64_t>(r() % 38000), k = 2048;
+    std::vector<float> sc(static_cast<size_t>(n));
+    std::normal_distribution<float> N(0.0f, trial % 3 == 0 ? 1e-3f : 30.0f);
+    for (auto& v : sc) {
+      const uint32_t u = r() % 50;
+      v = u == 0 ? -0.0f : u == 1 ? 0.0f : u == 2 ? std::numeric_limits<float>::quiet_NaN()
+                                                  : (trial % 3 == 1 ? 1.0f + N(r) * 1e-6f : N(r));
+    }
+    std::vector<int64_t> order(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) order[static_cast<size_t>(i)] = i;
+    auto keyf = [&](int64_t i) { return std::isnan(sc[i]) ? -std::numeric_limits<float>::infinity() : sc[i]; };
+    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return keyf(a) > keyf(b); });
+    std::vector<int32_t> want(order.begin(), order.begin() + k);
+    std::sort(want.begin(), want.end());
+    std::vector<int32_t> got(static_cast<size_t>(k), -1);
+    std::vector<float> tmp(static_cast<size_t>(n));
+    ASSERT_EQ(kern::topk_indices_threshold(sc.data(), n, k, got.data(), tmp.data()), k) << "trial " << trial;
+    EXPECT_EQ(got, want) << "trial " << trial << " n " << n;
+  }
+}
+
+// The CPU backend's batched DSA selection (a prefill chunk's queries scored together, key block
+// by key block, top-k in parallel) against the query-by-query default of the Backend interface:
+// the same selections bit for bit, for f16 and f32 keys, two sequences interleaved in one batch,
+// queries below and above top_k visible positions; and against the float64 scores of tests/ref.
+TEST(ModelFastPaths, BatchedIndexerSelectionEqualsQueryByQuery) {
+  const int64_t H = 20, D = 32, nctx = 700, k = 64;  // 20 heads: a partial 16-head group
+  ThreadPool pool(2);
+  for (bool f16 : {true, false}) {
+    CpuBackend be(pool, kern::Precision::Fast);
+    WorkLimits lim;
+    lim.n_tokens = 64, lim.n_ctx = nctx, lim.n_heads = H, lim.row = D;
+    be.reserve(lim);
+    std::mt19937 r(f16 ? 5 : 6);
+    std::normal_distribution<float> N(0.0f, 1.0f);
+    // cache: 2 sequences x nctx keys
+    std::vector<float> kf(static_cast<size_t>(2 * nctx * D));
+    for (auto& x : kf) x = N(r);
+    std::vector<uint8_t> cache(kf.size() * (f16 ? 2 : 4));
+    if (f16)
+      kern::f32_to_f16_row(kf.data(), reinterpret_cast<uint16_t*>(cache.data()), static_cast<int64_t>(kf.size()));
+    else
+      std::memcpy(cache.data(), kf.data(), cache.size());
+    const CacheRows keys{cache.data(), f16, D, nctx};
+    // batch: seq 0 at 600..629 (groups of 16 + 14), seq 1 at 40..69 (up to 63: everything selected),
+    // seq 0 again at 630..639
+    std::vector<BatchEntry> e;
+    for (int i = 0; i < 30; ++i) e.push_back({0, 0, 600 + i, true});
+    for (int i = 0; i < 30; ++i) e.push_back({0, 1, 40 + i, true});
+    for (int i = 0; i < 10; ++i) e.push_back({0, 0, 630 + i, true});
+    const int64_t n = static_cast<int64_t>(e.size());
+    std::vector<float> q(static_cast<size_t>(n * H * D)), w(static_cast<size_t>(n * H));
+    for (auto& x : q) x = N(r);
+    for (auto& x : w) x = N(r);  // negative head weights too
+    std::vector<int32_t> sel_a(static_cast<size_t>(n * k), -7), sel_b = sel_a, sn_a(static_cast<size_t>(n), -9), sn_b = sn_a;
+    std::vector<float> scores(nctx), tmp(nctx);
+    be.indexer_select(keys, e.data(), n, q.data(), w.data(), H, k, sel_a.data(), k, sn_a.data(), scores.data(),
+                      tmp.data());
+    be.Backend::indexer_select(keys, e.data(), n, q.data(), w.data(), H, k, sel_b.data(), k, sn_b.data(),
+                               scores.data(), tmp.data());
+    EXPECT_EQ(sn_a, sn_b);
+    EXPECT_EQ(sel_a, sel_b);
+    // the float64 definition (random scores: no ties) for a few queries
+    for (int64_t t : {int64_t{0}, int64_t{17}, int64_t{35}, int64_t{59}, n - 1}) {
+      const int64_t nv = e[t].pos + 1;
+      if (nv <= k) {
+        EXPECT_EQ(sn_a[t], -1);
+        continue;
+      }
+      std::vector<double> qd(q.begin() + t * H * D, q.begin() + (t + 1) * H * D), wd(w.begin() + t * H, w.begin() + (t + 1) * H);
+      std::vector<double> sc(static_cast<size_t>(nv));
+      for (int64_t s = 0; s < nv; ++s) {
+        std::vector<double> kd(static_cast<size_t>(D));
+        for (int64_t i = 0; i < D; ++i) {
+          const size_t at = static_cast<size_t>((e[t].seq_id * nctx + s) * D + i);
+          kd[i] = f16 ? f16_to_f32(reinterpret_cast<const uint16_t*>(cache.data())[at]) : kf[at];
+        }
+        sc[s] = ref::indexer_score(qd, wd, kd, H, D);
+      }
+      const auto want = ref::select_top_k(sc, k);
+      ASSERT_EQ(sn_a[t], k) << "query " << t;
+      for (int64_t i = 0; i < k; ++i) EXPECT_EQ(sel_a[t * k + i], want[i]) << "query " << t << " rank " << i;
+    }
   }
 }

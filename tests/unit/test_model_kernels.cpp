@@ -13,6 +13,7 @@
 #include "backend/cpu/kda.h"
 #include "backend/cpu/ops.h"
 #include "backend/cpu/topk.h"
+#include "ref/reference.h"
 #include "runtime/sampling.h"
 #include "tensor/types.h"
 
@@ -173,6 +174,89 @@ TEST(ModelKernels, KdaStepMatchesTheDeltaRule) {
       EXPECT_NEAR(o[j], 0.25 * r, 1e-5 * (1 + std::fabs(r))) << "D " << D << " t " << t << " j " << j;
     }
   }
+  }
+  });
+}
+
+// The chunked (WY) form against the float64 recurrence of tests/ref and against the token steps
+// (outputs and the state after every chunk), with the K3 gate range: log decays in (-5, 0), some
+// channels at the -5 bound for all 16 tokens of a chunk (cumulative decay e^-80, the hardest case
+// the chunk form still takes), both gate forms (log decay / decay factor), full and short chunks.
+TEST(ModelKernels, KdaChunkMatchesTheRecurrence) {
+  at_every_isa([&] {
+  for (int D : {8, 32, 128}) {
+  for (bool decayed : {false, true}) {
+    const int T = 45;  // chunks of 16, 16, 13
+    std::mt19937 rng(7u + static_cast<uint32_t>(D));
+    std::uniform_real_distribution<float> U(-1.0f, 1.0f), G(-5.0f, 0.0f), Bt(0.05f, 0.95f);
+    std::vector<float> q(T * D), k(T * D), v(T * D), g(T * D), gin(T * D), beta(T);
+    auto unit = [&](float* x) {
+      double n = 0;
+      for (int i = 0; i < D; ++i) n += double(x[i]) * x[i];
+      for (int i = 0; i < D; ++i) x[i] = static_cast<float>(x[i] / std::sqrt(n));
+    };
+    for (int t = 0; t < T; ++t) {
+      for (int i = 0; i < D; ++i) {
+        q[t * D + i] = U(rng), k[t * D + i] = U(rng), v[t * D + i] = U(rng);
+        g[t * D + i] = i % 7 == 3 ? -5.0f : G(rng);
+      }
+      unit(&q[t * D]), unit(&k[t * D]);
+      beta[t] = Bt(rng);
+    }
+    for (int j = 0; j < T * D; ++j) gin[j] = decayed ? std::exp(g[j]) : g[j];
+    const float scale = 1.0f / std::sqrt(float(D));
+    std::vector<float> S(D * D, 0.0f), St(D * D, 0.0f), o(T * D), ot(T * D), tmp(D);
+    std::vector<float> work(static_cast<size_t>(kern::kda_chunk_work_floats(D)));
+    for (int t0 = 0; t0 < T; t0 += 16) {
+      const int L = std::min(16, T - t0);
+      const int64_t off = int64_t(t0) * D;
+      ASSERT_TRUE(kern::kda_chunk(S.data(), &q[off], &k[off], &v[off], &gin[off], decayed, &beta[t0], D, 1, L, scale,
+                                  &o[off], D, work.data()));
+      for (int t = t0; t < t0 + L; ++t) {
+        const int64_t ot0 = int64_t(t) * D;
+        if (decayed)
+          kern::kda_step_decay(St.data(), &q[ot0], &k[ot0], &v[ot0], &gin[ot0], beta[t], scale, &ot[ot0], D, tmp.data());
+        else
+          kern::kda_step(St.data(), &q[ot0], &k[ot0], &v[ot0], &gin[ot0], beta[t], scale, &ot[ot0], D, tmp.data());
+      }
+      double worst = 0;
+      for (int j = 0; j < D * D; ++j) worst = std::max(worst, std::fabs(double(S[j]) - St[j]) / (1e-3 + std::fabs(St[j])));
+      EXPECT_LT(worst, 2e-5) << "state after the chunk at " << t0 << ", D " << D;
+    }
+    // float64 reference
+    std::vector<std::vector<double>> rq(T), rk(T), rv(T), rg(T);
+    std::vector<double> rb(beta.begin(), beta.end());
+    for (int t = 0; t < T; ++t) {
+      rq[t].assign(&q[t * D], &q[t * D] + D), rk[t].assign(&k[t * D], &k[t * D] + D);
+      rv[t].assign(&v[t * D], &v[t * D] + D), rg[t].assign(&g[t * D], &g[t * D] + D);
+    }
+    const auto ref = ref::kda_recurrence(rq, rk, rv, rg, rb);
+    double worst_chunk = 0, worst_step = 0;
+    for (int t = 0; t < T; ++t)
+      for (int j = 0; j < D; ++j) {
+        worst_chunk = std::max(worst_chunk, std::fabs(o[t * D + j] - ref[t][j]));
+        worst_step = std::max(worst_step, std::fabs(ot[t * D + j] - ref[t][j]));
+      }
+    // same order of error as the token steps (f32 rounding), far below the outputs (~0.1)
+    EXPECT_LT(worst_chunk, 2e-6) << "D " << D << " decayed " << decayed << " (token steps: " << worst_step << ")";
+  }
+  }
+  });
+}
+
+// A channel that decays below the chunk form's range (e^-6 per token: e^-96 over 16 tokens)
+// returns false and leaves the state and the outputs untouched; so does a NaN decay.
+TEST(ModelKernels, KdaChunkDeclinesDecayOutOfRange) {
+  at_every_isa([&] {
+  const int D = 32, L = 16;
+  for (float gbad : {-6.0f, NAN}) {
+    std::vector<float> q(L * D, 0.1f), k(L * D, 0.1f), v(L * D, 0.5f), g(L * D, -0.1f), beta(L, 0.5f);
+    for (int t = 0; t < L; ++t) g[t * D + 5] = gbad;
+    std::vector<float> S(D * D, 0.25f), o(L * D, 7.0f), work(static_cast<size_t>(kern::kda_chunk_work_floats(D)));
+    EXPECT_FALSE(kern::kda_chunk(S.data(), q.data(), k.data(), v.data(), g.data(), false, beta.data(), D, 1, L, 0.5f,
+                                 o.data(), D, work.data()));
+    EXPECT_TRUE(std::all_of(S.begin(), S.end(), [](float x) { return x == 0.25f; }));
+    EXPECT_TRUE(std::all_of(o.begin(), o.end(), [](float x) { return x == 7.0f; }));
   }
   });
 }

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <new>
 
@@ -39,7 +40,12 @@ kern::MatView slice_of(const kern::MatView& w, uint64_t slice_bytes, int64_t i) 
 
 }  // namespace
 
-CpuBackend::CpuBackend(ThreadPool& pool, kern::Precision prec) : pool_(pool), prec_(prec), n_threads_(pool.size()) {}
+CpuBackend::CpuBackend(ThreadPool& pool, kern::Precision prec) : pool_(pool), prec_(prec), n_threads_(pool.size()) {
+  // The chunked KDA scan (kern::kda_chunk) is opt-in: KIMI_KDA_SCAN=chunk. It equals the token
+  // steps only up to f32 rounding, so a prompt's logits would depend on how it is split into
+  // batches, and on this CPU the recurrence is ~2 % of a prefill (docs/performance.md, section 3).
+  if (const char* f = std::getenv("KIMI_KDA_SCAN")) chunked_kda_ = std::strcmp(f, "chunk") == 0;
+}
 
 std::unique_ptr<Buffer> CpuBackend::alloc(uint64_t bytes, const char*) { return std::make_unique<HostBuffer>(this, bytes); }
 const uint8_t* CpuBackend::place_weight(const std::string&, const uint8_t* host, uint64_t) { return host; }
@@ -66,6 +72,10 @@ void CpuBackend::reserve(const WorkLimits& lim) {
   th_row_.assign(static_cast<size_t>(T * th_row_stride_), 0.0f);
   th_scores_.assign(lim.dense_attn ? static_cast<size_t>(T * th_scores_stride_) : 0, 0.0f);
   th_sel_.assign(lim.dense_attn ? static_cast<size_t>(T * lim.n_ctx) : 0, 0);
+  idx_scores_.assign(N > 1 ? static_cast<size_t>(kIdxGroup * lim.n_ctx) : 0, 0.0f);
+  th_idx_tmp_.assign(N > 1 ? static_cast<size_t>(T * lim.n_ctx) : 0, 0.0f);
+  th_kda_stride_ = N > 1 ? kern::kda_chunk_work_floats(lim.row) : 0;  // the chunked KDA scan (prefill)
+  th_kda_.assign(static_cast<size_t>(T * th_kda_stride_), 0.0f);
   const int64_t E = lim.n_expert, k = lim.n_expert_used, F = lim.expert_ff, Lw = lim.expert_width;
   ex_in_.assign(static_cast<size_t>(N * Lw), 0.0f);
   ex_gate_.assign(static_cast<size_t>(N * F), 0.0f);
@@ -81,7 +91,7 @@ void CpuBackend::reserve(const WorkLimits& lim) {
 
 uint64_t CpuBackend::scratch_bytes() const {
   uint64_t b = 0;
-  for (auto* v : {&th_head_in_, &th_head_out_, &th_row_, &th_scores_, &ex_in_, &ex_gate_, &ex_up_, &ex_out_, &ex_wt_})
+  for (auto* v : {&th_head_in_, &th_head_out_, &th_row_, &th_scores_, &th_kda_, &idx_scores_, &th_idx_tmp_, &ex_in_, &ex_gate_, &ex_up_, &ex_out_, &ex_wt_})
     b += v->size() * 4;
   return b + th_sel_.size() + (ex_count_.size() + ex_active_.size() + ex_off_.size() + ex_tok_.size()) * 4;
 }
@@ -290,6 +300,51 @@ void CpuBackend::indexer_topk(const float* scores, int64_t n, int64_t k, int32_t
   *sel_n = static_cast<int32_t>(kern::topk_indices_threshold(scores, n, k, sel, tmp));
 }
 
+// A prefill chunk: up to kIdxGroup consecutive queries of one sequence are scored together, key
+// block by key block (a block of 64 keys stays in L1 while every query of the group scores it, so
+// each key is read from the cache once per group instead of once per query); then their top-k
+// selections run in parallel. Each score is the same kern::indexer_scores arithmetic on the same
+// key as in indexer_scores, so the selection is bit-identical to the query-by-query default.
+void CpuBackend::indexer_select(const CacheRows& keys, const BatchEntry* e, int64_t n, const float* q, const float* w,
+                                int64_t HI, int64_t k, int32_t* sel, int64_t sel_cap, int32_t* sel_n, float* scores,
+                                float* tmp) {
+  if (n == 1 || idx_scores_.empty()) return Backend::indexer_select(keys, e, n, q, w, HI, k, sel, sel_cap, sel_n, scores, tmp);
+  const int64_t DI = keys.width, qw = HI * DI, nctx = lim_.n_ctx;
+  const size_t row_bytes = static_cast<size_t>(DI) * keys.elt();
+  auto nvis = [&](int64_t t) { return static_cast<int64_t>(e[t].pos) + 1; };
+  for (int64_t t = 0; t < n;) {
+    if (nvis(t) <= k) {
+      sel_n[t++] = -1;
+      continue;
+    }
+    int64_t m = 1, nmax = nvis(t);
+    while (t + m < n && m < kIdxGroup && e[t + m].seq_id == e[t].seq_id && nvis(t + m) > k) {
+      nmax = std::max(nmax, nvis(t + m));
+      ++m;
+    }
+    const uint8_t* k0 = keys.row(e[t].seq_id, 0);
+    constexpr int64_t kItem = 512, kBlk = 64;  // keys per work item / per L1 block
+    par((nmax + kItem - 1) / kItem, kItem * m * HI * DI * 2, [&](int64_t item, int) {
+      const int64_t i1 = std::min(nmax, (item + 1) * kItem);
+      for (int64_t s0 = item * kItem; s0 < i1; s0 += kBlk) {
+        const int64_t s1 = std::min(i1, s0 + kBlk);
+        for (int64_t j = 0; j < m; ++j) {
+          const int64_t nv = nvis(t + j);
+          if (nv <= s0) continue;
+          kern::indexer_scores(q + (t + j) * qw, w + (t + j) * HI, HI, k0 + static_cast<size_t>(s0) * row_bytes,
+                               keys.f16, DI, std::min(s1, nv) - s0, idx_scores_.data() + j * nctx + s0);
+        }
+      }
+    });
+    par(m, nmax * 8, [&](int64_t j, int th) {
+      sel_n[t + j] = static_cast<int32_t>(kern::topk_indices_threshold(idx_scores_.data() + j * nctx, nvis(t + j), k,
+                                                                        sel + (t + j) * sel_cap,
+                                                                        th_idx_tmp_.data() + th * nctx));
+    });
+    t += m;
+  }
+}
+
 // ---- KDA ----
 
 void CpuBackend::kda_conv_silu(const float* const w[3], int64_t K, int64_t C, const SeqStates& conv,
@@ -348,16 +403,32 @@ void CpuBackend::kda_scan(const SeqStates& rec, const BatchEntry* e, int64_t n, 
                           const float* k, const float* v, const float* g, const float* beta, float scale, float* o) {
   const int64_t C = H * D;
   const bool f = fast();
-  // heads in parallel, tokens in batch order
+  // Heads in parallel, tokens in batch order. A run of consecutive entries of one sequence (a
+  // prefill chunk) goes through the chunked form, 16 tokens at a time (kern::kda_chunk); a
+  // decode token, a short tail and a chunk whose decay leaves the chunk form's range step token
+  // by token.
+  const bool chunks = chunked_kda_ && !th_kda_.empty() && D <= th_row_stride_;
   par(H, n * D * D * 4, [&](int64_t h, int th) {
     float* tmp = th_row_.data() + th * th_row_stride_;  // D floats
-    for (int64_t t = 0; t < n; ++t) {
+    float* work = chunks ? th_kda_.data() + th * th_kda_stride_ : nullptr;
+    for (int64_t t = 0; t < n;) {
       float* Sm = rec.of(e[t].seq_id) + h * D * D;
+      int64_t m = 1;  // tokens of this chunk: same sequence, consecutive entries
+      if (chunks)
+        while (t + m < n && m < kern::kKdaChunk && e[t + m].seq_id == e[t].seq_id) ++m;
       const int64_t off = t * C + h * D;
-      if (f)
-        kern::kda_step_decay(Sm, q + off, k + off, v + off, g + off, beta[t * H + h], scale, o + off, D, tmp);
-      else
-        kern::kda_step(Sm, q + off, k + off, v + off, g + off, beta[t * H + h], scale, o + off, D, tmp);
+      if (m >= kMinKdaChunk &&
+          kern::kda_chunk(Sm, q + off, k + off, v + off, g + off, f, beta + t * H + h, C, H, m, scale, o + off, D, work)) {
+        t += m;
+        continue;
+      }
+      for (const int64_t t1 = t + m; t < t1; ++t) {
+        const int64_t ot = t * C + h * D;
+        if (f)
+          kern::kda_step_decay(Sm, q + ot, k + ot, v + ot, g + ot, beta[t * H + h], scale, o + ot, D, tmp);
+        else
+          kern::kda_step(Sm, q + ot, k + ot, v + ot, g + ot, beta[t * H + h], scale, o + ot, D, tmp);
+      }
     }
   });
 }

@@ -57,6 +57,9 @@ class CpuBackend : public Backend {
   void indexer_scores(const CacheRows& keys, int32_t seq, const float* q, const float* w, int64_t n_heads,
                       int64_t n_visible, float* scores) override;
   void indexer_topk(const float* scores, int64_t n, int64_t k, int32_t* sel, int32_t* sel_n, float* tmp) override;
+  void indexer_select(const CacheRows& keys, const BatchEntry* e, int64_t n, const float* q, const float* w,
+                      int64_t n_heads, int64_t k, int32_t* sel, int64_t sel_cap, int32_t* sel_n, float* scores,
+                      float* tmp) override;
   void kda_conv_silu(const float* const w[3], int64_t K, int64_t C, const SeqStates& conv, const BatchEntry* e,
                      int64_t n, float* const x[3]) override;
   void kda_gate(float* g, const float* dt_bias, const float* a, int64_t n, int64_t H, int64_t D,
@@ -96,6 +99,14 @@ class CpuBackend : public Backend {
   std::vector<float> th_scores_;                 // dense attention scores (heads_per_item * n_ctx)
   std::vector<uint8_t> th_sel_;                  // dense attention row mask (n_ctx)
   int64_t th_head_stride_ = 0, th_row_stride_ = 0, th_scores_stride_ = 0;
+  // batched DSA selection (prefill): scores of kIdxGroup queries, top-k scratch per thread
+  static constexpr int64_t kIdxGroup = 16;
+  std::vector<float> idx_scores_, th_idx_tmp_;
+  std::vector<float> th_kda_;  // chunked KDA scan scratch (kern::kda_chunk_work_floats)
+  int64_t th_kda_stride_ = 0;
+  // chunked KDA scan on prefill runs of at least kMinKdaChunk tokens (opt-in, see the constructor)
+  bool chunked_kda_ = false;
+  static constexpr int64_t kMinKdaChunk = 8;
   int heads_per_item_ = 1;                       // MLA heads one attention work item handles
   // routed-expert grouping and gathers
   std::vector<float> ex_in_, ex_gate_, ex_up_, ex_out_;  // [slots][width or ff]

@@ -32,6 +32,9 @@ void attn_accumulate(float* z, int64_t nh, int64_t r, const float* const* rows, 
 // g_is_decay: g holds exp(g) already
 void kda_step(float* S, const float* q, const float* k, const float* v, const float* g, bool g_is_decay, float beta,
               float scale, float* o, int64_t D, float* p);
+// the chunked form (kda.h kda_chunk; D % 16 == 0, L <= 16)
+bool kda_chunk(float* S, const float* q, const float* k, const float* v, const float* g, bool g_is_decay,
+               const float* beta, int64_t ld, int64_t ldb, int64_t L, float scale, float* o, int64_t D, float* work);
 }  // namespace kimi::kern::avx512
 
 namespace kimi::kern::neon {  // ops_neon.cpp (same contracts)
@@ -82,6 +85,10 @@ struct SimdOps {
                           int64_t p_stride);
   void (*kda_step)(float* S, const float* q, const float* k, const float* v, const float* g, bool g_is_decay,
                    float beta, float scale, float* o, int64_t D, float* p);
+  // null where the level has none (the portable chunk runs)
+  bool (*kda_chunk)(float* S, const float* q, const float* k, const float* v, const float* g, bool g_is_decay,
+                    const float* beta, int64_t ld, int64_t ldb, int64_t L, float scale, float* o, int64_t D,
+                    float* work);
 };
 // The table of the level family f runs at now (family_isa), null for the portable code
 // (ops_simd_tables.cpp).

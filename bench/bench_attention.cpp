@@ -2,9 +2,11 @@
 //   BM_KdaTokens / BM_KdaChunks: the KDA recurrence over 512 tokens of one head (D = 128), token
 //     steps vs the chunked form (items = tokens);
 //   BM_IndexerScores: one query's DSA indexer scores (32 heads x 128) over n f16 keys (items = keys);
-//   BM_TopK: the indexer's top-2048 threshold selection over n scores (items = scores).
+//   BM_TopK: the indexer's top-2048 threshold selection over n scores (items = scores);
+//   BM_TopKNthElement: its former core, nth_element over a copy of the n scores.
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <random>
@@ -92,6 +94,22 @@ void BM_TopK(benchmark::State& st) {
   st.SetItemsProcessed(st.iterations() * n);
 }
 BENCHMARK(BM_TopK)->Arg(32768)->Arg(131072);
+
+// what the threshold selection did before the radix step: nth_element over a copy of all scores
+void BM_TopKNthElement(benchmark::State& st) {
+  const int64_t n = st.range(0);
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<float> U(-1.0f, 1.0f);
+  std::vector<float> s(static_cast<size_t>(n)), tmp(static_cast<size_t>(n));
+  for (auto& x : s) x = U(rng);
+  for (auto _ : st) {
+    std::copy(s.begin(), s.end(), tmp.begin());
+    std::nth_element(tmp.begin(), tmp.begin() + 2047, tmp.end(), [](float a, float b) { return a > b; });
+    benchmark::DoNotOptimize(tmp[2047]);
+  }
+  st.SetItemsProcessed(st.iterations() * n);
+}
+BENCHMARK(BM_TopKNthElement)->Arg(32768)->Arg(131072);
 
 }  // namespace
 

@@ -4,11 +4,11 @@
 // `build/kimi`, `mpirun ... kimi`, after VAR=value prefixes). They run in document order with bash,
 // in one scratch directory per file that holds what the docs assume: `data/`, `tools/`, `README.md`
 // and `docs/` (links to the source tree), and the demo's model `models/small.gguf` (also as
-// `small.gguf`; README.md's examples make `models/small-hf` and convert it again themselves). The
-// stand-in: that is the *tiny* preset made the same way as the demo makes the small one
-// (`kimi synth --preset tiny --seed 7`, `kimi convert`), not the 1.35 GiB small preset, so that the
-// whole set runs in a few minutes on two cores; for the same reason `--preset small` in an example
-// becomes `--preset tiny` (kSubstitutions).
+// `small.gguf`; README.md's examples make `models/small-hf` and convert it again themselves) and
+// `models/small-k3.gguf` (the same with `--no-indexer`, plain K3). The stand-in: those are the
+// *tiny* preset made the same way as the demo makes the small one (`kimi synth --preset tiny --seed 7`,
+// `kimi convert`), not the 1.35 GiB small preset, so that the whole set runs in a few minutes on two
+// cores; for the same reason `--preset small` in an example becomes `--preset tiny` (kSubstitutions).
 // In the blocks that hold an example, these other lines run too, in order: `VAR=value`, `echo ... >`,
 // `cmp`, and `curl` (against the `kimi serve` started by an earlier line of the block: its port
 // becomes a free one; curl's answer must be JSON without an "error"). Other lines (builds, system
@@ -176,6 +176,8 @@ struct Workdir {
     // models/small-hf (synth) and then models/small.gguf again (convert)
     fs::copy_file(kimi::test::tiny_gguf(7), w / "models" / "small.gguf");
     fs::create_symlink("models/small.gguf", w / "small.gguf");
+    // the plain-K3 variant (no DSA indexer) the performance docs compare with llama.cpp on
+    fs::copy_file(kimi::test::tiny_gguf(7, "--no-indexer"), w / "models" / "small-k3.gguf");
     kimi::test::write_file(dir.file("stdin.txt"), "Hello\n");
   }
 };

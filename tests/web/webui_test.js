@@ -169,7 +169,9 @@ async function main() {
   check(shown.answer === refAnswer, `answer shown ${JSON.stringify(shown.answer)} != ${JSON.stringify(refAnswer)}`);
   check(shown.reasoningShown === (refReasoning.length > 0), "reasoning block visible iff there is reasoning");
   check(shown.status === `done (${ref.choices[0].finish_reason})`, `status ${shown.status}`);
-  check(shown.updates > 3, `the text was not updated while streaming (${shown.updates} DOM updates)`);
+  // streamed = shown in more than one piece; how many depends on the load (the server sends what
+  // accumulated since its last write as one event: a 48-token reply came as 4 to 33 pieces)
+  check(shown.updates >= 2, `the text was not updated while streaming (${shown.updates} DOM updates)`);
   console.log(`turn 1: ${ref.usage ? ref.usage.completion_tokens : "?"} tokens, ${shown.updates} DOM updates, ` +
               `reasoning ${refReasoning.length} chars, answer ${refAnswer.length} chars: equal to the non-streamed reply`);
 

@@ -9,6 +9,7 @@
 #include <random>
 #include <sys/resource.h>
 
+#include "bench_ceiling.h"
 #include "command.h"
 #include "dist_report.h"
 #include "engine_args.h"
@@ -38,7 +39,7 @@ int cmd_bench(int argc, char** argv) {
   kimi::app::EngineArgs ea;
   kimi::app::add_engine_options(app, ea);
   int n_prompt = 512, n_gen = 128, depth = 0, reps = 3;
-  bool json = false;
+  bool json = false, no_ceiling = false;
   std::string fill = "prefill";
   uint64_t seed = 1;
   app.add_option("-p,--n-prompt", n_prompt, "prompt tokens (0 = skip pp)")->check(CLI::Range(0, 1 << 24));
@@ -51,6 +52,9 @@ int cmd_bench(int argc, char** argv) {
                  "(random cache rows, no forward pass: times decode at a depth without the prefill cost)")
       ->check(CLI::IsMember({"prefill", "synthetic"}));
   app.add_option("--seed", seed, "seed of the random tokens");
+  app.add_flag("--no-ceiling", no_ceiling,
+               "skip measuring the machine's read bandwidth and compute peak after the runs (~0.5 s; the "
+               "report gives decode as % of the read ceiling and prefill as % of the compute peak)");
   app.add_flag("--json", json, "print JSON instead of a table (= -o json)");
   std::string output = "md";
   app.add_option("-o,--output", output, "output format (llama-bench's): md (table), json, jsonl (one line)")
@@ -149,11 +153,24 @@ int cmd_bench(int argc, char** argv) {
   const double vis = depth + 0.5 * n_gen;  // mean visible positions during tg
   const double rows = topk > 0 && ea.attn == "sparse" ? std::min<double>(vis, topk) : vis;
   const double cbytes = hp.n_mla_layers() * es * (rows * hp.mla_row() + (topk > 0 ? vis * hp.idx_dim : 0.0));
+  const double best_tg = tg.empty() ? 0.0 : *std::max_element(tg.begin(), tg.end());
+  const double best_pp = pp.empty() ? 0.0 : *std::max_element(pp.begin(), pp.end());
+  // the ceilings, measured now on the model's threads (backend/cpu/ceiling.h; CPU runs only)
+  kimi::app::CeilingReport ceiling;
+  const bool with_ceiling = !no_ceiling && accels.empty();
+  if (with_ceiling) {
+    ceiling.c = kimi::kern::measure_ceiling(ctx.pool());
+    ceiling.tg_bytes_per_token = wbytes + cbytes;
+    ceiling.tg_best = best_tg;
+    ceiling.tg_mean = sg.mean;
+    ceiling.pp_best = best_pp;
+    ceiling.pp_mean = sp.mean;
+    ceiling.n_prompt = n_prompt;
+    ceiling.work = kimi::app::prefill_work(*model, n_prompt, ea.precision == "f32" ? kimi::Precision::F32 : kimi::Precision::Fast);
+  }
   rusage ru{};
   getrusage(RUSAGE_SELF, &ru);
   const double rss_mib = double(ru.ru_maxrss) / 1024.0;  // ru_maxrss is KiB on Linux
-  const double best_tg = tg.empty() ? 0.0 : *std::max_element(tg.begin(), tg.end());
-  const double best_pp = pp.empty() ? 0.0 : *std::max_element(pp.begin(), pp.end());
   if (output != "md") {
     nlohmann::ordered_json j;
     j["model"] = ea.model;
@@ -187,6 +204,7 @@ int cmd_bench(int argc, char** argv) {
     if (n_prompt > 0) j["pp_phase_ms_per_token"] = phases_json(pp_phase, double(n_prompt) * reps);
     if (n_gen > 0) j["tg_phase_ms_per_token"] = phases_json(tg_phase, double(n_gen) * reps);
     rank_traffic.to_json(j, double(n_gen) * reps);
+    if (with_ceiling) ceiling.to_json(j);
     std::printf("%s\n", j.dump(output == "json" ? 2 : -1).c_str());
     return 0;
   }
@@ -229,6 +247,7 @@ int cmd_bench(int argc, char** argv) {
     std::printf("device %s: %.1f MiB held (weights %.1f MiB), %llu submits\n", be->name(), s.device_bytes / 1048576.0,
                 s.weight_bytes / 1048576.0, static_cast<unsigned long long>(s.submits));
   }
+  if (with_ceiling) ceiling.print(stdout);
   if (!accels.empty())
     std::printf("host<->device traffic: %.1f KiB per prompt token, %.1f KiB per generated token\n",
                 n_prompt > 0 ? pp_moved / 1024.0 / (double(n_prompt) * reps) : 0.0,

@@ -1,6 +1,7 @@
 // Shared engine / placement / sampling options of the engine commands (engine_args.h).
 #include "engine_args.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -11,6 +12,8 @@
 #endif
 #include "util/cli.h"
 #include "util/error.h"
+#include "util/numa.h"
+#include "util/thread_pool.h"
 
 namespace kimi::app {
 
@@ -167,6 +170,33 @@ void add_engine_options(CLI::App& app, EngineArgs& a, const EngineSpec& spec) {
   app.add_option("--flash-attn", a.flash_attn, "-fa on|off|auto: accepted for llama.cpp scripts; no effect (attention is always fused)")
       ->check(CLI::IsMember({"on", "off", "auto"}));
   app.add_flag("-v,--verbose", a.verbose, spec.verbose_help);
+  app.add_option("--numa", a.numa,
+                 "NUMA placement: distribute (threads spread over the nodes, memory interleaved), isolate "
+                 "(threads and memory on the starting node), numactl (the CPUs numactl gave); needs libnuma")
+      ->check(CLI::IsMember({"distribute", "isolate", "numactl"}));
+  app.add_option("--cpu-affinity", a.cpu_affinity,
+                 "pin the threads to these CPUs, in order (e.g. 0-15,32-47; thread i on the i-th, repeating); "
+                 "with --numa it replaces the CPUs --numa picks")
+      ->type_name("LIST");
+  // after parsing (before any command loads the model): the memory policy and each thread's CPU
+  app.parse_complete_callback([&a] {
+    try {
+      if (!a.cpu_affinity.empty()) {
+        a.cpus = numa::parse_cpu_list(a.cpu_affinity, "--cpu-affinity");
+        const std::vector<int> ok = allowed_cpus();
+        for (int c : a.cpus)
+          if (!ok.empty() && std::find(ok.begin(), ok.end(), c) == ok.end())
+            fail("--cpu-affinity: CPU {} is not one this process may run on ({} CPUs allowed)", c, ok.size());
+      }
+      if (!a.numa.empty()) {
+        std::vector<int> cpus = numa::setup(*numa::mode_from_name(a.numa), a.threads);
+        if (a.cpus.empty()) a.cpus = std::move(cpus);
+      }
+    } catch (const Error& e) {
+      throw CLI::ValidationError(e.what());
+    }
+    if (a.threads == 0 && !a.cpus.empty()) a.threads = static_cast<int>(a.cpus.size());
+  });
 
   app.add_option("--device", a.device,
                  "backends to run on, comma-separated: cpu, vulkan or vulkan:N (the default placement puts "
@@ -232,6 +262,7 @@ PlacementRules placement_rules(const EngineArgs& a) {
 ContextOptions context_options(const EngineArgs& a, int n_ctx, int n_batch) {
   ContextOptions o;
   o.n_threads = a.threads;
+  o.cpus = a.cpus;
   o.n_seq_max = 1;
   o.n_ctx_max = a.ctx > 0 ? a.ctx : n_ctx;
   o.n_batch_max = n_batch;
@@ -256,6 +287,9 @@ SplitMode split_mode(const EngineArgs& a) { return a.split_mode == "layer" ? Spl
 void print_engine_summary(const EngineArgs& a, const Context& ctx) {
   if (!a.verbose) return;
   std::fprintf(stderr, "%s%s", ctx.memory_summary().c_str(), ctx.placement().summary().c_str());
+  if (!a.cpus.empty() || !a.numa.empty())
+    std::fprintf(stderr, "%s\n",
+                 numa::describe(a.numa.empty() ? numa::Mode::None : *numa::mode_from_name(a.numa), a.cpus).c_str());
 }
 
 std::vector<int32_t> parse_token_list(const std::string& s) {

@@ -43,6 +43,12 @@ struct EngineArgs {
   int n_cpu_moe = 0;                           // --n-cpu-moe
   std::vector<std::string> override_tensor;    // -ot REGEX=DEV (each may hold several, ',')
   std::string split_mode = "tensor";           // --split-mode tensor|layer (under mpirun)
+  // threads and memory (util/numa.h): --numa distribute|isolate|numactl, --cpu-affinity LIST.
+  // Resolved once parsing is complete: the memory policy is applied then (before the model is
+  // mapped), `cpus` gets the CPU of each pool thread, and threads (when 0) the number of them.
+  std::string numa;
+  std::string cpu_affinity;
+  std::vector<int> cpus;
 };
 
 // What differs between the commands that take EngineArgs.

@@ -4,6 +4,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PKGS=(build-essential cmake ninja-build ccache pkg-config git
       nlohmann-json3-dev libfmt-dev libcli11-dev libpcre2-dev libcpp-httplib-dev
+      libnuma-dev  # --numa distribute|isolate|numactl (optional at build time: src/util/numa.cpp)
       libgtest-dev libgmock-dev googletest time
       libedit-dev  # line editing + history in `kimi chat` (optional: found by CMake, native Linux only)
       libopenmpi-dev openmpi-bin  # MPI: the -DKIMI_MPI=ON build (docs/distributed.md)

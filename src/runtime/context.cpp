@@ -56,7 +56,7 @@ struct Context::Impl {
 };
 
 Context::Impl::Impl(const Model& m, const ContextOptions& o)
-    : model(m), hp(m.hparams()), opts(o), pool(resolve_threads(o.n_threads)) {
+    : model(m), hp(m.hparams()), opts(o), pool(resolve_threads(o.n_threads), o.cpus) {
   check(opts.n_seq_max >= 1, "context: n_seq_max must be >= 1 (got {})", opts.n_seq_max);
   check(opts.n_ctx_max >= 1, "context: n_ctx_max must be >= 1 (got {})", opts.n_ctx_max);
   check(opts.n_batch_max >= 1, "context: n_batch_max must be >= 1 (got {})", opts.n_batch_max);

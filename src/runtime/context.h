@@ -35,6 +35,7 @@ namespace kimi {
 
 struct ContextOptions {
   int n_threads = 0;      // 0 = all hardware threads
+  std::vector<int> cpus;  // the CPU each pool thread is pinned to (thread i: cpus[i % size]); empty = not pinned
   int n_seq_max = 1;      // sequence ids 0..n_seq_max-1
   int n_ctx_max = 4096;   // positions per sequence (cache rows)
   int n_batch_max = 512;  // tokens per internal micro-batch (work buffers are sized for it;

@@ -264,6 +264,9 @@ const std::vector<BadCase> kBad = {
     {"run -m {G} -p hi -n 2 -ngl -2", "--n-gpu-layers"},
     {"serve -m {G} --port 0 --n-gpu-layers x", "--n-gpu-layers"},
     {"bench -m {G} -p 4 -n 2 -r 1 --n-cpu-moe -1", "--n-cpu-moe"},
+    {"bench -m {G} -p 4 -n 2 -r 1 --cpu-affinity 3-1", "--cpu-affinity: '3-1' is not a CPU list"},
+    {"run -m {G} -p hi -n 2 --cpu-affinity 60000", "--cpu-affinity: CPU 60000 is not one this process may run on"},
+    {"bench -m {G} -p 4 -n 2 -r 1 --numa mirror", "--numa"},
     {"run -m {G} -p hi -n 2 -ot exps", "--override-tensor: -ot: 'exps' is not REGEX=DEVICE"},
     {"eval -m {G} --tokens 1 --logits-out {O}/l.f32 -ot '(=cpu'", "not a valid regular expression"},
     {"perplexity -m {G} -f {X} --override-tensor 'exps=cpu,=cpu'", "'=cpu' is not REGEX=DEVICE"},
@@ -328,7 +331,8 @@ TEST(AppCli, HelpListsEverySubcommand) {
 TEST(AppCli, EngineCommandsShareTheEngineFlags) {
   const std::vector<std::string> engine = {"-m,--model", "-t,--threads", "--attn ", "--attn-top-k", "--precision",
                                            "--cache-type", "-c,--ctx", "-v,--verbose", "--device", "--n-gpu-layers",
-                                           "--cpu-moe", "--n-cpu-moe", "--override-tensor"};
+                                           "--cpu-moe", "--n-cpu-moe", "--override-tensor", "--numa",
+                                           "--cpu-affinity"};
   const std::vector<std::string> sampling = {"--temp", "--top-k", "--top-p", "--min-p", "--repeat-penalty",
                                              "--repeat-last-n", "--seed"};
   for (const char* cmd : {"run", "chat", "serve", "bench", "perplexity", "eval"}) {

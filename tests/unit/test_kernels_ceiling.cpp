@@ -1,0 +1,114 @@
+// The run-time ceiling (backend/cpu/ceiling.h): every level's read loop sums every byte of its
+// buffer with any stream count and load kind (checked against a plain sum), every peak loop does
+// exactly the multiply-adds it claims (unit inputs: the accumulators add up to products x steps),
+// the matmul kernels' activation arithmetic, and the drivers' bookkeeping. No timing is asserted.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <new>
+#include <random>
+#include <vector>
+
+#include "backend/cpu/ceiling.h"
+#include "backend/cpu/dispatch.h"
+
+using namespace kimi;
+using namespace kimi::kern;
+
+namespace {
+
+struct IsaRestore {
+  Isa saved = current_isa();
+  ~IsaRestore() { set_isa(saved); }
+};
+
+TEST(Ceiling, EveryLevelOfThisCpuHasLoops) {
+  for (Isa isa : supported_isas()) {
+    CeilingLoops l;
+    EXPECT_TRUE(ceiling_loops(isa, &l)) << isa_name(isa);
+    EXPECT_NE(l.read, nullptr);
+    EXPECT_NE(l.peak, nullptr);
+    for (int t = 0; t < kActTypes; ++t) {
+      EXPECT_GT(l.products_per_iter[t], 0);
+      EXPECT_NE(l.instr[t], nullptr);
+    }
+  }
+}
+
+TEST(Ceiling, ReadLoopsSumEveryWord) {
+  constexpr size_t kBytes = 256 * 8 * 3 * 5;  // divisible by 256 x streams for 1..8 streams and 3
+  auto* p = static_cast<uint64_t*>(::operator new(kBytes, std::align_val_t(64)));
+  std::mt19937_64 rng(7);
+  uint64_t want_all = 0;
+  for (size_t i = 0; i < kBytes / 8; ++i) want_all += (p[i] = rng());
+  for (Isa isa : supported_isas()) {
+    CeilingLoops l;
+    ASSERT_TRUE(ceiling_loops(isa, &l));
+    for (int streams : {1, 2, 3, 4, 8})
+      for (bool nt : {false, true}) {
+        // a sub-range too: the loop must honour bytes, not read past it
+        EXPECT_EQ(l.read(reinterpret_cast<const uint8_t*>(p), kBytes, streams, nt), want_all)
+            << isa_name(isa) << " streams " << streams << " nt " << nt;
+        const size_t part = 256 * 8 * 3;
+        uint64_t want = 0;
+        for (size_t i = 0; i < part / 8; ++i) want += p[i];
+        EXPECT_EQ(l.read(reinterpret_cast<const uint8_t*>(p), part, streams, nt), want) << isa_name(isa);
+      }
+  }
+  ::operator delete(p, std::align_val_t(64));
+}
+
+TEST(Ceiling, PeakLoopsDoTheProductsTheyCount) {
+  for (Isa isa : supported_isas()) {
+    CeilingLoops l;
+    ASSERT_TRUE(ceiling_loops(isa, &l));
+    for (int t = 0; t < kActTypes; ++t)
+      for (int64_t iters : {1, 37, 1000}) {
+        // unit inputs: every product is 1, every accumulator lane counts them (exact below 2^24)
+        EXPECT_EQ(l.peak(static_cast<ActType>(t), iters, 1), double(l.products_per_iter[t]) * double(iters))
+            << isa_name(isa) << " " << act_type_name(static_cast<ActType>(t)) << " iters " << iters;
+        EXPECT_EQ(l.peak(static_cast<ActType>(t), iters, 0), 0.0);
+      }
+  }
+}
+
+TEST(Ceiling, MatmulActivationArithmetic) {
+  EXPECT_EQ(matmul_act_type(GgmlType::F32, Precision::Fast), ActType::F32);
+  EXPECT_EQ(matmul_act_type(GgmlType::F16, Precision::Fast), ActType::F32);
+  EXPECT_EQ(matmul_act_type(GgmlType::BF16, Precision::Fast), ActType::Bf16);
+  EXPECT_EQ(matmul_act_type(GgmlType::BF16, Precision::F32), ActType::F32);
+  for (GgmlType q : {GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::MXFP4, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K}) {
+    EXPECT_EQ(matmul_act_type(q, Precision::Fast), ActType::Int8) << type_name(q);
+    EXPECT_EQ(matmul_act_type(q, Precision::F32), ActType::F32) << type_name(q);
+  }
+  EXPECT_STREQ(act_type_name(ActType::Int8), "int8");
+}
+
+TEST(Ceiling, DriversReportWhatTheyMeasured) {
+  IsaRestore restore;
+  for (Isa isa : supported_isas()) {
+    set_isa(isa);
+    ThreadPool pool(2);
+    CeilingOptions o;
+    o.buffer_bytes = size_t{8} << 20;
+    o.read_seconds = 0;  // one round of every configuration
+    o.compute_seconds = 0;
+    const Ceiling c = measure_ceiling(pool, o);
+    EXPECT_EQ(c.isa, isa);
+    EXPECT_EQ(c.threads, 2);
+    EXPECT_EQ(c.read.buffer_bytes, size_t{8} << 20);  // two slices of 4 MiB
+    EXPECT_GT(c.read.bytes_per_s, 0.0);
+    EXPECT_GE(c.read.bytes_per_s, c.read.one_stream_bytes_per_s);  // the best over a sweep that has it
+    EXPECT_TRUE(c.read.streams == 1 || c.read.streams == 2 || c.read.streams == 4 || c.read.streams == 8);
+    EXPECT_GE(c.read.passes, 4);  // 1, 2, 4, 8 streams (and non-temporal where the level has them)
+    for (int t = 0; t < kActTypes; ++t) {
+      EXPECT_GT(c.compute.per_thread[t], 0.0);
+      EXPECT_DOUBLE_EQ(c.compute.total[t], 2 * c.compute.per_thread[t]);
+    }
+    const std::string d = describe(c);
+    EXPECT_NE(d.find(isa_name(isa)), std::string::npos) << d;
+    EXPECT_NE(d.find("GB/s"), std::string::npos) << d;
+  }
+}
+
+}  // namespace

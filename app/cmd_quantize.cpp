@@ -1,6 +1,6 @@
 // kimi quantize IN.gguf OUT.gguf TYPE [--imatrix FILE] [--requantize-experts T] [--tensor-type PATTERN=T ...] [--pure]
 //   [--output-tensor-type T] [--token-embedding-type T] [--leave-output-tensor] [--allow-requantize]
-//   [--threads N] [--split-max-size SIZE] [--dry-run] [--verbose] [--quiet]
+//   [--error-imatrix FILE] [--threads N] [--split-max-size SIZE] [--dry-run] [--verbose] [--quiet]
 #include <CLI/CLI.hpp>
 #include <cstdio>
 
@@ -31,6 +31,9 @@ int cmd_quantize(int argc, char** argv) {
   app.add_option("--imatrix", o.imatrix_path,
                  "importance matrix (llama.cpp GGUF imatrix, from `kimi imatrix` or llama-imatrix): importance-weighted "
                  "quantization for Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, IQ2_XS");
+  app.add_option("--error-imatrix", o.error_imatrix_path,
+                 "measure each converted tensor's error weighted by this importance matrix (e.g. one from held-out "
+                 "text: the relative expected matmul output error); per tensor with --verbose, per type in the summary");
   app.add_flag("--allow-no-imatrix", o.rules.allow_no_imatrix, "quantize to IQ2_XS without an importance matrix");
   app.add_option("--imatrix-prior", o.imatrix_prior,
                  "tokens' worth of the layer's mean importance blended into each expert's (default 16; 0 = none)")

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <filesystem>
@@ -44,6 +45,11 @@ std::vector<std::string> input_files(const gguf::Reader& r) {
 }  // namespace
 
 std::string TensorReport::line() const {
+  if (err_den > 0) {
+    TensorReport c = *this;
+    c.err_num = c.err_den = 0;
+    return c.line() + fmt::format(" [weighted error {:.4e}]", err_num / err_den);
+  }
   if (imatrix_used) {
     TensorReport c = *this;
     c.imatrix_used = false;
@@ -73,6 +79,24 @@ std::string QuantizeResult::summary() const {
                    it.empty() ? "none in this file" : it);
   if (!imatrix.empty())
     s += fmt::format("  importance matrix {}: used for {} tensors\n", imatrix, n_imatrix);
+  if (!error_imatrix.empty()) {
+    // per output type: the relative importance-weighted error of all its tensors together, and the
+    // mean of the per-tensor relative errors
+    std::map<std::string, std::array<double, 4>> by;  // num, den, sum of ratios, count
+    for (const auto& t : tensors) {
+      if (t.err_den <= 0) continue;
+      auto& a = by[type_name(t.decision.type)];
+      a[0] += t.err_num;
+      a[1] += t.err_den;
+      a[2] += t.err_num / t.err_den;
+      a[3] += 1;
+    }
+    s += fmt::format("  weighted error (importances of {}): per type, all its tensors / mean over tensors\n",
+                     error_imatrix);
+    for (const auto& [ty, a] : by)
+      s += fmt::format("    {:<6} {:>3} tensors  {:.5e}  {:.5e}\n", ty, static_cast<int>(a[3]), a[0] / a[1],
+                       a[2] / a[3]);
+  }
   if (n_fallback)
     s += fmt::format("  block-size fallback: {} tensors (ne[0] not a multiple of the block size; see --verbose)\n",
                      n_fallback);
@@ -130,6 +154,8 @@ QuantizeResult quantize(const QuantizeOptions& o, const std::function<void(const
     imat = imatrix::Data::load(o.imatrix_path);
     rules.have_imatrix = true;
   }
+  imatrix::Data err_imat;
+  if (!o.error_imatrix_path.empty()) err_imat = imatrix::Data::load(o.error_imatrix_path);
   std::vector<Decision> plan_ = plan(descs, facts, rules);
 
   QuantizeResult res;
@@ -143,6 +169,7 @@ QuantizeResult quantize(const QuantizeOptions& o, const std::function<void(const
   }
   res.tensors.resize(descs.size());
   res.imatrix = o.imatrix_path;
+  res.error_imatrix = o.error_imatrix_path;
   int64_t max_ne0 = 1;
   uint64_t max_chunk_out = 0;
   for (size_t i = 0; i < descs.size(); ++i) {
@@ -229,6 +256,8 @@ QuantizeResult quantize(const QuantizeOptions& o, const std::function<void(const
 
   ThreadPool pool(o.threads);
   std::vector<std::vector<float>> scratch(static_cast<size_t>(pool.size()), std::vector<float>(static_cast<size_t>(max_ne0)));
+  std::vector<std::vector<float>> scratch2(o.error_imatrix_path.empty() ? 0 : static_cast<size_t>(pool.size()),
+                                           std::vector<float>(static_cast<size_t>(max_ne0)));
   std::vector<uint8_t> outbuf(static_cast<size_t>(max_chunk_out));
   Progress prog("quantize", descs.size(), res.bytes_out, o.quiet ? Progress::Mode::Quiet : Progress::Mode::Auto);
 
@@ -252,6 +281,15 @@ QuantizeResult quantize(const QuantizeOptions& o, const std::function<void(const
       // importance per column of every matrix (expert) of the tensor; row r is in matrix r / ne[1]
       std::vector<float> qw;
       if (res.tensors[i].imatrix_used && !imat.importance(t.name, qw, o.imatrix_prior)) qw.clear();  // saw no token
+      // --error-imatrix: the importances to weigh the error with (an entry of the same shape)
+      std::vector<float> ew;
+      if (!o.error_imatrix_path.empty()) {
+        auto it = err_imat.entries.find(t.name);
+        if (it == err_imat.entries.end() || it->second.n_in != ne0 || it->second.n_mat != t.ne[2] * t.ne[3] ||
+            !err_imat.importance(t.name, ew, o.imatrix_prior))
+          ew.clear();
+      }
+      double enum_ = 0, eden = 0;
       std::mutex err_mu;
       std::string err;
       for (int64_t r0 = 0; r0 < nrows; r0 += chunk_rows) {
@@ -260,11 +298,28 @@ QuantizeResult quantize(const QuantizeOptions& o, const std::function<void(const
         pool.parallel_for(n_tasks, [&](int64_t k, int tid) {
           try {
             float* tmp = scratch[static_cast<size_t>(tid)].data();
+            float* dec = ew.empty() ? nullptr : scratch2[static_cast<size_t>(tid)].data();
             const int64_t a = k * rows_per_task, b = std::min(rows, a + rows_per_task);
+            double tn = 0, td = 0;
             for (int64_t row = a; row < b; ++row) {
               dequantize_row(t.type, t.data + static_cast<uint64_t>(r0 + row) * irb, tmp, ne0);
               const float* w = qw.empty() ? nullptr : qw.data() + ((r0 + row) / t.ne[1]) * ne0;
-              quantize_row_imat(d.type, tmp, outbuf.data() + static_cast<uint64_t>(row) * orb, ne0, w);
+              uint8_t* q = outbuf.data() + static_cast<uint64_t>(row) * orb;
+              quantize_row_imat(d.type, tmp, q, ne0, w);
+              if (dec) {
+                dequantize_row(d.type, q, dec, ne0);
+                const float* e = ew.data() + ((r0 + row) / t.ne[1]) * ne0;
+                for (int64_t c = 0; c < ne0; ++c) {
+                  const double diff = static_cast<double>(dec[c]) - tmp[c];
+                  tn += e[c] * diff * diff;
+                  td += e[c] * static_cast<double>(tmp[c]) * tmp[c];
+                }
+              }
+            }
+            if (dec) {
+              std::lock_guard<std::mutex> lk(err_mu);
+              enum_ += tn;
+              eden += td;
             }
           } catch (const std::exception& e) {
             std::lock_guard<std::mutex> lk(err_mu);
@@ -272,6 +327,8 @@ QuantizeResult quantize(const QuantizeOptions& o, const std::function<void(const
           }
         });
         if (!err.empty()) fail("tensor '{}': {}", t.name, err);
+        res.tensors[i].err_num = enum_;
+        res.tensors[i].err_den = eden;
         const uint64_t n = static_cast<uint64_t>(rows) * orb;
         w.write_tensor_data(t.name, outbuf.data(), n);
         prog.add_bytes(n);

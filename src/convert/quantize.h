@@ -26,6 +26,8 @@ struct QuantizeOptions {
   std::string imatrix_path;          // --imatrix: llama.cpp GGUF imatrix (runtime/imatrix.h format)
   double imatrix_prior = 16;         // per-expert importance blended with the tensor's mean over its
                                      // experts as if seen on this many extra tokens (rare experts)
+  std::string error_imatrix_path;    // --error-imatrix: measure each converted tensor's error weighted
+                                     // by this imatrix (e.g. one from held-out text)
 };
 
 struct TensorReport {
@@ -35,6 +37,9 @@ struct TensorReport {
   uint64_t bytes_in = 0, bytes_out = 0;
   Decision decision;
   bool imatrix_used = false;         // importance-weighted quantization from --imatrix
+  // --error-imatrix: sum over rows and columns of importance * (decoded - source)^2, and of
+  // importance * source^2 (their ratio: the relative expected output error); both 0 when not measured
+  double err_num = 0, err_den = 0;
   std::string line() const;  // "blk.3.attn_v.weight {64, 64} BF16 -> Q8_0 (8.0 KiB -> 2.1 KiB) mix rule: ..."
 };
 
@@ -46,6 +51,7 @@ struct QuantizeResult {
   std::map<std::string, size_t> out_type_counts;  // by output type name
   size_t n_imatrix = 0;              // tensors quantized with importance weights
   std::string imatrix;               // the --imatrix file (empty: none)
+  std::string error_imatrix;         // the --error-imatrix file (empty: none)
   size_t n_converted = 0, n_copied = 0, n_indexer = 0, n_experts_kept = 0, n_not_quantizable = 0, n_fallback = 0;
   std::map<std::string, size_t> indexer_types;    // type name -> count of exempt indexer matrices
   std::vector<std::string> outputs;  // written files (empty for a dry run)

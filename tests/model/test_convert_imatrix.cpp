@@ -209,7 +209,7 @@ TEST(Imatrix, WidePresetsWithAndWithoutImatrix) {
     for (int with = 0; with < 2; ++with) {
       const std::string out = td.file(std::string(w.preset) + std::to_string(with) + ".gguf");
       std::string args = "quantize " + q(src) + " " + q(out) + " " + w.preset + " -v";
-      if (with) args += " --imatrix " + q(imat);
+      if (with) args += " --imatrix " + q(imat) + " --error-imatrix " + q(imat);
       else if (w.gate_up == GgmlType::IQ2_XS) args += " --allow-no-imatrix";
       auto r = run_kimi(args);
       ASSERT_EQ(r.exit_code, 0) << r.out;
@@ -231,6 +231,20 @@ TEST(Imatrix, WidePresetsWithAndWithoutImatrix) {
       if (with) {
         EXPECT_NE(r.out.find("blk.1.ffn_up_exps.weight"), std::string::npos);
         EXPECT_NE(r.out.find("[imatrix]"), std::string::npos) << r.out;
+      }
+      if (with) {  // --error-imatrix: the relative weighted error of each tensor, recomputed here
+        const std::string n = "blk.1.ffn_up_exps.weight";
+        const auto ref = decoded(in->tensor(n));
+        double den = 0;
+        for (size_t i = 0; i < ref.size(); ++i) den += ((i % 256) % 4 == 0 ? 100.0 : 1.0) * ref[i] * ref[i];
+        const double want = weighted_err(decoded(o->tensor(n)), ref, 256) / den;
+        const size_t at = r.out.find(n + " ");
+        ASSERT_NE(at, std::string::npos) << r.out;
+        const size_t w0 = r.out.find("[weighted error ", at);
+        ASSERT_NE(w0, std::string::npos) << r.out;
+        const double got = std::stod(r.out.substr(w0 + 16));
+        EXPECT_NEAR(got, want, 1e-3 * want) << r.out.substr(at, 200);
+        EXPECT_NE(r.out.find("weighted error (importances of"), std::string::npos) << r.out;
       }
       outs[with] = std::move(o);
     }

@@ -41,6 +41,7 @@ void BM_Read(benchmark::State& st) {
     if (r.bytes_per_s > best.bytes_per_s) best = r;
   }
   st.SetBytesProcessed(static_cast<int64_t>(st.iterations()) * static_cast<int64_t>(best.buffer_bytes));
+  st.counters["best_GB_s"] = best.bytes_per_s / 1e9;  // bytes_per_second is the mean over iterations, in GiB/s
   st.counters["streams"] = best.streams;
   st.counters["non_temporal"] = best.non_temporal ? 1 : 0;
   st.counters["one_stream_GB_s"] = best.one_stream_bytes_per_s / 1e9;

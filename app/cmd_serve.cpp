@@ -90,7 +90,9 @@ int cmd_serve(int argc, char** argv) {
   sigaddset(&set, SIGINT);
   sigaddset(&set, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
+#if !defined(_WIN32)  // Windows has no SIGPIPE (a send to a closed socket fails with an error)
   std::signal(SIGPIPE, SIG_IGN);
+#endif
 
   kimi::server::Server server(o);
   port = server.bind();

@@ -1,11 +1,7 @@
 # Operating-system specific build settings (docs/platforms.md).
-# The HTTP server (src/server, `kimi serve`) speaks POSIX sockets only so far: not built on Windows.
-if(WIN32)
-  set(KIMI_SERVER_DEFAULT OFF)
-else()
-  set(KIMI_SERVER_DEFAULT ON)
-endif()
-option(KIMI_SERVER "Build the HTTP server (kimi serve)" ${KIMI_SERVER_DEFAULT})
+# The HTTP server (src/server, `kimi serve`) is built everywhere: its sockets go through
+# src/util/net.h (POSIX sockets + poll, or Winsock 2 + WSAPoll; ws2_32 is linked below).
+option(KIMI_SERVER "Build the HTTP server (kimi serve)" ON)
 # Windows (MinGW-w64): src/util/win32/posix_shim.h is force-included into every file and
 # src/util/win32/include holds the few POSIX headers MinGW lacks (their functions are in
 # src/util/win32/posix_win32.cpp), so the rest of the code keeps one POSIX spelling. binmode.o makes

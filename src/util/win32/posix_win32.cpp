@@ -61,6 +61,20 @@ void on_waited_signal(int sig) {
   post(sig);
 }
 
+// Console events while a sigwait() waits (`kimi serve`): Ctrl-C is SIGINT; Ctrl-Break, closing the
+// console window, log-off and shutdown are SIGTERM. Handled here (ahead of the C runtime's
+// handler, which knows Ctrl-C and Ctrl-Break only, and whose SIGBREAK would end the process).
+std::atomic<unsigned> g_waited{0};  // the signals of the sigwait() set (stays set, as a blocked mask would)
+BOOL WINAPI on_console_event(DWORD ev) {
+  const int sig = ev == CTRL_C_EVENT ? SIGINT : SIGTERM;
+  if (!(g_waited.load() & (1u << sig))) return FALSE;  // not waited for: the next handler decides
+  post(sig);
+  // the process ends as soon as this returns from a close / log-off / shutdown event: leave the
+  // server the time Windows grants (about 5 s) to shut down; its exit ends this thread
+  if (ev == CTRL_CLOSE_EVENT || ev == CTRL_LOGOFF_EVENT || ev == CTRL_SHUTDOWN_EVENT) ::Sleep(INFINITE);
+  return TRUE;
+}
+
 // A UTF-8 string as UTF-16 for the wide Windows API (empty when it is not valid UTF-8).
 std::wstring widen(const char* s) {
   const int n = ::MultiByteToWideChar(CP_UTF8, 0, s, -1, nullptr, 0);
@@ -205,6 +219,9 @@ int sigaction(int sig, const struct sigaction* sa, struct sigaction* old) {
 int kimi_sigwait(const sigset_t* set, int* sig) {
   for (int s : {SIGINT, SIGTERM, SIGBREAK})
     if (*set & (sigset_t(1) << s)) std::signal(s, on_waited_signal);
+  g_waited.fetch_or(static_cast<unsigned>(*set & ((sigset_t(1) << SIGINT) | (sigset_t(1) << SIGTERM))));
+  static std::once_flag console_handler;
+  std::call_once(console_handler, [] { ::SetConsoleCtrlHandler(on_console_event, TRUE); });
   std::unique_lock<std::mutex> lock(g_wait_mu);
   g_wait_cv.wait(lock, [] { return g_pending != 0; });
   *sig = g_pending > 0 ? g_pending : SIGTERM;

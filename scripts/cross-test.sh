@@ -6,7 +6,10 @@
 #            (plain ARMv8.0 NEON: the dispatch must pick neon).
 #   windows  MinGW-w64 build (build-win/) of kimi.exe and the unit tests, run under wine64, then a
 #            tiny-model generation (synth -> convert -> run) under Wine whose tokens must equal
-#            the native build's (KIMI_NATIVE_BIN, default build/kimi, when it exists).
+#            the native build's (KIMI_NATIVE_BIN, default build/kimi, when it exists), then
+#            `kimi.exe serve` under Wine: /health, a greedy chat completion whose answer must equal
+#            the native server's, and Ctrl-C (SIGINT, which Wine turns into CTRL_C_EVENT) must stop
+#            it cleanly.
 # usage: scripts/cross-test.sh [aarch64|windows|all]   (default: $KIMI_CROSS, else all)
 # Builds only what the emulated tests need, with ccache; the target libraries come from
 # scripts/cross-deps.sh. KIMI_CROSS=0 skips everything, KIMI_CROSS=aarch64|windows runs one target.
@@ -24,7 +27,9 @@ t_start=$SECONDS
 
 # test programs built and run per target (regex on the test file name)
 ARM_TESTS='^test_(kernels_dispatch|kernels_matmul|kernels_noalloc|model_kernels|model_fastpaths|tensor_quants|tensor_types|tokenizer_unit|io_gguf|model_engine)$'
-WIN_TESTS='^test_(kernels_dispatch|kernels_matmul|model_kernels|tensor_quants|tensor_types|tokenizer_unit|io_gguf|util_json)$'
+# Windows: also the tests that start kimi.exe as a child process (through cmd.exe, inside Wine) with
+# plain arguments; the ones written for a POSIX shell (< /dev/null, '' arguments) stay native
+WIN_TESTS='^test_(kernels_dispatch|kernels_matmul|model_kernels|tensor_quants|tensor_types|tokenizer_unit|io_gguf|util_json|util_net|convert_synth|convert_errors|convert_outputs|model_hparams)$'
 
 configure() {  # build-dir target extra-args...
   local dir=$1 target=$2; shift 2
@@ -90,6 +95,78 @@ windows() {
     echo "cross-test: windows tiny-model generation under wine: $(tr '\n' ' ' < "$m/wine.txt") (no native $native to compare)"
   fi
   echo "cross-test: windows tiny model $((SECONDS - t0)) s"
+  t0=$SECONDS
+  serve_check "$m" "$exe" "$native"
+  echo "cross-test: windows kimi serve $((SECONDS - t0)) s"
+}
+
+# Starts a `kimi serve` command in the background with its output in LOG; sets SERVE_PID and, once
+# the server prints its "listening on" line (60 s at most), SERVE_PORT. usage: serve_start LOG cmd...
+serve_start() {
+  local log=$1; shift
+  SERVE_PORT=
+  "$@" > "$log" 2>&1 &
+  SERVE_PID=$!
+  for _ in $(seq 600); do
+    SERVE_PORT=$(sed -n 's|^kimi serve: listening on http://[^:]*:\([0-9]*\) .*|\1|p' "$log")
+    [[ -n $SERVE_PORT ]] && return 0
+    kill -0 "$SERVE_PID" 2>/dev/null || break
+    sleep 0.1
+  done
+  echo "cross-test: windows: kimi serve did not start:" >&2
+  tr -d '\r' < "$log" >&2
+  kill "$SERVE_PID" 2>/dev/null || true
+  return 1
+}
+
+# Stops the server started last with SIGINT and checks that it shut down cleanly (exit 0).
+serve_stop() {  # what
+  local rc=0
+  kill -INT "$SERVE_PID"
+  wait "$SERVE_PID" || rc=$?
+  if ((rc != 0)) || ! grep -q '^kimi serve: stopped' "$SERVE_LOG"; then
+    echo "cross-test: windows: $1 did not stop cleanly on SIGINT (exit $rc):" >&2
+    tr -d '\r' < "$SERVE_LOG" >&2
+    return 1
+  fi
+}
+
+# An answer without what differs between two servers (the completion id and the time stamp).
+normalize() { sed -E 's/"(id|created)":("[^"]*"|[0-9]+),?//g'; }
+
+serve_check() {  # model-dir kimi.exe native-kimi
+  local m=$1 exe=$2 native=$3 url
+  local args=(serve -m "$m/tiny.gguf" --host 127.0.0.1 --port 0 --seed 7 --precision f32 -t 2 -P 1 -q)
+  local req='{"messages":[{"role":"user","content":"Hello from Wine"}],"max_tokens":16,"temperature":0,"seed":7}'
+  SERVE_LOG=$m/serve-wine.log
+  serve_start "$SERVE_LOG" wine "$exe" "${args[@]}"
+  url=http://127.0.0.1:$SERVE_PORT
+  local health
+  health=$(curl -sS --max-time 30 "$url/health")
+  if [[ $health != *'"status":"ok"'* ]]; then
+    echo "cross-test: windows: kimi serve /health answered: $health" >&2
+    kill "$SERVE_PID" 2>/dev/null || true
+    exit 1
+  fi
+  curl -sS --max-time 60 -H 'Content-Type: application/json' -d "$req" "$url/v1/chat/completions" > "$m/chat-wine.json"
+  serve_stop "kimi.exe serve" || exit 1
+  grep -q '"content"' "$m/chat-wine.json" || { echo "cross-test: windows: no answer: $(cat "$m/chat-wine.json")" >&2; exit 1; }
+  if [[ ! -x $native ]]; then
+    echo "cross-test: windows kimi serve under wine answered: $(cat "$m/chat-wine.json") (no native $native to compare)"
+    return 0
+  fi
+  SERVE_LOG=$m/serve-native.log
+  serve_start "$SERVE_LOG" "$native" "${args[@]}"
+  curl -sS --max-time 60 -H 'Content-Type: application/json' -d "$req" \
+    "http://127.0.0.1:$SERVE_PORT/v1/chat/completions" > "$m/chat-native.json"
+  serve_stop "the native kimi serve" || exit 1
+  if [[ $(normalize < "$m/chat-native.json") != "$(normalize < "$m/chat-wine.json")" ]]; then
+    echo "cross-test: windows: kimi serve under Wine answered differently from the native server" >&2
+    echo "native: $(cat "$m/chat-native.json")" >&2
+    echo "wine:   $(cat "$m/chat-wine.json")" >&2
+    exit 1
+  fi
+  echo "cross-test: windows kimi serve under wine = native: $(normalize < "$m/chat-wine.json")"
 }
 
 case $what in

@@ -8,7 +8,7 @@ PKGS=(build-essential cmake ninja-build ccache pkg-config git
       libgtest-dev libgmock-dev googletest time
       libedit-dev  # line editing + history in `kimi chat` (optional: found by CMake, native Linux only)
       libopenmpi-dev openmpi-bin  # MPI: the -DKIMI_MPI=ON build (docs/distributed.md)
-      g++-aarch64-linux-gnu qemu-user g++-mingw-w64-x86-64 wine wine64 unzip  # cross builds + emulation: scripts/cross-test.sh
+      g++-aarch64-linux-gnu qemu-user g++-mingw-w64-x86-64 wine wine64 unzip curl  # cross builds + emulation: scripts/cross-test.sh (curl: kimi serve under Wine)
       clang libclang-rt-dev llvm  # clang + its sanitizer/libFuzzer runtimes + llvm-symbolizer: scripts/fuzz.sh
       libvulkan-dev glslc mesa-vulkan-drivers vulkan-tools
       chromium)  # the web chat page's browser test (tests/web, with playwright-core from npm)  # Vulkan backend + lavapipe (Mesa's software GPU) for its tests

@@ -34,8 +34,16 @@ TempDir::~TempDir() {
 }
 
 RunResult run_kimi(const std::string& args) {
-  // KIMI_RUNNER: the emulator of a cross build (qemu-aarch64 -L SYSROOT), empty natively
-  std::string cmd = std::string(KIMI_RUNNER) + std::string(KIMI_BIN) + " " + args + " 2>&1";
+  // KIMI_RUNNER: the emulator of a cross build (qemu-aarch64 -L SYSROOT), empty natively and for
+  // Windows (under Wine the test program itself runs in Wine and starts kimi.exe through cmd.exe,
+  // which wants backslashes; a Unix path from the cross build, /x/kimi.exe, is \x\kimi.exe on the
+  // current drive, Z: under Wine)
+#if defined(_WIN32)
+  const std::string bin = fs::path(KIMI_BIN).make_preferred().string();
+#else
+  const std::string bin = KIMI_BIN;
+#endif
+  std::string cmd = std::string(KIMI_RUNNER) + bin + " " + args + " 2>&1";
   RunResult r;
   FILE* p = ::popen(cmd.c_str(), "r");
   if (!p) throw std::runtime_error("popen failed: " + cmd);

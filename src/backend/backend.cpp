@@ -3,6 +3,8 @@
 
 #include <vector>
 
+#include "util/error.h"
+
 namespace kimi {
 
 void copy_between(Backend& to, void* dst, Backend& from, const void* src, uint64_t bytes) {
@@ -31,6 +33,10 @@ void Backend::indexer_select(const CacheRows& keys, const BatchEntry* e, int64_t
     indexer_scores(keys, e[t].seq_id, q + t * qw, w + t * n_heads, n_heads, n_visible, scores);
     indexer_topk(scores, n_visible, k, sel + t * sel_cap, sel_n + t, tmp);
   }
+}
+
+void Backend::axpy(float*, float, const float*, int64_t) {
+  fail("backend {}: axpy is not supported (the distributed forward pass needs the CPU backend)", name());
 }
 
 }  // namespace kimi

@@ -152,6 +152,10 @@ class Backend {
   virtual void layer_norm_rows(float* x, const float* w, const float* b, int64_t n, int64_t width, float eps) = 0;
   virtual void l2_norm_rows(float* x, int64_t n, int64_t width, float eps) = 0;
   virtual void add(float* y, const float* x, int64_t count) = 0;  // y += x
+  // y += a * x with the rounding of the routed experts' weighted sum in moe_experts (so that a sum
+  // of expert outputs made elsewhere, e.g. over MPI ranks, has the same bits); backends without it
+  // refuse (the distributed forward pass runs on the CPU backend)
+  virtual void axpy(float* y, float a, const float* x, int64_t count);
   virtual void scale_rows(float* x, int64_t n, int64_t width, float a) = 0;
   virtual void sigmoid(float* x, int64_t count) = 0;
   virtual void mul_sigmoid_rows(float* x, const float* gate, int64_t n, int64_t width) = 0;  // x *= sigmoid(gate)

@@ -89,8 +89,9 @@ Forward::Forward(const Model& m, const std::vector<Backend*>& backends, const Pl
   shape.f16 = o.cache_f16;
   shape.latent_width = W;
   shape.index_width = o.top_k > 0 ? hp.idx_dim : 0;
-  shape.conv_floats = hp.n_kda_layers() ? 3 * C * (hp.conv_kernel - 1) : 0;
-  shape.rec_floats = hp.n_kda_layers() ? H * D * D : 0;
+  const int64_t Hk = kda_heads_here();  // tensor split: only this rank's heads' states
+  shape.conv_floats = hp.n_kda_layers() ? 3 * Hk * D * (hp.conv_kernel - 1) : 0;
+  shape.rec_floats = hp.n_kda_layers() ? Hk * D * D : 0;
   shape.n_snapshots = o.n_snapshots;
   int64_t rank = 0;
   for (uint32_t il = 0; il < hp.n_layer; ++il)
@@ -260,10 +261,11 @@ void Forward::run_local(const BatchEntry* e, int64_t n, float* logits) {
       const double t0 = PhaseTimes::now();
       if (hp.is_mla[il]) {
         const MlaCache cache{v.store->latent(slot), v.store->index_keys(slot)};
-        mla_attention(r, L, cache, v.mla, opts_.top_k > 0 ? &v.idx : nullptr, opts_.top_k, opts_.attn,
-                      v.res.normed.p, v.res.mixer_out.p);
+        (tp ? mla_attention_tp : mla_attention)(r, L, cache, v.mla, opts_.top_k > 0 ? &v.idx : nullptr, opts_.top_k,
+                                                opts_.attn, v.res.normed.p, v.res.mixer_out.p);
       } else {
-        kda_attention(r, L, v.store->conv(slot), v.store->rec(slot), v.kda, v.res.normed.p, v.res.mixer_out.p);
+        (tp ? kda_attention_tp : kda_attention)(r, L, v.store->conv(slot), v.store->rec(slot), v.kda, v.res.normed.p,
+                                                v.res.mixer_out.p);
       }
       phase_.s[hp.is_mla[il] ? PhaseTimes::Mla : PhaseTimes::Kda] += PhaseTimes::now() - t0;
       if (bank_layer)  // a block starts: the stream restarts from this mixer's output
@@ -282,7 +284,9 @@ void Forward::run_local(const BatchEntry* e, int64_t n, float* logits) {
       const PartRun r{be, hp, e, n, tp, &phase_};
       const double t0 = PhaseTimes::now();
       if (!hp.is_moe(il)) {
-        dense_ffn(r, L.ffn_gate, L.ffn_up, L.ffn_down, v.ffn, v.res.normed.p, v.res.ffn_out.p);
+        (tp ? dense_ffn_tp : dense_ffn)(r, L.ffn_gate, L.ffn_up, L.ffn_down, v.ffn, v.res.normed.p, v.res.ffn_out.p);
+      } else if (tp) {
+        moe_ffn_tp(r, L, v.moe, v.ffn, v.res.normed.p, v.res.ffn_out.p);
       } else {
         ExpertSite site;
         if (place_.experts[il] != dev) {
@@ -319,7 +323,7 @@ void Forward::run_local(const BatchEntry* e, int64_t n, float* logits) {
   be.rms_norm_rows(v.head.rows.p, d, output_norm_.f32, v.head.rows.p, d, nw, d, eps);
   const int64_t V = hp.n_vocab;
   if (tp) {  // vocabulary rows split over the ranks, gathered on rank 0
-    tp->matmul(be, output_.mat, v.head.rows.p, nw, logits, 0);
+    lm_head_tp(*tp, be, output_.mat, V, v.head.rows.p, nw, logits);
   } else if (layer_mode) {
     be.matmul(output_.mat, v.head.rows.p, nw, layer_logits());
     layer_mode_logits(nw, logits);

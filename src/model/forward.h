@@ -91,6 +91,7 @@ class Forward {
   void setup_dist();
   void size_dist();
   TensorSplit* tensor_split();
+  int64_t kda_heads_here() const;  // KDA heads whose states this rank keeps (all without a tensor split)
   bool layer_mode_logits(int64_t nw, float* logits);
   // layer mode: does this rank run layer il (always true without ranks)
   bool owns_layer(uint32_t il) const;

@@ -72,6 +72,14 @@ bool Forward::owns_layer(uint32_t il) const {
 
 TensorSplit* Forward::tensor_split() { return dist_ && dist_->mode == SplitMode::Tensor ? &dist_->tp : nullptr; }
 
+int64_t Forward::kda_heads_here() const {
+  const int64_t H = hp_.n_head;
+  if (!dist_ || dist_->mode != SplitMode::Tensor) return H;
+  int64_t lo = 0, hi = 0;
+  dist_->tp.units(H, lo, hi);
+  return hi - lo;
+}
+
 void Forward::setup_dist() {
   Collective* c = opts_.coll;
   const HParams& hp0 = hp_;
@@ -125,13 +133,13 @@ void Forward::setup_dist() {
     t.c = c;
     t.rank = d.rank;
     t.size = d.size;
-    t.min_rows = d.size;
     t.bytes.assign(static_cast<size_t>(d.size), 0);
     check(hp.n_expert == 0 || hp.n_expert >= static_cast<uint32_t>(d.size),
           "forward: expert parallelism over {} ranks needs at least as many routed experts (the model has {})",
           d.size, hp.n_expert);
+    check(hp.n_expert_used <= 64, "forward: the tensor split handles at most 64 routed experts per token (the model uses "
+          "{})", hp.n_expert_used);
     for (int r = 0; r <= d.size; ++r) t.expert_lo.push_back(static_cast<int64_t>(hp.n_expert) * r / d.size);
-    t.expert_file_first = hp.shard_ranks ? hp.shard_expert_first : 0;
     check(!hp.shard_ranks || (t.expert_lo[static_cast<size_t>(d.rank)] == hp.shard_expert_first &&
                               t.expert_lo[static_cast<size_t>(d.rank) + 1] - t.expert_lo[static_cast<size_t>(d.rank)] ==
                                   hp.shard_expert_count),
@@ -141,51 +149,86 @@ void Forward::setup_dist() {
   }
 }
 
-// Sizes the exchange buffers and counts the weight bytes each rank reads (after placement).
+// Tensor mode: narrows every split weight to this rank's heads / rows / experts (model/shard.h,
+// split_rule; a per-rank file holds only those). Both modes: counts the weight bytes each rank
+// reads and sizes the exchange buffers (after placement).
 void Forward::size_dist() {
   if (!dist_) return;
   Dist& d = *dist_;
   const HParams& hp = hp_;
-  const int64_t N = opts_.n_batch, Lw = hp.n_latent ? hp.n_latent : hp.n_embd;
-  int64_t max_rows = output_ ? output_.mat.rows : 0;
+  const bool tensor = d.mode == SplitMode::Tensor;
+  const int64_t N = opts_.n_batch;
+  const std::string& file = model_.reader().path();
+  auto narrow = [&](WeightView& w) {
+    if (!w || !tensor) return;
+    const SplitRule rule = split_rule(w.info->name, hp);
+    if (!rule) return;
+    int64_t lo = 0, hi = 0;
+    rule.range(d.size, d.rank, lo, hi);
+    const int64_t held = rule.dim == 2 ? w.info->ne[2] : w.mat.rows;  // what the file holds
+    const int64_t first = hp.shard_ranks ? lo : 0;
+    check(held == (hp.shard_ranks ? hi - lo : rule.total), "rank {}: {}: tensor '{}' holds {} {}, expected {}", d.rank,
+          file, w.info->name, held, rule.dim == 2 ? "slices" : "rows", hp.shard_ranks ? hi - lo : rule.total);
+    if (rule.dim == 2) {
+      w.mat.data += w.slice_bytes * static_cast<uint64_t>(lo - first);
+    } else {
+      w.mat.data += w.mat.row_bytes * static_cast<uint64_t>(lo - first);
+      w.mat.rows = hi - lo;
+    }
+  };
   for (uint32_t il = 0; il < hp.n_layer; ++il) {
     LayerWeights& L = layers_[il];
     const bool mine = owns_layer(il);
     for_each_layer_weight(L, [&](WeightView& w) {
-      if (!w || w.f32) return;
+      if (!w) return;
+      narrow(w);
+      if (!mine || (w.f32 && &w != &L.ffn_gate_inp)) return;  // vectors: not counted
       const bool expert = &w == &L.ffn_gate_exps || &w == &L.ffn_up_exps || &w == &L.ffn_down_exps;
       if (expert) {
-        if (!mine) return;
-        const uint64_t per = w.slice_bytes;
         int64_t lo = 0, hi = hp.n_expert;
-        if (d.mode == SplitMode::Tensor) {
+        if (tensor) {
           lo = d.tp.expert_lo[static_cast<size_t>(d.rank)];
           hi = d.tp.expert_lo[static_cast<size_t>(d.rank) + 1];
         }
-        d.expert_bytes += per * static_cast<uint64_t>(hi - lo);
-        if (hp.n_expert) d.expert_tok += per * static_cast<uint64_t>(hi - lo) * hp.n_expert_used / hp.n_expert;
+        d.expert_bytes += w.slice_bytes * static_cast<uint64_t>(hi - lo);
+        if (hp.n_expert) d.expert_tok += w.slice_bytes * static_cast<uint64_t>(hi - lo) * hp.n_expert_used / hp.n_expert;
         return;
       }
-      max_rows = std::max<int64_t>(max_rows, w.mat.rows);
-      if (!mine) return;
-      if (d.mode == SplitMode::Tensor && w.mat.rows >= d.tp.min_rows) {
+      const SplitRule rule = tensor ? split_rule(w.info->name, hp) : SplitRule{};
+      if (rule.dim == 2) {  // k_b / v_b: this rank's head slices
         int64_t lo = 0, hi = 0;
-        TensorSplit::range(w.mat.rows, d.size, d.rank, lo, hi);
-        d.dense_bytes += static_cast<uint64_t>(hi - lo) * w.mat.row_bytes;
+        rule.range(d.size, d.rank, lo, hi);
+        d.dense_bytes += w.slice_bytes * static_cast<uint64_t>(hi - lo);
       } else {
-        d.dense_bytes += static_cast<uint64_t>(w.mat.rows) * w.mat.row_bytes;
+        d.dense_bytes += static_cast<uint64_t>(w.mat.rows) * w.mat.row_bytes * static_cast<uint64_t>(
+                             w.info->n_dims > 2 ? w.info->ne[2] : 1);
       }
     });
   }
-  if (output_ && (d.mode == SplitMode::Tensor || d.rank == d.size - 1)) {
-    int64_t lo = 0, hi = output_.mat.rows;
-    if (d.mode == SplitMode::Tensor) TensorSplit::range(output_.mat.rows, d.size, d.rank, lo, hi);
-    d.dense_bytes += static_cast<uint64_t>(hi - lo) * output_.mat.row_bytes;
-  }
-  if (d.mode == SplitMode::Tensor) {
-    d.tp.weight_bytes = d.dense_bytes;
-    d.tp.local.assign(static_cast<size_t>(N * max_rows), 0.0f);
-    d.tp.gathered.assign(static_cast<size_t>(std::max(N * max_rows, d.size * N * Lw)), 0.0f);
+  narrow(output_);
+  if (output_ && (tensor || d.rank == d.size - 1))
+    d.dense_bytes += static_cast<uint64_t>(output_.mat.rows) * output_.mat.row_bytes;
+  if (tensor) {
+    TensorSplit& t = d.tp;
+    t.weight_bytes = d.dense_bytes;
+    // the widest exchange (floats per token, all ranks' parts together)
+    const int64_t H = hp.n_head, C = hp.kda_channels(), Lw = hp.n_latent ? hp.n_latent : hp.n_embd;
+    const int64_t k = hp.n_expert_used, S = static_cast<int64_t>(hp.n_ff_exp) * hp.n_expert_shared;
+    const int64_t widest = std::max<int64_t>(
+        {C, static_cast<int64_t>(hp.n_embd), static_cast<int64_t>(hp.q_lora) + hp.mla_row() + hp.idx_dim + hp.idx_heads,
+         static_cast<int64_t>(hp.idx_heads) * hp.idx_dim, H * hp.n_v, static_cast<int64_t>(hp.n_ff),
+         static_cast<int64_t>(hp.n_expert) + Lw, k * Lw + S, static_cast<int64_t>(hp.n_vocab)});
+    t.local.assign(static_cast<size_t>(N * widest), 0.0f);
+    t.gathered.assign(static_cast<size_t>(N * widest), 0.0f);
+    if (hp.n_expert) {
+      t.slot_x.assign(static_cast<size_t>(N * k * Lw), 0.0f);
+      t.slot_y.assign(static_cast<size_t>(N * k * Lw), 0.0f);
+      t.slot_out.assign(static_cast<size_t>(N * k * Lw), 0.0f);
+      t.ones.assign(static_cast<size_t>(N * k), 1.0f);
+      t.slot_at.assign(static_cast<size_t>(N * k), 0);
+      t.slot_expert.assign(static_cast<size_t>(N * k), 0);
+    }
+    t.counts.assign(static_cast<size_t>(d.size), 0);
   } else if (d.rank == d.size - 1) {
     d.logits.assign(static_cast<size_t>(N * hp.n_vocab), 0.0f);
   }

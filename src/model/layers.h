@@ -14,36 +14,63 @@
 
 namespace kimi {
 
-// Tensor parallelism over ranks (SplitMode::Tensor, docs/distributed.md), made once by Forward:
-// - the always-read matrices are split by output rows (rank r computes rows [R*r/P, R*(r+1)/P)),
-//   and the rows are all-gathered: each output element is the same dot product as on one
-//   process, so the result is bit for bit the single-process one;
-// - the routed experts of every MoE layer are split into contiguous ranges; each rank sums its
-//   experts' weighted outputs and the partial sums are all-gathered and added in rank order (the
-//   same bits on every rank; differs from one process only by the order of the f32 additions).
+// Tensor parallelism over ranks (SplitMode::Tensor, docs/distributed.md), made once by Forward.
+// Every rank holds its heads (KDA, MLA and indexer heads: their rows of the projections, their
+// slices of k_b / v_b, their KDA states) and its rows of every other split matrix (model/shard.h,
+// split_rule), and its contiguous range of routed experts. A block computes its heads locally and
+// ends with exchanges that only MOVE values (all-gathers of head outputs and of row slices of the
+// output projections): every value is computed by exactly the ops of one process, so the result is
+// the single-process one bit for bit. The routed experts' outputs are exchanged per routed slot and
+// summed on every rank in the single process's order (ascending expert) with the backend's axpy.
 // Host memory only (the distributed pass runs on the CPU backend). All scratch is sized once.
 struct TensorSplit {
   Collective* c = nullptr;
   int rank = 0, size = 1;
-  int64_t min_rows = 0;              // matrices with fewer rows are computed whole on every rank
-  std::vector<int64_t> expert_lo;    // size + 1 boundaries over the routed experts
-  int64_t expert_file_first = 0;     // the first expert the model file holds (a per-rank file: its first)
-  std::vector<float> local, gathered;  // [N * max rows] row slices / gathered rows
-  std::vector<uint64_t> bytes;       // per-rank payload of the current exchange
-  uint64_t weight_bytes = 0;         // bytes of the always-read matrices this rank reads per token
+  std::vector<int64_t> expert_lo;      // size + 1 boundaries over the routed experts
+  std::vector<float> local, gathered;  // this rank's packed payload / every rank's, in rank order
+  std::vector<uint64_t> bytes;         // per-rank payload of the current exchange
+  uint64_t weight_bytes = 0;           // bytes of the always-read matrices this rank reads per token
+  // MoE (per routed slot): inputs / outputs of this rank's slots, every rank's slot outputs, the
+  // slot of (token, j) in `slot_out`, this rank's expert of each of its slots, unit weights
+  std::vector<float> slot_x, slot_y, slot_out, ones;
+  std::vector<int32_t> slot_at, slot_expert;
+  std::vector<int64_t> counts;         // per-rank floats of a block part
 
-  static void range(int64_t total, int parts, int r, int64_t& lo, int64_t& hi) {
-    lo = total * r / parts;
-    hi = total * (r + 1) / parts;
+  // units [lo, hi) of `total` units that rank r holds (the same split as model/shard.h)
+  void units(int64_t total, int r, int64_t& lo, int64_t& hi) const {
+    lo = total * r / size;
+    hi = total * (r + 1) / size;
   }
-  // y (n x W.rows) = W x: this rank's rows, then all-gathered (root >= 0: only root receives)
-  void matmul(Backend& be, const MatView& W, const float* x, int64_t n, float* y, int root = -1);
-  // acc (count floats, this rank's partial sum) = the sum over ranks in rank order, on every rank
-  void sum_partials(Backend& be, float* acc, int64_t count);
+  void units(int64_t total, int64_t& lo, int64_t& hi) const { units(total, rank, lo, hi); }
+
+  // One exchange of up to 4 parts. cols(): rank r contributes columns [u_lo*unit, u_hi*unit) (its
+  // units) of every row of full [n][total]; block(): rank r contributes counts[r] floats, placed in
+  // rank order at dest. Each returns where this rank writes its own part (the packed payload);
+  // run(root) exchanges (root < 0: every rank receives, else only root) and unpacks.
+  class Exchange {
+   public:
+    explicit Exchange(TensorSplit& t) : t_(t) {}
+    float* cols(float* full, int64_t n, int64_t total, int64_t unit);
+    float* block(float* dest, const int64_t* counts);
+    void run(int root = -1);
+
+   private:
+    struct Part {
+      float* dest = nullptr;
+      int64_t n = 0, total = 0, unit = 1;
+      const int64_t* counts = nullptr;
+    };
+    int64_t floats(const Part& p, int r) const;
+    TensorSplit& t_;
+    Part parts_[4];
+    int n_ = 0;
+    int64_t used_ = 0;
+  };
 };
 
 // what every layer part runs with: the backend, the hyper-parameters, the micro-batch (host),
-// and the tensor split when the model runs on several ranks (nullptr: one process)
+// and the tensor split when the model runs on several ranks (nullptr: one process; the parts
+// below then run whole, the *_tp variants of tensor_layers.cpp split)
 struct PartRun {
   Backend& be;
   const HParams& hp;
@@ -51,13 +78,7 @@ struct PartRun {
   int64_t n;
   TensorSplit* tp = nullptr;
   PhaseTimes* times = nullptr;  // the forward pass's split (mla_attention moves the indexer's share)
-  // y = W x, split over the ranks when tp is set and W is large enough
-  void matmul(const MatView& W, const float* x, int64_t nt, float* y) const {
-    if (tp && W.rows >= tp->min_rows)
-      tp->matmul(be, W, x, nt, y);
-    else
-      be.matmul(W, x, nt, y);
-  }
+  void matmul(const MatView& W, const float* x, int64_t nt, float* y) const { be.matmul(W, x, nt, y); }
 };
 
 struct MlaCache {
@@ -91,6 +112,18 @@ inline void for_each_layer_weight(LayerWeights& L, F&& f) {
         &L.ffn_up_shexp, &L.ffn_down_shexp})
     f(*w);
 }
+
+// tensor_layers.cpp: the same parts over the ranks of r.tp (L: this rank's slices, Forward narrows
+// the views), each ending with exchanges that only move values (see TensorSplit)
+void kda_attention_tp(const PartRun& r, const LayerWeights& L, const SeqStates& conv, const SeqStates& rec,
+                      KdaScratch& s, const float* x, float* out);
+void mla_attention_tp(const PartRun& r, const LayerWeights& L, const MlaCache& cache, MlaScratch& s,
+                      IndexerScratch* idx, int top_k, AttnPath path, const float* x, float* out);
+void dense_ffn_tp(const PartRun& r, const WeightView& gate, const WeightView& up, const WeightView& down,
+                  FfnScratch& s, const float* x, float* out);
+void moe_ffn_tp(const PartRun& r, const LayerWeights& L, MoeScratch& s, FfnScratch& f, const float* x, float* out);
+// the LM head's rows of this rank, gathered on rank 0 (logits: [n][V] there)
+void lm_head_tp(TensorSplit& tp, Backend& be, const MatView& W, int64_t V, const float* x, int64_t n, float* logits);
 
 // where a layer's routed experts run: its own FFN backend (remote == nullptr) or another one
 struct ExpertSite {

@@ -9,6 +9,7 @@
 #include <set>
 
 #include "model/hparams_check.h"
+#include "model/shard.h"
 #include "util/error.h"
 
 namespace kimi {
@@ -105,17 +106,6 @@ struct ModelLoader {
         hp.n_expert = u32("expert_count");
         hp.n_expert_used = u32("expert_used_count");
         hp.n_expert_shared = u32_or("expert_shared_count", 0);
-        if (r.has("kimi.shard.ranks")) {  // a per-rank file (model/shard.h)
-          hp.shard_ranks = r.get_u32("kimi.shard.ranks");
-          hp.shard_rank = r.get_u32("kimi.shard.rank");
-          hp.shard_expert_first = r.get_u32("kimi.shard.expert_first");
-          hp.shard_expert_count = r.get_u32("kimi.shard.expert_count");
-          if (hp.shard_ranks < 2 || hp.shard_rank >= hp.shard_ranks || hp.shard_expert_count == 0 ||
-              uint64_t{hp.shard_expert_first} + hp.shard_expert_count > hp.n_expert)
-            bad(fmt::format("keys kimi.shard.*: rank {} of {} with experts {}+{} of {}: not a valid split",
-                            hp.shard_rank, hp.shard_ranks, hp.shard_expert_first, hp.shard_expert_count,
-                            hp.n_expert));
-        }
         hp.n_ff_exp = u32("expert_feed_forward_length");
         hp.n_latent = u32_or("expert_latent_length", 0);
         hp.expert_weights_scale = f32_or("expert_weights_scale", 1.0f);
@@ -126,6 +116,19 @@ struct ModelLoader {
                           hp.gating_func));
         if (hp.n_expert_used == 0 || hp.n_expert_used > hp.n_expert)
           bad(fmt::format("key '{}' = {}: must be in 1..expert_count ({})", key("expert_used_count"), hp.n_expert_used,
+                          hp.n_expert));
+      }
+      if (r.has("kimi.shard.ranks")) {  // a per-rank file (model/shard.h)
+        hp.shard_ranks = r.get_u32("kimi.shard.ranks");
+        hp.shard_rank = r.get_u32("kimi.shard.rank");
+        hp.shard_expert_first = r.get_u32_or("kimi.shard.expert_first", 0);
+        hp.shard_expert_count = r.get_u32_or("kimi.shard.expert_count", 0);
+        const uint64_t e_lo = uint64_t{hp.n_expert} * hp.shard_rank / std::max<uint32_t>(hp.shard_ranks, 1);
+        const uint64_t e_hi = uint64_t{hp.n_expert} * (hp.shard_rank + 1) / std::max<uint32_t>(hp.shard_ranks, 1);
+        if (hp.shard_ranks < 2 || hp.shard_rank >= hp.shard_ranks || hp.shard_expert_first != e_lo ||
+            hp.shard_expert_count != e_hi - e_lo)
+          bad(fmt::format("keys kimi.shard.*: rank {} of {} with experts {}+{} of {}: not a valid split",
+                          hp.shard_rank, hp.shard_ranks, hp.shard_expert_first, hp.shard_expert_count,
                           hp.n_expert));
       }
       hp.attn_res_block = u32_or("attn_res.block_size", 0);
@@ -172,6 +175,14 @@ struct ModelLoader {
       return w;
     }
     used.insert(name);
+    if (m.hp_.shard_ranks) {  // a per-rank file holds only this rank's range of a split tensor
+      const SplitRule rule = split_rule(name, m.hp_);
+      if (rule && static_cast<size_t>(rule.dim) < ne.size()) {
+        int64_t lo = 0, hi = 0;
+        rule.range(static_cast<int>(m.hp_.shard_ranks), static_cast<int>(m.hp_.shard_rank), lo, hi);
+        ne[static_cast<size_t>(rule.dim)] = hi - lo;
+      }
+    }
     check_shape(*ti, ne);
     w.info = ti;
     if (kind == Kind::Vec) {
@@ -309,10 +320,10 @@ struct ModelLoader {
         else
           L.ffn_gate_inp = bind(n("ffn_gate_inp.weight"), Kind::Mat, {d, E});
         if (gi && gi->type == GgmlType::F32) {
-          L.ffn_gate_inp.mat = {GgmlType::F32, gi->data, E, d, static_cast<uint64_t>(d) * 4};
+          L.ffn_gate_inp.mat = {GgmlType::F32, gi->data, gi->ne[1], d, static_cast<uint64_t>(d) * 4};
         }
         L.exp_probs_b = bind(n("exp_probs_b.bias"), Kind::Vec, {E}, false);
-        const int64_t Ef = hp.file_experts();  // a per-rank file holds only its experts
+        const int64_t Ef = E;  // (a per-rank file holds only its experts: bind() narrows the shape)
         L.ffn_gate_exps = bind(n("ffn_gate_exps.weight"), Kind::Mat, {Lw, F, Ef});
         L.ffn_up_exps = bind(n("ffn_up_exps.weight"), Kind::Mat, {Lw, F, Ef});
         L.ffn_down_exps = bind(n("ffn_down_exps.weight"), Kind::Mat, {F, Lw, Ef});

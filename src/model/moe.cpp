@@ -28,22 +28,7 @@ void moe_ffn(const PartRun& r, const LayerWeights& L, MoeScratch& s, FfnScratch&
   // 3. routed experts, weighted sum (on the experts' backend, with copies when it is another one)
   const ExpertMats em{L.ffn_gate_exps.mat, L.ffn_up_exps.mat, L.ffn_down_exps.mat,
                       L.ffn_gate_exps.slice_bytes, L.ffn_up_exps.slice_bytes, L.ffn_down_exps.slice_bytes};
-  if (r.tp) {
-    // expert parallelism: this rank's contiguous range of experts; the other ranks' slots are
-    // marked -1 (skipped), then the partial sums are added over the ranks (host memory)
-    TensorSplit& tp = *r.tp;
-    const int64_t lo = tp.expert_lo[static_cast<size_t>(tp.rank)], hi = tp.expert_lo[static_cast<size_t>(tp.rank) + 1];
-    const int32_t* sel = s.sel.p;
-    int32_t* mine = s.sel_local.p;
-    for (int64_t i = 0; i < n * k; ++i) mine[i] = sel[i] >= lo && sel[i] < hi ? static_cast<int32_t>(sel[i] - lo) : -1;
-    ExpertMats part = em;
-    const uint64_t skip = static_cast<uint64_t>(lo - tp.expert_file_first);  // a per-rank file starts at lo
-    part.gate.data += em.gate_slice * skip;
-    part.up.data += em.up_slice * skip;
-    part.down.data += em.down_slice * skip;
-    be.moe_experts(part, xl, n, Lw, mine, s.weights.p, k, hi - lo, hp.situ_beta, hp.situ_lambda, s.latent_acc.p);
-    tp.sum_partials(be, s.latent_acc.p, n * Lw);
-  } else if (site.be == nullptr || site.be == &be) {
+  if (site.be == nullptr || site.be == &be) {
     be.moe_experts(em, xl, n, Lw, s.sel.p, s.weights.p, k, E, hp.situ_beta, hp.situ_lambda, s.latent_acc.p);
   } else {
     Backend& xb = *site.be;

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <filesystem>
 
+#include "model/model.h"
 #include "util/error.h"
 
 namespace kimi {
@@ -34,6 +35,46 @@ struct Fnv {
 };
 
 }  // namespace
+
+SplitRule split_rule(const std::string& name, const HParams& hp) {
+  std::string s = name;
+  if (s.rfind("blk.", 0) == 0) {  // blk.<il>.<what>
+    const auto dot = s.find('.', 4);
+    if (dot == std::string::npos) return {};
+    s = s.substr(dot + 1);
+  }
+  const int64_t H = hp.n_head, D = hp.kda_head_dim, d = hp.n_embd, Lw = hp.n_latent ? hp.n_latent : hp.n_embd;
+  const int64_t HI = hp.idx_heads, DI = hp.idx_dim, S = static_cast<int64_t>(hp.n_ff_exp) * hp.n_expert_shared;
+  auto rows = [](int64_t unit, int64_t total) { return SplitRule{1, unit, total}; };
+  // KDA: heads (their channels / their beta row); the decay's low-rank input projection is whole
+  if (s == "attn_q.weight" || s == "attn_k.weight" || s == "attn_v.weight" || s == "ssm_g.weight" ||
+      s == "ssm_f_b.weight")
+    return rows(D, H * D);
+  if (s == "ssm_beta.weight") return rows(1, H);
+  // MLA: heads of the queries, of the absorbed k_b / v_b slices and of the output gate; the
+  // latent projections by rows (gathered: every rank needs the whole latents)
+  if (s == "attn_q_b.weight") return rows(hp.n_kq, H * hp.n_kq);
+  if (s == "attn_k_b.weight" || s == "attn_v_b.weight") return {2, 1, H};
+  if (s == "attn_gate.weight") return rows(hp.n_v, H * hp.n_v);
+  if (s == "attn_q_a.weight") return rows(1, hp.q_lora);
+  if (s == "attn_kv_a_mqa.weight") return rows(1, hp.kv_lora + hp.n_rope);
+  // the DSA indexer: query heads; keys and head weights by rows (gathered)
+  if (s == "indexer.attn_q_b.weight") return rows(DI, HI * DI);
+  if (s == "indexer.attn_k.weight") return rows(1, DI);
+  if (s == "indexer.proj.weight") return rows(1, HI);
+  // output projections of every block and the LM head: rows
+  if (s == "attn_output.weight" || s == "ffn_down.weight" || s == "ffn_down_shexp.weight" ||
+      s == "ffn_routed_up.weight")
+    return rows(1, d);
+  if (s == "output.weight") return rows(1, hp.n_vocab);
+  // FFN inner rows, the router, the routed experts' latent input; the experts themselves
+  if (s == "ffn_gate.weight" || s == "ffn_up.weight") return rows(1, hp.n_ff);
+  if (s == "ffn_gate_shexp.weight" || s == "ffn_up_shexp.weight") return rows(1, S);
+  if (s == "ffn_gate_inp.weight") return rows(1, hp.n_expert);
+  if (s == "ffn_routed_down.weight") return rows(1, Lw);
+  if (is_experts(s)) return {2, 1, hp.n_expert};
+  return {};
+}
 
 std::string model_id(const gguf::Reader& r) {
   if (const gguf::Value* v = r.find(kSource); v && v->type == gguf::ValueType::STRING) return r.get_str(kSource);
@@ -64,17 +105,13 @@ std::vector<std::string> write_shards(const ShardOptions& o) {
   auto r = gguf::Reader::open(o.input);
   check(!r->has(kRanks), "{}: already a shard (rank {} of {}); shard the full model", o.input,
         r->get_u32_or(kRank, 0), r->get_u32_or(kRanks, 0));
+  const auto model = Model::load(o.input);  // the hyper-parameters (and a check of every tensor)
+  const HParams& hp = model->hparams();
   std::error_code ec;
   std::filesystem::create_directories(o.out_dir, ec);
   check(std::filesystem::is_directory(o.out_dir), "shard: -o {}: cannot create the directory", o.out_dir);
-  // the expert count, from the stacked expert tensors (all agree)
-  int64_t E = -1;
-  for (const auto& t : r->tensors())
-    if (is_experts(t.name)) {
-      check(E < 0 || E == t.ne[2], "{}: tensor '{}' stacks {} experts, another one {}", o.input, t.name, t.ne[2], E);
-      E = t.ne[2];
-    }
-  check(E >= o.ranks, "{}: {} routed experts cannot be split over {} ranks", o.input, E < 0 ? 0 : E, o.ranks);
+  const int64_t E = hp.n_expert;
+  check(E == 0 || E >= o.ranks, "{}: {} routed experts cannot be split over {} ranks", o.input, E, o.ranks);
   const std::string id = model_id(*r);
   std::vector<std::string> out;
   for (int rank = 0; rank < o.ranks; ++rank) {
@@ -91,27 +128,51 @@ std::vector<std::string> write_shards(const ShardOptions& o) {
     w.add_kv(kFirst, gguf::Value::u32(static_cast<uint32_t>(lo)));
     w.add_kv(kCount, gguf::Value::u32(static_cast<uint32_t>(hi - lo)));
     w.add_kv(kSource, gguf::Value::str(id));
+    // each tensor's bytes for this rank: its range of the split dimension (contiguous: rows of a
+    // matrix or slices of a stack), or all of it
+    struct Part {
+      uint64_t offset = 0, bytes = 0;
+    };
+    std::vector<Part> parts;
+    uint64_t total = 0;
     for (const auto& t : r->tensors()) {
       std::vector<int64_t> ne(t.ne.begin(), t.ne.begin() + t.n_dims);
-      if (is_experts(t.name)) ne[2] = hi - lo;
+      Part p{0, t.nbytes};
+      const SplitRule rule = split_rule(t.name, hp);
+      if (rule) {
+        const int dim = rule.dim;
+        const int nd = static_cast<int>(t.n_dims);
+        check(dim < nd && t.ne[static_cast<size_t>(dim)] == rule.total,
+              "{}: tensor '{}' has shape {}, expected {} along dimension {} to split it", o.input, t.name,
+              t.shape_string(), rule.total, dim);
+        int64_t a = 0, b = 0;
+        rule.range(o.ranks, rank, a, b);
+        uint64_t outer = 1;  // elements of the dimensions after the split one (1 for these tensors)
+        for (int i = dim + 1; i < nd; ++i) outer *= static_cast<uint64_t>(t.ne[static_cast<size_t>(i)]);
+        check(outer == 1, "{}: tensor '{}': only the last dimension can be split", o.input, t.name);
+        const uint64_t stride = t.nbytes / static_cast<uint64_t>(rule.total);
+        p = {stride * static_cast<uint64_t>(a), stride * static_cast<uint64_t>(b - a)};
+        ne[static_cast<size_t>(dim)] = b - a;
+        check(b > a, "{}: tensor '{}' has too few {} ({}) for {} ranks", o.input, t.name,
+              dim == 2 ? "slices" : "rows", rule.total / rule.unit, o.ranks);
+      }
+      parts.push_back(p);
+      total += p.bytes;
       w.add_tensor(t.name, t.type, ne);
     }
     w.begin();
+    size_t i = 0;
     for (const auto& t : r->tensors()) {
-      if (is_experts(t.name)) {
-        const uint64_t slice = t.nbytes / static_cast<uint64_t>(t.ne[2]);
-        w.write_tensor_data(t.name, t.data + slice * static_cast<uint64_t>(lo),
-                            static_cast<size_t>(slice * static_cast<uint64_t>(hi - lo)));
-      } else {
-        w.write_tensor_data(t.name, t.data, static_cast<size_t>(t.nbytes));
-      }
+      const Part& p = parts[i++];
+      w.write_tensor_data(t.name, t.data + p.offset, static_cast<size_t>(p.bytes));
     }
     w.finish();
     const auto names = w.output_paths();
     out.insert(out.end(), names.begin(), names.end());
     if (!o.quiet)
-      std::fprintf(stderr, "shard: rank %d of %d: experts %lld..%lld -> %s\n", rank, o.ranks, static_cast<long long>(lo),
-                   static_cast<long long>(hi - 1), path.c_str());
+      std::fprintf(stderr, "shard: rank %d of %d: experts %lld..%lld, %.1f MiB -> %s\n", rank, o.ranks,
+                   static_cast<long long>(lo), static_cast<long long>(hi - 1), static_cast<double>(total) / 1048576.0,
+                   path.c_str());
   }
   return out;
 }

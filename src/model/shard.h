@@ -1,8 +1,10 @@
 // Per-rank model files (docs/distributed.md, "Per-rank files"): `kimi shard MODEL.gguf --ranks N`
-// writes one GGUF per rank that holds only that rank's routed experts (the expert range the tensor
-// split gives it) and every other tensor whole, with the split recorded in the metadata:
+// writes one GGUF per rank that holds only what that rank reads in tensor mode: its routed
+// experts, its head / row slices of the split matrices (split_rule below) and the small tensors
+// whole, with the split recorded in the metadata:
 //   kimi.shard.ranks, kimi.shard.rank, kimi.shard.expert_first, kimi.shard.expert_count (u32),
 //   kimi.shard.source (string: the source model's id, model_id() below).
+// A split tensor keeps its name; its split dimension holds only the rank's range.
 // A rank may load its shard or the full file; all ranks check at start that they run the same model
 // (model_id) and that each shard belongs to its rank of an N-rank job.
 #pragma once
@@ -13,6 +15,25 @@
 #include "io/gguf.h"
 
 namespace kimi {
+
+struct HParams;
+
+// How a tensor is split over the ranks in tensor mode (docs/distributed.md): rank r of N holds
+// units [U*r/N, U*(r+1)/N) of its split dimension (U = total / unit), i.e. elements
+// [lo, hi) = those units times `unit`. A unit is a head (its rows), an expert, or one row.
+struct SplitRule {
+  int dim = 0;         // 0: not split (whole on every rank); 1: rows (ne[1]); 2: stacked slices (ne[2])
+  int64_t unit = 1;    // rows / slices per unit
+  int64_t total = 0;   // rows / slices of the whole tensor
+  explicit operator bool() const { return dim != 0; }
+  void range(int ranks, int r, int64_t& lo, int64_t& hi) const {
+    const int64_t u = unit > 0 ? total / unit : 0;
+    lo = u * r / ranks * unit;
+    hi = u * (r + 1) / ranks * unit;
+  }
+};
+// The rule for tensor `name` of a model with these (full-model) hyper-parameters.
+SplitRule split_rule(const std::string& name, const HParams& hp);
 
 struct ShardOptions {
   std::string input;    // the full model

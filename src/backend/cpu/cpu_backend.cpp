@@ -466,6 +466,8 @@ void CpuBackend::moe_route(float* logits, const float* bias, int64_t n, const Ro
   }
 }
 
+void CpuBackend::axpy(float* y, float a, const float* x, int64_t count) { kern::axpy_f32(a, x, y, count); }
+
 void CpuBackend::moe_experts(const ExpertMats& m, const float* xl, int64_t n, int64_t Lw, const int32_t* rsel,
                              const float* rw, int64_t k, int64_t E, float beta, float lambda, float* acc) {
   const int64_t F = m.gate.rows;

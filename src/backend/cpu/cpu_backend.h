@@ -68,6 +68,7 @@ class CpuBackend : public Backend {
                 const float* k, const float* v, const float* g, const float* beta, float scale, float* o) override;
   void moe_route(float* logits, const float* bias, int64_t n, const RouterParams& p, float* probs, int32_t* sel,
                  float* weights) override;
+  void axpy(float* y, float a, const float* x, int64_t count) override;
   void moe_experts(const ExpertMats& m, const float* x, int64_t n, int64_t width, const int32_t* sel,
                    const float* weights, int64_t n_used, int64_t n_expert, float situ_beta, float situ_lambda,
                    float* acc) override;

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Paper projection for docs/distributed.md: Kimi-K3.1 (real shapes, k3-architecture.md section 1)
-decoded one token at a time over N nodes with kimi's tensor split (every always-read matrix split by
-rows and all-gathered, routed experts split by expert, partial sums all-gathered) or the layer split.
+decoded one token at a time over N nodes with kimi's tensor split (heads and rows of every
+always-read matrix split, head outputs and output-projection rows all-gathered, routed experts
+split by expert with one output per routed slot exchanged) or the layer split.
 Nothing here is measured; the link and memory numbers are assumptions stated in the table header.
 usage: python3 tools/dist_projection.py"""
 
@@ -17,25 +18,30 @@ BF16, MXFP4 = 2.0, 17.0 / 32.0   # bytes per weight
 # (rows, cols) of the always-read matrices (BF16); rows are what a rank splits and all-gathers
 kda = [(H * HD, D)] * 3 + [(128, D), (H * HD, 128), (H, D), (H * HD, D), (D, H * HD)]
 mla = [(QL, D), (H * (NOPE + ROPE), QL), (KVL + ROPE, D), (128, D), (IH * ID, QL), (IH, D), (H * HD, D), (D, H * HD)]
-mla_heads = H * (NOPE + VD) * KVL          # k_b / v_b per-head slices: read whole on every rank (v1)
+mla_heads = H * (NOPE + VD) * KVL          # k_b / v_b per-head slices (split by heads)
 moe = [(E, D), (LAT, D), (D, LAT), (SH, D), (SH, D), (D, SH)]
 dense0 = [(DENSE_FF, D), (DENSE_FF, D), (D, DENSE_FF)]
 head = (V, D)
 expert_bytes = 3 * FF * LAT * MXFP4         # one routed expert (gate, up, down)
+kda_fa = 128 * D                            # KDA's low-rank decay input: whole on every node
 
 def mats_bytes(ms):
     return sum(r * c for r, c in ms) * BF16
 
-always = (N_KDA * mats_bytes(kda) + N_MLA * mats_bytes(mla) + 92 * mats_bytes(moe) + mats_bytes(dense0)
-          + head[0] * head[1] * BF16)
-replicated = N_MLA * mla_heads * BF16       # not split in v1
+always = (N_KDA * mats_bytes(kda) + N_MLA * (mats_bytes(mla) + mla_heads * BF16) + 92 * mats_bytes(moe)
+          + mats_bytes(dense0) + head[0] * head[1] * BF16)
+replicated = N_KDA * kda_fa * BF16          # read whole by every node
 experts_total = 92 * E * expert_bytes
 experts_per_token = 92 * K * expert_bytes
-# exchanges per token (n = 1): one all-gather per split matrix + one per MoE layer (expert sums)
-gathers = N_KDA * len(kda) + N_MLA * len(mla) + 92 * (len(moe) + 1) + len(dense0) + 1
-gathered_floats = (N_KDA * sum(r for r, _ in kda) + N_MLA * sum(r for r, _ in mla) + 92 * sum(r for r, _ in moe)
-                   + sum(r for r, _ in dense0) + V)
-moe_sum_floats = 92 * LAT                   # each rank's partial sum, sent to every other rank
+# exchanges per token (n = 1): KDA 2 (head outputs, output rows), MLA 4 (latents + indexer keys and
+# weights, indexer query heads, head outputs, output rows), MoE 3 (router + latent input, routed
+# slot outputs + shared experts' inner rows, up/down rows), dense FFN 2, LM head 1 (to rank 0),
+# rank 0's command and batch 2
+gathers = N_KDA * 2 + N_MLA * 4 + 92 * 3 + 2 + 1 + 2
+# floats all-gathered per token (all nodes' parts together)
+gathered_floats = (N_KDA * (H * HD + D) + N_MLA * (QL + KVL + ROPE + ID + IH + IH * ID + H * VD + D)
+                   + 92 * (E + LAT + K * LAT + SH + D) + DENSE_FF + D)
+to_root_floats = V                          # the LM head's rows go to rank 0 only
 
 links = {  # name: (bandwidth bytes/s per direction, one-message latency s)
     "25 GbE (TCP)": (25e9 / 8, 30e-6),
@@ -45,21 +51,21 @@ links = {  # name: (bandwidth bytes/s per direction, one-message latency s)
 MEM_BW = 200e9   # bytes/s a node streams weights at (assumed; a 12-channel DDR5 server ~ 300-400 GB/s peak)
 
 print(f"always-read weights {always/1e9:.1f} GB, of them LM head {head[0]*head[1]*BF16/1e9:.2f} GB; "
-      f"MLA per-head k_b/v_b (replicated) {replicated/1e9:.2f} GB")
+      f"read whole by every node (KDA decay input) {replicated/1e9:.3f} GB")
 print(f"routed experts {experts_total/1e12:.3f} TB in all; {experts_per_token/1e9:.1f} GB read per token (16 of 896 x 92)")
-print(f"tensor split: {gathers} all-gathers per token; {gathered_floats*4/1e6:.2f} MB of gathered rows per token")
+print(f"tensor split: {gathers} exchanges per token; {gathered_floats*4/1e6:.2f} MB of gathered values per token")
 print()
 print("| nodes | link | memory per node (GB) | weight bytes per token per node (GB) | sent per node per token (MB) | messages per token per node | weights time (ms) | link time (ms) | decode t/s (bound) |")
 print("|---:|---|---:|---:|---:|---:|---:|---:|---:|")
 for n in (4, 8):
-    mem = (always + experts_total) / n + replicated
-    wbytes = (always + experts_per_token) / n + replicated
-    # per all-gather each rank sends its slice to n-1 ranks; expert sums: Lw floats to n-1 ranks
-    sent = (gathered_floats / n * 4 + moe_sum_floats * 4) * (n - 1)
+    mem = (always - replicated + experts_total) / n + replicated
+    wbytes = (always - replicated + experts_per_token) / n + replicated
+    # per all-gather each node sends its part (1/n on average) to the n-1 others
+    sent = gathered_floats / n * 4 * (n - 1) + to_root_floats / n * 4
     msgs = gathers * (n - 1)
     t_w = wbytes / MEM_BW
     for name, (bw, lat) in links.items():
-        t_l = gathers * lat + sent / bw      # exchanges are sequential (one per matrix)
+        t_l = gathers * lat + sent / bw      # exchanges are sequential
         print(f"| {n} | {name} | {mem/1e9:.0f} | {wbytes/1e9:.2f} | {sent/1e6:.2f} | {msgs} | {t_w*1e3:.1f} | "
               f"{t_l*1e3:.1f} | {1/(t_w+t_l):.1f} |")
 print()

@@ -10,12 +10,14 @@
 #include <csignal>
 #include <pthread.h>
 #include <signal.h>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
 #include <thread>
+#include <unistd.h>
 #include <vector>
 
 #include "util/error.h"
@@ -43,7 +45,77 @@ std::string mpi_error_text(int code) {
 // 0; if rank 0 does not close within kTermGrace seconds, the worker ends (status 1).
 volatile std::sig_atomic_t g_term = 0;
 constexpr double kTermGrace = 120;
-extern "C" void on_term(int) { g_term = 1; }
+int g_term_pipe[2] = {-1, -1};  // SIGTERM -> the watcher thread (below)
+extern "C" void on_term(int) {
+  g_term = 1;
+  if (g_term_pipe[1] >= 0) {
+    const char c = 't';
+    [[maybe_unused]] const ssize_t w = ::write(g_term_pipe[1], &c, 1);
+  }
+}
+
+constexpr int kTagAlive = 11;  // "still here" notes after a SIGTERM (the watcher)
+// How long rank 0 waits for the other ranks' notes after a SIGTERM: Open MPI's mpirun sends
+// SIGKILL odls_base_sigkill_timeout (1 s) after its SIGTERM.
+constexpr double kAliveWait = 0.7;
+
+// Plain mpirun ends the whole job when a rank dies: SIGTERM to every other rank, SIGKILL 1 s later,
+// and no event to the survivors (no PMIx notification without --enable-recovery). So that rank 0
+// can still name the lost rank, every rank's watcher thread wakes on SIGTERM: a worker sends rank 0
+// a note; rank 0 waits kAliveWait s for the notes and names the ranks that sent none ("lost rank 2
+// (the launcher is ending the job)"), then ends with status 1. When every rank answers (a plain
+// stop, e.g. Ctrl-C) rank 0 ends as a SIGTERM would have ended it. (A server's own SIGTERM handler
+// replaces this one on rank 0: its graceful shutdown comes first.)
+void watch_term(int rank, int size) {
+  char c = 0;
+  while (::read(g_term_pipe[0], &c, 1) != 1) {
+    if (errno != EINTR) return;
+  }
+  using clock = std::chrono::steady_clock;
+  const auto t0 = clock::now();
+  if (rank != 0) {
+    int one = rank;
+    MPI_Request q;
+    if (MPI_Isend(&one, 1, MPI_INT, 0, kTagAlive, MPI_COMM_WORLD, &q) != MPI_SUCCESS) return;
+    while (std::chrono::duration<double>(clock::now() - t0).count() < kAliveWait) {
+      int done = 0;
+      if (MPI_Test(&q, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS || done) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    return;  // the main thread goes on (a worker told to stop waits for rank 0, wait_all)
+  }
+  std::vector<MPI_Request> req(static_cast<size_t>(size), MPI_REQUEST_NULL);
+  std::vector<int> note(static_cast<size_t>(size), 0), seen(static_cast<size_t>(size), 0);
+  for (int r = 1; r < size; ++r)
+    MPI_Irecv(&note[static_cast<size_t>(r)], 1, MPI_INT, r, kTagAlive, MPI_COMM_WORLD, &req[static_cast<size_t>(r)]);
+  int left = size - 1;
+  while (left > 0 && std::chrono::duration<double>(clock::now() - t0).count() < kAliveWait) {
+    for (int r = 1; r < size; ++r) {
+      if (seen[static_cast<size_t>(r)]) continue;
+      int done = 0;
+      if (MPI_Test(&req[static_cast<size_t>(r)], &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && done) {
+        seen[static_cast<size_t>(r)] = 1;
+        --left;
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  if (left == 0) {  // everyone is here: an ordinary stop
+    std::signal(SIGTERM, SIG_DFL);
+    std::raise(SIGTERM);
+    std::_Exit(143);
+  }
+  std::string lost;
+  for (int r = 1; r < size; ++r)
+    if (!seen[static_cast<size_t>(r)]) lost += (lost.empty() ? "" : ", ") + std::to_string(r);
+  std::fprintf(stderr,
+               "kimi: rank 0: lost rank%s %s (the launcher is ending the job: a rank died or was killed; no "
+               "word from it within %g s of the launcher's stop)\n",
+               left > 1 ? "s" : "", lost.c_str(), kAliveWait);
+  std::fflush(stderr);
+  std::fflush(stdout);
+  std::_Exit(1);
+}
 
 // mpirun --enable-recovery sets this MCA parameter in the ranks' environment
 bool recovery_mode() {
@@ -92,8 +164,7 @@ std::unique_ptr<MpiCollective> MpiCollective::init(int* argc, char*** argv) {
   sigemptyset(&block);
   for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT}) sigaddset(&block, sig);
   pthread_sigmask(SIG_BLOCK, &block, &old);
-  const int rc = MPI_Init_thread(argc, argv, MPI_THREAD_SERIALIZED, &provided);
-  pthread_sigmask(SIG_SETMASK, &old, nullptr);
+  const int rc = MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided);
   if (rc != MPI_SUCCESS) {
     std::fprintf(stderr, "kimi: MPI_Init failed\n");
     std::exit(1);
@@ -111,6 +182,17 @@ std::unique_ptr<MpiCollective> MpiCollective::init(int* argc, char*** argv) {
     }
     c->timeout_s_ = v;
   }
+  // the SIGTERM watcher (watch_term; it needs MPI_THREAD_MULTIPLE: it talks while the main thread
+  // may be inside an exchange), started while the signals are still blocked so that it never
+  // takes them itself
+  if (provided >= MPI_THREAD_MULTIPLE && c->size_ > 1 && ::pipe(g_term_pipe) == 0) {
+    std::thread(watch_term, c->rank_, c->size_).detach();
+    struct sigaction sa {};
+    sa.sa_handler = on_term;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, nullptr);
+  }
+  pthread_sigmask(SIG_SETMASK, &old, nullptr);
   c->pending_ = std::make_unique<Pending>();
   // a payload is at most a few 1 GiB chunks per peer; 64 requests per peer cover 32 GiB
   c->pending_->reserve(static_cast<size_t>(c->size_) * 128);
@@ -162,6 +244,9 @@ void MpiCollective::abort_job(const std::string& why, int code) {
     }
     std::_Exit(code);
   }
+  // a moment for the other ranks to report their own errors (e.g. every rank of a job started
+  // with the wrong per-rank files) before the launcher ends them
+  std::this_thread::sleep_for(std::chrono::seconds(1));
   MPI_Abort(MPI_COMM_WORLD, code);
   std::_Exit(code);
 }

@@ -8,7 +8,8 @@
 // status (docs/distributed.md, "Failures"). wait_command (a worker waiting for rank 0's next
 // command) has no deadline, only the error check. Under `mpirun --enable-recovery` (the launcher
 // then leaves a lost rank to the job) a rank that ends the job first sends every other rank a
-// note, which ends them too (naming who lost which rank); without it mpirun itself ends the job.
+// note, which ends them too (naming who lost which rank); without it mpirun itself ends the job
+// (SIGTERM, then SIGKILL) and rank 0 names the ranks that did not answer its SIGTERM roll call.
 #pragma once
 #include <memory>
 #include <string>
@@ -23,7 +24,9 @@ bool launched_by_mpi();
 
 class MpiCollective final : public Collective {
  public:
-  // MPI_Init (MPI_THREAD_SERIALIZED: one thread at a time, e.g. the server's scheduler) and the error handler; timeout_s from KIMI_MPI_TIMEOUT
+  // MPI_Init (MPI_THREAD_MULTIPLE: the exchanges come from one thread at a time, e.g. the server's
+  // scheduler, and a watcher thread answers the launcher's SIGTERM so that rank 0 can name a lost
+  // rank, docs/distributed.md "Failures") and the error handler; timeout_s from KIMI_MPI_TIMEOUT
   // (seconds, default 20).
   static std::unique_ptr<MpiCollective> init(int* argc, char*** argv);
   ~MpiCollective() override;  // MPI_Finalize

@@ -98,6 +98,14 @@ void Forward::setup_dist() {
   d.size = c->size();
   d.mode = opts_.split;
   d.bytes.assign(static_cast<size_t>(d.size), 0);
+  if (hp0.shard_ranks) {  // checked before any exchange: every rank with a wrong file says so
+    check(hp0.shard_ranks == static_cast<uint32_t>(d.size) && hp0.shard_rank == static_cast<uint32_t>(d.rank),
+          "rank {}: {} is the file of rank {} of a {}-rank split, but this job has {} ranks and this is rank {} "
+          "(mpirun -np {}; {{rank}} in -m picks each rank's file)",
+          d.rank, file, hp0.shard_rank, hp0.shard_ranks, d.size, d.rank, hp0.shard_ranks);
+    check(opts_.split == SplitMode::Tensor, "rank {}: {} holds only this rank's heads, rows and experts: use --split-mode tensor",
+          d.rank, file);
+  }
   {  // every rank runs the same model (a shard set has its source's id)
     std::string id = model_id(model_.reader());
     id.resize(16, ' ');
@@ -109,14 +117,6 @@ void Forward::setup_dist() {
       check(other == id, "rank {}: {} is model {}, but rank {} runs model {}: every rank needs the same model (or "
             "its shard of it)", d.rank, file, id, r, other);
     }
-  }
-  if (hp0.shard_ranks) {
-    check(hp0.shard_ranks == static_cast<uint32_t>(d.size) && hp0.shard_rank == static_cast<uint32_t>(d.rank),
-          "rank {}: {} is the file of rank {} of a {}-rank split, but this job has {} ranks and this is rank {} "
-          "(mpirun -np {}; {{rank}} in -m picks each rank's file)",
-          d.rank, file, hp0.shard_rank, hp0.shard_ranks, d.size, d.rank, hp0.shard_ranks);
-    check(opts_.split == SplitMode::Tensor, "rank {}: {} holds only this rank's experts: use --split-mode tensor",
-          d.rank, file);
   }
   check(devs_.size() == 1 && devs_[0]->be->host_visible(),
         "forward: {} ranks run on the CPU backend only (no accelerator placement with MPI yet)", d.size);

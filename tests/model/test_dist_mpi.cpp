@@ -164,7 +164,8 @@ TEST_F(Dist, GreedyGenerationIdentical) {
 }
 
 // A rank killed (SIGKILL) mid-generation. Plain mpirun ends the job at once (status non-zero)
-// and names the rank; with --enable-recovery the launcher leaves it to kimi: rank 0 names the
+// and names the rank, and so does rank 0 (the ranks that did not answer its roll call after the
+// launcher's SIGTERM); with --enable-recovery the launcher leaves it to kimi: rank 0 names the
 // rank it lost after KIMI_MPI_TIMEOUT seconds, tells the others, and every rank ends with status 1
 // (recorded per rank by a wrapper: Open MPI 4.1's mpirun itself reports 0 in that mode). The
 // wrapper is used only there: under plain mpirun a rank's wrapper that outlives its kimi changes
@@ -208,6 +209,8 @@ TEST_F(Dist, KilledRankEndsEveryRankAndIsNamed) {
     } else {
       EXPECT_EQ(out.find("rc=0 "), std::string::npos);
       EXPECT_NE(out.find("process rank 2"), std::string::npos);  // mpirun's own report
+      // and rank 0's, from the roll call after the launcher's SIGTERM
+      EXPECT_NE(out.find("kimi: rank 0: lost rank 2 "), std::string::npos);
     }
   }
 }
@@ -298,9 +301,12 @@ TEST_F(Dist, PerRankFilesAndMismatches) {
   auto d = sh(mpirun(3) + args + " -m " + q(per_rank) + " --logits-out " + q(part));
   EXPECT_NE(d.exit_code, 0);
   EXPECT_NE(d.exit_code, 124) << "hang";
-  EXPECT_TRUE(d.out.find("2-rank split, but this job has 3 ranks") != std::string::npos ||
-              d.out.find("rank2-of-2") != std::string::npos)
-      << d.out;
+  // every rank reports its own problem (ranks 0 and 1: the split; rank 2: no file of its own)
+  EXPECT_NE(d.out.find("kimi: rank 0: kimi eval: error: rank 0: "), std::string::npos) << d.out;
+  EXPECT_NE(d.out.find("kimi: rank 1: kimi eval: error: rank 1: "), std::string::npos) << d.out;
+  EXPECT_NE(d.out.find("2-rank split, but this job has 3 ranks"), std::string::npos) << d.out;
+  EXPECT_NE(d.out.find("kimi: rank 2: "), std::string::npos) << d.out;
+  EXPECT_NE(d.out.find("rank2-of-2"), std::string::npos) << d.out;
   // a shard without mpirun
   auto e = kimi::test::run_kimi(std::string("eval --tokens 1,2 --logits-out ") + q(part) + " -m " +
                                 q(shards + "/" + stem + ".rank0-of-2.gguf"));

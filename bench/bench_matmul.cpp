@@ -1,15 +1,26 @@
-// Matmul micro-benchmarks at small-preset shapes (run `KIMI_ISA=avx2 bench/bench_matmul` etc. to
-// compare levels). GEMV: bytes_per_second = weight bytes streamed (several copies of the matrix
+// Matmul micro-benchmarks at small-preset and K3 shapes (run `KIMI_ISA=avx2 bench/bench_matmul` etc.
+// to compare levels). GEMV: bytes_per_second = weight bytes streamed (several copies of the matrix
 // rotate so it never sits in cache). GEMM: items_per_second = FLOPs (2 per multiply-add).
+// `packed_*`: the K-quants through their load-time row-interleaved copy (repack.h), as the CPU
+// backend runs them. `peak_*`: the dot-product peak of one instruction kind per thread count
+// (independent accumulators, no memory), the reference for the GEMM efficiency: items = MACs.
 #include <benchmark/benchmark.h>
+#if defined(__x86_64__)
+// GCC 12 warns about _mm512_undefined_* inside its own intrinsic headers (the reductions below)
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+#endif
 
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <vector>
 
 #include "backend/cpu/dispatch.h"
 #include "backend/cpu/matmul.h"
+#include "backend/cpu/repack.h"
 #include "tensor/quants.h"
 
 using namespace kimi;
@@ -103,7 +114,135 @@ void gemm(benchmark::State& st, GgmlType t, int64_t rows, int64_t cols, int64_t 
   st.SetLabel(active_isa());
 }
 
+// The same through packed copies (one per rotated copy), as CpuBackend::prepare_weight makes them.
+void gemv_packed(benchmark::State& st, GgmlType t, int64_t rows, int64_t cols, int copies) {
+  const auto w = make_weights(t, rows, cols, copies);
+  const uint64_t rb = row_bytes(t, static_cast<uint64_t>(cols));
+  const uint64_t mat_bytes = rb * static_cast<uint64_t>(rows);
+  std::vector<MatView> views;
+  std::vector<std::unique_ptr<PackedWeight>> packs;
+  for (int c = 0; c < copies; ++c) {
+    views.push_back(MatView{t, w.data() + mat_bytes * static_cast<uint64_t>(c), rows, cols, rb});
+    packs.push_back(pack_weight(views.back(), &pool()));
+    views.back().packed = packs.back().get();
+  }
+  if (!packs[0]) st.SkipWithError("no packed kernel at this ISA level");
+  const auto x = make_x(cols);
+  std::vector<float> y(static_cast<size_t>(rows));
+  int i = 0;
+  for (auto _ : st) {
+    matmul(views[static_cast<size_t>(i)], x.data(), 1, y.data(), pool());
+    benchmark::DoNotOptimize(y.data());
+    i = (i + 1) % copies;
+  }
+  st.SetBytesProcessed(static_cast<int64_t>(st.iterations()) * static_cast<int64_t>(mat_bytes));
+  st.SetLabel(active_isa());
+}
+
+void gemm_packed(benchmark::State& st, GgmlType t, int64_t rows, int64_t cols, int64_t nt) {
+  const auto w = make_weights(t, rows, cols);
+  const auto x = make_x(cols * nt);
+  std::vector<float> y(static_cast<size_t>(rows * nt));
+  MatView W{t, w.data(), rows, cols, row_bytes(t, static_cast<uint64_t>(cols))};
+  const auto P = pack_weight(W, &pool());
+  if (!P) st.SkipWithError("no packed kernel at this ISA level");
+  W.packed = P.get();
+  for (auto _ : st) {
+    matmul(W, x.data(), nt, y.data(), pool());
+    benchmark::DoNotOptimize(y.data());
+  }
+  st.SetItemsProcessed(static_cast<int64_t>(st.iterations()) * 2 * rows * cols * nt);
+  st.SetLabel(active_isa());
+}
+
+#if defined(__x86_64__)
+// Peak loops: 12 independent accumulators (more than latency x throughput), operands kept in
+// registers. Compiled for AVX-512 here only; run only where the CPU has it.
+constexpr int kAcc = 12;
+__attribute__((target("avx512f,avx512bw,avx512vnni"), noinline)) int64_t peak_vnni_loop(int64_t n) {
+  __m512i c[kAcc];
+  __m512i a = _mm512_set1_epi8(1), b = _mm512_set1_epi8(2);
+  for (auto& v : c) v = _mm512_setzero_si512();
+  for (int64_t i = 0; i < n; ++i) {
+    for (auto& v : c) v = _mm512_dpbusd_epi32(v, a, b);
+    asm volatile("" : "+v"(a), "+v"(b));
+  }
+  int64_t s = 0;
+  for (auto& v : c) s += _mm512_reduce_add_epi32(v);
+  return s;
+}
+__attribute__((target("avx512f,avx512bw,avx512bf16"), noinline)) float peak_bf16_loop(int64_t n) {
+  __m512 c[kAcc];
+  __m512i a = _mm512_set1_epi16(0x3f80), b = _mm512_set1_epi16(0x3f80);
+  for (auto& v : c) v = _mm512_setzero_ps();
+  for (int64_t i = 0; i < n; ++i) {
+    for (auto& v : c) v = _mm512_dpbf16_ps(v, (__m512bh)a, (__m512bh)b);
+    asm volatile("" : "+v"(a), "+v"(b));
+  }
+  float s = 0;
+  for (auto& v : c) s += _mm512_reduce_add_ps(v);
+  return s;
+}
+__attribute__((target("avx512f"), noinline)) float peak_fma_loop(int64_t n) {
+  __m512 c[kAcc];
+  __m512 a = _mm512_set1_ps(1.0f), b = _mm512_set1_ps(0.5f);
+  for (auto& v : c) v = _mm512_setzero_ps();
+  for (int64_t i = 0; i < n; ++i) {
+    for (auto& v : c) v = _mm512_fmadd_ps(a, b, v);
+    asm volatile("" : "+v"(a), "+v"(b));
+  }
+  float s = 0;
+  for (auto& v : c) s += _mm512_reduce_add_ps(v);
+  return s;
+}
+
+// kind 0: vpdpbusd (64 u8 x s8 MACs), 1: vdpbf16ps (32 bf16 MACs), 2: vfmadd231ps (16 f32 MACs)
+void peak(benchmark::State& st, int kind) {
+  const CpuFeatures& f = cpu_features();
+  if (!(f.avx512f && f.avx512bw && (kind != 0 || f.avx512vnni) && (kind != 1 || f.avx512bf16))) {
+    st.SkipWithError("no AVX-512 VNNI/BF16 on this CPU");
+    return;
+  }
+  const int nth = static_cast<int>(st.range(0));
+  ThreadPool tp(nth);
+  constexpr int64_t kIters = 2000000;
+  std::vector<double> sink(static_cast<size_t>(nth));
+  for (auto _ : st) {
+    tp.run_on_all([&](int ti, int) {
+      sink[static_cast<size_t>(ti)] = kind == 0 ? static_cast<double>(peak_vnni_loop(kIters))
+                                      : kind == 1 ? peak_bf16_loop(kIters)
+                                                  : peak_fma_loop(kIters);
+    });
+    benchmark::DoNotOptimize(sink.data());
+  }
+  const int64_t per = kind == 0 ? 64 : kind == 1 ? 32 : 16;
+  st.SetItemsProcessed(static_cast<int64_t>(st.iterations()) * nth * kIters * kAcc * per);
+}
+#endif
+
 }  // namespace
+
+#if defined(__x86_64__)
+BENCHMARK_CAPTURE(peak, vnni_u8s8_mac, 0)->Arg(1)->Arg(2)->UseRealTime();
+BENCHMARK_CAPTURE(peak, bf16_mac, 1)->Arg(1)->Arg(2)->UseRealTime();
+BENCHMARK_CAPTURE(peak, f32_fma_mac, 2)->Arg(1)->Arg(2)->UseRealTime();
+#endif
+
+// K-quants through their packed copies: small-preset FFN down and K3 shapes (7168 hidden:
+// KDA q/k/v 7168 -> 12288, routed/shared expert 7168 -> 3072 and back)
+BENCHMARK_CAPTURE(gemv_packed, q4_K_2048x8192, GgmlType::Q4_K, 2048, 8192, 8)->UseRealTime();
+BENCHMARK_CAPTURE(gemv_packed, q5_K_2048x8192, GgmlType::Q5_K, 2048, 8192, 8)->UseRealTime();
+BENCHMARK_CAPTURE(gemv_packed, q6_K_2048x8192, GgmlType::Q6_K, 2048, 8192, 8)->UseRealTime();
+BENCHMARK_CAPTURE(gemv_packed, q4_K_12288x7168, GgmlType::Q4_K, 12288, 7168, 2)->UseRealTime();
+BENCHMARK_CAPTURE(gemv_packed, q6_K_12288x7168, GgmlType::Q6_K, 12288, 7168, 2)->UseRealTime();
+BENCHMARK_CAPTURE(gemv, q4_K_12288x7168, GgmlType::Q4_K, 12288, 7168, 2, Precision::Fast)->UseRealTime();
+BENCHMARK_CAPTURE(gemv, q8_0_12288x7168, GgmlType::Q8_0, 12288, 7168, 2, Precision::Fast)->UseRealTime();
+BENCHMARK_CAPTURE(gemv, bf16_12288x7168, GgmlType::BF16, 12288, 7168, 2, Precision::Fast)->UseRealTime();
+BENCHMARK_CAPTURE(gemv, mxfp4_3072x7168, GgmlType::MXFP4, 3072, 7168, 8, Precision::Fast)->UseRealTime();
+BENCHMARK_CAPTURE(gemm_packed, q4_K_2048x2048_t512, GgmlType::Q4_K, 2048, 2048, 512)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(gemm_packed, q5_K_2048x2048_t512, GgmlType::Q5_K, 2048, 2048, 512)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(gemm_packed, q6_K_2048x2048_t512, GgmlType::Q6_K, 2048, 2048, 512)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(gemm_packed, q4_K_3072x7168_t512, GgmlType::Q4_K, 3072, 7168, 512)->UseRealTime()->Unit(benchmark::kMillisecond);
 
 // dense FFN of the small preset: gate/up {2048 -> 8192}, down {8192 -> 2048}
 BENCHMARK_CAPTURE(gemv, bf16_8192x2048, GgmlType::BF16, 8192, 2048, 4, Precision::Fast)->UseRealTime();

@@ -132,6 +132,10 @@ class Backend {
   // A weight's bytes as this backend reads them: the host (mmap) address itself for the CPU, an
   // uploaded copy for a device. Called once per placed tensor at load.
   virtual const uint8_t* place_weight(const std::string& name, const uint8_t* host, uint64_t bytes) = 0;
+  // A copy of a placed 2-D weight (w.data as place_weight returned it) in a layout of this
+  // backend's kernels, made once at load (the CPU: row-interleaved K-quants, backend/cpu/repack.h);
+  // it lives as long as the backend and goes into MatView::packed. nullptr (the default): none.
+  virtual const PackedWeight* prepare_weight(const MatView& w) { return nullptr; }
   virtual void upload(void* dst, const void* host_src, uint64_t bytes) = 0;
   virtual void download(void* host_dst, const void* src, uint64_t bytes) = 0;
   virtual void copy(void* dst, const void* src, uint64_t bytes) = 0;  // both in this backend

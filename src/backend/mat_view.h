@@ -8,12 +8,19 @@
 
 namespace kimi {
 
+// A copy of a weight in a layout one backend made for its kernels at load time (the CPU's
+// row-interleaved K-quants, backend/cpu/repack.h). Opaque here; only the backend that made it reads it.
+struct PackedWeight;
+
 struct MatView {
   GgmlType type = GgmlType::F32;
   const uint8_t* data = nullptr;
   int64_t rows = 0;       // output features (ne[1])
   int64_t cols = 0;       // input features (ne[0], a multiple of the type's block size)
   uint64_t row_bytes = 0; // bytes per row (row_bytes(type, cols))
+  // The backend's prepared copy of the same matrix (Backend::prepare_weight), or nullptr. `data`
+  // stays valid: a kernel without a packed variant (or Precision::F32) reads the original.
+  const PackedWeight* packed = nullptr;
 };
 
 // Precision::Fast: activations are rounded to the weight's dot type (bf16 for BF16, f16 for F16,

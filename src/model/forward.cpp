@@ -19,6 +19,7 @@ void place(WeightView& w, Backend& be) {
   const uint8_t* host = w.info->data;
   const uint8_t* at = be.place_weight(w.info->name, host, w.info->nbytes);
   if (w.mat.data) w.mat.data = at + (w.mat.data - host);
+  if (w.mat.data && w.slice_bytes == 0) w.mat.packed = be.prepare_weight(w.mat);  // 2-D weights only
   if (w.f32) w.f32 = reinterpret_cast<const float*>(at + (reinterpret_cast<const uint8_t*>(w.f32) - host));
 }
 

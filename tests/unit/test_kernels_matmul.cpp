@@ -15,6 +15,7 @@
 #include "backend/cpu/dispatch.h"
 #include "backend/cpu/matmul.h"
 #include "backend/cpu/quantize_act.h"
+#include "backend/cpu/repack.h"
 #include "backend/cpu/vec.h"
 #include "tensor/quants.h"
 #include "tensor/types.h"
@@ -347,6 +348,69 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{GgmlType::Q3_K, {256, 768}}, Case{GgmlType::IQ4_XS, {256, 768}},
                       Case{GgmlType::IQ2_XS, {256, 768}}),
     [](const ::testing::TestParamInfo<Case>& i) { return std::string(type_name(i.param.type)); });
+
+// Packed (x16 row-interleaved) copies of K-quant weights (repack.h): the packed kernels, with the
+// rows outside whole groups of 16 through the plain kernels, against the float64 reference at every
+// level (a level without packed kernels reads the original), through matmul and through
+// matmul_rows over ragged row ranges. 130 rows = 8 groups + 2 tail rows; 70 tokens = several
+// 8-token tiles with a ragged one.
+TEST(Matmul, PackedKQuantsMatchReference) {
+  IsaRestore restore;
+  ThreadPool pool(2);
+  std::mt19937 rng(4321);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  bool packed_any = false;
+  for (GgmlType type : {GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K}) {
+    for (int64_t cols : {256, 768}) {
+      for (int64_t rows : {16, 37, 130}) {
+        const auto w = random_weights(type, rows, cols, rng);
+        MatView W{type, w.data(), rows, cols, row_bytes(type, cols)};
+        set_isa(best_isa());
+        const auto P = pack_weight(W, &pool);
+        if (P) {
+          packed_any = true;
+          ASSERT_EQ(P->groups, rows / 16);
+        }
+        W.packed = P.get();
+        std::vector<double> wd(rows * cols);
+        for (int64_t r = 0; r < rows; ++r)
+          for (int64_t c = 0; c < cols; ++c) wd[r * cols + c] = ref_elem(type, w.data() + r * W.row_bytes, c);
+        for (int64_t nt : {1, 2, 8, 9, 70}) {
+          std::vector<float> x(nt * cols);
+          for (auto& v : x) v = u(rng);
+          std::vector<double> xe(nt * cols), ref(nt * rows), mag(nt * rows);
+          for (int64_t t = 0; t < nt; ++t) emulate_act(type, Precision::Fast, &x[t * cols], cols, &xe[t * cols]);
+          for (int64_t t = 0; t < nt; ++t)
+            for (int64_t r = 0; r < rows; ++r) {
+              double s = 0, m = 0;
+              for (int64_t c = 0; c < cols; ++c) {
+                s += wd[r * cols + c] * xe[t * cols + c];
+                m += std::fabs(wd[r * cols + c] * xe[t * cols + c]);
+              }
+              ref[t * rows + r] = s;
+              mag[t * rows + r] = m;
+            }
+          for (Isa isa : isa_levels()) {
+            set_isa(isa);
+            std::vector<float> y(nt * rows, NAN), y2(nt * rows, NAN);
+            matmul(W, x.data(), nt, y.data(), pool, Precision::Fast);
+            const int64_t cuts[] = {0, 5, rows / 2 + 3, rows};  // ragged, mostly not on group boundaries
+            for (int i = 0; i < 3; ++i)
+              matmul_rows(W, x.data(), nt, y2.data(), std::min(cuts[i], rows), std::min(cuts[i + 1], rows));
+            for (int64_t i = 0; i < nt * rows; ++i) {
+              const double tol = 1e-5 * mag[i] + 1e-30;
+              ASSERT_NEAR(y[i], ref[i], tol) << type_name(type) << " packed isa=" << isa_name(isa) << " rows=" << rows
+                                             << " cols=" << cols << " nt=" << nt << " i=" << i;
+              ASSERT_NEAR(y2[i], ref[i], tol) << "matmul_rows " << type_name(type) << " packed isa=" << isa_name(isa)
+                                              << " rows=" << rows << " cols=" << cols << " nt=" << nt << " i=" << i;
+            }
+          }
+        }
+      }
+    }
+  }
+  if (!packed_any) GTEST_SKIP() << "no packed K-quant kernels at this CPU's best ISA level (" << isa_name(best_isa()) << ")";
+}
 
 // MXFP4 blocks with exponent byte 0 (scale 2^-127, subnormal) are exact in every path, also
 // next to normal blocks (e = 255 is NaN in E8M0 and never written by a quantizer: not tested).

@@ -49,6 +49,14 @@ CpuBackend::CpuBackend(ThreadPool& pool, kern::Precision prec) : pool_(pool), pr
 
 std::unique_ptr<Buffer> CpuBackend::alloc(uint64_t bytes, const char*) { return std::make_unique<HostBuffer>(this, bytes); }
 const uint8_t* CpuBackend::place_weight(const std::string&, const uint8_t* host, uint64_t) { return host; }
+const PackedWeight* CpuBackend::prepare_weight(const kern::MatView& w) {
+  if (prec_ != kern::Precision::Fast) return nullptr;  // Precision::F32 reads the original
+  auto p = kern::pack_weight(w, &pool_);
+  if (!p) return nullptr;
+  packed_bytes_ += p->group_bytes * static_cast<uint64_t>(p->groups);
+  packed_.push_back(std::move(p));
+  return packed_.back().get();
+}
 void CpuBackend::upload(void* dst, const void* src, uint64_t bytes) { std::memcpy(dst, src, bytes); }
 void CpuBackend::download(void* dst, const void* src, uint64_t bytes) { std::memcpy(dst, src, bytes); }
 void CpuBackend::copy(void* dst, const void* src, uint64_t bytes) {

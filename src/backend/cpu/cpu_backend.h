@@ -3,10 +3,12 @@
 // Everything about CPU tiling (heads per work item, position chunks, expert row chunks,
 // per-thread scratch) lives here, not in the model code.
 #pragma once
+#include <memory>
 #include <vector>
 
 #include "backend/backend.h"
 #include "backend/cpu/matmul.h"
+#include "backend/cpu/repack.h"
 #include "backend/cpu/topk.h"
 #include "util/thread_pool.h"
 
@@ -22,6 +24,9 @@ class CpuBackend : public Backend {
 
   std::unique_ptr<Buffer> alloc(uint64_t bytes, const char* what) override;
   const uint8_t* place_weight(const std::string& name, const uint8_t* host, uint64_t bytes) override;
+  // K-quant weights: the row-interleaved copy (backend/cpu/repack.h), held until the backend goes
+  const PackedWeight* prepare_weight(const kern::MatView& w) override;
+  uint64_t packed_bytes() const { return packed_bytes_; }
   void upload(void* dst, const void* host_src, uint64_t bytes) override;
   void download(void* host_dst, const void* src, uint64_t bytes) override;
   void copy(void* dst, const void* src, uint64_t bytes) override;
@@ -114,6 +119,8 @@ class CpuBackend : public Backend {
   std::vector<int32_t> ex_count_, ex_off_, ex_tok_, ex_active_;
   std::vector<float> ex_wt_;
   std::vector<kern::ScoreIdx> route_scratch_;
+  std::vector<std::unique_ptr<PackedWeight>> packed_;  // prepare_weight's copies
+  uint64_t packed_bytes_ = 0;
 };
 
 }  // namespace kimi

@@ -155,6 +155,19 @@ bool neon_dot_kernel(GgmlType type, Precision prec, MatKernel* k);   // matmul_n
 bool neon_i8mm_kernel(GgmlType type, Precision prec, MatKernel* k);  // matmul_neon_i8mm.cpp
 bool level_kernel(Isa level, GgmlType type, Precision prec, MatKernel* k);  // the one of that level
 
+// ---- matmul over a packed weight (repack.h): one kernel per weight type and level ----
+struct PackedKernel {
+  size_t (*act_bytes)(int64_t cols) = nullptr;
+  void (*prep)(const float* x, int64_t cols, uint8_t* out) = nullptr;
+  // Groups [g0, g1) of P for tokens [0, nt): activation row t at act + t*act_stride; writes
+  // y[t*ldy + 16g + i] for row i of group g.
+  void (*run)(const PackedWeight& P, const uint8_t* act, size_t act_stride, int64_t nt, int64_t g0, int64_t g1,
+              float* y, int64_t ldy) = nullptr;
+};
+bool avx512_packed_kernel(GgmlType type, PackedKernel* k);  // repack_avx512.cpp
+// The packed kernel of the running level for type (false: none; matmul reads the original).
+bool pick_packed_kernel(GgmlType type, PackedKernel* k);
+
 // The kernel matmul runs for (type, precision) now: the one of the highest level <= current_isa()
 // that has one; *level (optional) gets that level. Fails for a type no level supports.
 MatKernel pick_matmul_kernel(GgmlType type, Precision prec, Isa* level = nullptr);

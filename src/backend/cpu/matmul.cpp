@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "backend/cpu/dispatch.h"
+#include "backend/cpu/repack.h"
 #include "backend/cpu/vec.h"
 #include "tensor/quants.h"
 #include "util/error.h"
@@ -41,11 +42,13 @@ void validate(const MatView& W, const float* x, int64_t n_tokens, const float* y
 }
 
 
-// Thread-local scratch that only grows (no allocation once warmed up).
-uint8_t* act_scratch(size_t bytes) {
-  thread_local std::vector<uint8_t> buf;
-  if (buf.size() < bytes) buf.resize(bytes + 64);
-  return buf.data();
+// Thread-local scratch that only grows (no allocation once warmed up); slot 1: the packed kernels'
+// activations (a packed matmul with rows outside its groups prepares both kinds).
+uint8_t* act_scratch(size_t bytes, int slot = 0) {
+  thread_local std::vector<uint8_t> buf[2];
+  auto& b = buf[slot & 1];
+  if (b.size() < bytes) b.resize(bytes + 64);
+  return b.data();
 }
 
 struct Prepared {
@@ -53,16 +56,74 @@ struct Prepared {
   size_t stride;
 };
 
-Prepared prepare(const MatKernel& k, const float* x, int64_t n_tokens, int64_t cols, ThreadPool* pool) {
+template <class K>
+Prepared prepare(const K& k, const float* x, int64_t n_tokens, int64_t cols, ThreadPool* pool, int slot = 0) {
   if (!k.act_bytes) return {reinterpret_cast<const uint8_t*>(x), static_cast<size_t>(cols) * sizeof(float)};
   const size_t stride = (k.act_bytes(cols) + 63) / 64 * 64;
-  uint8_t* buf = act_scratch(stride * static_cast<size_t>(n_tokens));
+  uint8_t* buf = act_scratch(stride * static_cast<size_t>(n_tokens), slot);
   if (pool && pool->size() > 1 && n_tokens >= 8) {
     pool->parallel_for(n_tokens, [&](int64_t t, int) { k.prep(x + t * cols, cols, buf + t * stride); });
   } else {
     for (int64_t t = 0; t < n_tokens; ++t) k.prep(x + t * cols, cols, buf + t * stride);
   }
   return {buf, stride};
+}
+
+// W's packed copy when the running level has a kernel for it (and the precision allows it).
+bool packed_usable(const MatView& W, Precision prec, PackedKernel* pk) {
+  if (W.packed == nullptr || prec != Precision::Fast) return false;
+  const PackedWeight& P = *W.packed;
+  check(P.type == W.type && P.cols == W.cols && P.groups * kPackRows <= W.rows,
+        "matmul: packed copy ({} x {} {}) does not match its {} x {} {} weight", P.groups * kPackRows, P.cols,
+        type_name(P.type), W.rows, W.cols, type_name(W.type));
+  return pick_packed_kernel(W.type, pk);
+}
+
+// Rows [r0, r1) of W for n tokens: the packed groups inside the range through the packed kernel
+// (threaded on pool when given), the rows outside them through the plain kernel on this thread.
+void matmul_packed(const MatView& W, const PackedKernel& pk, const float* x, int64_t n, float* y, ThreadPool* pool,
+                   int64_t r0, int64_t r1) {
+  const PackedWeight& P = *W.packed;
+  const int64_t g0 = std::min(P.groups, (r0 + kPackRows - 1) / kPackRows);
+  const int64_t g1 = std::max(g0, std::min(P.groups, r1 / kPackRows));
+  const int64_t p0 = g0 * kPackRows, p1 = g1 * kPackRows;  // packed rows [p0, p1)
+  if (r0 < p0 || p1 < r1 || g0 == g1) {
+    const MatKernel k = pick_matmul_kernel(W.type, Precision::Fast);
+    const Prepared a = prepare(k, x, n, W.cols, nullptr);
+    if (g0 == g1) return k.run(W, a.act, a.stride, n, r0, r1, y, W.rows);
+    if (r0 < p0) k.run(W, a.act, a.stride, n, r0, p0, y, W.rows);
+    if (p1 < r1) k.run(W, a.act, a.stride, n, p1, r1, y, W.rows);
+  }
+  const Prepared a = prepare(pk, x, n, W.cols, pool, 1);
+  const int nth = pool ? pool->size() : 1;
+  const int64_t ng = g1 - g0;
+  const bool serial = nth <= 1 || static_cast<double>(ng) * kPackRows * static_cast<double>(W.cols) * n < 65536.0;
+  if (n == 1) {  // GEMV: contiguous chunks of groups, about 8 per thread
+    if (serial) return pk.run(P, a.act, a.stride, 1, g0, g1, y, W.rows);
+    const int64_t gc = std::max<int64_t>(1, (ng + nth * 8 - 1) / (nth * 8));
+    pool->parallel_for((ng + gc - 1) / gc, [&](int64_t i, int) {
+      const int64_t ga = g0 + i * gc;
+      pk.run(P, a.act, a.stride, 1, ga, std::min(g1, ga + gc), y, W.rows);
+    });
+    return;
+  }
+  // GEMM: token tiles (a multiple of 8 tokens, <= ~512 KiB of activations) x chunks of 3 groups
+  int64_t tok_tile = std::clamp<int64_t>((512 << 10) / static_cast<int64_t>(a.stride), 8, 64) / 8 * 8;
+  tok_tile = std::min(tok_tile, n);
+  const int64_t n_tt = (n + tok_tile - 1) / tok_tile;
+  const int64_t gc = serial ? ng : 3, n_gc = (ng + gc - 1) / gc;
+  auto item = [&](int64_t it, int) {
+    const int64_t tt = it / n_gc, gi = it % n_gc;
+    const int64_t t0 = tt * tok_tile, nt = std::min(tok_tile, n - t0);
+    const int64_t ga = g0 + gi * gc;
+    pk.run(P, a.act + static_cast<size_t>(t0) * a.stride, a.stride, nt, ga, std::min(g1, ga + gc), y + t0 * W.rows,
+           W.rows);
+  };
+  if (serial) {
+    for (int64_t it = 0; it < n_gc * n_tt; ++it) item(it, 0);
+  } else {
+    pool->parallel_for(n_gc * n_tt, item);
+  }
 }
 
 }  // namespace
@@ -136,6 +197,7 @@ float* f32_scratch(int64_t n, int slot) {
 void matmul(const MatView& W, const float* x, int64_t n_tokens, float* y, ThreadPool& pool, Precision prec) {
   validate(W, x, n_tokens, y);
   if (W.rows == 0 || n_tokens == 0) return;
+  if (PackedKernel pk; packed_usable(W, prec, &pk)) return matmul_packed(W, pk, x, n_tokens, y, &pool, 0, W.rows);
   const MatKernel k = pick_matmul_kernel(W.type, prec);
   const Prepared a = prepare(k, x, n_tokens, W.cols, &pool);
   const int nth = pool.size();
@@ -185,6 +247,7 @@ void matmul_rows(const MatView& W, const float* x, int64_t n_tokens, float* y, i
   validate(W, x, n_tokens, y);
   check(r0 >= 0 && r0 <= r1 && r1 <= W.rows, "matmul_rows: row range [{}, {}) outside the {} rows", r0, r1, W.rows);
   if (r0 == r1 || n_tokens == 0) return;
+  if (PackedKernel pk; packed_usable(W, prec, &pk)) return matmul_packed(W, pk, x, n_tokens, y, nullptr, r0, r1);
   const MatKernel k = pick_matmul_kernel(W.type, prec);
   const Prepared a = prepare(k, x, n_tokens, W.cols, nullptr);
   k.run(W, a.act, a.stride, n_tokens, r0, r1, y, W.rows);

@@ -116,6 +116,24 @@ void prep_q8_K(const float* x, int64_t cols, uint8_t* out) {
   quantize_row_q8_K(x, reinterpret_cast<block_q8_K*>(out), cols);
 }
 
+size_t q8_Kx_act_bytes(int64_t cols) { return static_cast<size_t>(cols / QK_K) * kQ8KxBlockBytes; }
+void prep_q8_Kx(const float* x, int64_t cols, uint8_t* out) {
+  static constexpr int kOrder[8] = {0, 2, 1, 3, 4, 6, 5, 7};
+  for (int64_t b = 0; b < cols / QK_K; ++b) {
+    block_q8_K q;
+    quantize_row_q8_K(x + b * QK_K, &q, QK_K);
+    uint8_t* o = out + b * kQ8KxBlockBytes;
+    std::memcpy(o, q.qs, QK_K);
+    std::memcpy(o + 256, &q.d, 4);
+    int16_t s32[8];
+    for (int j = 0; j < 8; ++j)
+      s32[j] = static_cast<int16_t>(q.bsums[2 * kOrder[j]] + q.bsums[2 * kOrder[j] + 1]);
+    std::memcpy(o + 260, s32, 16);
+    std::memcpy(o + 276, q.bsums, 32);
+    std::memset(o + 308, 0, kQ8KxBlockBytes - 308);
+  }
+}
+
 void prep_act_q8_0(const float* x, int64_t cols, uint8_t* out) { prep_q8_byte(x, cols, out, 128, 1.0f); }
 void prep_act_q4_0(const float* x, int64_t cols, uint8_t* out) { prep_q8_nib(x, cols, out, 8, 1.0f); }
 void prep_act_q5_0(const float* x, int64_t cols, uint8_t* out) { prep_q8_nib(x, cols, out, 16, 1.0f); }

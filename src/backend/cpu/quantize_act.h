@@ -52,6 +52,14 @@ void prep_q8_byte_with(QuantBlockFn qb, const float* x, int64_t cols, uint8_t* o
 size_t q8_K_act_bytes(int64_t cols);
 void prep_q8_K(const float* x, int64_t cols, uint8_t* out);
 
+// "q8 Kx" layout (packed K-quant weights, repack.h): the Q8_K quantization (same d and q) of each
+// 256 values, 320 bytes per block:
+//   qs[256] int8 | d f32 | s32[8] int16 in the order s0 s2 s1 s3 s4 s6 s5 s7, s_j = sum of
+//   qs[32j .. 32j+31] | bsums[16] int16 (sums of 16, as block_q8_K) | 28 zero bytes
+constexpr int kQ8KxBlockBytes = 320;
+size_t q8_Kx_act_bytes(int64_t cols);
+void prep_q8_Kx(const float* x, int64_t cols, uint8_t* out);
+
 // The preparation of each weight type's activations (the offset / dscale rules above):
 // q8 byte layout for Q8_0 (128 / 1), q8 nibble layout for Q4_0 (8 / 1), Q5_0 (16 / 1),
 // Q5_1 (1 / 1: corr = sum(q), scaled by the block min instead of subtracted), MXFP4 (12 / 0.5).

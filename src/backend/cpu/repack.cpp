@@ -1,0 +1,116 @@
+// Packing of K-quant weights into the x16 row-interleaved layout (repack.h): portable byte moves.
+#include "backend/cpu/repack.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+#include "backend/cpu/dispatch.h"
+#include "tensor/quants.h"
+#include "util/error.h"
+
+namespace kimi {
+
+PackedWeight::~PackedWeight() {
+  if (data) ::operator delete(data, std::align_val_t(64));
+}
+
+}  // namespace kimi
+
+namespace kimi::kern {
+
+namespace {
+
+constexpr int kQ6Main = 3328;  // Q6_K packed block without its 16 f16 d (kept at the group's end)
+
+// 4 bytes of row i's block at src_off -> lane i of the 64-byte vector at dst
+inline void lane4(uint8_t* dst, int i, const uint8_t* blk, int src_off) { std::memcpy(dst + 4 * i, blk + src_off, 4); }
+
+}  // namespace
+
+int packed_block_bytes(GgmlType t) {
+  switch (t) {
+    case GgmlType::Q4_K: return 2304;
+    case GgmlType::Q5_K: return 2816;
+    case GgmlType::Q6_K: return kQ6Main;
+    default: return 0;
+  }
+}
+
+uint64_t packed_group_bytes(GgmlType t, int64_t cols) {
+  const int bb = packed_block_bytes(t);
+  if (bb == 0 || cols <= 0 || cols % QK_K != 0) return 0;
+  const uint64_t nb = static_cast<uint64_t>(cols / QK_K);
+  uint64_t b = nb * static_cast<uint64_t>(bb);
+  if (t == GgmlType::Q6_K) b += nb * 32;  // the blocks' d, 16 f16 per block
+  return (b + 63) / 64 * 64;
+}
+
+void pack_group(const MatView& W, int64_t g, uint8_t* out) {
+  const int64_t nb = W.cols / QK_K;
+  const int bb = packed_block_bytes(W.type);
+  const uint8_t* rows[kPackRows];
+  for (int i = 0; i < kPackRows; ++i) rows[i] = W.data + static_cast<uint64_t>(g * kPackRows + i) * W.row_bytes;
+  std::memset(out, 0, packed_group_bytes(W.type, W.cols));
+  for (int64_t b = 0; b < nb; ++b) {
+    uint8_t* o = out + b * bb;
+    for (int i = 0; i < kPackRows; ++i) {
+      if (W.type == GgmlType::Q4_K || W.type == GgmlType::Q5_K) {
+        const bool q5 = W.type == GgmlType::Q5_K;
+        const uint8_t* blk = rows[i] + b * (q5 ? 176 : 144);
+        std::memcpy(o + 2 * i, blk, 2);           // d
+        std::memcpy(o + 32 + 2 * i, blk + 2, 2);  // dmin
+        for (int k = 0; k < 3; ++k) lane4(o + 64 + 64 * k, i, blk, 4 + 4 * k);
+        int qs_at = 256, qs_src = 16;
+        if (q5) {
+          for (int s = 0; s < 8; ++s) lane4(o + 256 + 64 * s, i, blk, 16 + 4 * s);
+          qs_at = 768, qs_src = 48;
+        }
+        for (int c = 0; c < 4; ++c)
+          for (int s = 0; s < 8; ++s) lane4(o + qs_at + 64 * (8 * c + s), i, blk, qs_src + 32 * c + 4 * s);
+      } else {  // Q6_K: ql[128] qh[64] sc[16] d
+        const uint8_t* blk = rows[i] + b * 210;
+        for (int p = 0; p < 8; ++p) std::memcpy(o + 32 * p + 2 * i, blk + 192 + 2 * p, 2);
+        for (int h = 0; h < 2; ++h)
+          for (int k = 0; k < 2; ++k)
+            for (int s = 0; s < 8; ++s) lane4(o + 256 + 64 * (8 * (2 * h + k) + s), i, blk, 64 * h + 32 * k + 4 * s);
+        for (int h = 0; h < 2; ++h)
+          for (int s = 0; s < 8; ++s) lane4(o + 256 + 2048 + 64 * (8 * h + s), i, blk, 128 + 32 * h + 4 * s);
+        std::memcpy(out + nb * kQ6Main + b * 32 + 2 * i, blk + 208, 2);
+      }
+    }
+  }
+}
+
+bool pick_packed_kernel(GgmlType type, PackedKernel* k) {
+  *k = PackedKernel{};
+  if (family_isa(KernelFamily::Matmul) == Isa::Avx512) return avx512_packed_kernel(type, k);
+  return false;
+}
+
+bool packed_kernel_available(GgmlType t) {
+  PackedKernel k;
+  return pick_packed_kernel(t, &k);
+}
+
+std::unique_ptr<PackedWeight> pack_weight(const MatView& W, ThreadPool* pool) {
+  const char* env = std::getenv("KIMI_REPACK");
+  if (env && env[0] == '0') return nullptr;
+  if (W.data == nullptr || W.rows < kPackRows || !packed_kernel_available(W.type)) return nullptr;
+  const uint64_t gb = packed_group_bytes(W.type, W.cols);
+  if (gb == 0 || W.row_bytes != row_bytes(W.type, static_cast<uint64_t>(W.cols))) return nullptr;
+  auto P = std::make_unique<PackedWeight>();
+  P->type = W.type;
+  P->groups = W.rows / kPackRows;
+  P->cols = W.cols;
+  P->group_bytes = gb;
+  P->data = static_cast<uint8_t*>(::operator new(gb * static_cast<uint64_t>(P->groups), std::align_val_t(64)));
+  auto one = [&](int64_t g, int) { pack_group(W, g, P->data + static_cast<uint64_t>(g) * gb); };
+  if (pool && pool->size() > 1)
+    pool->parallel_for(P->groups, one);
+  else
+    for (int64_t g = 0; g < P->groups; ++g) one(g, 0);
+  return P;
+}
+
+}  // namespace kimi::kern

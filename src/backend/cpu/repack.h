@@ -1,0 +1,67 @@
+// Row-interleaved ("x16") copies of K-quant weights, made once at load time for the SIMD kernels.
+// The GGUF file is not changed: the CPU backend packs each 2-D Q4_K / Q5_K / Q6_K weight it is
+// given (Backend::prepare_weight) into anonymous memory and hands the kernels both views; the
+// mmap'd original stays mapped (Precision::F32, the ISA levels without packed kernels and the
+// rows % 16 tail read it) but is not read on the hot path any more, so its page-cache pages are
+// clean and reclaimable.
+//
+// Layout: rows in groups of 16 (group g = rows 16g .. 16g+15; rows beyond the last full group are
+// not packed). A group is nb = cols/256 packed super-blocks, one after another, then (Q6_K) the
+// nb x 16 f16 block scales; group_bytes is a multiple of 64. In a packed super-block every 64-byte
+// vector holds 4 bytes of each of the 16 rows (lane i = row i), so one vpdpbusd with a broadcast
+// activation dword does 4 multiply-adds for 16 rows and the results land one row per lane: no
+// horizontal sums, the block scales of 16 rows are one vector.
+//   Q4_K (2304 bytes = 16 x 144):  d[16] f16 | dmin[16] f16 | 3 x 64: dword k of each row's 12
+//     scale bytes (lane i) | qs: 32 vectors, vector 8c+s = qs[32c + 4s .. 4s+3] of each row
+//     (low nibbles: elements 64c + 4s.., high nibbles: 64c + 32 + 4s..).
+//   Q5_K (2816 = 16 x 176): as Q4_K, with 8 qh vectors (vector s = qh[4s .. 4s+3] of each row)
+//     between the scales and qs.
+//   Q6_K (3328 per block + 32 bytes of d at the group's end = 16 x 210): 8 x 32 scale bytes
+//     (pair p: row i's sc[2p], sc[2p+1] at bytes 2i, 2i+1) | ql: 32 vectors, vector 8(2h+k)+s =
+//     ql[64h + 32k + 4s ..] | qh: 16 vectors, vector 8h+s = qh[32h + 4s ..].
+// Every value is the original bits moved: the packed kernels compute what the reference does.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "backend/cpu/matmul.h"
+
+namespace kimi {
+
+// (declared opaque in backend/mat_view.h)
+struct PackedWeight {
+  GgmlType type = GgmlType::F32;
+  int64_t groups = 0;           // packed groups of 16 rows (rows 0 .. 16*groups-1)
+  int64_t cols = 0;
+  uint64_t group_bytes = 0;     // bytes per group (a multiple of 64)
+  uint8_t* data = nullptr;      // 64-byte aligned, groups * group_bytes
+  PackedWeight() = default;
+  PackedWeight(const PackedWeight&) = delete;
+  PackedWeight& operator=(const PackedWeight&) = delete;
+  ~PackedWeight();
+  const uint8_t* group(int64_t g) const { return data + static_cast<uint64_t>(g) * group_bytes; }
+};
+
+}  // namespace kimi
+
+namespace kimi::kern {
+
+constexpr int kPackRows = 16;
+
+// Bytes of one packed super-block / of one group of 16 rows with `cols` columns; 0 for a type
+// without a packed layout.
+int packed_block_bytes(GgmlType t);
+uint64_t packed_group_bytes(GgmlType t, int64_t cols);
+
+// Pack group g of W (rows 16g .. 16g+15, all present) into out (packed_group_bytes bytes).
+void pack_group(const MatView& W, int64_t g, uint8_t* out);
+
+// Whether the running ISA level has packed kernels for type t.
+bool packed_kernel_available(GgmlType t);
+
+// The packed copy of W; nullptr when the running ISA has no packed kernel for W's type, W has
+// fewer than 16 rows, or env KIMI_REPACK=0. Groups are packed in parallel on `pool` (if given).
+std::unique_ptr<PackedWeight> pack_weight(const MatView& W, ThreadPool* pool = nullptr);
+
+}  // namespace kimi::kern

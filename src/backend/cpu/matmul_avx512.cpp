@@ -200,6 +200,7 @@ inline float nib_tail_dot(__m128i lo, __m128i hi, float dw, const uint8_t* a) {
 template <bool MX>
 struct NibP {
   static constexpr int kG = 4, kBB = MX ? 17 : 18, kAG = kNibGroupBytes, kQs = MX ? 1 : 2;
+  static constexpr int kOff = MX ? 12 : 8;  // the offset added to the weight in the u8 operand
   static inline __m512i table() {
     // MXFP4: kvalues + 12 (so the u8 operand is non-negative); unused for Q4_0
     return _mm512_broadcast_i32x4(mxfp4_plus12_table());
@@ -464,11 +465,220 @@ struct DecodedP {  // P's blocks, already decoded (see above); the Q8Tiles of De
   static inline float tail(const uint8_t* blk, const uint8_t* a) { return P::tail(blk, a); }
 };
 
+// ------------------------------------------------------------------------------------------------
+// GEMM with tokens in lanes (MXFP4 / Q4_0, >= 16 tokens): 16 tokens' activations per zmm, one dword
+// (4 elements) per token, as u8 q + 128; each weight dword (4 signed values of one row) is an
+// embedded-broadcast vpdpbusd operand, so one instruction does 4 multiply-adds for 16 tokens and
+// nothing is decoded per token. Per row and block: the int32 sum starts at -128 * sum(w) (the
+// +128 of the activations), then y_row += cvt(sum) * (dw * dx_tokens).
+//   activation tile (per 16 tokens, per block): 8 x 64 bytes (vector s: token j's q[4s..4s+3] + 128
+//     in lane j), then dx[16] f32;
+//   weight record (per row, per block, 40 bytes): w[32] s8 (natural order), dw f32, -128*sum(w) i32.
+constexpr int kTokLanes = 16;
+constexpr int kActTileBlock = 8 * 64 + 64;
+constexpr int kWRec = 40;
+constexpr int kLaneRows = 8;  // rows per register tile (8 accumulators + 8 activation vectors)
+// f32 scratch per column for run_lanes with up to 64 tokens (matmul's token tiles): 4 tiles of
+// 576 bytes per block + kLaneRows records of 40 bytes per block = 82 bytes per column, and the
+// decoded panel of run_q8_nib (2 rows)
+constexpr int kLaneScratchRows = 21;
+
+// The q (32 s8) and dx of block b in a prepared q8-nibble activation row.
+inline void nib_act_block(const uint8_t* row, int64_t b, int64_t ng, const uint8_t** lo, const uint8_t** hi,
+                          const uint8_t** dx) {
+  if (b < 4 * ng) {
+    const uint8_t* g = row + (b / 4) * kNibGroupBytes;
+    const int k = static_cast<int>(b % 4);
+    *lo = g + 16 * k, *hi = g + 64 + 16 * k, *dx = g + 128 + 16 * k;
+  } else {
+    const uint8_t* t = row + ng * kNibGroupBytes + (b - 4 * ng) * kTailBlockBytes;
+    *lo = t, *hi = t + 16, *dx = t + 32;
+  }
+}
+
+// 16 activation rows (tokens; x[j]) -> the tile of block b (out): a 16 x 8 dword transpose in
+// three rounds of two-source permutes, q + 128 as u8.
+inline void act_tile_block(const uint8_t* const* x, int64_t b, int64_t ng, uint8_t* out) {
+  __m512i z[8];
+  alignas(64) float dx[16];
+  for (int p = 0; p < 8; ++p) {
+    const uint8_t *lo0, *hi0, *d0, *lo1, *hi1, *d1;
+    nib_act_block(x[2 * p], b, ng, &lo0, &hi0, &d0);
+    nib_act_block(x[2 * p + 1], b, ng, &lo1, &hi1, &d1);
+    const __m256i a0 = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(lo0))),
+                                               _mm_loadu_si128(reinterpret_cast<const __m128i*>(hi0)), 1);
+    const __m256i a1 = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(lo1))),
+                                               _mm_loadu_si128(reinterpret_cast<const __m128i*>(hi1)), 1);
+    z[p] = _mm512_inserti64x4(_mm512_castsi256_si512(a0), a1, 1);  // dword 8*(token & 1) + s
+    dx[2 * p] = rd_f32(d0);
+    dx[2 * p + 1] = rd_f32(d1);
+  }
+  // round 1: tokens 4q..4q+3, y[2q + h]: lane 4s' + t (s = 4h + s')
+  __m512i yv[8];
+  for (int q = 0; q < 4; ++q)
+    for (int h = 0; h < 2; ++h) {
+      alignas(64) int32_t id[16];
+      for (int sp = 0; sp < 4; ++sp)
+        for (int t = 0; t < 4; ++t) id[4 * sp + t] = (t >= 2 ? 16 : 0) + 8 * (t & 1) + 4 * h + sp;
+      yv[2 * q + h] = _mm512_permutex2var_epi32(z[2 * q], _mm512_load_si512(id), z[2 * q + 1]);
+    }
+  // round 2: tokens 8r..8r+7, w[4r + 2h + e]: lane 8s'' + t (s = 4h + 2e + s'')
+  __m512i wv[8];
+  for (int r = 0; r < 2; ++r)
+    for (int h = 0; h < 2; ++h)
+      for (int e = 0; e < 2; ++e) {
+        alignas(64) int32_t id[16];
+        for (int ss = 0; ss < 2; ++ss)
+          for (int t = 0; t < 8; ++t) id[8 * ss + t] = (t >= 4 ? 16 : 0) + 4 * (2 * e + ss) + (t & 3);
+        wv[4 * r + 2 * h + e] = _mm512_permutex2var_epi32(yv[4 * r + h], _mm512_load_si512(id), yv[4 * r + 2 + h]);
+      }
+  // round 3: all 16 tokens of s: lane t
+  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+  for (int h = 0; h < 2; ++h)
+    for (int e = 0; e < 2; ++e)
+      for (int ss = 0; ss < 2; ++ss) {
+        alignas(64) int32_t id[16];
+        for (int t = 0; t < 16; ++t) id[t] = (t >= 8 ? 16 : 0) + 8 * ss + (t & 7);
+        const int sidx = 4 * h + 2 * e + ss;
+        const __m512i v = _mm512_permutex2var_epi32(wv[2 * h + e], _mm512_load_si512(id), wv[4 + 2 * h + e]);
+        _mm512_storeu_si512(out + 64 * sidx, _mm512_xor_si512(v, flip));
+      }
+  std::memcpy(out + 512, dx, 64);
+}
+
+// Row r of W (a nibble type P), all nb blocks, as weight records.
+template <class P>
+void weight_records(const uint8_t* src, int64_t nb, uint8_t* out) {
+  const int64_t ng = nb / 4;
+  const __m512i off = _mm512_set1_epi8(static_cast<char>(P::kOff));
+  for (int64_t g = 0; g < ng; ++g) {
+    const Dec d = P::decode(src + g * (4 * P::kBB));
+    const __m512i lo = _mm512_sub_epi8(d.lo, off), hi = _mm512_sub_epi8(d.hi, off);
+    // -128 * sum(w) of block k in every dword of 128-bit lane k
+    __m512i sm = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(-128), lo);
+    sm = _mm512_dpbusd_epi32(sm, _mm512_set1_epi8(-128), hi);  // u8 128 x s8 w; negated below
+    sm = _mm512_add_epi32(sm, _mm512_shuffle_epi32(sm, _MM_PERM_BADC));
+    sm = _mm512_add_epi32(sm, _mm512_shuffle_epi32(sm, _MM_PERM_CDAB));
+    sm = _mm512_sub_epi32(_mm512_setzero_si512(), sm);
+    alignas(64) uint8_t l[64], h[64];
+    alignas(64) float dw[16];
+    alignas(64) int32_t nc[16];
+    _mm512_store_si512(l, lo);
+    _mm512_store_si512(h, hi);
+    _mm512_store_ps(dw, d.dw);
+    _mm512_store_si512(nc, sm);
+    for (int k = 0; k < 4; ++k) {
+      uint8_t* rec = out + (4 * g + k) * kWRec;
+      std::memcpy(rec, l + 16 * k, 16);
+      std::memcpy(rec + 16, h + 16 * k, 16);
+      std::memcpy(rec + 32, &dw[4 * k], 4);
+      std::memcpy(rec + 36, &nc[4 * k], 4);
+    }
+  }
+  for (int64_t b = 4 * ng; b < nb; ++b) {  // tail blocks, one at a time
+    const uint8_t* blk = src + b * P::kBB;
+    uint8_t* rec = out + b * kWRec;
+    int32_t sum = 0;
+    for (int j = 0; j < 16; ++j) {
+      const int lo = blk[P::kQs + j] & 15, hi = blk[P::kQs + j] >> 4;
+      static constexpr int8_t kMx[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+      const int8_t wl = P::kOff == 12 ? kMx[lo] : static_cast<int8_t>(lo - 8);
+      const int8_t wh = P::kOff == 12 ? kMx[hi] : static_cast<int8_t>(hi - 8);
+      rec[j] = static_cast<uint8_t>(wl);
+      rec[16 + j] = static_cast<uint8_t>(wh);
+      sum += wl + wh;
+    }
+    const float dw = P::kOff == 12 ? e8m0_scale(blk[0]) : _cvtsh_ss(rd16(blk));
+    const int32_t nc = -128 * sum;
+    std::memcpy(rec + 32, &dw, 4);
+    std::memcpy(rec + 36, &nc, 4);
+  }
+}
+
+inline __m512i dp_bcast(__m512i acc, __m512i a, const uint8_t* p) {  // vpdpbusd, p's dword broadcast
+  asm("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(a), "m"(*reinterpret_cast<const int32_t*>(p)));
+  return acc;
+}
+
+// rr (<= kLaneRows) rows of records x one 16-token tile over nb blocks; lanes j < tt stored.
+template <int RR>
+void lane_tile(const uint8_t* rec, size_t rec_row, const uint8_t* tile, int64_t nb, int tt, float* y, int64_t ldy) {
+  __m512 acc[RR];
+  KIMI_UNROLL for (int r = 0; r < RR; ++r) acc[r] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* tb = tile + b * kActTileBlock;
+    __m512i a[8];
+    KIMI_UNROLL for (int s = 0; s < 8; ++s) a[s] = _mm512_loadu_si512(tb + 64 * s);
+    const __m512 dx = _mm512_loadu_ps(tb + 512);
+    KIMI_UNROLL for (int r = 0; r < RR; ++r) {
+      const uint8_t* w = rec + r * rec_row + b * kWRec;
+      __m512i is = _mm512_set1_epi32(rd_i32(w + 36));
+      KIMI_UNROLL for (int s = 0; s < 8; ++s) is = dp_bcast(is, a[s], w + 4 * s);
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), _mm512_mul_ps(dx, _mm512_set1_ps(rd_f32(w + 32))), acc[r]);
+    }
+  }
+  KIMI_UNROLL for (int r = 0; r < RR; ++r) {
+    alignas(64) float o[16];
+    _mm512_store_ps(o, acc[r]);
+    for (int j = 0; j < tt; ++j) y[j * ldy + r] = o[j];
+  }
+}
+
+template <class P>
+void run_lanes(const MatView& W, const uint8_t* act, size_t stride, int64_t nt, int64_t r0, int64_t r1, float* y,
+               int64_t ldy) {
+  constexpr int64_t kChunk = 4 * kTokLanes;  // tokens per pass (the tiles stay in L2)
+  if (nt > kChunk) {
+    for (int64_t t0 = 0; t0 < nt; t0 += kChunk)
+      run_lanes<P>(W, act + static_cast<size_t>(t0) * stride, stride, std::min(kChunk, nt - t0), r0, r1, y + t0 * ldy, ldy);
+    return;
+  }
+  const int64_t nb = W.cols / 32, ng = nb / 4;
+  const int64_t ntv = (nt + kTokLanes - 1) / kTokLanes;
+  // scratch (f32_scratch slot 1, MatKernel::scratch_rows covers it): the activation tiles, then
+  // kLaneRows rows of weight records
+  const size_t tile_bytes = static_cast<size_t>(nb) * kActTileBlock;
+  const size_t rec_row = static_cast<size_t>(nb) * kWRec;
+  uint8_t* buf = reinterpret_cast<uint8_t*>(
+      f32_scratch(static_cast<int64_t>((tile_bytes * ntv + rec_row * kLaneRows) / 4 + 16), 1));
+  uint8_t* recs = buf + tile_bytes * ntv;
+  const uint8_t* xp[kTokLanes];
+  for (int64_t v = 0; v < ntv; ++v) {
+    for (int j = 0; j < kTokLanes; ++j) {  // lanes past the last token repeat it (not stored)
+      const int64_t t = std::min<int64_t>(v * kTokLanes + j, nt - 1);
+      xp[j] = act + static_cast<size_t>(t) * stride;
+    }
+    for (int64_t b = 0; b < nb; ++b) act_tile_block(xp, b, ng, buf + v * tile_bytes + b * kActTileBlock);
+  }
+  for (int64_t r = r0; r < r1; r += kLaneRows) {
+    const int rr = static_cast<int>(std::min<int64_t>(kLaneRows, r1 - r));
+    for (int i = 0; i < rr; ++i) weight_records<P>(W.data + static_cast<uint64_t>(r + i) * W.row_bytes, nb, recs + i * rec_row);
+    for (int64_t v = 0; v < ntv; ++v) {
+      const int tt = static_cast<int>(std::min<int64_t>(kTokLanes, nt - v * kTokLanes));
+      float* yo = y + v * kTokLanes * ldy + r;
+      const uint8_t* tl = buf + v * tile_bytes;
+      switch (rr) {
+        case 8: lane_tile<8>(recs, rec_row, tl, nb, tt, yo, ldy); break;
+        case 7: lane_tile<7>(recs, rec_row, tl, nb, tt, yo, ldy); break;
+        case 6: lane_tile<6>(recs, rec_row, tl, nb, tt, yo, ldy); break;
+        case 5: lane_tile<5>(recs, rec_row, tl, nb, tt, yo, ldy); break;
+        case 4: lane_tile<4>(recs, rec_row, tl, nb, tt, yo, ldy); break;
+        case 3: lane_tile<3>(recs, rec_row, tl, nb, tt, yo, ldy); break;
+        case 2: lane_tile<2>(recs, rec_row, tl, nb, tt, yo, ldy); break;
+        default: lane_tile<1>(recs, rec_row, tl, nb, tt, yo, ldy); break;
+      }
+    }
+  }
+}
+
 template <class P>
 void run_q8_nib(const MatView& W, const uint8_t* act, size_t stride, int64_t nt, int64_t r0, int64_t r1, float* y,
                 int64_t ldy) {
   if (nt == 1) return gemv_q8<P>(W, act, r0, r1, y);
   if (nt < 8) return drive<Q8Tiles<P>, 4, 4>(W.data, W.row_bytes, act, stride, nt, r0, r1, y, ldy, W.cols / 32);
+  if constexpr (requires { P::kOff; }) {
+    if (nt >= kTokLanes) return run_lanes<P>(W, act, stride, nt, r0, r1, y, ldy);
+  }
   const int64_t nb = W.cols / 32, ng = nb / 4;
   const size_t drb = dec_row_bytes(nb, P::kBB);
   // kPanel decoded rows; MatKernel::scratch_rows = 2 covers it (1.5 * cols bytes per row)
@@ -648,10 +858,10 @@ const KernelRow kAvx512Kernels[] = {
     {GgmlType::F16, false, {f16r_act_bytes, prep_f16r_avx512, run_f32act<WK::F16>}},
     {GgmlType::BF16, false, {bf16_act_bytes, prep_bf16_avx512, run_bf16}},
     {GgmlType::Q8_0, false, {q8_byte_act_bytes, prep_act_q8_0_avx512, run_q8<ByteP>}},
-    {GgmlType::Q4_0, false, {q8_nib_act_bytes, prep_act_q4_0_avx512, run_q8_nib<NibP<false>>, 2}},
+    {GgmlType::Q4_0, false, {q8_nib_act_bytes, prep_act_q4_0_avx512, run_q8_nib<NibP<false>>, kLaneScratchRows}},
     {GgmlType::Q5_0, false, {q8_nib_act_bytes, prep_act_q5_0_avx512, run_q8_nib<Q5P>, 2}},
     {GgmlType::Q5_1, false, {q8_nib_act_bytes, prep_act_q5_1_avx512, run_q8<Q51P>}},
-    {GgmlType::MXFP4, false, {q8_nib_act_bytes, prep_act_mxfp4_avx512, run_q8_nib<NibP<true>>, 2}},
+    {GgmlType::MXFP4, false, {q8_nib_act_bytes, prep_act_mxfp4_avx512, run_q8_nib<NibP<true>>, kLaneScratchRows}},
     {GgmlType::Q4_K, false, {q8_K_act_bytes, prep_q8_K, run_kq<KT::Q4>}},
     {GgmlType::Q5_K, false, {q8_K_act_bytes, prep_q8_K, run_kq<KT::Q5>}},
     {GgmlType::Q6_K, false, {q8_K_act_bytes, prep_q8_K, run_kq<KT::Q6>}},

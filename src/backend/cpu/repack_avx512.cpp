@@ -30,6 +30,12 @@ constexpr int kAB = kQ8KxBlockBytes;  // activation bytes per super-block (quant
 constexpr int kPf = 3072;             // GEMV software prefetch distance (bytes ahead of the read)
 
 inline __m512i bcast_i32(const uint8_t* p) { return _mm512_set1_epi32(rd_i32(p)); }
+// acc + the u8 x s8 dot products of v's dwords with the 4 bytes at p broadcast (vpdpbusd with an
+// embedded broadcast operand: one instruction; GCC does not fold the broadcast itself)
+inline __m512i dp_bcast(__m512i acc, __m512i v, const uint8_t* p) {
+  asm("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(v), "m"(*reinterpret_cast<const int32_t*>(p)));
+  return acc;
+}
 inline void prefetch(const uint8_t* p) { _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T0); }
 
 // (a & 0x0f) | b, b having no bits in 0..3
@@ -42,24 +48,50 @@ struct PK {
   static constexpr int kBB = K == KT::Q4 ? 2304 : K == KT::Q5 ? 2816 : 3328;
   static constexpr int kQs = K == KT::Q4 ? 256 : 768;  // Q4_K / Q5_K: offset of the qs vectors
 
-  // One super-block of the group (blk; Q6_K: d16 = its 16 f16 scales) for T tokens (a[t] = the
-  // token's activation block): acc[t] += the 16 rows' block dot products.
-  // independent vpdpbusd chains per token within a sub-block: enough to cover its latency
-  template <int T>
-  static constexpr int kNAof = T >= 4 ? 1 : T >= 2 ? 2 : 4;
-  template <int NA, int T>
-  static inline __m512i sum_acc(const __m512i (&is)[NA][T], int t) {
-    __m512i r = is[0][t];
-    KIMI_UNROLL for (int u = 1; u < NA; ++u) r = _mm512_add_epi32(r, is[u][t]);
-    return r;
+  // Q6_K: the 4 value vectors (k = 0..3: elements 128h + 32k + 4s ..) of one (h, s) of the
+  // block, from the ql vectors of k = 0, 1 and the qh vector (k's 2 bits at 2k of each byte).
+  static inline void q6_values(const uint8_t* blk, int h, int s, __m512i v[4]) {
+    const __m512i l0 = _mm512_loadu_si512(blk + 256 + 64 * (16 * h + s));
+    const __m512i l1 = _mm512_loadu_si512(blk + 256 + 64 * (16 * h + 8 + s));
+    const __m512i hb = _mm512_loadu_si512(blk + 2304 + 64 * (8 * h + s));
+    const __m512i m30 = _mm512_set1_epi8(0x30);
+    v[0] = nib_or(l0, _mm512_and_si512(_mm512_slli_epi16(hb, 4), m30));
+    v[1] = nib_or(l1, _mm512_and_si512(_mm512_slli_epi16(hb, 2), m30));
+    v[2] = nib_or(_mm512_srli_epi16(l0, 4), _mm512_and_si512(hb, m30));
+    v[3] = nib_or(_mm512_srli_epi16(l1, 4), _mm512_and_si512(_mm512_srli_epi16(hb, 2), m30));
+  }
+  // Q6_K scale of sub-block 2p + odd as int32 lanes, from the int16 pairs scp
+  static inline __m512i q6_scale(__m512i scp, int odd) {
+    return odd ? _mm512_srai_epi32(scp, 16) : _mm512_srai_epi32(_mm512_slli_epi32(scp, 16), 16);
+  }
+  // Q4_K / Q5_K: the value vectors of sub-blocks 2c (lo) and 2c+1 (hi), elements 4s .. 4s+3
+  static inline void q45_values(const uint8_t* blk, int c, int s, __m512i* lo, __m512i* hi) {
+    const __m512i q = _mm512_loadu_si512(blk + kQs + 64 * (8 * c + s));
+    if constexpr (K == KT::Q5) {
+      const __m512i hb = _mm512_loadu_si512(blk + 256 + 64 * s);  // bit j: 5th bit in sub-block j
+      const __m512i m10 = _mm512_set1_epi8(0x10);
+      const int j = 2 * c;  // bit j -> bit 4, bit j+1 -> bit 4
+      const __m512i h0 = j < 4 ? _mm512_slli_epi16(hb, 4 - j) : _mm512_srli_epi16(hb, j - 4);
+      const __m512i h1 = j + 1 < 4 ? _mm512_slli_epi16(hb, 3 - j) : _mm512_srli_epi16(hb, j - 3);
+      *lo = nib_or(q, _mm512_and_si512(h0, m10));
+      *hi = nib_or(_mm512_srli_epi16(q, 4), _mm512_and_si512(h1, m10));
+    } else {
+      const __m512i m4 = _mm512_set1_epi8(0x0f);
+      *lo = _mm512_and_si512(q, m4);
+      *hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
+    }
   }
 
+  // One super-block of the group (blk; Q6_K: d16 = its 16 f16 scales) for T tokens (a[t] = the
+  // token's activation block): acc[t] += the 16 rows' block dot products. T <= 4: all value
+  // vectors of a load decoded together (independent chains: one per sub-block in flight);
+  // T > 4: one sub-block at a time (T chains), the loads repeated per sub-block (registers).
   template <int T>
   static inline void block(const uint8_t* blk, const uint8_t* d16, const uint8_t* const* a, __m512* acc) {
     if constexpr (T == 1) {
-      prefetch(blk + kPf);
+      for (int l = 0; l < kBB; l += 64) prefetch(blk + kPf + l);
     }
-    constexpr int kNA = kNAof<T>;
+    constexpr bool kNarrow = T <= 4;
     __m512i isb[T];
     KIMI_UNROLL for (int t = 0; t < T; ++t) isb[t] = _mm512_setzero_si512();
     if constexpr (K == KT::Q6) {
@@ -67,32 +99,34 @@ struct PK {
       KIMI_UNROLL for (int p = 0; p < 8; ++p)
         scp[p] = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 32 * p)));
       KIMI_UNROLL for (int h = 0; h < 2; ++h) {
-        KIMI_UNROLL for (int k = 0; k < 4; ++k) {
-          KIMI_UNROLL for (int sb = 0; sb < 2; ++sb) {
-            const int p = 4 * h + k;
-            const __m512i sc = sb ? _mm512_srai_epi32(scp[p], 16) : _mm512_srai_epi32(_mm512_slli_epi32(scp[p], 16), 16);
-            __m512i is[kNA][T];
-            KIMI_UNROLL for (int u = 0; u < kNA; ++u)
-              KIMI_UNROLL for (int t = 0; t < T; ++t) is[u][t] = _mm512_setzero_si512();
+        KIMI_UNROLL for (int sb = 0; sb < 2; ++sb) {  // sub-block 8h + 2k + sb for k = 0..3
+          if constexpr (kNarrow) {
+            __m512i is[4][T];
+            KIMI_UNROLL for (int k = 0; k < 4; ++k)
+              KIMI_UNROLL for (int t = 0; t < T; ++t) is[k][t] = _mm512_setzero_si512();
             KIMI_UNROLL for (int s = 4 * sb; s < 4 * sb + 4; ++s) {
-              const uint8_t* lp = blk + 256 + 64 * (8 * (2 * h + (k & 1)) + s);
-              const uint8_t* hp = blk + 2304 + 64 * (8 * h + s);
-              if constexpr (T == 1) {
-                if (k == 0) prefetch(lp + kPf);
-                if (k == 1) prefetch(hp + kPf);
-              }
-              __m512i lo = _mm512_loadu_si512(lp);
-              if (k >= 2) lo = _mm512_srli_epi16(lo, 4);
-              __m512i hb = _mm512_loadu_si512(hp);
-              if (k == 0) hb = _mm512_slli_epi16(hb, 4);
-              if (k == 1) hb = _mm512_slli_epi16(hb, 2);
-              if (k == 3) hb = _mm512_srli_epi16(hb, 2);
-              const __m512i v = nib_or(lo, _mm512_and_si512(hb, _mm512_set1_epi8(0x30)));
-              KIMI_UNROLL for (int t = 0; t < T; ++t)
-                is[s % kNA][t] = _mm512_dpbusd_epi32(is[s % kNA][t], v, bcast_i32(a[t] + 128 * h + 32 * k + 4 * s));
+              __m512i v[4];
+              q6_values(blk, h, s, v);
+              KIMI_UNROLL for (int k = 0; k < 4; ++k)
+                KIMI_UNROLL for (int t = 0; t < T; ++t)
+                  is[k][t] = dp_bcast(is[k][t], v[k], a[t] + 128 * h + 32 * k + 4 * s);
             }
-            KIMI_UNROLL for (int t = 0; t < T; ++t)
-              isb[t] = _mm512_add_epi32(isb[t], _mm512_mullo_epi32(sum_acc(is, t), sc));
+            KIMI_UNROLL for (int k = 0; k < 4; ++k) {
+              const __m512i sc = q6_scale(scp[4 * h + k], sb);
+              KIMI_UNROLL for (int t = 0; t < T; ++t) isb[t] = _mm512_add_epi32(isb[t], _mm512_mullo_epi32(is[k][t], sc));
+            }
+          } else {
+            KIMI_UNROLL for (int k = 0; k < 4; ++k) {
+              __m512i is[T];
+              KIMI_UNROLL for (int t = 0; t < T; ++t) is[t] = _mm512_setzero_si512();
+              KIMI_UNROLL for (int s = 4 * sb; s < 4 * sb + 4; ++s) {
+                __m512i v[4];
+                q6_values(blk, h, s, v);  // the compiler keeps only v[k]
+                KIMI_UNROLL for (int t = 0; t < T; ++t) is[t] = dp_bcast(is[t], v[k], a[t] + 128 * h + 32 * k + 4 * s);
+              }
+              const __m512i sc = q6_scale(scp[4 * h + k], sb);
+              KIMI_UNROLL for (int t = 0; t < T; ++t) isb[t] = _mm512_add_epi32(isb[t], _mm512_mullo_epi32(is[t], sc));
+            }
           }
         }
       }
@@ -113,44 +147,49 @@ struct PK {
       const __m512i sc4[2] = {_mm512_and_si512(u0, m3f),
                               _mm512_or_si512(_mm512_and_si512(u2, m0f),
                                               _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(u0, 6), m03), 4))};
+      auto scale = [&](int j) {
+        const __m512i sv = sc4[j >> 2];
+        return (j & 3) == 3 ? _mm512_srli_epi32(sv, 24)
+                            : _mm512_and_si512(_mm512_srli_epi32(sv, 8 * (j & 3)), _mm512_set1_epi32(0xff));
+      };
+      KIMI_UNROLL for (int c = 0; c < 4; ++c) {
+        if constexpr (kNarrow) {
+          constexpr int kNA = T == 1 ? 2 : 1;  // chains per sub-block and token
+          __m512i il[kNA][T], ih[kNA][T];
+          KIMI_UNROLL for (int u = 0; u < kNA; ++u)
+            KIMI_UNROLL for (int t = 0; t < T; ++t) il[u][t] = ih[u][t] = _mm512_setzero_si512();
+          KIMI_UNROLL for (int s = 0; s < 8; ++s) {
+            __m512i lo, hi;
+            q45_values(blk, c, s, &lo, &hi);
+            KIMI_UNROLL for (int t = 0; t < T; ++t) {
+              il[s % kNA][t] = dp_bcast(il[s % kNA][t], lo, a[t] + 64 * c + 4 * s);
+              ih[s % kNA][t] = dp_bcast(ih[s % kNA][t], hi, a[t] + 64 * c + 32 + 4 * s);
+            }
+          }
+          const __m512i sl = scale(2 * c), sh = scale(2 * c + 1);
+          KIMI_UNROLL for (int t = 0; t < T; ++t) {
+            __m512i l = il[0][t], h = ih[0][t];
+            KIMI_UNROLL for (int u = 1; u < kNA; ++u) l = _mm512_add_epi32(l, il[u][t]), h = _mm512_add_epi32(h, ih[u][t]);
+            isb[t] = _mm512_add_epi32(isb[t], _mm512_add_epi32(_mm512_mullo_epi32(l, sl), _mm512_mullo_epi32(h, sh)));
+          }
+        } else {
+          KIMI_UNROLL for (int half = 0; half < 2; ++half) {
+            const int j = 2 * c + half;
+            __m512i is[T];
+            KIMI_UNROLL for (int t = 0; t < T; ++t) is[t] = _mm512_setzero_si512();
+            KIMI_UNROLL for (int s = 0; s < 8; ++s) {
+              __m512i lo, hi;
+              q45_values(blk, c, s, &lo, &hi);  // the compiler keeps only the half in use
+              KIMI_UNROLL for (int t = 0; t < T; ++t) is[t] = dp_bcast(is[t], half ? hi : lo, a[t] + 32 * j + 4 * s);
+            }
+            const __m512i sc = scale(j);
+            KIMI_UNROLL for (int t = 0; t < T; ++t) isb[t] = _mm512_add_epi32(isb[t], _mm512_mullo_epi32(is[t], sc));
+          }
+        }
+      }
       const __m512i mlo = _mm512_and_si512(u1, m3f);
       const __m512i mhi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(u2, 4), m0f),
                                           _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(u1, 6), m03), 4));
-      KIMI_UNROLL for (int c = 0; c < 4; ++c) {
-        KIMI_UNROLL for (int half = 0; half < 2; ++half) {
-          const int j = 2 * c + half;
-          const __m512i sv = sc4[j >> 2];
-          const __m512i sc = (j & 3) == 3 ? _mm512_srli_epi32(sv, 24)
-                                          : _mm512_and_si512(_mm512_srli_epi32(sv, 8 * (j & 3)), _mm512_set1_epi32(0xff));
-          __m512i is[kNA][T];
-          KIMI_UNROLL for (int u = 0; u < kNA; ++u)
-            KIMI_UNROLL for (int t = 0; t < T; ++t) is[u][t] = _mm512_setzero_si512();
-          KIMI_UNROLL for (int s = 0; s < 8; ++s) {
-            const uint8_t* qp = blk + kQs + 64 * (8 * c + s);
-            if constexpr (T == 1) {
-              if (half == 0) prefetch(qp + kPf);
-            }
-            __m512i q = _mm512_loadu_si512(qp);
-            if (half) q = _mm512_srli_epi16(q, 4);
-            __m512i v;
-            if constexpr (K == KT::Q5) {
-              const uint8_t* hp = blk + 256 + 64 * s;
-              if constexpr (T == 1) {
-                if (j == 0) prefetch(hp + kPf);
-              }
-              __m512i hb = _mm512_loadu_si512(hp);  // bit j of each byte: bit 4 of sub-block j's element
-              hb = j < 4 ? _mm512_slli_epi16(hb, 4 - j) : _mm512_srli_epi16(hb, j - 4);
-              v = nib_or(q, _mm512_and_si512(hb, _mm512_set1_epi8(0x10)));
-            } else {
-              v = _mm512_and_si512(q, _mm512_set1_epi8(0x0f));
-            }
-            KIMI_UNROLL for (int t = 0; t < T; ++t)
-              is[s % kNA][t] = _mm512_dpbusd_epi32(is[s % kNA][t], v, bcast_i32(a[t] + 32 * j + 4 * s));
-          }
-          KIMI_UNROLL for (int t = 0; t < T; ++t)
-            isb[t] = _mm512_add_epi32(isb[t], _mm512_mullo_epi32(sum_acc(is, t), sc));
-        }
-      }
       const __m512i m00ff = _mm512_set1_epi32(0x00ff00ff);
       const __m512i mp[4] = {_mm512_and_si512(mlo, m00ff), _mm512_and_si512(_mm512_srli_epi32(mlo, 8), m00ff),
                              _mm512_and_si512(mhi, m00ff), _mm512_and_si512(_mm512_srli_epi32(mhi, 8), m00ff)};

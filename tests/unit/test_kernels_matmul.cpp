@@ -390,6 +390,20 @@ TEST(Matmul, PackedKQuantsMatchReference) {
               ref[t * rows + r] = s;
               mag[t * rows + r] = m;
             }
+          if (rows > 16) {  // views narrowed after packing: a prefix of the rows, and rows 16.. (moved data)
+            set_isa(best_isa());
+            for (int64_t skip : {int64_t{0}, int64_t{16}}) {
+              MatView V = W;
+              V.data += static_cast<uint64_t>(skip) * W.row_bytes;
+              V.rows = rows - skip - 3;
+              std::vector<float> yv(nt * V.rows, NAN);
+              matmul(V, x.data(), nt, yv.data(), pool, Precision::Fast);
+              for (int64_t t = 0; t < nt; ++t)
+                for (int64_t r = 0; r < V.rows; ++r)
+                  ASSERT_NEAR(yv[t * V.rows + r], ref[t * rows + skip + r], 1e-5 * mag[t * rows + skip + r] + 1e-30)
+                      << type_name(type) << " narrowed view skip=" << skip << " rows=" << rows << " nt=" << nt;
+            }
+          }
           for (Isa isa : isa_levels()) {
             set_isa(isa);
             std::vector<float> y(nt * rows, NAN), y2(nt * rows, NAN);

@@ -69,13 +69,13 @@ Prepared prepare(const K& k, const float* x, int64_t n_tokens, int64_t cols, Thr
   return {buf, stride};
 }
 
-// W's packed copy when the running level has a kernel for it (and the precision allows it).
+// W's packed copy when the running level has a kernel for it (and the precision allows it). A
+// view made from the packed one by moving data (a 3-D slice, a rank's narrowed rows) reads the
+// original; one with fewer rows from the same start uses the groups inside them.
 bool packed_usable(const MatView& W, Precision prec, PackedKernel* pk) {
   if (W.packed == nullptr || prec != Precision::Fast) return false;
   const PackedWeight& P = *W.packed;
-  check(P.type == W.type && P.cols == W.cols && P.groups * kPackRows <= W.rows,
-        "matmul: packed copy ({} x {} {}) does not match its {} x {} {} weight", P.groups * kPackRows, P.cols,
-        type_name(P.type), W.rows, W.cols, type_name(W.type));
+  if (P.src != W.data || P.type != W.type || P.cols != W.cols) return false;
   return pick_packed_kernel(W.type, pk);
 }
 

@@ -101,6 +101,7 @@ std::unique_ptr<PackedWeight> pack_weight(const MatView& W, ThreadPool* pool) {
   if (gb == 0 || W.row_bytes != row_bytes(W.type, static_cast<uint64_t>(W.cols))) return nullptr;
   auto P = std::make_unique<PackedWeight>();
   P->type = W.type;
+  P->src = W.data;
   P->groups = W.rows / kPackRows;
   P->cols = W.cols;
   P->group_bytes = gb;

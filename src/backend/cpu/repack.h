@@ -36,6 +36,8 @@ struct PackedWeight {
   int64_t cols = 0;
   uint64_t group_bytes = 0;     // bytes per group (a multiple of 64)
   uint8_t* data = nullptr;      // 64-byte aligned, groups * group_bytes
+  const uint8_t* src = nullptr; // the view's data it was made from: a view whose data moved since
+                                // (a slice, a rank's narrowed rows) does not use it
   PackedWeight() = default;
   PackedWeight(const PackedWeight&) = delete;
   PackedWeight& operator=(const PackedWeight&) = delete;

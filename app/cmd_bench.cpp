@@ -94,6 +94,7 @@ int cmd_bench(int argc, char** argv) {
     const kimi::PhaseTimes t = ctx.phase_times();
     for (int p = 0; p < kimi::PhaseTimes::Count; ++p) sum.s[p] += t.s[p];
   };
+  kimi::ExpertStreamStats pp_xs = ctx.expert_stream_stats().minus(ctx.expert_stream_stats()), tg_xs = pp_xs;
   kimi::Batch b;
   kimi::app::RankTrafficSum rank_traffic;  // under mpirun: per-rank bytes and exchanges of tg
   for (int r = 0; r < reps; ++r) {
@@ -112,10 +113,12 @@ int cmd_bench(int argc, char** argv) {
       const double c0 = cpu_s();
       const uint64_t m0 = moved();
       ctx.reset_phase_times();
+      const kimi::ExpertStreamStats x0 = ctx.expert_stream_stats();
       auto t0 = clk::now();
       ctx.decode(b);
       const double w = std::chrono::duration<double>(clk::now() - t0).count();
       add_phases(pp_phase);
+      pp_xs.add(ctx.expert_stream_stats().minus(x0));
       pp_moved += moved() - m0;
       pp.push_back(n_prompt / w);
       pp_wall += w;
@@ -128,6 +131,7 @@ int cmd_bench(int argc, char** argv) {
       const double c0 = cpu_s();
       const uint64_t m0 = moved();
       ctx.reset_phase_times();
+      const kimi::ExpertStreamStats x0 = ctx.expert_stream_stats();
       auto t0 = clk::now();
       for (int i = 0; i < n_gen; ++i) {
         b.clear();
@@ -135,6 +139,7 @@ int cmd_bench(int argc, char** argv) {
         ctx.decode(b);
       }
       const double w = std::chrono::duration<double>(clk::now() - t0).count();
+      tg_xs.add(ctx.expert_stream_stats().minus(x0));
       tg.push_back(n_gen / w);
       add_phases(tg_phase);
       tg_moved += moved() - m0;
@@ -203,6 +208,17 @@ int cmd_bench(int argc, char** argv) {
     };
     if (n_prompt > 0) j["pp_phase_ms_per_token"] = phases_json(pp_phase, double(n_prompt) * reps);
     if (n_gen > 0) j["tg_phase_ms_per_token"] = phases_json(tg_phase, double(n_gen) * reps);
+    if (pp_xs.enabled) {
+      auto xs_json = [](const kimi::ExpertStreamStats& x, double wall) {
+        return nlohmann::ordered_json{{"lookups", x.lookups}, {"hit_rate", x.hit_rate()},
+                                      {"bytes_read", x.bytes_read}, {"read_mb_s", wall > 0 ? x.bytes_read * 1e-6 / wall : 0.0},
+                                      {"wait_s", x.wait_s}, {"bypass_calls", x.bypass_calls}};
+      };
+      j["expert_stream"] = {{"mode", pp_xs.mode == kimi::StreamMode::Pread ? "pread" : "madvise"},
+                            {"budget_bytes", pp_xs.budget_bytes}, {"slots", pp_xs.slots}};
+      if (n_prompt > 0) j["expert_stream"]["pp"] = xs_json(pp_xs, pp_wall);
+      if (n_gen > 0) j["expert_stream"]["tg"] = xs_json(tg_xs, tg_wall);
+    }
     rank_traffic.to_json(j, double(n_gen) * reps);
     if (with_ceiling) ceiling.to_json(j);
     std::printf("%s\n", j.dump(output == "json" ? 2 : -1).c_str());
@@ -242,6 +258,8 @@ int cmd_bench(int argc, char** argv) {
   };
   if (n_prompt > 0) print_phases("pp", pp_phase, double(n_prompt) * reps);
   if (n_gen > 0) print_phases("tg", tg_phase, double(n_gen) * reps);
+  if (pp_xs.enabled && n_prompt > 0) std::printf("pp: %s\n", pp_xs.summary(pp_wall).c_str());
+  if (pp_xs.enabled && n_gen > 0) std::printf("tg: %s\n", tg_xs.summary(tg_wall).c_str());
   for (kimi::Backend* be : accels) {
     const kimi::BackendStats s = be->stats();
     std::printf("device %s: %.1f MiB held (weights %.1f MiB), %llu submits\n", be->name(), s.device_bytes / 1048576.0,

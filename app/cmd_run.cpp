@@ -93,6 +93,7 @@ int cmd_run(int argc, char** argv) {
   b.add_sequence(in, 0, 0, true);
   ctx.decode(b);
   auto t1 = clk::now();
+  const kimi::ExpertStreamStats xs_pp = ctx.expert_stream_stats();
   int n_gen = 0;
   const float* lg = ctx.logits(b.size() - 1);
   for (int i = 0; i < n_predict; ++i) {
@@ -121,6 +122,9 @@ int cmd_run(int argc, char** argv) {
   std::fprintf(stderr, "prompt: %zu tokens in %.3f s (%.2f tok/s); generated %d tokens in %.3f s (%.2f tok/s)\n",
                in.size(), pp_s, in.size() / std::max(pp_s, 1e-9), n_gen, tg_s,
                n_gen > 1 ? (n_gen - 1) / std::max(tg_s, 1e-9) : 0.0);
+  if (ea.verbose && xs_pp.enabled)
+    std::fprintf(stderr, "prompt: %s\ngenerate: %s\n", xs_pp.summary(pp_s).c_str(),
+                 ctx.expert_stream_stats().minus(xs_pp).summary(tg_s).c_str());
   return 0;
 }
 

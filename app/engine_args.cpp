@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cctype>
 #include <cstdlib>
 #include <filesystem>
 #include <sstream>
@@ -86,6 +87,15 @@ std::string check_model_file(const std::string& path) {
   if (std::filesystem::exists(std::filesystem::path(path) / "config.json", ec))
     return fmt::format("'{}' is a Hugging Face checkpoint; convert it with `kimi convert {} -o FILE.gguf`", path, path);
   return "";  // the model loader names the problem
+}
+
+std::string check_mem_budget(const std::string& v) {
+  try {
+    (void)parse_mem_budget(v);
+    return "";
+  } catch (const Error& e) {
+    return e.what();
+  }
 }
 
 // A sampling value in [lo, hi] (or (lo, hi] when lo_open): an error that names the range.
@@ -212,6 +222,20 @@ void add_engine_options(CLI::App& app, EngineArgs& a, const EngineSpec& spec) {
                  "-ot REGEX=DEV: tensors whose name matches REGEX go to device DEV (repeatable; first match wins)")
       ->allow_extra_args(false)  // one value per -ot, as llama.cpp takes it; repeat the flag for more
       ->check(CLI::Validator(check_override, "REGEX=DEV", "override"));
+  app.add_option("--mem-budget", a.mem_budget,
+                 "memory for routed experts streamed from disk (e.g. 16G): the most used stay cached, the "
+                 "others are read when the router picks them; auto = only when the model is larger than "
+                 "80 % of the memory, off = read everything through the file mapping")
+      ->check(CLI::Validator(check_mem_budget, "SIZE|auto|off", "size"))
+      ->capture_default_str();
+  app.add_option("--stream-mode", a.stream_mode,
+                 "how streamed experts are held: pread (copies in a buffer of the budget's size) or madvise "
+                 "(the file mapping, read ahead and dropped by expert)")
+      ->check(CLI::IsMember({"pread", "madvise"}))
+      ->capture_default_str();
+  app.add_option("--stream-threads", a.stream_threads, "streamed experts: reads in flight at once (pread)")
+      ->check(CLI::Range(1, 256))
+      ->capture_default_str();
 }
 
 void add_sampling_options(CLI::App& app, SamplerParams& p) {
@@ -274,7 +298,30 @@ ContextOptions context_options(const EngineArgs& a, int n_ctx, int n_batch) {
   o.collective = collective();
   o.split_mode = split_mode(a);
   o.extra_backends = open_accelerators(a);
+  o.stream.budget_bytes = parse_mem_budget(a.mem_budget);
+  o.stream.mode = a.stream_mode == "madvise" ? StreamMode::Madvise : StreamMode::Pread;
+  o.stream.io_threads = a.stream_threads;
   return o;
+}
+
+int64_t parse_mem_budget(const std::string& s) {
+  if (s == "auto") return -1;
+  if (s == "off") return 0;
+  char* end = nullptr;
+  const double v = std::strtod(s.c_str(), &end);
+  std::string unit = end ? std::string(end) : "";
+  for (auto& c : unit) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  if (!unit.empty() && unit.back() == 'B') unit.pop_back();
+  if (unit.size() == 2 && unit[1] == 'I') unit.pop_back();  // GiB = G (binary units either way)
+  double mul = 0;
+  if (unit.empty()) mul = 1;
+  else if (unit == "K") mul = 1024.0;
+  else if (unit == "M") mul = 1048576.0;
+  else if (unit == "G") mul = 1073741824.0;
+  else if (unit == "T") mul = 1099511627776.0;
+  check(end != s.c_str() && mul > 0 && v >= 0 && v * mul < 9.2e18,
+        "--mem-budget: '{}' is not a size (e.g. 16G, 512M, auto, off)", s);
+  return static_cast<int64_t>(v * mul);
 }
 
 namespace {

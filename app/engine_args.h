@@ -49,6 +49,10 @@ struct EngineArgs {
   std::string numa;
   std::string cpu_affinity;
   std::vector<int> cpus;
+  // routed experts streamed from disk (model/expert_cache.h, docs/performance.md, section 4)
+  std::string mem_budget = "auto";             // --mem-budget SIZE|auto|off
+  std::string stream_mode = "pread";           // --stream-mode pread|madvise
+  int stream_threads = 16;                     // --stream-threads: reads in flight (pread)
 };
 
 // What differs between the commands that take EngineArgs.
@@ -87,6 +91,10 @@ SplitMode split_mode(const EngineArgs& a);
 
 // With -v: the context's memory summary and where the placement put each part, on stderr.
 void print_engine_summary(const EngineArgs& a, const Context& ctx);
+
+// "16G", "512M", "1.5GiB", "123456" -> bytes; "auto" -> -1; "off", "0" -> 0; kimi::Error naming
+// --mem-budget otherwise.
+int64_t parse_mem_budget(const std::string& s);
 
 // The backends this build has, in device order (index 0 is the host CPU).
 const std::vector<std::string>& compiled_devices();

@@ -91,9 +91,13 @@ struct WorkLimits {
 };
 
 // The routed experts of one layer: stacked [E] 2-D slices (slice e at data + e * slice_bytes).
+// With `slices` set (experts streamed from disk into a host cache, model/expert_cache.h), expert
+// e's gate, up and down data are slices[3e], slices[3e+1], slices[3e+2] instead (host backends
+// only; set for the selected experts).
 struct ExpertMats {
   MatView gate, up, down;
   uint64_t gate_slice = 0, up_slice = 0, down_slice = 0;
+  const uint8_t* const* slices = nullptr;
 };
 
 struct RouterParams {

@@ -186,7 +186,16 @@ Forward::Forward(const Model& m, const std::vector<Backend*>& backends, const Pl
   }
   wanted_.assign(static_cast<size_t>(N), 0);
   size_dist();
+
+  // 4. routed experts on the host streamed from disk when the model does not fit in memory
+  if (const uint64_t budget = dist_ ? 0 : resolve_stream_budget(m, o.stream)) {
+    std::vector<uint8_t> on_host(hp.n_layer, 0);
+    for (uint32_t il = 0; il < hp.n_layer; ++il) on_host[il] = hp.is_moe(il) && place_.experts[il] == 0;
+    xcache_ = std::make_unique<ExpertCache>(m, on_host, budget, o.stream);
+  }
 }
+
+ExpertStreamStats Forward::expert_stream_stats() const { return xcache_ ? xcache_->stats() : ExpertStreamStats{}; }
 
 // The residual stream (and the ResMix bank) moves to the backend of the next part.
 void Forward::move_residual(int& dev, int to, int64_t n, uint32_t nb) {
@@ -294,6 +303,7 @@ void Forward::run_local(const BatchEntry* e, int64_t n, float* logits) {
           Device& xd = *devs_[static_cast<size_t>(place_.experts[il])];
           site = {xd.be, &xd.experts};
         }
+        if (xcache_ && place_.experts[il] == 0) site.cache = xcache_.get(), site.layer = il;
         moe_ffn(r, L, v.moe, v.ffn, site, v.res.normed.p, v.res.ffn_out.p);
       }
       phase_.s[hp.is_moe(il) ? PhaseTimes::Moe : PhaseTimes::Ffn] += PhaseTimes::now() - t0;

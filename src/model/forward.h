@@ -18,6 +18,7 @@
 #include "backend/collective.h"
 #include "backend/placement.h"
 #include "backend/state_store.h"
+#include "model/expert_cache.h"
 #include "model/model.h"
 #include "model/phase_times.h"
 #include "model/scratch.h"
@@ -39,6 +40,9 @@ struct ForwardOptions {
   // a single process.
   Collective* coll = nullptr;
   SplitMode split = SplitMode::Tensor;
+  // routed experts on the host streamed from disk under a memory budget (model/expert_cache.h;
+  // one process only)
+  ExpertStreamOptions stream;
 };
 
 
@@ -75,6 +79,8 @@ class Forward {
   uint64_t cache_bytes() const;
   uint64_t state_bytes() const;
   uint64_t work_bytes() const;  // scratch of every part and backend
+  // counters of the expert stream (enabled == false: experts read through the mapping)
+  ExpertStreamStats expert_stream_stats() const;
 
   struct Device;  // per-backend scratch and store (forward.cpp)
   struct Dist;    // the ranks: split, worker protocol (forward_dist.cpp)
@@ -109,6 +115,7 @@ class Forward {
   std::vector<int32_t> cache_slot_;       // layer -> MLA or KDA slot in its attn backend's store
   std::vector<int32_t> wanted_;           // rows of the micro-batch that want logits (host)
   uint32_t n_bank_max_ = 0;
+  std::unique_ptr<ExpertCache> xcache_;   // routed experts streamed from disk (nullptr: mapping)
 };
 
 }  // namespace kimi

@@ -8,6 +8,7 @@
 
 #include "backend/backend.h"
 #include "backend/collective.h"
+#include "model/expert_cache.h"
 #include "model/model.h"
 #include "model/phase_times.h"
 #include "model/scratch.h"
@@ -126,9 +127,12 @@ void moe_ffn_tp(const PartRun& r, const LayerWeights& L, MoeScratch& s, FfnScrat
 void lm_head_tp(TensorSplit& tp, Backend& be, const MatView& W, int64_t V, const float* x, int64_t n, float* logits);
 
 // where a layer's routed experts run: its own FFN backend (remote == nullptr) or another one
+// cache: the experts are streamed from disk (model/expert_cache.h), layer il's
 struct ExpertSite {
   Backend* be = nullptr;
   ExpertScratch* s = nullptr;
+  ExpertCache* cache = nullptr;
+  uint32_t layer = 0;
 };
 // moe.cpp
 void moe_ffn(const PartRun& r, const LayerWeights& L, MoeScratch& s, FfnScratch& f, const ExpertSite& experts,

@@ -17,6 +17,8 @@ void moe_ffn(const PartRun& r, const LayerWeights& L, MoeScratch& s, FfnScratch&
   const RouterParams rp{E, k, hp.gating_func == 1, hp.expert_weights_norm, hp.expert_weights_scale};
   be.moe_route(s.router_logits.p, L.exp_probs_b ? L.exp_probs_b.f32 : nullptr, n, rp, s.router_probs.p, s.sel.p,
                s.weights.p);
+  // streamed experts: their reads start now and overlap the latent projection and shared experts
+  const bool streamed = site.cache && !r.tp && be.host_visible() && site.cache->request(site.layer, s.sel.p, n * k);
 
   // 2. the routed experts' input: the latent projection of x (or x itself)
   const float* xl = x;
@@ -24,10 +26,13 @@ void moe_ffn(const PartRun& r, const LayerWeights& L, MoeScratch& s, FfnScratch&
     r.matmul(L.ffn_routed_down.mat, x, n, s.latent_in.p);
     xl = s.latent_in.p;
   }
+  // the shared experts at full width (added at the end)
+  if (L.ffn_gate_shexp) dense_ffn(r, L.ffn_gate_shexp, L.ffn_up_shexp, L.ffn_down_shexp, f, x, f.shared_out.p);
 
   // 3. routed experts, weighted sum (on the experts' backend, with copies when it is another one)
   const ExpertMats em{L.ffn_gate_exps.mat, L.ffn_up_exps.mat, L.ffn_down_exps.mat,
-                      L.ffn_gate_exps.slice_bytes, L.ffn_up_exps.slice_bytes, L.ffn_down_exps.slice_bytes};
+                      L.ffn_gate_exps.slice_bytes, L.ffn_up_exps.slice_bytes, L.ffn_down_exps.slice_bytes,
+                      streamed ? site.cache->wait() : nullptr};
   if (site.be == nullptr || site.be == &be) {
     be.moe_experts(em, xl, n, Lw, s.sel.p, s.weights.p, k, E, hp.situ_beta, hp.situ_lambda, s.latent_acc.p);
   } else {
@@ -49,11 +54,8 @@ void moe_ffn(const PartRun& r, const LayerWeights& L, MoeScratch& s, FfnScratch&
     be.copy(out, s.latent_acc.p, static_cast<uint64_t>(n * d) * 4);
   }
 
-  // 5. shared experts at full width
-  if (L.ffn_gate_shexp) {
-    dense_ffn(r, L.ffn_gate_shexp, L.ffn_up_shexp, L.ffn_down_shexp, f, x, f.shared_out.p);
-    be.add(out, f.shared_out.p, n * d);
-  }
+  // 5. shared experts (computed before the routed ones)
+  if (L.ffn_gate_shexp) be.add(out, f.shared_out.p, n * d);
 }
 
 }  // namespace kimi

@@ -113,6 +113,7 @@ Context::Impl::Impl(const Model& m, const ContextOptions& o)
   fo.n_snapshots = opts.n_snapshots_max;
   fo.coll = opts.collective;
   fo.split = opts.split_mode;
+  fo.stream = opts.stream;
   fwd = std::make_unique<Forward>(m, backends, placement, fo);
   seqs.resize(static_cast<size_t>(nseq));
   if (fwd->is_worker()) {  // rank > 0: run rank 0's calls until it closes its context
@@ -131,6 +132,7 @@ Context::~Context() = default;
 ThreadPool& Context::pool() { return impl_->pool; }
 const Placement& Context::placement() const { return impl_->placement; }
 std::vector<RankTraffic> Context::rank_traffic(bool reset) { return impl_->fwd->traffic(reset); }
+ExpertStreamStats Context::expert_stream_stats() const { return impl_->fwd->expert_stream_stats(); }
 int Context::n_ranks() const { return opts_.collective ? opts_.collective->size() : 1; }
 PhaseTimes Context::phase_times() const { return impl_->fwd->phase_times(); }
 void Context::reset_phase_times() { impl_->fwd->reset_phase_times(); }

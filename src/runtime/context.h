@@ -27,6 +27,7 @@
 #include "backend/backend.h"  // BatchEntry, AttnPath, Precision
 #include "backend/collective.h"
 #include "backend/placement.h"
+#include "model/expert_cache.h"
 #include "model/model.h"
 #include "model/phase_times.h"
 #include "util/thread_pool.h"
@@ -57,6 +58,9 @@ struct ContextOptions {
   // (which ends the process for MPI).
   Collective* collective = nullptr;
   SplitMode split_mode = SplitMode::Tensor;
+  // Routed experts streamed from disk under a memory budget, for models larger than memory
+  // (model/expert_cache.h; default: only when the model does not fit).
+  ExpertStreamOptions stream;
 };
 
 struct Batch {
@@ -118,6 +122,8 @@ class Context {
   // Several ranks: what each rank reads and sends (rank 0 gets every rank's record; one record
   // without ranks). reset: zero the communication counters afterwards.
   std::vector<RankTraffic> rank_traffic(bool reset = false);
+  // the expert stream's counters so far (enabled == false: the experts are not streamed)
+  ExpertStreamStats expert_stream_stats() const;
   int n_ranks() const;
   // Wall time per part of the forward pass (KDA, MLA, indexer, MoE, ...) summed over decode()
   // calls since the last reset (model/phase_times.h); kimi bench prints it.

@@ -38,6 +38,17 @@ kern::MatView slice_of(const kern::MatView& w, uint64_t slice_bytes, int64_t i) 
   return s;
 }
 
+// expert e's gate (which 0), up (1) or down (2) matrix
+kern::MatView expert_mat(const ExpertMats& m, int which, int64_t e) {
+  const kern::MatView& w = which == 0 ? m.gate : which == 1 ? m.up : m.down;
+  if (m.slices) {
+    kern::MatView s = w;
+    s.data = m.slices[3 * e + which];
+    return s;
+  }
+  return slice_of(w, which == 0 ? m.gate_slice : which == 1 ? m.up_slice : m.down_slice, e);
+}
+
 }  // namespace
 
 CpuBackend::CpuBackend(ThreadPool& pool, kern::Precision prec) : pool_(pool), prec_(prec), n_threads_(pool.size()) {
@@ -525,7 +536,7 @@ void CpuBackend::moe_experts(const ExpertMats& m, const float* xl, int64_t n, in
       const int64_t ex = act[item / (2 * nchF)], which = (item / nchF) % 2, ch = item % nchF;
       const int64_t o = off[ex], cnt = off[ex + 1] - o;
       const int64_t r0 = ch * rcF, r1 = std::min(F, r0 + rcF);
-      const kern::MatView w = which == 0 ? slice_of(m.gate, m.gate_slice, ex) : slice_of(m.up, m.up_slice, ex);
+      const kern::MatView w = expert_mat(m, static_cast<int>(which), ex);
       float* dst = (which == 0 ? eg : eu) + o * F;
       kern::matmul_rows(w, xin + o * Lw, cnt, dst, r0, r1, prec_);
     });
@@ -535,7 +546,7 @@ void CpuBackend::moe_experts(const ExpertMats& m, const float* xl, int64_t n, in
       const int64_t ex = act[item / nchL], ch = item % nchL;
       const int64_t o = off[ex], cnt = off[ex + 1] - o;
       const int64_t r0 = ch * rcL, r1 = std::min(Lw, r0 + rcL);
-      kern::matmul_rows(slice_of(m.down, m.down_slice, ex), eg + o * F, cnt, er + o * Lw, r0, r1, prec_);
+      kern::matmul_rows(expert_mat(m, 2, ex), eg + o * F, cnt, er + o * Lw, r0, r1, prec_);
     });
     for (int64_t i = 0; i < na; ++i) {
       const int64_t ex = act[i];
@@ -550,10 +561,10 @@ void CpuBackend::moe_experts(const ExpertMats& m, const float* xl, int64_t n, in
       const int32_t* toks = ex_tok_.data() + off[ex];
       const float* wts = ex_wt_.data() + off[ex];
       for (int64_t i = 0; i < cnt; ++i) std::memcpy(xin + i * Lw, xl + toks[i] * Lw, Lw * 4);
-      kern::matmul(slice_of(m.gate, m.gate_slice, ex), xin, cnt, eg, pool_, prec_);
-      kern::matmul(slice_of(m.up, m.up_slice, ex), xin, cnt, eu, pool_, prec_);
+      kern::matmul(expert_mat(m, 0, ex), xin, cnt, eg, pool_, prec_);
+      kern::matmul(expert_mat(m, 1, ex), xin, cnt, eu, pool_, prec_);
       CpuBackend::situ_rows(eg, eu, cnt, F, beta, lambda);
-      kern::matmul(slice_of(m.down, m.down_slice, ex), eg, cnt, er, pool_, prec_);
+      kern::matmul(expert_mat(m, 2, ex), eg, cnt, er, pool_, prec_);
       for (int64_t i = 0; i < cnt; ++i) kern::axpy_f32(wts[i], er + i * Lw, acc + toks[i] * Lw, Lw);
     }
   }

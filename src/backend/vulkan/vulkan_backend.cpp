@@ -367,6 +367,7 @@ void VulkanBackend::moe_experts(const ExpertMats& m, const float* x, int64_t n, 
                                 const float* weights, int64_t n_used, int64_t n_expert, float situ_beta,
                                 float situ_lambda, float* acc) {
   if (n <= 0) return;
+  check(m.slices == nullptr, "vulkan: routed experts streamed into host memory cannot run here");
   const int64_t F = m.gate.rows, slots = n * n_used;
   check(ex_gate_ && slots <= lim_.n_tokens * lim_.n_expert_used && F <= lim_.expert_ff && width <= lim_.expert_width,
         "vulkan: moe_experts beyond the reserved work limits ({} slots, ff {}, width {})", slots, F, width);

@@ -1,0 +1,285 @@
+// Routed experts streamed from disk (expert_cache.h).
+#include "model/expert_cache.h"
+
+#include <algorithm>
+#include <chrono>
+#include <new>
+
+#include "util/error.h"
+#include "util/file_read.h"
+#include "util/progress.h"
+
+namespace kimi {
+
+namespace {
+
+constexpr uint64_t kAlign = 64;               // kernels read the slices with aligned loads
+constexpr uint64_t kChunk = uint64_t{2} << 20;  // one pread: at most 2 MiB, split at 2 MiB file offsets
+
+uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+
+const WeightView* expert_tensor(const LayerWeights& L, int which) {
+  return which == 0 ? &L.ffn_gate_exps : which == 1 ? &L.ffn_up_exps : &L.ffn_down_exps;
+}
+
+// gate, up, down offsets inside a slot for layer L, and the slot size
+uint64_t slot_layout(const LayerWeights& L, uint64_t off[3]) {
+  uint64_t at = 0;
+  for (int w = 0; w < 3; ++w) {
+    off[w] = at;
+    at += align_up(expert_tensor(L, w)->slice_bytes, kAlign);
+  }
+  return at;
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+ExpertStreamStats ExpertStreamStats::minus(const ExpertStreamStats& o) const {
+  ExpertStreamStats d = *this;
+  d.lookups -= o.lookups;
+  d.hits -= o.hits;
+  d.misses -= o.misses;
+  d.evictions -= o.evictions;
+  d.bytes_read -= o.bytes_read;
+  d.bypass_calls -= o.bypass_calls;
+  d.wait_s -= o.wait_s;
+  return d;
+}
+
+void ExpertStreamStats::add(const ExpertStreamStats& o) {
+  lookups += o.lookups;
+  hits += o.hits;
+  misses += o.misses;
+  evictions += o.evictions;
+  bytes_read += o.bytes_read;
+  bypass_calls += o.bypass_calls;
+  wait_s += o.wait_s;
+}
+
+std::string ExpertStreamStats::summary(double wall_s) const {
+  if (!enabled) return "experts: not streamed (read through the file mapping)";
+  std::string s = fmt::format(
+      "experts streamed from disk ({}, cache {} = {} x {}): {} lookups, hit rate {:.1f} %, {} evictions, {:.2f} GB "
+      "read",
+      mode == StreamMode::Pread ? "pread" : "madvise", format_bytes(budget_bytes), slots, format_bytes(slot_bytes),
+      lookups, 100.0 * hit_rate(), evictions, double(bytes_read) * 1e-9);
+  if (wall_s > 0) s += fmt::format(" = {:.0f} MB/s over {:.2f} s", double(bytes_read) * 1e-6 / wall_s, wall_s);
+  if (mode == StreamMode::Pread) s += fmt::format(", waited {:.2f} s for reads", wait_s);
+  if (bypass_calls) s += fmt::format(", {} layer calls through the mapping (more experts than slots)", bypass_calls);
+  return s;
+}
+
+uint64_t ExpertCache::slot_bytes(const Model& m) {
+  const HParams& hp = m.hparams();
+  uint64_t best = 0, off[3];
+  for (uint32_t il = 0; il < hp.n_layer; ++il)
+    if (hp.is_moe(il) && m.layer(il).ffn_gate_exps) best = std::max(best, slot_layout(m.layer(il), off));
+  return best;
+}
+
+uint64_t resolve_stream_budget(const Model& m, const ExpertStreamOptions& o) {
+  const HParams& hp = m.hparams();
+  const uint64_t slot = ExpertCache::slot_bytes(m);
+  if (o.budget_bytes == 0 || slot == 0 || !ReadOnlyFile::supported()) return 0;
+  if (o.budget_bytes > 0) return static_cast<uint64_t>(o.budget_bytes);
+  uint64_t total = 0, experts = 0;
+  for (const auto& t : m.reader().tensors()) total += t.nbytes;
+  for (uint32_t il = 0; il < hp.n_layer; ++il)
+    if (hp.is_moe(il))
+      for (int w = 0; w < 3; ++w)
+        if (*expert_tensor(m.layer(il), w)) experts += expert_tensor(m.layer(il), w)->info->nbytes;
+  const uint64_t ram = memory_limit_bytes();
+  if (ram == 0 || double(total) <= 0.8 * double(ram)) return 0;
+  const double room = 0.85 * double(ram) - double(total - experts);
+  const uint64_t floor = slot * hp.file_experts();  // one layer's experts (a prefill batch may use all)
+  return std::max(floor, room > 0 ? static_cast<uint64_t>(room) / slot * slot : 0);
+}
+
+ExpertCache::ExpertCache(const Model& m, const std::vector<uint8_t>& on_host, uint64_t budget_bytes,
+                         const ExpertStreamOptions& o)
+    : E_(m.hparams().file_experts()), n_layer_(m.hparams().n_layer), mode_(o.mode) {
+  const HParams& hp = m.hparams();
+  const gguf::Reader& rd = m.reader();
+  slot_bytes_ = slot_bytes(m);
+  check(slot_bytes_ > 0, "expert streaming: '{}' has no routed experts", m.path());
+  const int64_t slots = static_cast<int64_t>(budget_bytes / slot_bytes_);
+  check(slots >= hp.n_expert_used,
+        "--mem-budget {}: holds {} experts of {} each, fewer than the {} one token uses (at least {})",
+        format_bytes(budget_bytes), slots, format_bytes(slot_bytes_), hp.n_expert_used,
+        format_bytes(slot_bytes_ * hp.n_expert_used));
+  for (size_t i = 0; i < rd.n_files(); ++i) files_.push_back(std::make_unique<ReadOnlyFile>(rd.file_path(i)));
+  ranges_.resize(static_cast<size_t>(n_layer_) * static_cast<size_t>(E_) * 3);
+  layer_off_.assign(static_cast<size_t>(n_layer_) * 3, 0);
+  for (uint32_t il = 0; il < n_layer_; ++il) {
+    if (!hp.is_moe(il) || il >= on_host.size() || !on_host[il]) continue;
+    const LayerWeights& L = m.layer(il);
+    slot_layout(L, &layer_off_[static_cast<size_t>(il) * 3]);
+    for (int w = 0; w < 3; ++w) {
+      const WeightView& t = *expert_tensor(L, w);
+      const MappedFile* mf = rd.mapped_file(t.info->file_index);
+      check(mf != nullptr, "expert streaming: '{}' is not a file", m.path());
+      for (int64_t e = 0; e < E_; ++e) {
+        Range& r = ranges_[(static_cast<size_t>(il) * static_cast<size_t>(E_) + static_cast<size_t>(e)) * 3 +
+                           static_cast<size_t>(w)];
+        r.file = t.info->file_index;
+        r.mapped = t.info->data + t.slice_bytes * static_cast<uint64_t>(e);
+        r.off = static_cast<uint64_t>(r.mapped - mf->data());
+        r.bytes = t.slice_bytes;
+      }
+    }
+  }
+  where_.assign(static_cast<size_t>(n_layer_) * static_cast<size_t>(E_), -1);
+  slot_key_.assign(static_cast<size_t>(slots), -1);
+  slot_used_.assign(static_cast<size_t>(slots), 0);
+  slot_call_.assign(static_cast<size_t>(slots), 0);
+  seen_.assign(static_cast<size_t>(E_), 0);
+  ptrs_.assign(static_cast<size_t>(E_) * 3, nullptr);
+  if (mode_ == StreamMode::Pread) {
+    // address space now, memory as the slots fill
+    buf_ = static_cast<uint8_t*>(::operator new(static_cast<size_t>(slots) * slot_bytes_, std::align_val_t(4096)));
+    const int nt = std::clamp(o.io_threads, 1, 256);
+    for (int i = 0; i < nt; ++i) threads_.emplace_back([this] { io_worker(); });
+  }
+  stats_.enabled = true;
+  stats_.mode = mode_;
+  stats_.slots = slots;
+  stats_.slot_bytes = slot_bytes_;
+  stats_.budget_bytes = static_cast<uint64_t>(slots) * slot_bytes_;
+}
+
+ExpertCache::~ExpertCache() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    stop_ = true;
+  }
+  cv_work_.notify_all();
+  for (auto& t : threads_) t.join();
+  if (buf_) ::operator delete(buf_, std::align_val_t(4096));
+}
+
+void ExpertCache::io_worker() {
+  for (;;) {
+    Job j{};
+    {
+      std::unique_lock<std::mutex> lk(mu_);
+      cv_work_.wait(lk, [&] { return stop_ || !jobs_.empty(); });
+      if (stop_) return;
+      j = jobs_.front();
+      jobs_.pop_front();
+    }
+    std::string err;
+    try {
+      j.f->read_at(j.off, j.bytes, j.dst);
+      j.f->drop_cache(j.off, j.bytes);  // the copy is ours now: the page cache may forget it
+    } catch (const Error& e) {
+      err = e.what();
+    }
+    std::lock_guard<std::mutex> lk(mu_);
+    if (!err.empty() && error_.empty()) error_ = err;
+    if (--pending_ == 0) cv_done_.notify_all();
+  }
+}
+
+void ExpertCache::release(int64_t key) {
+  where_[static_cast<size_t>(key)] = -1;
+  ++stats_.evictions;
+  if (mode_ != StreamMode::Madvise) return;  // pread: the slot's memory is simply overwritten
+  const uint32_t il = static_cast<uint32_t>(key / E_);
+  for (int w = 0; w < 3; ++w) {
+    const Range& r = range(il, key % E_, w);
+    advise_release(r.mapped, static_cast<size_t>(r.bytes));
+    files_[r.file]->drop_cache(r.off, r.bytes);
+  }
+}
+
+bool ExpertCache::request(uint32_t il, const int32_t* sel, int64_t count) {
+  ++tick_;
+  distinct_.clear();
+  for (int64_t i = 0; i < count; ++i) {
+    const int32_t e = sel[i];
+    if (e < 0 || e >= E_ || seen_[static_cast<size_t>(e)] == tick_) continue;
+    seen_[static_cast<size_t>(e)] = tick_;
+    distinct_.push_back(e);
+  }
+  const int64_t slots = static_cast<int64_t>(slot_key_.size());
+  if (static_cast<int64_t>(distinct_.size()) > slots) {
+    ++stats_.bypass_calls;
+    return false;
+  }
+  stats_.lookups += distinct_.size();
+  for (int32_t e : distinct_) {  // this call's hits must not be evicted by its misses
+    const int32_t s = where_[static_cast<size_t>(il) * static_cast<size_t>(E_) + static_cast<size_t>(e)];
+    if (s >= 0) slot_call_[static_cast<size_t>(s)] = tick_;
+  }
+  bool queued = false;
+  for (int32_t e : distinct_) {  // in selection order: each use stamps its slot
+    const int64_t key = static_cast<int64_t>(il) * E_ + e;
+    if (const int32_t s = where_[static_cast<size_t>(key)]; s >= 0) {
+      slot_used_[static_cast<size_t>(s)] = ++clock_;
+      ++stats_.hits;
+      continue;
+    }
+    // the least recently used slot this call does not use (free slots: stamp 0)
+    size_t v = slot_used_.size();
+    for (size_t s = 0; s < slot_used_.size(); ++s)
+      if (slot_call_[s] != tick_ && (v == slot_used_.size() || slot_used_[s] < slot_used_[v])) v = s;
+    if (slot_key_[v] >= 0) release(slot_key_[v]);
+    slot_key_[v] = key;
+    slot_call_[v] = tick_;
+    slot_used_[v] = ++clock_;
+    where_[static_cast<size_t>(key)] = static_cast<int32_t>(v);
+    ++stats_.misses;
+    for (int w = 0; w < 3; ++w) {
+      const Range& r = range(il, e, w);
+      stats_.bytes_read += r.bytes;
+      if (mode_ == StreamMode::Madvise) {
+        advise_willneed(r.mapped, static_cast<size_t>(r.bytes));
+        continue;
+      }
+      uint8_t* dst = buf_ + v * slot_bytes_ + layer_off_[static_cast<size_t>(il) * 3 + static_cast<size_t>(w)];
+      std::lock_guard<std::mutex> lk(mu_);
+      for (uint64_t at = r.off, end = r.off + r.bytes; at < end;) {
+        const uint64_t next = std::min(end, (at / kChunk + 1) * kChunk);
+        jobs_.push_back({files_[r.file].get(), at, next - at, dst + (at - r.off)});
+        ++pending_;
+        at = next;
+      }
+      queued = true;
+    }
+  }
+  if (queued) cv_work_.notify_all();
+  for (int32_t e : distinct_) {
+    const int32_t s = where_[static_cast<size_t>(il) * static_cast<size_t>(E_) + static_cast<size_t>(e)];
+    for (int w = 0; w < 3; ++w)
+      ptrs_[static_cast<size_t>(e) * 3 + static_cast<size_t>(w)] =
+          mode_ == StreamMode::Madvise
+              ? range(il, e, w).mapped
+              : buf_ + static_cast<uint64_t>(s) * slot_bytes_ + layer_off_[static_cast<size_t>(il) * 3 + static_cast<size_t>(w)];
+  }
+  return true;
+}
+
+const uint8_t* const* ExpertCache::wait() {
+  if (mode_ == StreamMode::Pread) {
+    const auto t0 = std::chrono::steady_clock::now();
+    std::unique_lock<std::mutex> lk(mu_);
+    cv_done_.wait(lk, [&] { return pending_ == 0; });
+    stats_.wait_s += seconds_since(t0);
+    if (!error_.empty()) {
+      const std::string e = error_;
+      error_.clear();
+      std::fill(where_.begin(), where_.end(), -1);  // which slots hold what they should is unknown
+      std::fill(slot_key_.begin(), slot_key_.end(), -1);
+      std::fill(slot_used_.begin(), slot_used_.end(), 0);
+      std::fill(slot_call_.begin(), slot_call_.end(), 0);
+      fail("expert streaming: {}", e);
+    }
+  }
+  return ptrs_.data();
+}
+
+}  // namespace kimi

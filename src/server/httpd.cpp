@@ -183,6 +183,8 @@ struct Conn {
   enum class St { Head, Body, Chunked, Linger } st = St::Head;
   Clock::time_point since;        // Head: start of the wait for this request; Body: end of the head
   Clock::time_point out_since;    // first unwritten byte of `out`
+  Clock::time_point heard;        // Linger: when the client last sent a bulk of data
+  uint64_t heard_bytes = 0;       // Linger: dropped since `heard`
   bool close_after_out = false;   // linger + close once `out` is written
   Request req;                    // the request being read
   uint64_t body_len = 0;
@@ -338,7 +340,8 @@ void HttpServer::Impl::start_linger(Conn& c) {
   net::shutdown_send(c.fd);
   c.st = Conn::St::Linger;
   c.in.clear();
-  c.since = Clock::now();
+  c.since = c.heard = Clock::now();
+  c.heard_bytes = 0;
 }
 
 void HttpServer::Impl::flush(Conn& c) {
@@ -365,6 +368,10 @@ bool HttpServer::Impl::read_some(Conn& c) {
     const long n = net::recv(c.fd, buf, sizeof buf);
     if (n > 0) {
       if (c.st != Conn::St::Linger) c.in.append(buf, static_cast<size_t>(n));
+      else if ((c.heard_bytes += static_cast<uint64_t>(n)) >= (64u << 10)) {
+        c.heard = Clock::now();  // still uploading in bulk (a refused body): keep draining
+        c.heard_bytes = 0;
+      }
       if (static_cast<size_t>(n) < sizeof buf) return true;
       continue;
     }
@@ -645,7 +652,10 @@ void HttpServer::Impl::check_deadlines(Conn& c, Clock::time_point now) {
   }
   switch (c.st) {
     case Conn::St::Linger:
-      if (now > after(c.since, 2.0)) close_conn(c);
+      // a client still uploading the body we refused gets 2 s per 64 KiB, 30 s in all, to finish
+      // before the close (a close with unread input resets the connection, and the client may lose
+      // the reply it has not read yet); one that trickles is closed after 2 s
+      if (now > after(c.heard, 2.0) || now > after(c.since, 30.0)) close_conn(c);
       return;
     case Conn::St::Head:
       if (c.in.empty()) {
@@ -771,9 +781,7 @@ void HttpServer::Impl::worker() {
         close_conn(*c);
         c.reset();
       } else {
-        c->in.clear();
-        net::shutdown_send(c->fd);
-        c->st = Conn::St::Linger;
+        start_linger(*c);
       }
     }
     {

@@ -88,8 +88,9 @@ void validate_hparams(const HParams& hp, const gguf::Reader& r, const std::strin
   }
 
   // ResMix: one bank entry per block of layers, ceil(n_layer / block) computed in 32 bits by the forward
-  // pass; a block larger than n_layer (e.g. near 2^32) made that wrap to 0
-  if (hp.attn_res_block != 0) c.range("attn_res.block_size", hp.attn_res_block, 1, hp.n_layer);
+  // pass; a block near 2^32 made that wrap to 0. A block longer than this file's layers is valid: a
+  // slice of the real model (k3-layers --layers 4) keeps its block of 12, all its layers in one block.
+  if (hp.attn_res_block != 0) c.range("attn_res.block_size", hp.attn_res_block, 1, L::max_layers);
   c.finite("activation.situ_beta", hp.situ_beta, false);
   c.finite("activation.situ_linear_beta", hp.situ_lambda, false);
   // SiTU divides by both (beta·tanh(g/beta); lambda·tanh(u/lambda) when lambda > 0): 0 or a subnormal

@@ -74,7 +74,9 @@ void expect_close(const test::Run& want, const test::Run& got, const std::string
     const double e = row_rel_rms(got.logits[i], want.logits[i]);
     worst = std::max(worst, e);
     EXPECT_LT(e, tol) << what << ": logits row " << i;
-    if (top1) EXPECT_EQ(argmax(got.logits[i]), argmax(want.logits[i])) << what << ": top-1 of row " << i;
+    if (top1) {
+      EXPECT_EQ(argmax(got.logits[i]), argmax(want.logits[i])) << what << ": top-1 of row " << i;
+    }
   }
   std::printf("[ %s ] %zu logits rows, worst rel RMS vs CPU f32 %.3g\n", what.c_str(), want.logits.size(), worst);
 }

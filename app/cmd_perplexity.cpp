@@ -35,7 +35,7 @@ int cmd_perplexity(int argc, char** argv) {
       "optionally saving or comparing against a KL-divergence base"};
   kimi::app::EngineArgs ea;
   kimi::app::add_engine_options(app, ea);
-  std::string text_path, kld_base_out, kld_base_in;
+  std::string text_path, kld_base_out, kld_base_in, per_token_out, paired_in;
   int chunks = -1, top_n = 32;
   bool json = false;
   app.add_option("-f,--file", text_path,
@@ -46,6 +46,13 @@ int cmd_perplexity(int argc, char** argv) {
   auto* o_cmp =
       app.add_option("--kl-divergence", kld_base_in, "compare against a base written by --kl-divergence-base");
   o_base->excludes(o_cmp);
+  app.add_option("--kld-per-token", per_token_out,
+                 "with --kl-divergence: write every scored token's KLD, same-top-1 and NLL to this file (text)")
+      ->needs(o_cmp);
+  app.add_option("--kld-paired", paired_in,
+                 "with --kl-divergence: compare this run token by token with another run's --kld-per-token file "
+                 "on the same base (mean difference +/- its standard error)")
+      ->needs(o_cmp);
   app.add_option("--top-n", top_n, "tokens kept per scored position in a KLD base (default 32)")
       ->check(CLI::Range(1, 65536));
   app.add_flag("--json", json, "print the final numbers as one JSON object on stdout");
@@ -60,11 +67,27 @@ int cmd_perplexity(int argc, char** argv) {
                 "--kl-divergence-base {}: is a directory (expected a file path)", kld_base_out);
   }
 
+  if (!per_token_out.empty()) {
+    const auto parent = std::filesystem::path(per_token_out).parent_path();
+    kimi::check(parent.empty() || std::filesystem::is_directory(parent),
+                "--kld-per-token {}: directory '{}' does not exist", per_token_out, parent.string());
+    kimi::check(!std::filesystem::is_directory(per_token_out),
+                "--kld-per-token {}: is a directory (expected a file path)", per_token_out);
+  }
+
   // Load the base first: a bad base file should fail before the model is loaded.
   std::optional<kimi::ppl::KldBase> base;
   if (!kld_base_in.empty()) {
     if (std::filesystem::exists(kld_base_in)) kimi::check_input_regular(kld_base_in);  // a FIFO would block
     base.emplace(kimi::ppl::KldBase::load(kld_base_in));
+  }
+  std::optional<kimi::ppl::PerTokenFile> paired;
+  if (!paired_in.empty()) {
+    if (std::filesystem::exists(paired_in)) kimi::check_input_regular(paired_in);
+    paired.emplace(kimi::ppl::read_per_token(paired_in));
+    kimi::check(paired->n_ctx == base->n_ctx(),
+                "--kld-paired {}: made with a context of {} tokens, the KLD base {} has {}", paired_in, paired->n_ctx,
+                kld_base_in, base->n_ctx());
   }
 
   auto model = kimi::Model::load(ea.model, kimi::app::model_options(ea));
@@ -75,6 +98,14 @@ int cmd_perplexity(int argc, char** argv) {
     if (!text_path.empty()) inputs.push_back(text_path);
     if (!kld_base_in.empty()) inputs.push_back(kld_base_in);
     kimi::check_outputs_distinct(inputs, {kld_base_out}, "--kl-divergence-base");
+  }
+  if (!per_token_out.empty()) {  // nor the per-token file any input (the paired file included)
+    std::vector<std::string> inputs;
+    for (size_t i = 0; i < model->reader().n_files(); ++i) inputs.push_back(model->reader().file_path(i));
+    if (!text_path.empty()) inputs.push_back(text_path);
+    inputs.push_back(kld_base_in);
+    if (!paired_in.empty()) inputs.push_back(paired_in);
+    kimi::check_outputs_distinct(inputs, {per_token_out}, "--kld-per-token");
   }
 
   kimi::ppl::Options po;
@@ -109,6 +140,10 @@ int cmd_perplexity(int argc, char** argv) {
   }
   const int n_chunk = kimi::ppl::plan_chunks(static_cast<int64_t>(tokens.size()), po,
                                              text_path.empty() ? kld_base_in : text_path);
+  if (paired)  // before the run: the other run must have scored the same chunks
+    kimi::check(paired->n_chunk == n_chunk,
+                "--kld-paired {}: has {} chunks, this run evaluates {} (use the same --chunks)", paired_in,
+                paired->n_chunk, n_chunk);
 
   kimi::Context ctx(*model, kimi::app::context_options(ea, po.n_ctx, std::min(ea.batch, po.n_ctx)));
   kimi::app::print_engine_summary(ea, ctx);
@@ -141,6 +176,13 @@ int cmd_perplexity(int argc, char** argv) {
   const kimi::ppl::Result res = kimi::ppl::evaluate(ctx, tokens, po, on_chunk, kld_base_out, base ? &*base : nullptr);
   const double tps = res.seconds > 0 ? double(res.n_chunk) * po.n_ctx / res.seconds : 0.0;
   if (!kld_base_out.empty()) std::fprintf(stderr, "perplexity: wrote the KLD base to %s\n", kld_base_out.c_str());
+  if (!per_token_out.empty()) {
+    kimi::ppl::write_per_token(per_token_out, kld_base_in, po.n_ctx, res.per_token);
+    std::fprintf(stderr, "perplexity: wrote %zu per-token KLDs to %s\n", res.per_token.size(), per_token_out.c_str());
+  }
+  std::optional<kimi::ppl::PairedComparison> pc;
+  if (paired) pc = kimi::ppl::paired_compare(res.per_token, paired->rows, "--kld-paired " + paired_in);
+  auto z = [](double d, double se) { return se > 0 ? d / se : 0.0; };
 
   if (json) {
     nlohmann::ordered_json j;
@@ -189,6 +231,28 @@ int cmd_perplexity(int argc, char** argv) {
       kj["dp_rms"] = k.dp_rms;
       j["kld"] = kj;
     }
+    if (pc) {
+      nlohmann::ordered_json pj;
+      pj["other"] = paired_in;
+      pj["count"] = pc->count;
+      pj["n_chunk"] = pc->n_chunk;
+      auto put = [&](const char* name, const kimi::ppl::PairedDiff& d) {
+        nlohmann::ordered_json dj;
+        dj["this"] = d.mean_a;
+        dj["other"] = d.mean_b;
+        dj["diff"] = d.diff;
+        dj["rel"] = d.rel;
+        dj["se_token"] = d.se_token;
+        dj["se_chunk"] = d.se_chunk;
+        dj["z_token"] = z(d.diff, d.se_token);
+        dj["z_chunk"] = z(d.diff, d.se_chunk);
+        pj[name] = dj;
+      };
+      put("kld", pc->kld);
+      put("top1", pc->top1);
+      put("nll", pc->nll);
+      j["paired"] = pj;
+    }
     std::printf("%s\n", j.dump(2).c_str());
     return 0;
   }
@@ -212,6 +276,19 @@ int cmd_perplexity(int argc, char** argv) {
     std::printf("Maximum KLD         : %.8f\n", k.kld_max);
     std::printf("Same top-1          : %.4f +/- %.4f %%\n", 100.0 * k.top1_agree, 100.0 * k.top1_err);
     std::printf("Mean dp(target)     : %.6f %%  (RMS %.6f %%)\n", 100.0 * k.dp_mean, 100.0 * k.dp_rms);
+  }
+  if (pc) {
+    std::printf("====== Paired with %s (%lld tokens, %d chunks): this run - other, +/- SE (chunks) / SE (tokens) "
+                "======\n",
+                paired_in.c_str(), static_cast<long long>(pc->count), pc->n_chunk);
+    auto line = [&](const char* name, const kimi::ppl::PairedDiff& d, double scale, const char* unit) {
+      std::printf("%-13s: %.8g%s vs %.8g%s: %+.8g%s (%+.2f %%) +/- %.3g / %.3g = %+.2f / %+.2f SE\n", name,
+                  scale * d.mean_a, unit, scale * d.mean_b, unit, scale * d.diff, unit, 100.0 * d.rel,
+                  scale * d.se_chunk, scale * d.se_token, z(d.diff, d.se_chunk), z(d.diff, d.se_token));
+    };
+    line("Mean KLD", pc->kld, 1.0, "");
+    line("Same top-1", pc->top1, 100.0, " %");
+    line("Mean NLL", pc->nll, 1.0, "");
   }
   return 0;
 }

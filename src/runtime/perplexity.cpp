@@ -12,6 +12,8 @@
 #include <limits>
 #include <numeric>
 
+#include <fmt/format.h>
+
 #include "util/error.h"
 #include "util/tempfile.h"
 
@@ -322,6 +324,7 @@ Result evaluate(Context& ctx, const std::vector<int32_t>& tokens, const Options&
   r.n_ctx = n_ctx;
   r.n_chunk = n_chunk;
   r.n_tokens = static_cast<int64_t>(tokens.size());
+  if (cmp) r.per_token.reserve(static_cast<size_t>(n_chunk) * per_chunk);
   const auto t_all = std::chrono::steady_clock::now();
   Batch b;
   b.entries.reserve(static_cast<size_t>(n_ctx));
@@ -397,7 +400,9 @@ Result evaluate(Context& ctx, const std::vector<int32_t>& tokens, const Options&
         int32_t am = 0;  // argmax, ties -> lower id (the base's top-1 rule)
         for (int v = 1; v < V; ++v)
           if (lg[v] > lg[am]) am = v;
-        top1_same += am == cmp->top_id(j_global, 0);
+        const int same = am == cmp->top_id(j_global, 0) ? 1 : 0;
+        top1_same += same;
+        r.per_token.push_back({c, i, next, kl, same, -lp});
         // both sides rounded to f32 as stored, so identical logits give exactly 0
         const double dp = std::exp(static_cast<double>(static_cast<float>(lp))) -
                           std::exp(static_cast<double>(cmp->logp_target(j_global)));
@@ -472,6 +477,136 @@ Result evaluate(Context& ctx, const std::vector<int32_t>& tokens, const Options&
     r.kld = k;
   }
   return r;
+}
+
+// ---------------------------------------------------------------------------------------------
+// per-token files and the paired comparison
+
+namespace {
+constexpr const char* kPerTokenMagic = "# kimi kld-per-token 1";
+constexpr const char* kPerTokenColumns = "chunk\tpos\tnext\tkld\tsame_top1\tnll";
+}  // namespace
+
+void write_per_token(const std::string& path, const std::string& base_path, int n_ctx,
+                     const std::vector<TokenKld>& rows) {
+  check(base_path.find('\n') == std::string::npos, "--kld-per-token: the base path contains a newline");
+  const int first = n_ctx / 2;
+  const int n_chunk = rows.empty() ? 0 : rows.back().chunk + 1;
+  FileWriter w(path);
+  std::string s = fmt::format("{}\n# base {}\n# n_ctx {} first {} n_chunk {} count {}\n{}\n", kPerTokenMagic,
+                              base_path, n_ctx, first, n_chunk, rows.size(), kPerTokenColumns);
+  w.write(s.data(), s.size());
+  for (const auto& t : rows) {
+    s = fmt::format("{}\t{}\t{}\t{:.17g}\t{}\t{:.17g}\n", t.chunk, t.pos, t.next, t.kld, t.same_top1, t.nll);
+    w.write(s.data(), s.size());
+  }
+  w.commit();
+}
+
+PerTokenFile read_per_token(const std::string& path) {
+  check(!std::filesystem::is_directory(path), "{}: is a directory (expected a per-token KLD file)", path);
+  check(std::filesystem::exists(path), "{}: cannot open the per-token KLD file (no such file)", path);
+  std::ifstream in(path, std::ios::binary);
+  check(static_cast<bool>(in), "{}: cannot open the per-token KLD file", path);
+  PerTokenFile f;
+  f.path = path;
+  std::string line;
+  auto next_line = [&](const char* what) {
+    check(static_cast<bool>(std::getline(in, line)), "{}: ends before {} (not a complete per-token KLD file)", path,
+          what);
+  };
+  next_line("the first line");
+  check(line == kPerTokenMagic, "{}: not a per-token KLD file (first line must be '{}', written by kimi perplexity "
+        "--kld-per-token)", path, kPerTokenMagic);
+  next_line("the base line");
+  check(line.rfind("# base ", 0) == 0, "{}: line 2 must be '# base PATH'", path);
+  f.base = line.substr(7);
+  next_line("the sizes line");
+  long long count = -1;
+  {
+    char extra = 0;
+    check(std::sscanf(line.c_str(), "# n_ctx %d first %d n_chunk %d count %lld%c", &f.n_ctx, &f.first, &f.n_chunk,
+                      &count, &extra) == 4 &&
+              f.n_ctx >= 4 && f.first == f.n_ctx / 2 && f.n_chunk >= 1 && count >= 1 &&
+              count == static_cast<long long>(f.n_chunk) * (f.n_ctx - 1 - f.first),
+          "{}: line 3 must be '# n_ctx N first N/2 n_chunk C count C*(N-1-N/2)' (got '{}')", path, line);
+  }
+  next_line("the column names");
+  check(line == kPerTokenColumns, "{}: line 4 must be the column names '{}'", path, kPerTokenColumns);
+  const int per_chunk = f.n_ctx - 1 - f.first;
+  f.rows.reserve(static_cast<size_t>(count));
+  for (long long j = 0; j < count; ++j) {
+    next_line("all its rows");
+    const long long ln = j + 5;
+    TokenKld t;
+    char extra = 0;
+    check(std::sscanf(line.c_str(), "%d\t%d\t%d\t%lf\t%d\t%lf%c", &t.chunk, &t.pos, &t.next, &t.kld, &t.same_top1,
+                      &t.nll, &extra) == 6,
+          "{}:{}: expected 6 tab-separated numbers (chunk pos next kld same_top1 nll), got '{}'", path, ln, line);
+    check(t.chunk == j / per_chunk && t.pos == f.first + j % per_chunk,
+          "{}:{}: row {} must be chunk {} position {} (got {} {})", path, ln, j, j / per_chunk,
+          f.first + j % per_chunk, t.chunk, t.pos);
+    check(std::isfinite(t.kld) && t.kld >= -1e-9 && std::isfinite(t.nll) && t.nll >= -1e-9 &&
+              (t.same_top1 == 0 || t.same_top1 == 1) && t.next >= 0,
+          "{}:{}: invalid values (kld and nll must be finite and >= 0, same_top1 0 or 1, next >= 0)", path, ln);
+    f.rows.push_back(t);
+  }
+  check(!std::getline(in, line), "{}: more rows than the count {} of line 3", path, count);
+  return f;
+}
+
+PairedComparison paired_compare(const std::vector<TokenKld>& a, const std::vector<TokenKld>& b,
+                                const std::string& what_b) {
+  check(a.size() == b.size(), "{}: {} scored tokens, this run has {} (compare runs over the same base and --chunks)",
+        what_b, b.size(), a.size());
+  check(a.size() >= 2, "paired comparison: needs at least 2 scored tokens");
+  for (size_t i = 0; i < a.size(); ++i)
+    check(a[i].chunk == b[i].chunk && a[i].pos == b[i].pos && a[i].next == b[i].next,
+          "{}: scored token {} is chunk {} position {} token {}, in this run chunk {} position {} token {}: not the "
+          "same tokens (another base or text)",
+          what_b, i, b[i].chunk, b[i].pos, b[i].next, a[i].chunk, a[i].pos, a[i].next);
+  PairedComparison pc;
+  pc.count = static_cast<int64_t>(a.size());
+  pc.n_chunk = a.back().chunk + 1;
+  auto series = [&](auto get) {
+    PairedDiff p;
+    const double n = static_cast<double>(a.size());
+    double sa = 0, sb = 0;
+    for (size_t i = 0; i < a.size(); ++i) {
+      sa += get(a[i]);
+      sb += get(b[i]);
+    }
+    p.mean_a = sa / n;
+    p.mean_b = sb / n;
+    p.diff = p.mean_a - p.mean_b;
+    double ss = 0;  // two-pass variance of the differences
+    std::vector<double> chunk_sum(static_cast<size_t>(pc.n_chunk), 0.0);
+    std::vector<int64_t> chunk_n(static_cast<size_t>(pc.n_chunk), 0);
+    for (size_t i = 0; i < a.size(); ++i) {
+      const double d = get(a[i]) - get(b[i]);
+      ss += (d - p.diff) * (d - p.diff);
+      chunk_sum[static_cast<size_t>(a[i].chunk)] += d;
+      ++chunk_n[static_cast<size_t>(a[i].chunk)];
+    }
+    p.se_token = std::sqrt(ss / (n - 1) / n);
+    if (pc.n_chunk > 1) {
+      double mc = 0;
+      for (int c = 0; c < pc.n_chunk; ++c) mc += chunk_sum[size_t(c)] / double(chunk_n[size_t(c)]);
+      mc /= pc.n_chunk;
+      double sc = 0;
+      for (int c = 0; c < pc.n_chunk; ++c) {
+        const double dc = chunk_sum[size_t(c)] / double(chunk_n[size_t(c)]) - mc;
+        sc += dc * dc;
+      }
+      p.se_chunk = std::sqrt(sc / (pc.n_chunk - 1) / pc.n_chunk);
+    }
+    p.rel = p.mean_b != 0 ? p.diff / p.mean_b : 0.0;
+    return p;
+  };
+  pc.kld = series([](const TokenKld& t) { return t.kld; });
+  pc.top1 = series([](const TokenKld& t) { return static_cast<double>(t.same_top1); });
+  pc.nll = series([](const TokenKld& t) { return t.nll; });
+  return pc;
 }
 
 }  // namespace kimi::ppl

@@ -132,6 +132,16 @@ struct ChunkReport {
   double base_ppl = 0;      // base's running PPL over the same chunks
 };
 
+// One scored token of a KLD comparison (kept in Result::per_token, written by --kld-per-token).
+struct TokenKld {
+  int chunk = 0;        // 0-based chunk
+  int pos = 0;          // position of the scored logits in the chunk (they predict position pos + 1)
+  int32_t next = 0;     // the token scored (the chunk's token at pos + 1)
+  double kld = 0;       // KL(base || this run) as in KldSummary
+  int same_top1 = 0;    // 1 when this run's argmax is the base's top-1
+  double nll = 0;       // -log p(next) of this run
+};
+
 struct Result {
   int n_ctx = 0, n_chunk = 0;
   int64_t n_tokens = 0;               // tokens of the input stream
@@ -140,7 +150,45 @@ struct Result {
   std::vector<double> chunk_ppl;      // each chunk alone
   double seconds = 0;                 // total evaluation time
   std::optional<KldSummary> kld;      // when compared against a base
+  std::vector<TokenKld> per_token;    // when compared against a base: every scored token, in order
 };
+
+// Per-token file (`kimi perplexity --kl-divergence BASE --kld-per-token FILE`, docs/quantize.md):
+// tab-separated text,
+//   # kimi kld-per-token 1
+//   # base <path of the KLD base>
+//   # n_ctx <n> first <first scored position> n_chunk <n> count <scored tokens>
+//   chunk  pos  next  kld  same_top1  nll        (column names)
+//   one row per scored token in order; kld and nll with 17 significant digits (exact doubles).
+void write_per_token(const std::string& path, const std::string& base_path, int n_ctx,
+                     const std::vector<TokenKld>& rows);
+struct PerTokenFile {
+  std::string path, base;
+  int n_ctx = 0, first = 0, n_chunk = 0;
+  std::vector<TokenKld> rows;
+};
+// Reads and validates a per-token file; kimi::Error naming the path and line otherwise.
+PerTokenFile read_per_token(const std::string& path);
+
+// Paired comparison of two runs against the same base on the same tokens (a = this run, b = the other):
+// for each series x (KLD, same-top-1 as 0/1, NLL) the per-token differences d_i = x_a,i - x_b,i.
+//   diff = mean(d); se_token = sd(d) / sqrt(n) (sample sd, n - 1), which takes the tokens as independent;
+//   se_chunk = sd(D_c) / sqrt(C) over the C per-chunk means D_c (all chunks have the same count), which
+//   allows any correlation between the tokens of one chunk (they share a context) and is the one to quote;
+//   rel = diff / mean_b. Both runs' errors are measured on the same tokens, so what is common to the
+//   tokens (how hard each one is) cancels in d_i, unlike two separate means +/- their own errors.
+struct PairedDiff {
+  double mean_a = 0, mean_b = 0, diff = 0, se_token = 0, se_chunk = 0, rel = 0;
+};
+struct PairedComparison {
+  int64_t count = 0;
+  int n_chunk = 0;
+  PairedDiff kld, top1, nll;
+};
+// Throws kimi::Error when the rows do not pair (count, chunk, position and token must match);
+// `what_b` names b in the message. se_chunk is 0 with a single chunk.
+PairedComparison paired_compare(const std::vector<TokenKld>& a, const std::vector<TokenKld>& b,
+                                const std::string& what_b);
 
 // Number of chunks evaluate() will use, or a kimi::Error naming the token count needed
 // (at least 2 * n_ctx tokens, as llama.cpp requires). `what` names the input in the message.

@@ -302,6 +302,167 @@ TEST(Perplexity, KlDivergenceAgainstBase) {
   EXPECT_EQ(k["base_ppl"].get<double>(), b.j["ppl"].get<double>());
 }
 
+// The per-token file of --kld-per-token, parsed here independently of ppl::read_per_token.
+struct TokenRows {
+  std::vector<int> chunk, pos, next, same;
+  std::vector<long double> kld, nll;
+  std::string header;
+};
+TokenRows parse_rows(const std::string& path) {
+  TokenRows t;
+  std::istringstream is(test::read_file(path));
+  std::string line;
+  for (int i = 0; i < 4 && std::getline(is, line); ++i) t.header += line + "\n";
+  while (std::getline(is, line)) {
+    std::vector<std::string> f;
+    std::stringstream ls(line);
+    for (std::string x; std::getline(ls, x, '\t');) f.push_back(x);
+    EXPECT_EQ(f.size(), 6u) << line;
+    if (f.size() != 6) break;
+    t.chunk.push_back(std::stoi(f[0]));
+    t.pos.push_back(std::stoi(f[1]));
+    t.next.push_back(std::stoi(f[2]));
+    t.kld.push_back(std::stold(f[3]));
+    t.same.push_back(std::stoi(f[4]));
+    t.nll.push_back(std::stold(f[5]));
+  }
+  return t;
+}
+
+// mean, SE over tokens and SE over chunk means of a - b, computed the textbook way in long double
+struct Ref {
+  long double diff, se_token, se_chunk;
+};
+Ref paired_ref(const std::vector<long double>& a, const std::vector<long double>& b, const std::vector<int>& chunk) {
+  const size_t n = a.size();
+  long double m = 0;
+  for (size_t i = 0; i < n; ++i) m += a[i] - b[i];
+  m /= n;
+  long double v = 0;
+  for (size_t i = 0; i < n; ++i) v += (a[i] - b[i] - m) * (a[i] - b[i] - m);
+  v /= (n - 1);
+  std::map<int, std::pair<long double, int>> per;
+  for (size_t i = 0; i < n; ++i) {
+    per[chunk[i]].first += a[i] - b[i];
+    per[chunk[i]].second += 1;
+  }
+  long double cm = 0;
+  for (auto& [c, sn] : per) cm += sn.first / sn.second;
+  cm /= per.size();
+  long double cv = 0;
+  for (auto& [c, sn] : per) cv += (sn.first / sn.second - cm) * (sn.first / sn.second - cm);
+  cv /= (per.size() - 1);
+  return {m, std::sqrt(v / n), std::sqrt(cv / per.size())};
+}
+
+TEST(Perplexity, PairedComparisonOfPerTokenFiles) {
+  test::TempDir d;
+  const std::string base = d.file("base.kld"), fa = d.file("a.tsv"), fb = d.file("b.tsv");
+  ASSERT_EQ(run_ppl(" -f " + q(kText) + " -c 64 --chunks 5 --kl-divergence-base " + q(base)).r.exit_code, 0);
+  // two different perturbations of the base: f32 precision, and DSA top-k 8 instead of the file's 16
+  auto a = run_ppl(" --precision f32 --kl-divergence " + q(base) + " --kld-per-token " + q(fa));
+  ASSERT_EQ(a.r.exit_code, 0) << a.r.out;
+  auto b = run_ppl(" --attn-top-k 8 --kl-divergence " + q(base) + " --kld-per-token " + q(fb) + " --kld-paired " +
+                   q(fa));
+  ASSERT_EQ(b.r.exit_code, 0) << b.r.out;
+
+  const TokenRows ra = parse_rows(fa), rb = parse_rows(fb);
+  EXPECT_EQ(ra.header, "# kimi kld-per-token 1\n# base " + base + "\n# n_ctx 64 first 32 n_chunk 5 count 155\n"
+                       "chunk\tpos\tnext\tkld\tsame_top1\tnll\n");
+  ASSERT_EQ(ra.kld.size(), 155u);
+  ASSERT_EQ(rb.kld.size(), 155u);
+  // the rows are the scored tokens in order: chunk c, positions 32..62, the next token of the text
+  const auto toks = sample_tokens();
+  for (size_t i = 0; i < 155; ++i) {
+    ASSERT_EQ(ra.chunk[i], int(i / 31));
+    ASSERT_EQ(ra.pos[i], 32 + int(i % 31));
+    ASSERT_EQ(ra.next[i], toks[64 * (i / 31) + 32 + i % 31 + 1]);
+    ASSERT_EQ(rb.next[i], ra.next[i]);
+  }
+  // the rows reproduce each run's own summary
+  for (auto [r, run] : {std::pair{&ra, &a}, std::pair{&rb, &b}}) {
+    long double sk = 0, ss = 0, sn = 0, mx = 0;
+    for (size_t i = 0; i < 155; ++i) {
+      sk += r->kld[i];
+      ss += r->same[i];
+      sn += r->nll[i];
+      mx = std::max(mx, r->kld[i]);
+    }
+    EXPECT_NEAR(double(sk / 155), run->j["kld"]["mean"].get<double>(), 1e-15);
+    EXPECT_EQ(double(mx), run->j["kld"]["max"].get<double>());
+    EXPECT_NEAR(double(ss / 155), run->j["kld"]["top1_agree"].get<double>(), 1e-15);
+    EXPECT_NEAR(double(sn / 155), run->j["nll_mean"].get<double>(), 1e-12);
+  }
+  EXPECT_GT(double(ra.kld[0] + ra.kld[100]), 0.0);
+
+  // the paired statistics against the textbook computation on the two files
+  const json& pj = b.j["paired"];
+  EXPECT_EQ(pj["count"].get<int64_t>(), 155);
+  EXPECT_EQ(pj["n_chunk"].get<int>(), 5);
+  auto as_ld = [](const std::vector<int>& v) { return std::vector<long double>(v.begin(), v.end()); };
+  const std::pair<const char*, std::pair<std::vector<long double>, std::vector<long double>>> series[] = {
+      {"kld", {rb.kld, ra.kld}}, {"top1", {as_ld(rb.same), as_ld(ra.same)}}, {"nll", {rb.nll, ra.nll}}};
+  for (const auto& [name, ab] : series) {
+    const Ref ref = paired_ref(ab.first, ab.second, ra.chunk);
+    const json& s = pj[name];
+    const double tol = 1e-9 * std::max(1e-12, std::fabs(double(ref.se_token)));
+    EXPECT_NEAR(s["diff"].get<double>(), double(ref.diff), tol) << name;
+    EXPECT_NEAR(s["se_token"].get<double>(), double(ref.se_token), tol) << name;
+    EXPECT_NEAR(s["se_chunk"].get<double>(), double(ref.se_chunk), tol) << name;
+    EXPECT_NEAR(s["z_chunk"].get<double>(), double(ref.diff / ref.se_chunk), 1e-9) << name;
+    EXPECT_NEAR(s["this"].get<double>() - s["other"].get<double>(), s["diff"].get<double>(), 1e-15) << name;
+    EXPECT_GT(s["se_token"].get<double>(), 0.0) << name;
+  }
+  EXPECT_NEAR(pj["kld"]["this"].get<double>(), b.j["kld"]["mean"].get<double>(), 1e-15);
+  EXPECT_NEAR(pj["kld"]["other"].get<double>(), a.j["kld"]["mean"].get<double>(), 1e-15);
+  EXPECT_NEAR(pj["kld"]["rel"].get<double>(), pj["kld"]["diff"].get<double>() / a.j["kld"]["mean"].get<double>(),
+              1e-12);
+
+  // the same run paired with itself: every difference exactly 0; text output names both sides
+  auto self = test::run_kimi("perplexity -m " + q(test::tiny_gguf(1)) + " -t 1 --precision f32 --kl-divergence " +
+                             q(base) + " --kld-paired " + q(fa));
+  ASSERT_EQ(self.exit_code, 0) << self.out;
+  EXPECT_NE(self.out.find("Paired with " + fa + " (155 tokens, 5 chunks)"), std::string::npos) << self.out;
+  EXPECT_NE(self.out.find("Mean KLD     : "), std::string::npos) << self.out;
+  EXPECT_NE(self.out.find("+0 (+0.00 %) +/- 0 / 0 = +0.00 / +0.00 SE"), std::string::npos) << self.out;
+
+  // bad inputs: clear errors, before the model runs where possible
+  auto expect_fail = [](const test::RunResult& r, const std::string& needle) {
+    EXPECT_NE(r.exit_code, 0) << r.out;
+    EXPECT_NE(r.out.find(needle), std::string::npos) << "expected '" << needle << "' in:\n" << r.out;
+  };
+  const std::string g = "perplexity -m " + q(test::tiny_gguf(1)) + " -t 1 ";
+  expect_fail(test::run_kimi(g + "-f " + q(kText) + " -c 64 --chunks 2 --kld-per-token " + q(d.file("x.tsv"))),
+              "--kl-divergence");
+  expect_fail(test::run_kimi(g + "--chunks 2 --kl-divergence " + q(base) + " --kld-paired " + q(fa)),
+              "has 5 chunks, this run evaluates 2");
+  expect_fail(test::run_kimi(g + "--kl-divergence " + q(base) + " --kld-paired " + q(d.file("none.tsv"))),
+              "none.tsv: cannot open");
+  expect_fail(test::run_kimi(g + "--kl-divergence " + q(base) + " --kld-paired " + q(base)),
+              "not a per-token KLD file");
+  std::string txt = test::read_file(fa);
+  const size_t row7 = [&] {
+    size_t at = 0;
+    for (int i = 0; i < 10; ++i) at = txt.find('\n', at) + 1;
+    return at;
+  }();
+  test::write_file(d.file("cut.tsv"), txt.substr(0, row7));
+  expect_fail(test::run_kimi(g + "--kl-divergence " + q(base) + " --kld-paired " + q(d.file("cut.tsv"))),
+              "ends before all its rows");
+  std::string bad = txt;
+  bad.replace(row7, bad.find('\t', row7) - row7, "3");
+  test::write_file(d.file("bad.tsv"), bad);
+  expect_fail(test::run_kimi(g + "--kl-divergence " + q(base) + " --kld-paired " + q(d.file("bad.tsv"))),
+              "bad.tsv:11: row 6 must be chunk 0 position 38");
+  expect_fail(test::run_kimi(g + "--kl-divergence " + q(base) + " --kld-per-token " + q(base)), "--kld-per-token");
+  // a base of other tokens (other text) with the same shape: the rows do not pair
+  const std::string base2 = d.file("base2.kld");
+  test::write_file(d.file("other.txt"), "Completely different opening words. " + test::read_file(kText));
+  ASSERT_EQ(run_ppl(" -f " + q(d.file("other.txt")) + " -c 64 --chunks 5 --kl-divergence-base " + q(base2)).r.exit_code,
+            0);
+  expect_fail(test::run_kimi(g + "--kl-divergence " + q(base2) + " --kld-paired " + q(fa)), "not the same tokens");
+}
+
 TEST(Perplexity, BadInputsGiveClearErrors) {
   test::TempDir d;
   const std::string g = q(test::tiny_gguf(1));

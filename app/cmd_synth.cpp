@@ -25,6 +25,11 @@ int cmd_synth(int argc, char** argv) {
   app.add_option("--experts", experts, "number of routed experts (default: the preset's)");
   app.add_flag("--no-indexer", no_indexer, "no DSA indexer (a plain K3 checkpoint)");
   app.add_flag("--bf16-experts", bf16_experts, "routed experts as BF16 instead of MXFP4 (no quantization_config)");
+  std::string outliers;
+  app.add_option("--outlier-channels", outliers,
+                 "experimental: N[:SCALE] (SCALE default 20): N channels of the RMSNorm weights before weight "
+                 "matrices (the same channels in every layer) get SCALE times their value, so the normed "
+                 "activations have outlier channels as trained LLMs do (docs/quantize.md); off by default");
   app.add_option("-o,--output", out, "output directory (written as DIR.tmp, then renamed)")->required();
   app.add_flag("--force", force, "replace an existing non-empty output directory");
   app.add_flag("-q,--quiet", quiet, "no progress output");
@@ -36,6 +41,7 @@ int cmd_synth(int argc, char** argv) {
   if (app.count("--experts")) kimi::synth::set_experts(cfg, experts);
   cfg.indexer = !no_indexer;
   cfg.mxfp4_experts = !bf16_experts;
+  if (!outliers.empty()) kimi::synth::set_outlier_channels(cfg, outliers);
 
   kimi::synth::WriteOptions opt;
   opt.force = force;
@@ -44,6 +50,9 @@ int cmd_synth(int argc, char** argv) {
   std::printf("synth: wrote %s (preset %s, seed %llu%s%s)\n", out.c_str(), preset_name.c_str(),
               static_cast<unsigned long long>(seed), cfg.indexer ? "" : ", no indexer",
               cfg.mxfp4_experts ? ", MXFP4 experts" : ", BF16 experts");
+  if (cfg.outlier_channels > 0)
+    std::printf("  outlier channels: %lld per norm, scale %g (experimental, --outlier-channels)\n",
+                static_cast<long long>(cfg.outlier_channels), double(cfg.outlier_scale));
   std::printf("  %zu tensors in %zu shards, %s of tensor data (%llu bytes)\n", s.tensors, s.shards,
               kimi::format_bytes(s.tensor_bytes).c_str(), static_cast<unsigned long long>(s.tensor_bytes));
   std::printf("  %llu parameters (%.3f B), %lld layers (%zu MLA), %lld routed experts top-%lld\n",

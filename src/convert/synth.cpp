@@ -116,6 +116,8 @@ struct Item {
   TensorInfo scale;          // MXFP4: the weight_scale tensor (written right after t)
   int64_t rows = 0, cols = 0;  // logical matrix (MXFP4) / numel (cols) for others
   int64_t group = 0;         // shard group
+  std::vector<int64_t> outliers;  // NormWeight: channels multiplied by outlier_scale (ascending)
+  float outlier_scale = 1.0f;
 };
 
 int64_t numel(const std::vector<int64_t>& s) {
@@ -153,6 +155,12 @@ struct Planner {
   void normw(const std::string& name, int64_t n, st::Dtype dt = st::Dtype::BF16) {
     add(name, dt, {n}, Init::NormWeight, 0.1f);
   }
+  // a norm whose output feeds weight matrices: outlier channels when configured
+  void normw_outliers(const std::string& name, int64_t n) {
+    normw(name, n);
+    items.back().outliers = outlier_channel_indices(c, n);
+    items.back().outlier_scale = c.outlier_scale;
+  }
   void expert(const std::string& pre, int64_t e, const char* w, int64_t out, int64_t in) {
     std::string logical = fmt::format("{}experts.{}.{}.weight", pre, e, w);
     Item it;
@@ -179,8 +187,8 @@ struct Planner {
     const int64_t d = c.hidden, H = c.heads, hd = c.kda_head_dim, C = H * hd;
     const float inv_sqrt_d = 1.0f / std::sqrt(float(d));
     std::string p = fmt::format("{}model.layers.{}.", kP, L);
-    normw(p + "input_layernorm.weight", d);
-    normw(p + "post_attention_layernorm.weight", d);
+    normw_outliers(p + "input_layernorm.weight", d);
+    normw_outliers(p + "post_attention_layernorm.weight", d);
     normw(p + "self_attention_res_norm.weight", d);
     add(p + "self_attention_res_proj.weight", st::Dtype::BF16, {1, d}, Init::Normal, inv_sqrt_d);
     normw(p + "mlp_res_norm.weight", d);
@@ -206,10 +214,10 @@ struct Planner {
       mat(a + "o_proj.weight", d, C);
     } else {  // MLA (+ DSA indexer)
       mat(a + "q_a_proj.weight", c.q_lora, d);
-      normw(a + "q_a_layernorm.weight", c.q_lora);
+      normw_outliers(a + "q_a_layernorm.weight", c.q_lora);
       mat(a + "q_b_proj.weight", H * (c.nope + c.rope), c.q_lora);
       mat(a + "kv_a_proj_with_mqa.weight", c.kv_lora + c.rope, d);
-      normw(a + "kv_a_layernorm.weight", c.kv_lora);
+      normw_outliers(a + "kv_a_layernorm.weight", c.kv_lora);
       mat(a + "kv_b_proj.weight", H * (c.nope + c.v_dim), c.kv_lora);
       mat(a + "g_proj.weight", H * c.v_dim, d);
       mat(a + "o_proj.weight", d, H * c.v_dim);
@@ -236,7 +244,7 @@ struct Planner {
       mat(m + "gate.weight", c.experts, d);
       add(m + "gate.e_score_correction_bias", st::Dtype::F32, {c.experts}, Init::BiasSpread, 0.1f);
       mat(m + "routed_expert_down_proj.weight", c.latent, d);
-      normw(m + "routed_expert_norm.weight", c.latent);
+      normw_outliers(m + "routed_expert_norm.weight", c.latent);
       mat(m + "routed_expert_up_proj.weight", d, c.latent);
       mat(m + "shared_experts.gate_proj.weight", sw, d);
       mat(m + "shared_experts.up_proj.weight", sw, d);
@@ -258,7 +266,7 @@ struct Planner {
       layer(L);
     }
     std::string m = std::string(kP) + "model.";
-    normw(m + "norm.weight", d);
+    normw_outliers(m + "norm.weight", d);
     normw(m + "output_attn_res_norm.weight", d);
     add(m + "output_attn_res_proj.weight", st::Dtype::BF16, {1, d}, Init::Normal, 1.0f / std::sqrt(float(d)));
     // logits std ~2 over the vocabulary
@@ -291,6 +299,8 @@ void fill_range(const Item& it, uint64_t key, uint64_t base_key, int64_t i0, int
       break;
     case Init::NormWeight:
       for (int64_t i = i0; i < i1; ++i) out[i - i0] = 1.0f + it.a * normal(key, i);
+      for (int64_t ch : it.outliers)
+        if (ch >= i0 && ch < i1) out[ch - i0] *= it.outlier_scale;
       break;
     case Init::Uniform:
       for (int64_t i = i0; i < i1; ++i) out[i - i0] = it.a + (it.b - it.a) * uniform01(key, i);
@@ -375,6 +385,49 @@ void mxfp4_quantize_row(const float* x, int64_t n, uint8_t* packed, uint8_t* sca
     for (int i = 0; i < 32; ++i) codes[i] = e2m1_code(b[i] * inv);
     for (int i = 0; i < 16; ++i) packed[g * 16 + i] = static_cast<uint8_t>(codes[2 * i] | (codes[2 * i + 1] << 4));
   }
+}
+
+void set_outlier_channels(Config& c, const std::string& spec) {
+  const size_t colon = spec.find(':');
+  const std::string ns = spec.substr(0, colon);
+  const std::string ss = colon == std::string::npos ? std::string() : spec.substr(colon + 1);
+  auto bad = [&]() {
+    fail("--outlier-channels '{}': expected N or N:SCALE (N a whole number >= 1, SCALE a number > 0, e.g. 8:30)",
+         spec);
+  };
+  if (ns.empty() || ns.find_first_not_of("0123456789") != std::string::npos || ns.size() > 9) bad();
+  const int64_t n = std::stoll(ns);
+  if (n < 1) bad();
+  float scale = 20.0f;
+  if (colon != std::string::npos) {
+    size_t used = 0;
+    try {
+      scale = std::stof(ss, &used);
+    } catch (const std::exception&) {
+      bad();
+    }
+    if (used != ss.size() || !std::isfinite(scale) || !(scale > 0)) bad();
+  }
+  check(n <= c.kv_lora && n <= c.latent && n <= c.hidden && n <= c.q_lora,
+        "--outlier-channels {}: more channels than the narrowest norm it applies to has ({})", n,
+        std::min({c.kv_lora, c.latent, c.hidden, c.q_lora}));
+  c.outlier_channels = n;
+  c.outlier_scale = scale;
+}
+
+std::vector<int64_t> outlier_channel_indices(const Config& c, int64_t n) {
+  if (c.outlier_channels <= 0) return {};
+  // the first k of a permutation of [0, n) by hash: depends on the seed and the width only
+  const uint64_t key = name_key(c.seed, fmt::format("outlier_channels.{}", n));
+  std::vector<int64_t> order(static_cast<size_t>(n));
+  std::iota(order.begin(), order.end(), 0);
+  std::sort(order.begin(), order.end(), [&](int64_t x, int64_t y) {
+    const uint64_t hx = elem_hash(key, x), hy = elem_hash(key, y);
+    return hx != hy ? hx < hy : x < y;
+  });
+  order.resize(static_cast<size_t>(std::min(c.outlier_channels, n)));
+  std::sort(order.begin(), order.end());
+  return order;
 }
 
 std::vector<TensorInfo> tensor_list(const Config& c) {

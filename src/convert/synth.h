@@ -34,6 +34,12 @@ struct Config {
   bool indexer = true;        // DSA indexer tensors + index_* keys
   bool mxfp4_experts = true;  // false: BF16 experts.E.wK.weight, no quantization_config
   uint64_t seed = 0;
+  // Experimental (--outlier-channels N[:SCALE], off by default): N channels of every RMSNorm weight of
+  // the residual stream, the routed-expert latent and the MLA q/kv latents get SCALE times their value,
+  // the same channel indices for every norm of the same width (chosen from the seed), so the normed
+  // activations have a few outlier input channels as trained LLMs do. 0 = off (the default output).
+  int64_t outlier_channels = 0;
+  float outlier_scale = 1.0f;
 
   bool is_mla(int64_t layer0) const;  // 0-based layer index
   int64_t conv_kernel() const { return 4; }
@@ -47,6 +53,11 @@ const std::vector<std::string>& preset_names();
 void set_layers(Config& c, int64_t n);
 // --experts N: N routed experts (top_k clamped to N).
 void set_experts(Config& c, int64_t n);
+// --outlier-channels N[:SCALE]: parses "N" or "N:SCALE" (N >= 1, SCALE > 0, default 20) into the config;
+// throws kimi::Error for anything else.
+void set_outlier_channels(Config& c, const std::string& spec);
+// The outlier channel indices (ascending) for a norm of width n, as chosen for this config (empty when off).
+std::vector<int64_t> outlier_channel_indices(const Config& c, int64_t n);
 
 struct TensorInfo {
   std::string name;

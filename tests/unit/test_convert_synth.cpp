@@ -262,6 +262,72 @@ TEST_F(SynthTiny, FewerLayersAreThePrefixOfTheDeeperModel) {
   EXPECT_EQ(cfg["linear_attn_config"]["kda_layers"], nlohmann::json({1, 2, 3}));
 }
 
+TEST_F(SynthTiny, OutlierChannelsScaleOnlyTheChosenNormChannels) {
+  // --outlier-channels 4:30: the six kinds of norm that feed weight matrices get 4 channels x30, the
+  // same indices for every norm of one width; every other tensor, and every other channel, unchanged
+  TempDir t;
+  std::string b = write_tiny(t.file("b"), 1, [](kimi::synth::Config& c) { kimi::synth::set_outlier_channels(c, "4:30"); });
+  auto cfg = kimi::synth::preset("tiny");
+  cfg.seed = 1;
+  kimi::synth::set_outlier_channels(cfg, "4:30");
+  auto ca = Checkpoint::open(path("a")), cb = Checkpoint::open(b);
+  ASSERT_EQ(ca->names(), cb->names());
+  const std::regex norm_re(
+      R"(^language_model\.model\.(layers\.\d+\.(input_layernorm|post_attention_layernorm|self_attn\.q_a_layernorm|self_attn\.kv_a_layernorm|block_sparse_moe\.routed_expert_norm)|norm)\.weight$)");
+  std::map<int64_t, std::set<int64_t>> seen;  // width -> outlier channels found
+  size_t norms = 0;
+  for (auto& n : ca->names()) {
+    auto& x = ca->get(n);
+    auto& y = cb->get(n);
+    if (!std::regex_match(n, norm_re)) {
+      EXPECT_TRUE(bytes_of(x) == bytes_of(y)) << n << " changed";
+      continue;
+    }
+    ++norms;
+    const auto va = as_double(x), vb = as_double(y);
+    std::set<int64_t> diff;
+    for (size_t i = 0; i < va.size(); ++i) {
+      if (va[i] == vb[i]) continue;
+      diff.insert(int64_t(i));
+      // both sides rounded to BF16 (8 significant bits): within two roundings of x30
+      EXPECT_NEAR(vb[i] / va[i], 30.0, 30.0 * 2 * 0x1.0p-8) << n << " channel " << i;
+    }
+    EXPECT_EQ(diff.size(), 4u) << n;
+    const int64_t w = int64_t(va.size());
+    auto want = kimi::synth::outlier_channel_indices(cfg, w);
+    EXPECT_EQ(std::set<int64_t>(want.begin(), want.end()), diff) << n;
+    if (seen.count(w)) {
+      EXPECT_EQ(seen[w], diff) << n << ": other channels than the other norms of width " << w;
+    }
+    seen[w] = diff;
+  }
+  // 8 layers x input/post-attention, 2 MLA layers x q_a/kv_a, 7 MoE layers x routed_expert_norm, final norm
+  EXPECT_EQ(norms, 8u * 2 + 2 * 2 + 7 + 1);
+  // another seed picks other channels
+  auto c2 = cfg;
+  c2.seed = 2;
+  EXPECT_NE(kimi::synth::outlier_channel_indices(c2, cfg.hidden), kimi::synth::outlier_channel_indices(cfg, cfg.hidden));
+  EXPECT_TRUE(kimi::synth::outlier_channel_indices(kimi::synth::preset("tiny"), 64).empty());  // off by default
+}
+
+TEST(Synth, OutlierChannelsOption) {
+  auto c = kimi::synth::preset("tiny");
+  kimi::synth::set_outlier_channels(c, "8");
+  EXPECT_EQ(c.outlier_channels, 8);
+  EXPECT_EQ(c.outlier_scale, 20.0f);
+  kimi::synth::set_outlier_channels(c, "3:12.5");
+  EXPECT_EQ(c.outlier_channels, 3);
+  EXPECT_EQ(c.outlier_scale, 12.5f);
+  for (const char* bad : {"", "0", "-1", "x", "4:", "4:0", "4:-2", "4:abc", "4:30x", ":30", "4:30:2", "1e3",
+                          "4:nan", "4:inf", "100000"}) {
+    EXPECT_THROW(kimi::synth::set_outlier_channels(c, bad), kimi::Error) << bad;
+  }
+  EXPECT_EQ(c.outlier_channels, 3);  // unchanged by the refused values
+  auto r = kimi::test::run_kimi("synth --preset tiny --outlier-channels 4:x -o /nonexistent/x");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.out.find("expected N or N:SCALE"), std::string::npos) << r.out;
+}
+
 TEST(Synth, ExpertCountOverride) {
   auto c = kimi::synth::preset("tiny");
   kimi::synth::set_experts(c, 1);

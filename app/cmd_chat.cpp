@@ -135,6 +135,11 @@ class LineEditor {
   Status next(std::string& line, const char* prompt) {
     prompt_ = prompt;
     const LocaleScope ls(loc_);
+    // The terminal goes into the editor's mode BEFORE the prompt is drawn: el_gets draws it first and
+    // switches at its first read, so keys typed right after the prompt appeared (or pasted) were
+    // handled by the kernel's line discipline (its echo, its Ctrl-D/Ctrl-U) and could leave the
+    // editor waiting on a line the user had already ended.
+    ::el_set(el_, EL_PREP_TERM, 1);
     int n = 0;
     const char* s = ::el_gets(el_, &n);
     if (s == nullptr || n <= 0) {

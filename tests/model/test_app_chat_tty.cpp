@@ -6,9 +6,11 @@
 #include <gtest/gtest.h>
 
 #include <poll.h>
+#include <signal.h>
 #include <pty.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <termios.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -39,11 +41,41 @@ struct Pty {
     return true;
   }
   void send(const std::string& s) { ASSERT_EQ(::write(fd, s.data(), s.size()), static_cast<ssize_t>(s.size())); }
+  // Drains the output to EOF and reaps the child; one that is still running 20 s after its output
+  // ended is killed (-2, and `out` says so) so a stuck chat fails the test instead of hanging it.
   int wait_exit() {
     read_until("\x01\x02never");  // drain to EOF
     int st = 0;
-    ::waitpid(pid, &st, 0);
+    const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    for (;;) {
+      const pid_t r = ::waitpid(pid, &st, WNOHANG);
+      if (r == pid) break;
+      if (r < 0 || std::chrono::steady_clock::now() > end) {
+        ::kill(pid, SIGKILL);
+        ::waitpid(pid, &st, 0);
+        pid = -1;
+        out += "\n[test: kimi chat did not exit; killed]";
+        return -2;
+      }
+      ::usleep(20000);
+    }
+    pid = -1;
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  }
+  // Whether the terminal is in the line discipline's canonical (cooked) mode now.
+  bool canonical() const {
+    termios t{};
+    return ::tcgetattr(fd, &t) == 0 && (t.c_lflag & ICANON) != 0;
+  }
+  Pty() = default;
+  Pty(Pty&& o) noexcept : fd(o.fd), pid(o.pid), out(std::move(o.out)) { o.fd = o.pid = -1; }
+  Pty& operator=(Pty&&) = delete;
+  ~Pty() {
+    if (pid > 0) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, nullptr, 0);
+    }
+    if (fd >= 0) ::close(fd);
   }
 };
 
@@ -77,6 +109,11 @@ TEST(ChatTty, UnfinishedLineIsNotSentOnCtrlD) {
   p.send("hello\r");
   ASSERT_TRUE(p.read_until("[prompt ")) << p.out;
   ASSERT_TRUE(p.read_until("> ", p.out.find("[prompt "))) << p.out;
+#ifdef KIMI_HAVE_LIBEDIT
+  // the editor has the terminal once its prompt is shown: keys typed now are the editor's, not the
+  // kernel's (el_gets alone draws the prompt first and switches at its first read)
+  EXPECT_FALSE(p.canonical()) << "the prompt is shown but the terminal is still in cooked mode";
+#endif
   const size_t before = p.out.size();
   p.send("half a line");
   ASSERT_TRUE(p.read_until("half a line", before)) << p.out;  // echoed: the reader has it

@@ -94,7 +94,9 @@ std::string check_mem_budget(const std::string& v) {
     (void)parse_mem_budget(v);
     return "";
   } catch (const Error& e) {
-    return e.what();
+    // CLI11 puts the option's name in front of a validator's message: do not say it twice
+    const std::string m = e.what(), prefix = "--mem-budget: ";
+    return m.rfind(prefix, 0) == 0 ? m.substr(prefix.size()) : m;
   }
 }
 

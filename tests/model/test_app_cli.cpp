@@ -267,6 +267,7 @@ const std::vector<BadCase> kBad = {
     {"bench -m {G} -p 4 -n 2 -r 1 --cpu-affinity 3-1", "--cpu-affinity: '3-1' is not a CPU list"},
     {"run -m {G} -p hi -n 2 --cpu-affinity 60000", "--cpu-affinity: CPU 60000 is not one this process may run on"},
     {"bench -m {G} -p 4 -n 2 -r 1 --numa mirror", "--numa"},
+    {"run -m {G} -p hi -n 2 --mem-budget 5X", "error: --mem-budget: '5X' is not a size"},  // the name once
     {"run -m {G} -p hi -n 2 -ot exps", "--override-tensor: -ot: 'exps' is not REGEX=DEVICE"},
     {"eval -m {G} --tokens 1 --logits-out {O}/l.f32 -ot '(=cpu'", "not a valid regular expression"},
     {"perplexity -m {G} -f {X} --override-tensor 'exps=cpu,=cpu'", "'=cpu' is not REGEX=DEVICE"},

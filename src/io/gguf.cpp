@@ -535,8 +535,10 @@ void parse_buffer(const uint8_t* data, size_t size, const std::string& label, Pa
     const Value& v = out.kvs[it->second].value;
     if (v.type != ValueType::UINT32)
       fail("{}: key 'general.alignment': expected uint32, found {}", label, value_type_name(v.type));
-    if (v.u == 0 || (v.u & (v.u - 1)) != 0)
-      fail("{}: key 'general.alignment': {} is not a non-zero power of two", label, v.u);
+    // the GGUF rule: a power of two and a multiple of 8 (a smaller one would put f32 / f16 data at
+    // addresses their loads may not use)
+    if (v.u < 8 || (v.u & (v.u - 1)) != 0)
+      fail("{}: key 'general.alignment': {} is not a non-zero power of two that is a multiple of 8", label, v.u);
     out.alignment = static_cast<uint32_t>(v.u);
   }
 

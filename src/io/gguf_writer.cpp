@@ -298,8 +298,9 @@ struct Writer::Impl {
 
 Writer::Writer(std::string out_path, WriterOptions opts) : impl_(std::make_unique<Impl>()) {
   check(!out_path.empty(), "GGUF writer: empty output path");
-  check(opts.alignment != 0 && (opts.alignment & (opts.alignment - 1)) == 0,
-        "GGUF writer '{}': alignment {} is not a non-zero power of two", out_path, opts.alignment);
+  check(opts.alignment >= 8 && (opts.alignment & (opts.alignment - 1)) == 0,
+        "GGUF writer '{}': alignment {} is not a non-zero power of two that is a multiple of 8", out_path,
+        opts.alignment);
   impl_->out_path = std::move(out_path);
   impl_->opts = opts;
 }

@@ -592,6 +592,14 @@ TEST(GgufValidation, KvErrors) {
   Bytes align_zero;
   align_zero.header(0, 1).kv_u32("general.alignment", 0);
   EXPECT_PARSE_ERROR(align_zero.b, "0 is not a non-zero power of two");
+  for (uint32_t small : {1u, 2u, 4u}) {  // powers of two, but f32 data could sit at an odd address
+    Bytes align_small;
+    align_small.header(0, 1).kv_u32("general.alignment", small);
+    EXPECT_PARSE_ERROR(align_small.b, std::to_string(small) + " is not a non-zero power of two that is a multiple of 8");
+  }
+  Bytes align_8;
+  align_8.header(0, 1).kv_u32("general.alignment", 8);
+  EXPECT_NO_THROW(parse(align_8.b));
 }
 
 TEST(GgufValidation, TensorInfoErrors) {
@@ -810,6 +818,7 @@ TEST(GgufWriter, DeclarationErrors) {
   mixed.elem_type = ValueType::UINT32;  // elements are in the wrong vector
   EXPECT_THROW(w.add_kv("x", mixed), kimi::Error);
   EXPECT_THROW(Writer(td.file("y.gguf"), {.alignment = 48}), kimi::Error);
+  EXPECT_THROW(Writer(td.file("y4.gguf"), {.alignment = 4}), kimi::Error);
   w.begin();
   EXPECT_THROW(w.add_kv("late", Value::u32(1)), kimi::Error);
   EXPECT_THROW(w.add_tensor("late", GgmlType::F32, {8}), kimi::Error);

@@ -65,6 +65,27 @@ std::optional<uint32_t> config_id(const HfConfig& cfg, const std::string& key) {
   return static_cast<uint32_t>(v);
 }
 
+// An optional boolean field of a JSON object: `dflt` when absent or null, an error naming the file and
+// the field when it has another type (the library's own exception would name neither).
+bool opt_bool(const nlohmann::json& obj, const char* key, bool dflt, const std::string& where) {
+  if (!obj.is_object()) return dflt;
+  auto it = obj.find(key);
+  if (it == obj.end() || it->is_null()) return dflt;
+  check(it->is_boolean(), "{}: '{}' must be true or false, got {} {}", where, key, it->type_name(),
+        it->dump().substr(0, 40));
+  return it->get<bool>();
+}
+
+// An optional string field: `dflt` when absent or null, an error when it has another type.
+std::string opt_string(const nlohmann::json& obj, const char* key, const std::string& dflt, const std::string& where) {
+  if (!obj.is_object()) return dflt;
+  auto it = obj.find(key);
+  if (it == obj.end() || it->is_null()) return dflt;
+  check(it->is_string(), "{}: '{}' must be a string, got {} {}", where, key, it->type_name(),
+        it->dump().substr(0, 40));
+  return it->get<std::string>();
+}
+
 std::string token_content(const nlohmann::json& j) {
   if (j.is_string()) return j.get<std::string>();
   if (j.is_object() && j.contains("content") && j["content"].is_string()) return j["content"].get<std::string>();
@@ -293,7 +314,7 @@ Vocab load_vocab(const std::string& hf_dir, const HfConfig& cfg) {
         }
         std::string content = token_content(it.value());
         check(!content.empty(), "{}: added_tokens_decoder[{}] has no 'content' string", tc_path.string(), it.key());
-        bool special = it.value().is_object() ? it.value().value("special", true) : true;
+        bool special = opt_bool(it.value(), "special", true, tc_path.string() + ": added_tokens_decoder[" + it.key() + "]");
         add_special(id, content, special, tc_path.string());
       }
     }
@@ -303,8 +324,8 @@ Vocab load_vocab(const std::string& hf_dir, const HfConfig& cfg) {
     check(tj.is_object() && tj.contains("model") && tj["model"].is_object(), "{}: missing 'model' object",
           v.source);
     const auto& model = tj["model"];
-    check(model.value("type", std::string("BPE")) == "BPE", "{}: model.type '{}' is not BPE", v.source,
-          model.value("type", std::string()));
+    const std::string model_type = opt_string(model, "type", "BPE", v.source + ": model");
+    check(model_type == "BPE", "{}: model.type '{}' is not BPE", v.source, model_type);
     check(model.contains("vocab") && model["vocab"].is_object(), "{}: missing model.vocab object", v.source);
     for (auto it = model["vocab"].begin(); it != model["vocab"].end(); ++it) {
       check(it.value().is_number_integer(), "{}: model.vocab['{}'] is not an integer", v.source, it.key());
@@ -339,7 +360,7 @@ Vocab load_vocab(const std::string& hf_dir, const HfConfig& cfg) {
           // a base token re-declared as added token: keep the text, mark the type
           types[id] = 0;
         }
-        add_special(id, a["content"].get<std::string>(), a.value("special", true), v.source);
+        add_special(id, a["content"].get<std::string>(), opt_bool(a, "special", true, v.source + ": added_tokens entry"), v.source);
       }
     }
   } else {
@@ -384,7 +405,7 @@ Vocab load_vocab(const std::string& hf_dir, const HfConfig& cfg) {
       v.chat_template = ct.get<std::string>();
     } else if (ct.is_array()) {  // [{"name": "default", "template": "..."}, ...]
       for (const auto& e : ct)
-        if (e.is_object() && e.value("name", std::string()) == "default" && e.contains("template") &&
+        if (e.is_object() && e.contains("name") && e["name"].is_string() && e["name"] == "default" && e.contains("template") &&
             e["template"].is_string())
           v.chat_template = e["template"].get<std::string>();
     }

@@ -185,6 +185,23 @@ TEST(ConvertErrors, BadTokenizerConfigJson) {
   expect_refusal(dir, "tokenizer_config.json");
 }
 
+// A field of the wrong JSON type gets a message naming the file, the entry and the field (fuzz_tokenizer_config
+// found `"special": "no"` ending the process through the JSON library's own exception).
+TEST(ConvertErrors, WronglyTypedTokenizerField) {
+  TempDir td;
+  std::string dir = copy_tiny(td);
+  json tc = load_json(dir + "/tokenizer_config.json");
+  ASSERT_TRUE(tc.contains("added_tokens_decoder") && !tc["added_tokens_decoder"].empty());
+  const std::string first = tc["added_tokens_decoder"].begin().key();
+  tc["added_tokens_decoder"][first]["special"] = "no";
+  save_json(dir + "/tokenizer_config.json", tc);
+  expect_refusal(dir, "tokenizer_config.json: added_tokens_decoder[" + first + "]: 'special' must be true or false");
+  tc["added_tokens_decoder"][first]["special"] = nullptr;  // null = absent: the default applies
+  save_json(dir + "/tokenizer_config.json", tc);
+  auto r = kimi::test::run_kimi("convert " + dir + " -o " + td.file("ok.gguf") + " --quiet");
+  EXPECT_EQ(r.exit_code, 0) << r.out;
+}
+
 TEST(ConvertErrors, WrongArchitecture) {
   TempDir td;
   std::string dir = copy_tiny(td);

@@ -19,7 +19,6 @@ void place(WeightView& w, Backend& be) {
   const uint8_t* host = w.info->data;
   const uint8_t* at = be.place_weight(w.info->name, host, w.info->nbytes);
   if (w.mat.data) w.mat.data = at + (w.mat.data - host);
-  if (w.mat.data && w.slice_bytes == 0) w.mat.packed = be.prepare_weight(w.mat);  // 2-D weights only
   if (w.f32) w.f32 = reinterpret_cast<const float*>(at + (reinterpret_cast<const uint8_t*>(w.f32) - host));
 }
 
@@ -186,6 +185,22 @@ Forward::Forward(const Model& m, const std::vector<Backend*>& backends, const Pl
   }
   wanted_.assign(static_cast<size_t>(N), 0);
   size_dist();
+
+  // 3b. the backends' load-time copies (CPU: K-quants row-interleaved, backend/cpu/repack.h) of the
+  // 2-D weights this process multiplies with, made after size_dist narrowed them to this rank's
+  // rows (another rank's layers and rows are not copied; a 3-D expert stack has ne[2] > 1 and the
+  // embedding table is only read by rows)
+  auto prepare = [&](WeightView& w, int device) {
+    if (w && w.mat.data && !w.f32 && w.info->ne[2] == 1 && w.info->ne[3] == 1)
+      w.mat.packed = dev(device).be->prepare_weight(w.mat);
+  };
+  for (uint32_t il = 0; il < hp.n_layer; ++il) {
+    if (!owns_layer(il)) continue;
+    for_each_layer_weight(layers_[il], [&](WeightView& w) {
+      if (w) prepare(w, place_.device_of(w.info->name));
+    });
+  }
+  if (!dist_ || dist_->mode == SplitMode::Tensor || dist_->rank == dist_->size - 1) prepare(output_, place_.output);
 
   // 4. routed experts on the host streamed from disk when the model does not fit in memory
   if (const uint64_t budget = dist_ ? 0 : resolve_stream_budget(m, o.stream)) {

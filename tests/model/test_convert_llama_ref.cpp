@@ -130,7 +130,7 @@ TEST(LlamaRef, LowBitFilesGiveTheSameLogits) {
   };
   const auto bf16 = kimi_logits(src, td.file("bf16.f32"));
   ASSERT_EQ(bf16.size(), 32 * V);
-  for (const char* preset : {"IQ2_XS_M", "Q3_K_M", "IQ4_XS"}) {
+  for (const char* preset : {"IQ2_XS_M", "Q3_K_M", "IQ4_XS", "Q4_K_M", "Q5_K_M"}) {
     SCOPED_TRACE(preset);
     const std::string qf = td.file(std::string(preset) + ".gguf");
     auto z = run_kimi("quantize " + q(src) + " " + q(qf) + " " + preset + " --allow-no-imatrix -t 2 --quiet");
@@ -149,6 +149,56 @@ TEST(LlamaRef, LowBitFilesGiveTheSameLogits) {
     EXPECT_LT(same.rel_rms, 0.35 * quant.rel_rms);
     EXPECT_LT(same.kl, 0.15 * quant.kl);
     EXPECT_GE(same.top1, 0.75);
+  }
+}
+
+// The engine runs K-quant weights through their load-time row-interleaved copies (repack.h): the
+// copies must exist (a bug once left every weight unpacked: the packed kernels were tested alone,
+// never reached) and give what the file's own layout gives. Runs in CI (no llama-ref needed).
+// Against the f32 reference decoders (Precision::F32: no copies, f32 activations), the fast
+// logits with and without the copies must be equally close: both quantize the activations to Q8_K
+// the same way and sum the same integer products. (They need not be bit-equal: the float order of
+// the block scales differs, and a router near a tie can then pick another expert; measured: rel RMS
+// 0.0315 vs f32 for both, 2e-7 to 0.017 between them.) A wrong layout would be ~1 off.
+TEST(SmallModel, KQuantWeightsRunRepacked) {
+  const std::string src = small4_noidx();
+  ASSERT_FALSE(src.empty()) << "synth/convert of the small no-indexer model failed";
+  TempDir td;
+  const std::string tokens = "687,32,107,27259,32,603,112,116";
+  const size_t V = 32768;
+  for (const char* preset : {"Q4_K_M", "Q5_K_M"}) {  // Q4_K + Q6_K, Q5_K + Q6_K
+    SCOPED_TRACE(preset);
+    const std::string qf = td.file(std::string(preset) + ".gguf");
+    auto z = run_kimi("quantize " + q(src) + " " + q(qf) + " " + preset + " -t 2 --quiet");
+    ASSERT_EQ(z.exit_code, 0) << z.out;
+    auto eval = [&](const std::string& prec, bool repack, std::string* log) {
+      const std::string out = td.file("l.f32");
+      if (!repack) ::setenv("KIMI_REPACK", "0", 1);
+      auto r = run_kimi("eval -m " + q(qf) + " --tokens " + tokens + " --all-logits -v -t 2 --precision " + prec +
+                        " --logits-out " + q(out));
+      ::unsetenv("KIMI_REPACK");
+      EXPECT_EQ(r.exit_code, 0) << r.out;
+      if (log) *log = r.out;
+      return read_f32(out);
+    };
+    std::string log_packed, log_plain;
+    const auto packed = eval("fast", true, &log_packed), plain = eval("fast", false, &log_plain);
+    const auto ref = eval("f32", true, nullptr);
+    ASSERT_EQ(ref.size(), 8 * V);
+    ASSERT_EQ(packed.size(), ref.size());
+    ASSERT_EQ(plain.size(), ref.size());
+    const size_t at = log_packed.find(" K-quant weights repacked for the SIMD kernels");
+    ASSERT_NE(at, std::string::npos) << log_packed;
+    const size_t line = log_packed.rfind('\n', at) + 1;  // "cpu: N K-quant ..."
+    EXPECT_GE(std::atoi(log_packed.c_str() + line + 5), 40) << log_packed.substr(line, at - line);  // 45: 4 layers + head
+    EXPECT_EQ(log_plain.find("K-quant weights repacked"), std::string::npos) << log_plain;
+    const Cmp p = compare(ref, packed, V), u = compare(ref, plain, V);
+    std::printf("%s fast vs f32: repacked rel RMS %.4f KL %.2e top-1 %.3f | file layout rel RMS %.4f KL %.2e top-1 %.3f\n",
+                preset, p.rel_rms, p.kl, p.top1, u.rel_rms, u.kl, u.top1);
+    EXPECT_GT(u.rel_rms, 0.0);  // Q8_K activations differ from f32 ones
+    EXPECT_LT(p.rel_rms, 1.5 * u.rel_rms);
+    EXPECT_LT(p.kl, 2.0 * u.kl + 1e-6);
+    EXPECT_LT(u.rel_rms, 0.2);
   }
 }
 

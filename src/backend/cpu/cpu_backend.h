@@ -27,6 +27,7 @@ class CpuBackend : public Backend {
   // K-quant weights: the row-interleaved copy (backend/cpu/repack.h), held until the backend goes
   const PackedWeight* prepare_weight(const kern::MatView& w) override;
   uint64_t packed_bytes() const { return packed_bytes_; }
+  size_t packed_count() const { return packed_.size(); }
   void upload(void* dst, const void* host_src, uint64_t bytes) override;
   void download(void* host_dst, const void* src, uint64_t bytes) override;
   void copy(void* dst, const void* src, uint64_t bytes) override;

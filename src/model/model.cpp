@@ -51,6 +51,9 @@ struct ModelLoader {
     hp.arch = arch;
     try {
       hp.n_layer = u32("block_count");
+      // K3 has 93; the bound keeps a corrupt count from sizing the per-layer tables (fuzz_model)
+      if (hp.n_layer < 1 || hp.n_layer > 4096)
+        bad(fmt::format("key '{}' = {}: outside 1 .. 4096 layers", key("block_count"), hp.n_layer));
       hp.n_embd = u32("embedding_length");
       hp.n_ctx_train = u32_or("context_length", 0);
       hp.n_head = u32("attention.head_count");

@@ -86,6 +86,9 @@ TEST(ModelHparams, OutOfRangeValuesAreRefusedByTheLoader) {
       {"kimi-k3.activation.situ_beta", Value::f32(7e-45f)},
       {"kimi-k3.activation.situ_linear_beta", Value::f32(1e-45f)},
       {"tokenizer.ggml.eos_token_id", Value::u32(0x80000000u)},
+      // the per-layer tables were sized from it before any tensor was looked at (fuzz_model: OOM)
+      {"kimi-k3.block_count", Value::u32(0xDF2C0000u)},
+      {"kimi-k3.block_count", Value::u32(0)},
   };
   kimi::test::TempDir td;
   // a ResMix block longer than the file's layers is valid (a slice of the real model keeps its block)

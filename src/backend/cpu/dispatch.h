@@ -163,6 +163,9 @@ struct PackedKernel {
   // y[t*ldy + 16g + i] for row i of group g.
   void (*run)(const PackedWeight& P, const uint8_t* act, size_t act_stride, int64_t nt, int64_t g0, int64_t g1,
               float* y, int64_t ldy) = nullptr;
+  // whether matmul uses it for one token too (false: GEMV reads the original layout, which decodes
+  // faster there; see docs/performance.md); it always serves two or more tokens
+  bool gemv = true;
 };
 bool avx512_packed_kernel(GgmlType type, PackedKernel* k);  // repack_avx512.cpp
 // The packed kernel of the running level for type (false: none; matmul reads the original).

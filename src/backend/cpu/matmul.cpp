@@ -72,11 +72,11 @@ Prepared prepare(const K& k, const float* x, int64_t n_tokens, int64_t cols, Thr
 // W's packed copy when the running level has a kernel for it (and the precision allows it). A
 // view made from the packed one by moving data (a 3-D slice, a rank's narrowed rows) reads the
 // original; one with fewer rows from the same start uses the groups inside them.
-bool packed_usable(const MatView& W, Precision prec, PackedKernel* pk) {
+bool packed_usable(const MatView& W, int64_t n_tokens, Precision prec, PackedKernel* pk) {
   if (W.packed == nullptr || prec != Precision::Fast) return false;
   const PackedWeight& P = *W.packed;
   if (P.src != W.data || P.type != W.type || P.cols != W.cols) return false;
-  return pick_packed_kernel(W.type, pk);
+  return pick_packed_kernel(W.type, pk) && (n_tokens > 1 || pk->gemv);
 }
 
 // Rows [r0, r1) of W for n tokens: the packed groups inside the range through the packed kernel
@@ -197,7 +197,7 @@ float* f32_scratch(int64_t n, int slot) {
 void matmul(const MatView& W, const float* x, int64_t n_tokens, float* y, ThreadPool& pool, Precision prec) {
   validate(W, x, n_tokens, y);
   if (W.rows == 0 || n_tokens == 0) return;
-  if (PackedKernel pk; packed_usable(W, prec, &pk)) return matmul_packed(W, pk, x, n_tokens, y, &pool, 0, W.rows);
+  if (PackedKernel pk; packed_usable(W, n_tokens, prec, &pk)) return matmul_packed(W, pk, x, n_tokens, y, &pool, 0, W.rows);
   const MatKernel k = pick_matmul_kernel(W.type, prec);
   const Prepared a = prepare(k, x, n_tokens, W.cols, &pool);
   const int nth = pool.size();
@@ -247,7 +247,7 @@ void matmul_rows(const MatView& W, const float* x, int64_t n_tokens, float* y, i
   validate(W, x, n_tokens, y);
   check(r0 >= 0 && r0 <= r1 && r1 <= W.rows, "matmul_rows: row range [{}, {}) outside the {} rows", r0, r1, W.rows);
   if (r0 == r1 || n_tokens == 0) return;
-  if (PackedKernel pk; packed_usable(W, prec, &pk)) return matmul_packed(W, pk, x, n_tokens, y, nullptr, r0, r1);
+  if (PackedKernel pk; packed_usable(W, n_tokens, prec, &pk)) return matmul_packed(W, pk, x, n_tokens, y, nullptr, r0, r1);
   const MatKernel k = pick_matmul_kernel(W.type, prec);
   const Prepared a = prepare(k, x, n_tokens, W.cols, nullptr);
   k.run(W, a.act, a.stride, n_tokens, r0, r1, y, W.rows);

@@ -549,6 +549,57 @@ TEST(QuantizeAct, Q8_0BlockMatchesGgmlRule) {
   EXPECT_EQ(b.qs[2], -3);  // -2.5 -> -3 (round-half-even would give -2)
 }
 
+// The AVX-512 Q8_K activation quantizer (K-quant and low-bit kernels) writes the bytes of
+// quantize_row_q8_K: the scale from the FIRST value of largest magnitude (sign included), round half
+// to even, the bsums; checked on random blocks of several scales, exact ties, a tied +/- maximum,
+// a single nonzero value and zeros, and through both activation layouts (q8_K rows, "q8 Kx").
+TEST(Matmul, Q8KActivationsAvx512AreTheScalarBytes) {
+  if (!isa_at_most(Isa::Avx512, best_isa())) GTEST_SKIP() << "no AVX-512 on this CPU";
+  std::mt19937 rng(99);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<std::vector<float>> blocks;
+  for (float sc : {1e-6f, 0.03f, 1.0f, 40.0f, 3e4f})
+    for (int k = 0; k < 20; ++k) {
+      std::vector<float> x(QK_K);
+      for (auto& v : x) v = nd(rng) * sc * (rng() % 13 == 0 ? 8.0f : 1.0f);
+      blocks.push_back(x);
+    }
+  std::vector<float> ties(QK_K);  // vmax = -127 -> iscale = 1: every k + 0.5 is an exact tie
+  for (int j = 0; j < QK_K; ++j) ties[j] = (j % 2 ? -1.0f : 1.0f) * (static_cast<float>(j % 127) + 0.5f);
+  ties[5] = -127.0f;
+  blocks.push_back(ties);
+  std::vector<float> pm(QK_K, 0.25f);  // +max and -max tied: the first one (negative here) sets the sign
+  pm[17] = -9.0f;
+  pm[200] = 9.0f;
+  blocks.push_back(pm);
+  std::vector<float> one(QK_K, 0.0f);
+  one[255] = -3.5f;
+  blocks.push_back(one);
+  blocks.push_back(std::vector<float>(QK_K, 0.0f));
+  int tied = 0;
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    block_q8_K ref, got;
+    std::memset(&ref, 0x5a, sizeof ref);
+    std::memset(&got, 0xa5, sizeof got);
+    quantize_row_q8_K(blocks[i].data(), &ref, QK_K);
+    quant_block_q8_K_avx512(blocks[i].data(), &got);
+    ASSERT_EQ(std::memcmp(&ref, &got, sizeof ref), 0) << "block " << i << " d " << ref.d << " vs " << got.d;
+    if (i + 4 == blocks.size()) tied = ref.qs[0] == 0 && ref.qs[1] == -2 && ref.qs[2] == 2;  // 0.5->0, -1.5->-2, 2.5->2
+  }
+  EXPECT_TRUE(tied) << "the tie block did not round half to even";
+  // whole rows through both layouts, 3 blocks each
+  std::vector<float> row;
+  for (size_t i = 0; i < 3; ++i) row.insert(row.end(), blocks[i * 7].begin(), blocks[i * 7].end());
+  const int64_t cols = static_cast<int64_t>(row.size());
+  std::vector<uint8_t> a(q8_K_act_bytes(cols)), b(a.size()), c(q8_Kx_act_bytes(cols)), e(c.size());
+  prep_q8_K(row.data(), cols, a.data());
+  prep_q8_K_avx512(row.data(), cols, b.data());
+  EXPECT_EQ(a, b);
+  prep_q8_Kx(row.data(), cols, c.data());
+  prep_q8_Kx_avx512(row.data(), cols, e.data());
+  EXPECT_EQ(c, e);
+}
+
 TEST(Matmul, RejectsBadViews) {
   ThreadPool pool(1);
   std::vector<uint8_t> w(34 * 4, 0);

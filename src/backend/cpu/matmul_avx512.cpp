@@ -862,9 +862,9 @@ const KernelRow kAvx512Kernels[] = {
     {GgmlType::Q5_0, false, {q8_nib_act_bytes, prep_act_q5_0_avx512, run_q8_nib<Q5P>, 2}},
     {GgmlType::Q5_1, false, {q8_nib_act_bytes, prep_act_q5_1_avx512, run_q8<Q51P>}},
     {GgmlType::MXFP4, false, {q8_nib_act_bytes, prep_act_mxfp4_avx512, run_q8_nib<NibP<true>>, kLaneScratchRows}},
-    {GgmlType::Q4_K, false, {q8_K_act_bytes, prep_q8_K, run_kq<KT::Q4>}},
-    {GgmlType::Q5_K, false, {q8_K_act_bytes, prep_q8_K, run_kq<KT::Q5>}},
-    {GgmlType::Q6_K, false, {q8_K_act_bytes, prep_q8_K, run_kq<KT::Q6>}},
+    {GgmlType::Q4_K, false, {q8_K_act_bytes, prep_q8_K_avx512, run_kq<KT::Q4>}},
+    {GgmlType::Q5_K, false, {q8_K_act_bytes, prep_q8_K_avx512, run_kq<KT::Q5>}},
+    {GgmlType::Q6_K, false, {q8_K_act_bytes, prep_q8_K_avx512, run_kq<KT::Q6>}},
 };
 
 }  // namespace

@@ -143,10 +143,10 @@ void run_lb(const MatView& W, const uint8_t* act, size_t stride, int64_t nt, int
 }
 
 const KernelRow kAvx512Lowbit[] = {
-    {GgmlType::Q2_K, false, {q8_K_act_bytes, prep_q8_K, run_lb<GgmlType::Q2_K>}},
-    {GgmlType::Q3_K, false, {q8_K_act_bytes, prep_q8_K, run_lb<GgmlType::Q3_K>}},
-    {GgmlType::IQ4_XS, false, {q8_K_act_bytes, prep_q8_K, run_lb<GgmlType::IQ4_XS>}},
-    {GgmlType::IQ2_XS, false, {q8_K_act_bytes, prep_q8_K, run_lb<GgmlType::IQ2_XS>}},
+    {GgmlType::Q2_K, false, {q8_K_act_bytes, prep_q8_K_avx512, run_lb<GgmlType::Q2_K>}},
+    {GgmlType::Q3_K, false, {q8_K_act_bytes, prep_q8_K_avx512, run_lb<GgmlType::Q3_K>}},
+    {GgmlType::IQ4_XS, false, {q8_K_act_bytes, prep_q8_K_avx512, run_lb<GgmlType::IQ4_XS>}},
+    {GgmlType::IQ2_XS, false, {q8_K_act_bytes, prep_q8_K_avx512, run_lb<GgmlType::IQ2_XS>}},
 };
 
 }  // namespace

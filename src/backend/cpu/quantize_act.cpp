@@ -117,11 +117,11 @@ void prep_q8_K(const float* x, int64_t cols, uint8_t* out) {
 }
 
 size_t q8_Kx_act_bytes(int64_t cols) { return static_cast<size_t>(cols / QK_K) * kQ8KxBlockBytes; }
-void prep_q8_Kx(const float* x, int64_t cols, uint8_t* out) {
+void prep_q8_Kx_with(QuantKBlockFn qb, const float* x, int64_t cols, uint8_t* out) {
   static constexpr int kOrder[8] = {0, 2, 1, 3, 4, 6, 5, 7};
   for (int64_t b = 0; b < cols / QK_K; ++b) {
     block_q8_K q;
-    quantize_row_q8_K(x + b * QK_K, &q, QK_K);
+    qb(x + b * QK_K, &q);
     uint8_t* o = out + b * kQ8KxBlockBytes;
     std::memcpy(o, q.qs, QK_K);
     std::memcpy(o + 256, &q.d, 4);
@@ -132,6 +132,9 @@ void prep_q8_Kx(const float* x, int64_t cols, uint8_t* out) {
     std::memcpy(o + 276, q.bsums, 32);
     std::memset(o + 308, 0, kQ8KxBlockBytes - 308);
   }
+}
+void prep_q8_Kx(const float* x, int64_t cols, uint8_t* out) {
+  prep_q8_Kx_with([](const float* v, block_q8_K* y) { quantize_row_q8_K(v, y, QK_K); }, x, cols, out);
 }
 
 void prep_act_q8_0(const float* x, int64_t cols, uint8_t* out) { prep_q8_byte(x, cols, out, 128, 1.0f); }
@@ -155,6 +158,9 @@ void prep_act_q4_0_avx512(const float* x, int64_t cols, uint8_t* out) { prep_act
 void prep_act_q5_0_avx512(const float* x, int64_t cols, uint8_t* out) { prep_act_q5_0(x, cols, out); }
 void prep_act_q5_1_avx512(const float* x, int64_t cols, uint8_t* out) { prep_act_q5_1(x, cols, out); }
 void prep_act_mxfp4_avx512(const float* x, int64_t cols, uint8_t* out) { prep_act_mxfp4(x, cols, out); }
+void quant_block_q8_K_avx512(const float* x, block_q8_K* y) { quantize_row_q8_K(x, y, QK_K); }
+void prep_q8_K_avx512(const float* x, int64_t cols, uint8_t* out) { prep_q8_K(x, cols, out); }
+void prep_q8_Kx_avx512(const float* x, int64_t cols, uint8_t* out) { prep_q8_Kx(x, cols, out); }
 #endif
 
 }  // namespace kimi::kern

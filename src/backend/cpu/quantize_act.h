@@ -20,6 +20,10 @@
 #include <cstddef>
 #include <cstdint>
 
+namespace kimi {
+struct block_q8_K;  // tensor/quants.h
+}
+
 namespace kimi::kern {
 
 constexpr int kNibGroupBytes = 256;
@@ -59,6 +63,10 @@ void prep_q8_K(const float* x, int64_t cols, uint8_t* out);
 constexpr int kQ8KxBlockBytes = 320;
 size_t q8_Kx_act_bytes(int64_t cols);
 void prep_q8_Kx(const float* x, int64_t cols, uint8_t* out);
+// The same with a given quantizer of one 256-value block (identical results to quantize_row_q8_K
+// required).
+using QuantKBlockFn = void (*)(const float* x, block_q8_K* y);
+void prep_q8_Kx_with(QuantKBlockFn qb, const float* x, int64_t cols, uint8_t* out);
 
 // The preparation of each weight type's activations (the offset / dscale rules above):
 // q8 byte layout for Q8_0 (128 / 1), q8 nibble layout for Q4_0 (8 / 1), Q5_0 (16 / 1),
@@ -80,5 +88,8 @@ void prep_act_q4_0_avx512(const float* x, int64_t cols, uint8_t* out);
 void prep_act_q5_0_avx512(const float* x, int64_t cols, uint8_t* out);
 void prep_act_q5_1_avx512(const float* x, int64_t cols, uint8_t* out);
 void prep_act_mxfp4_avx512(const float* x, int64_t cols, uint8_t* out);
+void quant_block_q8_K_avx512(const float* x, block_q8_K* y);
+void prep_q8_K_avx512(const float* x, int64_t cols, uint8_t* out);
+void prep_q8_Kx_avx512(const float* x, int64_t cols, uint8_t* out);
 
 }  // namespace kimi::kern

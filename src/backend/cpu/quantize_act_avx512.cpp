@@ -1,6 +1,10 @@
 // AVX-512 activation preparation (bit-identical to the scalar versions in quantize_act.cpp).
 #include "backend/cpu/quantize_act.h"
 
+#include <cstring>
+
+#include "tensor/quants.h"
+
 #if defined(__x86_64__)
 // GCC 12 warns about _mm512_undefined_* inside its own intrinsic headers
 #pragma GCC diagnostic ignored "-Wuninitialized"
@@ -49,6 +53,45 @@ void prep_act_q4_0_avx512(const float* x, int64_t cols, uint8_t* out) { prep_q8_
 void prep_act_q5_0_avx512(const float* x, int64_t cols, uint8_t* out) { prep_q8_nib_avx512(x, cols, out, 16, 1.0f); }
 void prep_act_q5_1_avx512(const float* x, int64_t cols, uint8_t* out) { prep_q8_nib_avx512(x, cols, out, 1, 1.0f); }
 void prep_act_mxfp4_avx512(const float* x, int64_t cols, uint8_t* out) { prep_q8_nib_avx512(x, cols, out, 12, 0.5f); }
+
+// quantize_row_q8_K of one block, the same bytes: the FIRST value of largest magnitude sets the
+// scale and its sign (iscale = -127 / vmax; NaNs never win, as the scalar's strict compare), q =
+// round-half-even(iscale * x) capped at 127 and truncated to 8 bits, bsums over the truncated bytes.
+void quant_block_q8_K_avx512(const float* x, block_q8_K* y) {
+  __m512 v[QK_K / 16];
+  __m512 am = _mm512_setzero_ps();
+  for (int i = 0; i < QK_K / 16; ++i) {
+    v[i] = _mm512_loadu_ps(x + 16 * i);
+    am = _mm512_max_ps(_mm512_abs_ps(v[i]), am);  // a NaN lane of the first operand keeps am
+  }
+  const float amax = _mm512_reduce_max_ps(am);
+  if (amax == 0.0f) {
+    std::memset(y, 0, sizeof(block_q8_K));
+    return;
+  }
+  float vmax = amax;
+  for (int i = 0; i < QK_K / 16; ++i) {
+    const __mmask16 m = _mm512_cmp_ps_mask(_mm512_abs_ps(v[i]), _mm512_set1_ps(amax), _CMP_EQ_OQ);
+    if (m) {
+      vmax = x[16 * i + __builtin_ctz(m)];
+      break;
+    }
+  }
+  const float iscale = -127.0f / vmax;
+  const __m512 vs = _mm512_set1_ps(iscale);
+  for (int i = 0; i < QK_K / 16; ++i) {
+    const __m512 r = _mm512_roundscale_ps(_mm512_mul_ps(v[i], vs), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m128i q8 = _mm512_cvtepi32_epi8(_mm512_min_epi32(_mm512_cvtps_epi32(r), _mm512_set1_epi32(127)));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(y->qs + 16 * i), q8);
+    y->bsums[i] = static_cast<int16_t>(_mm512_reduce_add_epi32(_mm512_cvtepi8_epi32(q8)));
+  }
+  y->d = 1.0f / iscale;
+}
+
+void prep_q8_K_avx512(const float* x, int64_t cols, uint8_t* out) {
+  for (int64_t b = 0; b < cols / QK_K; ++b) quant_block_q8_K_avx512(x + b * QK_K, reinterpret_cast<block_q8_K*>(out) + b);
+}
+void prep_q8_Kx_avx512(const float* x, int64_t cols, uint8_t* out) { prep_q8_Kx_with(quant_block_q8_K_avx512, x, cols, out); }
 
 void prep_bf16_avx512(const float* x, int64_t cols, uint8_t* out) {
   int64_t i = 0;

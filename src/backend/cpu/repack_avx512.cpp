@@ -249,9 +249,9 @@ bool avx512_packed_kernel(GgmlType type, PackedKernel* k) {
     // GEMV: Q4_K packed; Q5_K / Q6_K through the original rows, measured 10-25 % faster end to end
     // (small preset tg64, 2 threads; their packed one-token tiles decode 2-3 value vectors per
     // vpdpbusd pair and stall on the block's three read regions)
-    case GgmlType::Q4_K: *k = {q8_Kx_act_bytes, prep_q8_Kx, run_packed<KT::Q4>, true}; return true;
-    case GgmlType::Q5_K: *k = {q8_Kx_act_bytes, prep_q8_Kx, run_packed<KT::Q5>, false}; return true;
-    case GgmlType::Q6_K: *k = {q8_Kx_act_bytes, prep_q8_Kx, run_packed<KT::Q6>, false}; return true;
+    case GgmlType::Q4_K: *k = {q8_Kx_act_bytes, prep_q8_Kx_avx512, run_packed<KT::Q4>, true}; return true;
+    case GgmlType::Q5_K: *k = {q8_Kx_act_bytes, prep_q8_Kx_avx512, run_packed<KT::Q5>, false}; return true;
+    case GgmlType::Q6_K: *k = {q8_Kx_act_bytes, prep_q8_Kx_avx512, run_packed<KT::Q6>, false}; return true;
     default: return false;
   }
 }

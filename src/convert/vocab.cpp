@@ -5,6 +5,8 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <string>
+#include <type_traits>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -65,25 +67,18 @@ std::optional<uint32_t> config_id(const HfConfig& cfg, const std::string& key) {
   return static_cast<uint32_t>(v);
 }
 
-// An optional boolean field of a JSON object: `dflt` when absent or null, an error naming the file and
-// the field when it has another type (the library's own exception would name neither).
-bool opt_bool(const nlohmann::json& obj, const char* key, bool dflt, const std::string& where) {
+// An optional boolean or string field of a JSON object: `dflt` when absent or null, an error naming
+// the file and the field when it has another type (the library's own exception would name neither).
+template <class T>
+T opt_field(const nlohmann::json& obj, const char* key, const T& dflt, const std::string& where) {
+  static_assert(std::is_same_v<T, bool> || std::is_same_v<T, std::string>);
   if (!obj.is_object()) return dflt;
   auto it = obj.find(key);
   if (it == obj.end() || it->is_null()) return dflt;
-  check(it->is_boolean(), "{}: '{}' must be true or false, got {} {}", where, key, it->type_name(),
-        it->dump().substr(0, 40));
-  return it->get<bool>();
-}
-
-// An optional string field: `dflt` when absent or null, an error when it has another type.
-std::string opt_string(const nlohmann::json& obj, const char* key, const std::string& dflt, const std::string& where) {
-  if (!obj.is_object()) return dflt;
-  auto it = obj.find(key);
-  if (it == obj.end() || it->is_null()) return dflt;
-  check(it->is_string(), "{}: '{}' must be a string, got {} {}", where, key, it->type_name(),
-        it->dump().substr(0, 40));
-  return it->get<std::string>();
+  constexpr bool kBool = std::is_same_v<T, bool>;
+  check(kBool ? it->is_boolean() : it->is_string(), "{}: '{}' must be {}, got {} {}", where, key,
+        kBool ? "true or false" : "a string", it->type_name(), it->dump().substr(0, 40));
+  return it->get<T>();
 }
 
 std::string token_content(const nlohmann::json& j) {
@@ -314,7 +309,7 @@ Vocab load_vocab(const std::string& hf_dir, const HfConfig& cfg) {
         }
         std::string content = token_content(it.value());
         check(!content.empty(), "{}: added_tokens_decoder[{}] has no 'content' string", tc_path.string(), it.key());
-        bool special = opt_bool(it.value(), "special", true, tc_path.string() + ": added_tokens_decoder[" + it.key() + "]");
+        bool special = opt_field(it.value(), "special", true, tc_path.string() + ": added_tokens_decoder[" + it.key() + "]");
         add_special(id, content, special, tc_path.string());
       }
     }
@@ -324,7 +319,7 @@ Vocab load_vocab(const std::string& hf_dir, const HfConfig& cfg) {
     check(tj.is_object() && tj.contains("model") && tj["model"].is_object(), "{}: missing 'model' object",
           v.source);
     const auto& model = tj["model"];
-    const std::string model_type = opt_string(model, "type", "BPE", v.source + ": model");
+    const std::string model_type = opt_field<std::string>(model, "type", "BPE", v.source + ": model");
     check(model_type == "BPE", "{}: model.type '{}' is not BPE", v.source, model_type);
     check(model.contains("vocab") && model["vocab"].is_object(), "{}: missing model.vocab object", v.source);
     for (auto it = model["vocab"].begin(); it != model["vocab"].end(); ++it) {
@@ -360,7 +355,7 @@ Vocab load_vocab(const std::string& hf_dir, const HfConfig& cfg) {
           // a base token re-declared as added token: keep the text, mark the type
           types[id] = 0;
         }
-        add_special(id, a["content"].get<std::string>(), opt_bool(a, "special", true, v.source + ": added_tokens entry"), v.source);
+        add_special(id, a["content"].get<std::string>(), opt_field(a, "special", true, v.source + ": added_tokens entry"), v.source);
       }
     }
   } else {

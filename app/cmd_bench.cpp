@@ -157,7 +157,9 @@ int cmd_bench(int argc, char** argv) {
   const double es = ctx.cache_type() == kimi::CacheType::F16 ? 2.0 : 4.0;
   const double vis = depth + 0.5 * n_gen;  // mean visible positions during tg
   const double rows = topk > 0 && ea.attn == "sparse" ? std::min<double>(vis, topk) : vis;
-  const double cbytes = hp.n_mla_layers() * es * (rows * hp.mla_row() + (topk > 0 ? vis * hp.idx_dim : 0.0));
+  const bool key_i8 = ea.indexer_int8 && ea.precision == "fast";
+  const double kb = key_i8 ? double(hp.idx_dim + 8) : es * double(hp.idx_dim);  // bytes per indexer key
+  const double cbytes = hp.n_mla_layers() * (es * rows * hp.mla_row() + (topk > 0 ? vis * kb : 0.0));
   const double best_tg = tg.empty() ? 0.0 : *std::max_element(tg.begin(), tg.end());
   const double best_pp = pp.empty() ? 0.0 : *std::max_element(pp.begin(), pp.end());
   // the ceilings, measured now on the model's threads (backend/cpu/ceiling.h; CPU runs only)

@@ -69,6 +69,7 @@ int cmd_serve(int argc, char** argv) {
   o.attn_top_k = ea.attn_top_k;
   o.precision = ea.precision;
   o.cache_type = ea.cache_type;
+  o.indexer_int8 = ea.indexer_int8;
   o.ctx = ea.ctx;
   o.placement = kimi::app::placement_rules(ea);
   o.collective = kimi::app::collective();

@@ -172,6 +172,10 @@ void add_engine_options(CLI::App& app, EngineArgs& a, const EngineSpec& spec) {
       ->check(CLI::IsMember({"fast", "f32"}));
   app.add_option("--cache-type", a.cache_type, "cache element type in fast mode: f16 or f32")
       ->check(CLI::IsMember({"f16", "f32"}));
+  app.add_flag("--indexer-int8", a.indexer_int8,
+               "K3.1 DSA indexer: int8 keys (136 instead of 256 bytes per key and layer) and int8 scores (VNNI, "
+               "~5x faster scans at long context); scores change at the 1e-2 level, so near-tied positions may be "
+               "selected differently (default: f16 keys, f32 scores); cpu only, fast precision only");
   app.add_option("--split-mode", a.split_mode,
                  "under mpirun: tensor (experts, heads and rows split over the ranks) or layer (contiguous "
                  "layers per rank); docs/distributed.md")
@@ -296,6 +300,7 @@ ContextOptions context_options(const EngineArgs& a, int n_ctx, int n_batch) {
   o.attn_top_k = a.attn_top_k;
   o.precision = a.precision == "f32" ? Precision::F32 : Precision::Fast;
   o.cache_type = a.cache_type == "f32" ? CacheType::F32 : CacheType::F16;
+  o.indexer_int8 = a.indexer_int8;
   o.placement = placement_rules(a);
   o.collective = collective();
   o.split_mode = split_mode(a);

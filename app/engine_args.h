@@ -32,6 +32,7 @@ struct EngineArgs {
   int attn_top_k = -1;               // -1: from the file, 0: indexer off, N: override
   std::string precision = "fast";    // fast | f32
   std::string cache_type = "f16";    // f16 | f32 (fast mode)
+  bool indexer_int8 = false;         // --indexer-int8: int8 DSA indexer keys and scores (opt-in)
   int ctx = 0;                       // 0: sized by the command (see EngineSpec::ctx_default)
   int batch = 512;                   // -b: micro-batch cap (tokens per forward step)
   std::string flash_attn = "auto";   // -fa on|off|auto: llama.cpp's flag, accepted, no effect

@@ -235,6 +235,17 @@ BENCHMARK_CAPTURE(gemv_packed, q5_K_2048x8192, GgmlType::Q5_K, 2048, 8192, 8)->U
 BENCHMARK_CAPTURE(gemv_packed, q6_K_2048x8192, GgmlType::Q6_K, 2048, 8192, 8)->UseRealTime();
 BENCHMARK_CAPTURE(gemv_packed, q4_K_12288x7168, GgmlType::Q4_K, 12288, 7168, 2)->UseRealTime();
 BENCHMARK_CAPTURE(gemv_packed, q6_K_12288x7168, GgmlType::Q6_K, 12288, 7168, 2)->UseRealTime();
+// cache-resident (one 256 x 4096 copy, ~0.6-1.1 MB: L2): the kernel's own speed with no DRAM in the
+// way; far above the DRAM cases = decode there is memory-bound, about equal = compute-bound
+BENCHMARK_CAPTURE(gemv_packed, q4_K_hot_256x4096, GgmlType::Q4_K, 256, 4096, 1)->UseRealTime();
+BENCHMARK_CAPTURE(gemv_packed, q5_K_hot_256x4096, GgmlType::Q5_K, 256, 4096, 1)->UseRealTime();
+BENCHMARK_CAPTURE(gemv_packed, q6_K_hot_256x4096, GgmlType::Q6_K, 256, 4096, 1)->UseRealTime();
+BENCHMARK_CAPTURE(gemv, q4_K_hot_256x4096, GgmlType::Q4_K, 256, 4096, 1, Precision::Fast)->UseRealTime();
+BENCHMARK_CAPTURE(gemv, q5_K_hot_256x4096, GgmlType::Q5_K, 256, 4096, 1, Precision::Fast)->UseRealTime();
+BENCHMARK_CAPTURE(gemv, q6_K_hot_256x4096, GgmlType::Q6_K, 256, 4096, 1, Precision::Fast)->UseRealTime();
+BENCHMARK_CAPTURE(gemv, q8_0_hot_256x4096, GgmlType::Q8_0, 256, 4096, 1, Precision::Fast)->UseRealTime();
+BENCHMARK_CAPTURE(gemv, bf16_hot_128x4096, GgmlType::BF16, 128, 4096, 1, Precision::Fast)->UseRealTime();
+BENCHMARK_CAPTURE(gemv, mxfp4_hot_256x4096, GgmlType::MXFP4, 256, 4096, 1, Precision::Fast)->UseRealTime();
 BENCHMARK_CAPTURE(gemv, q4_K_12288x7168, GgmlType::Q4_K, 12288, 7168, 2, Precision::Fast)->UseRealTime();
 BENCHMARK_CAPTURE(gemv, q8_0_12288x7168, GgmlType::Q8_0, 12288, 7168, 2, Precision::Fast)->UseRealTime();
 BENCHMARK_CAPTURE(gemv, bf16_12288x7168, GgmlType::BF16, 12288, 7168, 2, Precision::Fast)->UseRealTime();

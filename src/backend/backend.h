@@ -64,10 +64,13 @@ struct CacheRows {
   bool f16 = true;
   int64_t width = 0;
   int64_t n_ctx = 0;
+  // int8 rows (DSA indexer keys with --indexer-int8, CPU only; f16 is false): width int8 values,
+  // then the row's f32 scale and the int32 sum of its values (backend/key_quant.h)
+  bool i8 = false;
   size_t elt() const { return f16 ? 2 : 4; }
+  size_t row_bytes() const { return i8 ? static_cast<size_t>(width) + 8 : static_cast<size_t>(width) * elt(); }
   uint8_t* row(int32_t seq, int32_t pos) const {
-    return data + (static_cast<size_t>(seq) * static_cast<size_t>(n_ctx) + static_cast<size_t>(pos)) *
-                      static_cast<size_t>(width) * elt();
+    return data + (static_cast<size_t>(seq) * static_cast<size_t>(n_ctx) + static_cast<size_t>(pos)) * row_bytes();
   }
 };
 

@@ -3,6 +3,7 @@
 
 #include <cstring>
 
+#include "backend/key_quant.h"
 #include "tensor/types.h"
 #include "util/error.h"
 
@@ -13,22 +14,26 @@ StateStore::StateStore(Backend& be, const Shape& s, int n_mla, int n_kda) : be_(
   const uint64_t rows = static_cast<uint64_t>(s.n_seq) * static_cast<uint64_t>(s.n_ctx);
   for (int i = 0; i < n_mla; ++i) {
     latent_.push_back(be.alloc(rows * static_cast<uint64_t>(s.latent_width) * es, "mla latent cache"));
-    if (s.index_width > 0) keys_.push_back(be.alloc(rows * static_cast<uint64_t>(s.index_width) * es, "indexer keys"));
+    if (s.index_width > 0)
+      keys_.push_back(be.alloc(rows * (s.index_i8 ? static_cast<uint64_t>(s.index_width) + 8
+                                                  : static_cast<uint64_t>(s.index_width) * es),
+                               "indexer keys"));
   }
   for (int i = 0; i < n_kda; ++i) {
     conv_.push_back(be.alloc(static_cast<uint64_t>(s.n_seq) * s.conv_floats * 4, "kda conv state"));
     rec_.push_back(be.alloc(static_cast<uint64_t>(s.n_seq) * s.rec_floats * 4, "kda recurrent state"));
   }
   snaps_.resize(static_cast<size_t>(s.n_seq) * static_cast<size_t>(s.n_snapshots));
-  host_row_.resize(static_cast<size_t>(std::max(s.latent_width, s.index_width)) * 4);
+  host_row_.resize(static_cast<size_t>(std::max(s.latent_width, s.index_width)) * 4 + 8);
 }
 
 CacheRows StateStore::latent(int i) const {
   return {latent_[static_cast<size_t>(i)]->as<uint8_t>(), s_.f16, s_.latent_width, s_.n_ctx};
 }
 CacheRows StateStore::index_keys(int i) const {
-  if (keys_.empty()) return {nullptr, s_.f16, s_.index_width, s_.n_ctx};
-  return {keys_[static_cast<size_t>(i)]->as<uint8_t>(), s_.f16, s_.index_width, s_.n_ctx};
+  const bool f16 = s_.f16 && !s_.index_i8;
+  if (keys_.empty()) return {nullptr, f16, s_.index_width, s_.n_ctx, s_.index_i8};
+  return {keys_[static_cast<size_t>(i)]->as<uint8_t>(), f16, s_.index_width, s_.n_ctx, s_.index_i8};
 }
 SeqStates StateStore::conv(int i) const { return {conv_[static_cast<size_t>(i)]->as<float>(), s_.conv_floats}; }
 SeqStates StateStore::rec(int i) const { return {rec_[static_cast<size_t>(i)]->as<float>(), s_.rec_floats}; }
@@ -44,9 +49,9 @@ void StateStore::seq_copy(int32_t src, int32_t dst, int32_t n_rows) {
   if (src == dst) return;
   for (size_t i = 0; i < latent_.size(); ++i) {
     const CacheRows l = latent(static_cast<int>(i));
-    be_.copy(l.row(dst, 0), l.row(src, 0), static_cast<uint64_t>(n_rows) * l.width * l.elt());
+    be_.copy(l.row(dst, 0), l.row(src, 0), static_cast<uint64_t>(n_rows) * l.row_bytes());
     const CacheRows k = index_keys(static_cast<int>(i));
-    if (k.data) be_.copy(k.row(dst, 0), k.row(src, 0), static_cast<uint64_t>(n_rows) * k.width * k.elt());
+    if (k.data) be_.copy(k.row(dst, 0), k.row(src, 0), static_cast<uint64_t>(n_rows) * k.row_bytes());
   }
   for (size_t i = 0; i < conv_.size(); ++i) {
     be_.copy(conv(static_cast<int>(i)).of(dst), conv(static_cast<int>(i)).of(src), static_cast<uint64_t>(s_.conv_floats) * 4);
@@ -92,8 +97,10 @@ void StateStore::snapshot_copy(int32_t src, int32_t dst, int32_t slot) {
 }
 
 void StateStore::write_row(const CacheRows& rows, int32_t seq, int32_t pos, const float* host_row) {
-  const size_t bytes = static_cast<size_t>(rows.width) * rows.elt();
-  if (rows.f16) {
+  const size_t bytes = rows.row_bytes();
+  if (rows.i8) {
+    quantize_key_i8(host_row, rows.width, host_row_.data());
+  } else if (rows.f16) {
     auto* h = reinterpret_cast<uint16_t*>(host_row_.data());
     for (int64_t j = 0; j < rows.width; ++j) h[j] = f32_to_f16(host_row[j]);
   } else {

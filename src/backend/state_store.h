@@ -22,6 +22,7 @@ class StateStore {
     bool f16 = true;             // cache element type (states are always f32)
     int64_t latent_width = 0;    // MLA row: kv_lora + rope
     int64_t index_width = 0;     // indexer key width (0: no indexer keys kept)
+    bool index_i8 = false;       // indexer keys as int8 rows (CacheRows::i8; --indexer-int8)
     int64_t conv_floats = 0;     // KDA conv state per layer per sequence
     int64_t rec_floats = 0;      // KDA recurrent state per layer per sequence
     int32_t n_snapshots = 1;     // KDA snapshot slots per sequence

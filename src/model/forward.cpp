@@ -89,6 +89,7 @@ Forward::Forward(const Model& m, const std::vector<Backend*>& backends, const Pl
   shape.f16 = o.cache_f16;
   shape.latent_width = W;
   shape.index_width = o.top_k > 0 ? hp.idx_dim : 0;
+  shape.index_i8 = o.index_i8 && shape.index_width > 0;
   const int64_t Hk = kda_heads_here();  // tensor split: only this rank's heads' states
   shape.conv_floats = hp.n_kda_layers() ? 3 * Hk * D * (hp.conv_kernel - 1) : 0;
   shape.rec_floats = hp.n_kda_layers() ? Hk * D * D : 0;
@@ -103,6 +104,9 @@ Forward::Forward(const Model& m, const std::vector<Backend*>& backends, const Pl
   for (auto& dp : devs_) {
     Device& v = *dp;
     Backend& be = *v.be;
+    check(!shape.index_i8 || v.n_mla == 0 || &be == backends.front(),
+          "--indexer-int8: the int8 indexer keys are scored by the cpu backend only, and {} runs {} MLA layer(s); "
+          "keep the attention layers on the cpu or drop the option", be.name(), v.n_mla);
     v.store = std::make_unique<StateStore>(be, shape, v.n_mla, v.n_kda);
     WorkLimits lim;
     lim.n_tokens = N;

@@ -34,6 +34,7 @@ struct ForwardOptions {
   int top_k = 0;          // DSA top-k (0 = indexer off, plain attention)
   AttnPath attn = AttnPath::Sparse;
   bool cache_f16 = true;  // cache element type
+  bool index_i8 = false;  // DSA indexer keys as int8 rows (CPU backend only; CacheRows::i8)
   int n_snapshots = 1;    // KDA snapshot slots per sequence
   // Several ranks (docs/distributed.md): every rank builds the same Forward; rank 0 calls the
   // methods below, the other ranks call serve_worker(), which replays them. nullptr or one rank:

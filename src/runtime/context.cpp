@@ -110,6 +110,7 @@ Context::Impl::Impl(const Model& m, const ContextOptions& o)
   fo.top_k = top_k;
   fo.attn = opts.attn;
   fo.cache_f16 = cache_f16;
+  fo.index_i8 = opts.indexer_int8 && prec == Precision::Fast;
   fo.n_snapshots = opts.n_snapshots_max;
   fo.coll = opts.collective;
   fo.split = opts.split_mode;

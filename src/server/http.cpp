@@ -151,6 +151,7 @@ void Server::Impl::load() {
   co.attn_top_k = o.attn_top_k;
   co.precision = o.precision == "f32" ? Precision::F32 : Precision::Fast;
   co.cache_type = o.cache_type == "f32" ? CacheType::F32 : CacheType::F16;
+  co.indexer_int8 = o.indexer_int8;
   co.placement = o.placement;
   co.collective = o.collective;
   co.split_mode = o.split_mode;

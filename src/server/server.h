@@ -30,6 +30,7 @@ struct ServerOptions {
   int attn_top_k = -1;
   std::string precision = "fast";
   std::string cache_type = "f16";
+  bool indexer_int8 = false;  // --indexer-int8 (ContextOptions::indexer_int8)
   Collective* collective = nullptr;  // under mpirun: the ranks that run the model with this one
   SplitMode split_mode = SplitMode::Tensor;  // (docs/distributed.md)
   PlacementRules placement;         // which backend holds each weight (-ngl, --cpu-moe, -ot)

@@ -135,6 +135,33 @@ TEST_F(Fixture, PrefillEqualsTokenByTokenDecode) {
   n_threads = 1;
 }
 
+// --indexer-int8: prefill (batched selection) and token-by-token decode score the int8 keys with
+// the same integer arithmetic, so they select the same rows; the logits stay near the f16-key run
+// (only near-tied positions can be selected differently); a sequence copy carries the int8 keys.
+TEST_F(Fixture, IndexerInt8PrefillEqualsDecodeAndStaysNearF16Keys) {
+  auto m = Model::load(k31);
+  n_threads = 2;
+  auto toks = random_tokens(45, 7);  // longer than top_k (16): the indexer selects
+  ContextOptions o = opts(-1, AttnPath::Sparse, 2);
+  o.indexer_int8 = true;
+  Context a(*m, o), b(*m, o), f(*m, opts()), all(*m, opts(0));
+  Rows pa = run_batch(a, toks);
+  Rows pb = run_one_by_one(b, toks);
+  Rows pf = run_batch(f, toks);
+  Rows pall = run_batch(all, toks);  // indexer off: every position visible
+  EXPECT_LT(rel_diff(pa, pb), 2e-3);
+  // the int8 selection moves the logits far less than the selection itself does
+  const double vs_f16 = rel_diff(pa, pf), sel_effect = rel_diff(pf, pall);
+  std::printf("int8 keys vs f16 keys: max rel logit diff %.2e (top-k vs all positions: %.2e)\n", vs_f16, sel_effect);
+  EXPECT_LT(vs_f16, 0.5 * sel_effect);
+  // seq 1 = a copy of seq 0 (its int8 keys included); both continue alike
+  a.seq_copy(0, 1);
+  const auto more = random_tokens(6, 9);
+  Rows c0 = run_batch(a, more, 0), c1 = run_batch(a, more, 1);
+  n_threads = 1;
+  EXPECT_TRUE(bit_equal(c0, c1));
+}
+
 TEST_F(Fixture, PrefillEqualsDecodeF32Precision) {
   auto m = Model::load(k31);
   auto toks = random_tokens(40, 8);

@@ -5,6 +5,7 @@
 // AVX-512 path differs from them in the last bits but stays within its documented tolerance).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -17,6 +18,7 @@
 #include "backend/cpu/kda.h"
 #include "backend/cpu/ops.h"
 #include "backend/cpu/vec.h"
+#include "backend/key_quant.h"
 #include "tensor/types.h"
 
 using namespace kimi;
@@ -268,6 +270,68 @@ TEST(Dispatch, LoweringTheLevelMovesAttentionAndKda) {
   EXPECT_FALSE(same_bits(idx_out[0], idx_out[1])) << "indexer_scores did not change path with the level";
   EXPECT_FALSE(same_bits(attn_out[0], attn_out[1])) << "mla_attend_sparse did not change path with the level";
   EXPECT_FALSE(same_bits(kda_out[0], kda_out[1])) << "kda_step did not change path with the level";
+}
+
+// --indexer-int8: the int8 scan at every level against a float64 evaluation of its formula, written
+// here from the definition (key_quant.h / attention.h): per row and per query head, scale = max|x| /
+// 127 (f32), q = round-half-even(x / scale); score = ks * sum_h w_h qs_h max(0, q_h . k_s). And the
+// int8 scores stay close to the exact f32 scores (what the opt-in trades).
+TEST(Dispatch, Int8IndexerScoresMatchTheirDefinitionAtEveryLevel) {
+  IsaRestore restore;
+  const int D = 128, n = 37;  // 37: full blocks of 8 and 4 keys plus single-key tails
+  auto quant = [](const float* x, int len, std::vector<int>& q) {
+    float amax = 0.0f;
+    for (int i = 0; i < len; ++i) amax = std::max(amax, std::fabs(x[i]));
+    const float scale = amax / 127.0f;
+    q.assign(static_cast<size_t>(len), 0);
+    for (int i = 0; i < len; ++i) q[static_cast<size_t>(i)] = scale > 0.0f ? static_cast<int>(std::nearbyint(x[i] / scale)) : 0;
+    return scale;
+  };
+  for (int H : {32, 64, 20, 80}) {  // 20: padded head lanes; 80: more heads than the SIMD scan takes
+    const auto q = rnd(static_cast<size_t>(H * D), 100 + H, -1.0f, 1.0f);
+    auto w = rnd(static_cast<size_t>(H), 200 + H, -1.0f, 1.0f);
+    auto kf = rnd(static_cast<size_t>(n * D), 300 + H, -2.0f, 2.0f);
+    for (int i = 0; i < D; ++i) kf[static_cast<size_t>(5 * D + i)] = 0.0f;  // an all-zero key (scale 0)
+    std::vector<uint8_t> rows(static_cast<size_t>(n * (D + 8)));
+    for (int s = 0; s < n; ++s) quantize_key_i8(kf.data() + s * D, D, rows.data() + s * (D + 8));
+    std::vector<double> ref(static_cast<size_t>(n));
+    std::vector<float> f32ref(static_cast<size_t>(n));
+    std::vector<int> qq, kq;
+    for (int s = 0; s < n; ++s) {
+      const double ks = quant(kf.data() + s * D, D, kq);
+      double acc = 0.0, accf = 0.0;
+      for (int h = 0; h < H; ++h) {
+        const double qs = quant(q.data() + h * D, D, qq);
+        long long dot = 0;
+        double fdot = 0.0;
+        for (int i = 0; i < D; ++i) {
+          dot += static_cast<long long>(qq[static_cast<size_t>(i)]) * kq[static_cast<size_t>(i)];
+          fdot += double(q[static_cast<size_t>(h * D + i)]) * kf[static_cast<size_t>(s * D + i)];
+        }
+        acc += double(w[static_cast<size_t>(h)]) * qs * std::max(0.0, double(dot));
+        accf += double(w[static_cast<size_t>(h)]) * std::max(0.0, fdot);
+      }
+      ref[static_cast<size_t>(s)] = acc * ks;
+      f32ref[static_cast<size_t>(s)] = static_cast<float>(accf);
+    }
+    std::vector<uint8_t> qp(idx_query_i8_bytes(H, D));
+    prep_idx_query_i8(q.data(), w.data(), H, D, qp.data());
+    double num = 0.0, den = 0.0;
+    for (Isa isa : isa_levels()) {
+      set_isa(isa);
+      std::vector<float> sc(static_cast<size_t>(n));
+      indexer_scores_i8(qp.data(), H, rows.data(), D, n, sc.data());
+      for (int s = 0; s < n; ++s) {
+        const double r = ref[static_cast<size_t>(s)];
+        ASSERT_NEAR(sc[static_cast<size_t>(s)], r, 1e-5 * (1.0 + std::fabs(r))) << isa_name(isa) << " H=" << H << " key " << s;
+        const double e = sc[static_cast<size_t>(s)] - f32ref[static_cast<size_t>(s)];
+        num += e * e;
+        den += double(f32ref[static_cast<size_t>(s)]) * f32ref[static_cast<size_t>(s)];
+      }
+      EXPECT_EQ(sc[5], 0.0f) << "all-zero key";
+    }
+    EXPECT_LT(std::sqrt(num / den), 0.02) << "int8 scores far from the f32 scores, H=" << H;
+  }
 }
 
 // What the code promises bit for bit across levels: f16 / bf16 row conversions.

@@ -1,6 +1,10 @@
 #include "backend/cpu/attention.h"
 
 #include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "backend/key_quant.h"
 
 #include "backend/cpu/dispatch.h"
 #include "backend/cpu/ops.h"
@@ -22,6 +26,51 @@ void indexer_scores(const float* q, const float* w, int64_t H, const void* keys,
       if (dq > 0.0f) acc += w[h] * dq;
     }
     scores[s] = acc;
+  }
+}
+
+size_t idx_query_i8_bytes(int64_t H, int64_t D) {
+  const int64_t G = (H + 15) / 16;
+  return static_cast<size_t>(D / 4 * G * 64 + G * 16 * 4);
+}
+
+void prep_idx_query_i8(const float* q, const float* w, int64_t H, int64_t D, uint8_t* out) {
+  const int64_t G = (H + 15) / 16, D4 = D / 4;
+  std::memset(out, 128, static_cast<size_t>(D4 * G * 64));  // padded heads: q = 0
+  float* wq = reinterpret_cast<float*>(out + D4 * G * 64);
+  std::vector<int8_t> qq(static_cast<size_t>(D));
+  for (int64_t h = 0; h < G * 16; ++h) {
+    if (h >= H) {
+      wq[h] = 0.0f;
+      continue;
+    }
+    int32_t sum = 0;
+    const float qs = quantize_i8_row(q + h * D, D, qq.data(), &sum);
+    wq[h] = w[h] * qs;
+    const int64_t g = h / 16, lane = h % 16;
+    for (int64_t i = 0; i < D; ++i)
+      out[((i / 4) * G + g) * 64 + 4 * lane + i % 4] = static_cast<uint8_t>(qq[static_cast<size_t>(i)] + 128);
+  }
+}
+
+void indexer_scores_i8(const uint8_t* qp, int64_t H, const uint8_t* keys, int64_t D, int64_t n, float* scores) {
+  if (const SimdOps* s = simd(); s && s->indexer_scores_i8 && H <= 64 && D % 4 == 0)
+    return s->indexer_scores_i8(qp, H, keys, D, n, scores);
+  const int64_t G = (H + 15) / 16, D4 = D / 4;
+  const float* wq = reinterpret_cast<const float*>(qp + D4 * G * 64);
+  for (int64_t s = 0; s < n; ++s) {
+    const uint8_t* k = keys + s * (D + 8);
+    float ks;
+    std::memcpy(&ks, k + D, 4);
+    float acc = 0.0f;
+    for (int64_t h = 0; h < H; ++h) {
+      int32_t dq = 0;
+      for (int64_t i = 0; i < D; ++i)
+        dq += (static_cast<int32_t>(qp[((i / 4) * G + h / 16) * 64 + 4 * (h % 16) + i % 4]) - 128) *
+              static_cast<int8_t>(k[i]);
+      if (dq > 0) acc += wq[h] * static_cast<float>(dq);
+    }
+    scores[s] = acc * ks;
   }
 }
 

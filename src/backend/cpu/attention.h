@@ -3,6 +3,7 @@
 // [W_kb,h^T q_nope,h | q_pe,h]; score = q.row * scale; the read-out is the softmax-weighted sum of
 // the first r values of the rows (the latent), to be multiplied by W_vb,h afterwards.
 #pragma once
+#include <cstddef>
 #include <cstdint>
 
 namespace kimi::kern {
@@ -31,5 +32,17 @@ void mla_attend_dense(const float* q, int64_t nh, const LatentRows& rows, int64_
 // pass with the head dots reduced together (a 16x16 transpose-add); else portable.
 void indexer_scores(const float* q, const float* w, int64_t H, const void* keys, bool f16, int64_t D, int64_t n,
                     float* scores);
+
+// The same with int8 keys and queries (--indexer-int8). Keys: n rows of D + 8 bytes (backend/
+// key_quant.h: int8 q[D] | f32 scale | int32 sum(q)). The query is prepared once (prep_idx_query_i8,
+// idx_query_i8_bytes(H, D) bytes): each head quantized to int8 with scale max|q_h| / 127 (the key
+// rule), stored + 128 as u8 with 16 heads in the lanes of a vector (dword d of vector (d, g) = bytes
+// 4d..4d+3 of head 16g + lane), then H' = H rounded up to 16 floats w_h * qscale_h (0 past H). Then
+//   scores[s] = kscale_s * sum_h (w_h qscale_h) * max(0, sum_i qq_h[i] kq_s[i])
+// with an exact integer dot product (VNNI vpdpbusd of the u8 query against the broadcast key dword,
+// minus 128 * sum(kq_s)). D % 4 == 0.
+size_t idx_query_i8_bytes(int64_t H, int64_t D);
+void prep_idx_query_i8(const float* q, const float* w, int64_t H, int64_t D, uint8_t* out);
+void indexer_scores_i8(const uint8_t* qp, int64_t H, const uint8_t* keys, int64_t D, int64_t n, float* scores);
 
 }  // namespace kimi::kern

@@ -96,6 +96,74 @@ void indexer_scores(const float* q, const float* w, int64_t H, const void* keys,
     scan<false>(qg, wv, G, keys, D, n, scores);
 }
 
+namespace {
+
+// acc + the u8 x s8 dot products of v's dwords with the 4 bytes at p broadcast (vpdpbusd with an
+// embedded-broadcast memory operand: one instruction; GCC does not fold _mm512_set1_epi32 into it)
+inline __m512i dpbusd_bcast(__m512i acc, __m512i v, const uint8_t* p) {
+  asm("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(v), "m"(*reinterpret_cast<const int32_t*>(p)));
+  return acc;
+}
+
+// KB keys (rows rb bytes apart from k0) against the G head vectors of the prepared query: heads in
+// lanes, one vpdpbusd per key dword and head group (the query dword vector in a register, the key
+// dword broadcast from the row), KB x G independent accumulators.
+template <int G, int KB>
+inline void i8_keys(const uint8_t* qt, const __m512* wq, const uint8_t* k0, int64_t D, float* out) {
+  const int64_t rb = D + 8, D4 = D / 4;
+  __m512i acc[KB][G];
+#pragma GCC unroll 16
+  for (int j = 0; j < KB; ++j)
+#pragma GCC unroll 4
+    for (int g = 0; g < G; ++g) acc[j][g] = _mm512_setzero_si512();
+  for (int64_t d4 = 0; d4 < D4; ++d4) {
+    __m512i qv[G];
+#pragma GCC unroll 4
+    for (int g = 0; g < G; ++g) qv[g] = _mm512_loadu_si512(qt + (d4 * G + g) * 64);
+#pragma GCC unroll 16
+    for (int j = 0; j < KB; ++j)
+#pragma GCC unroll 4
+      for (int g = 0; g < G; ++g) acc[j][g] = dpbusd_bcast(acc[j][g], qv[g], k0 + j * rb + 4 * d4);
+  }
+#pragma GCC unroll 16
+  for (int j = 0; j < KB; ++j) {
+    const uint8_t* k = k0 + j * rb;
+    float ks;
+    int32_t ksum;
+    std::memcpy(&ks, k + D, 4);
+    std::memcpy(&ksum, k + D + 4, 4);
+    const __m512i corr = _mm512_set1_epi32(128 * ksum);  // the + 128 of the u8 query
+    __m512 t = _mm512_setzero_ps();
+    for (int g = 0; g < G; ++g)
+      t = _mm512_fmadd_ps(_mm512_max_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc[j][g], corr)), _mm512_setzero_ps()),
+                          wq[g], t);
+    out[j] = _mm512_reduce_add_ps(t) * ks;
+  }
+}
+
+template <int G>
+void i8_scan(const uint8_t* qp, const uint8_t* keys, int64_t D, int64_t n, float* scores) {
+  constexpr int KB = G <= 2 ? 8 : 4;  // <= 16 accumulators + G query vectors in registers
+  const uint8_t* qt = qp;
+  __m512 wq[G];
+  for (int g = 0; g < G; ++g) wq[g] = _mm512_loadu_ps(reinterpret_cast<const float*>(qp + D / 4 * G * 64) + 16 * g);
+  const int64_t rb = D + 8;
+  int64_t s = 0;
+  for (; s + KB <= n; s += KB) i8_keys<G, KB>(qt, wq, keys + s * rb, D, scores + s);
+  for (; s < n; ++s) i8_keys<G, 1>(qt, wq, keys + s * rb, D, scores + s);
+}
+
+}  // namespace
+
+void indexer_scores_i8(const uint8_t* qp, int64_t H, const uint8_t* keys, int64_t D, int64_t n, float* scores) {
+  switch ((H + 15) / 16) {
+    case 1: return i8_scan<1>(qp, keys, D, n, scores);
+    case 2: return i8_scan<2>(qp, keys, D, n, scores);
+    case 3: return i8_scan<3>(qp, keys, D, n, scores);
+    default: return i8_scan<4>(qp, keys, D, n, scores);  // H <= 64 (attention.cpp checks)
+  }
+}
+
 void block_scores(const float* q, const float* const* rows, int64_t nb, int64_t W, float* out) {
   // acc[j] = lane-wise partial products of q and row j (rows past nb repeat row 0 and are
   // dropped); one transpose-add gives the 16 dot products

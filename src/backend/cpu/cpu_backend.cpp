@@ -9,6 +9,7 @@
 #include <new>
 
 #include "backend/cpu/attention.h"
+#include "backend/key_quant.h"
 #include "backend/cpu/conv.h"
 #include "backend/cpu/kda.h"
 #include "backend/cpu/ops.h"
@@ -227,7 +228,9 @@ void CpuBackend::store_cache_rows(const float* src, int64_t ld_src, const BatchE
   const int64_t W = rows.width;
   par(n, W * 2, [&](int64_t t, int) {
     uint8_t* dst = rows.row(e[t].seq_id, e[t].pos);
-    if (rows.f16)
+    if (rows.i8)
+      quantize_key_i8(src + t * ld_src, W, dst);
+    else if (rows.f16)
       kern::f32_to_f16_row(src + t * ld_src, reinterpret_cast<uint16_t*>(dst), W);
     else
       std::memcpy(dst, src + t * ld_src, static_cast<size_t>(W) * 4);
@@ -308,11 +311,24 @@ void CpuBackend::indexer_scores(const CacheRows& keys, int32_t seq, const float*
   constexpr int64_t kChunk = 256;  // positions per work item
   const int64_t nch = (nvis + kChunk - 1) / kChunk;
   const uint8_t* k0 = keys.row(seq, 0);
-  const size_t row_bytes = static_cast<size_t>(DI) * keys.elt();
-  par(nch, kChunk * HI * DI * 2, [&](int64_t ch, int) {
+  const size_t row_bytes = keys.row_bytes();
+  const uint8_t* qp = keys.i8 ? prep_idx_queries(q, w, 1, HI, DI) : nullptr;
+  par(nch, kChunk * HI * DI * (keys.i8 ? 1 : 2), [&](int64_t ch, int) {
     const int64_t s0 = ch * kChunk, s1 = std::min(nvis, s0 + kChunk);
-    kern::indexer_scores(q, w, HI, k0 + static_cast<size_t>(s0) * row_bytes, keys.f16, DI, s1 - s0, scores + s0);
+    if (qp)
+      kern::indexer_scores_i8(qp, HI, k0 + static_cast<size_t>(s0) * row_bytes, DI, s1 - s0, scores + s0);
+    else
+      kern::indexer_scores(q, w, HI, k0 + static_cast<size_t>(s0) * row_bytes, keys.f16, DI, s1 - s0, scores + s0);
   });
+}
+
+// The n queries (q: [n][HI * DI], w: [n][HI]) in the int8 scan's form, one after another (the
+// buffer grows on first use only).
+const uint8_t* CpuBackend::prep_idx_queries(const float* q, const float* w, int64_t n, int64_t HI, int64_t DI) {
+  const size_t b = kern::idx_query_i8_bytes(HI, DI);
+  if (idx_q8_.size() < b * static_cast<size_t>(n)) idx_q8_.resize(b * static_cast<size_t>(n));
+  for (int64_t j = 0; j < n; ++j) kern::prep_idx_query_i8(q + j * HI * DI, w + j * HI, HI, DI, idx_q8_.data() + j * b);
+  return idx_q8_.data();
 }
 
 void CpuBackend::indexer_topk(const float* scores, int64_t n, int64_t k, int32_t* sel, int32_t* sel_n, float* tmp) {
@@ -329,7 +345,7 @@ void CpuBackend::indexer_select(const CacheRows& keys, const BatchEntry* e, int6
                                 float* tmp) {
   if (n == 1 || idx_scores_.empty()) return Backend::indexer_select(keys, e, n, q, w, HI, k, sel, sel_cap, sel_n, scores, tmp);
   const int64_t DI = keys.width, qw = HI * DI, nctx = lim_.n_ctx;
-  const size_t row_bytes = static_cast<size_t>(DI) * keys.elt();
+  const size_t row_bytes = keys.row_bytes();
   auto nvis = [&](int64_t t) { return static_cast<int64_t>(e[t].pos) + 1; };
   for (int64_t t = 0; t < n;) {
     if (nvis(t) <= k) {
@@ -342,6 +358,8 @@ void CpuBackend::indexer_select(const CacheRows& keys, const BatchEntry* e, int6
       ++m;
     }
     const uint8_t* k0 = keys.row(e[t].seq_id, 0);
+    const uint8_t* qp = keys.i8 ? prep_idx_queries(q + t * qw, w + t * HI, m, HI, DI) : nullptr;
+    const size_t qpb = kern::idx_query_i8_bytes(HI, DI);
     constexpr int64_t kItem = 512, kBlk = 64;  // keys per work item / per L1 block
     par((nmax + kItem - 1) / kItem, kItem * m * HI * DI * 2, [&](int64_t item, int) {
       const int64_t i1 = std::min(nmax, (item + 1) * kItem);
@@ -350,8 +368,12 @@ void CpuBackend::indexer_select(const CacheRows& keys, const BatchEntry* e, int6
         for (int64_t j = 0; j < m; ++j) {
           const int64_t nv = nvis(t + j);
           if (nv <= s0) continue;
-          kern::indexer_scores(q + (t + j) * qw, w + (t + j) * HI, HI, k0 + static_cast<size_t>(s0) * row_bytes,
-                               keys.f16, DI, std::min(s1, nv) - s0, idx_scores_.data() + j * nctx + s0);
+          if (qp)
+            kern::indexer_scores_i8(qp + j * qpb, HI, k0 + static_cast<size_t>(s0) * row_bytes, DI,
+                                    std::min(s1, nv) - s0, idx_scores_.data() + j * nctx + s0);
+          else
+            kern::indexer_scores(q + (t + j) * qw, w + (t + j) * HI, HI, k0 + static_cast<size_t>(s0) * row_bytes,
+                                 keys.f16, DI, std::min(s1, nv) - s0, idx_scores_.data() + j * nctx + s0);
         }
       }
     });

@@ -155,6 +155,11 @@ class Backend {
   // ---- dense algebra ----
   // y[t][r] = sum_c W[r][c] x[t][c], t < n (x: n x W.cols, y: n x W.rows)
   virtual void matmul(const MatView& W, const float* x, int64_t n, float* y) = 0;
+  // y[i] = W[i] x for `count` weights that read the same input x (each y[i] exactly what matmul
+  // gives): a backend may prepare x once and run them as one job (the CPU does, for one token)
+  virtual void matmul_set(const MatView* const* W, float* const* y, int count, const float* x, int64_t n) {
+    for (int i = 0; i < count; ++i) matmul(*W[i], x, n, y[i]);
+  }
   // out[t] = row e[t].token of the table, dequantized (n x table.cols)
   virtual void embed_rows(const MatView& table, const BatchEntry* e, int64_t n, float* out) = 0;  // e: host
   // y[t] = rms_norm(x[t][:width]) * w for n rows (row strides ldx/ldy; y may alias x)

@@ -6,8 +6,7 @@ namespace kimi {
 void dense_ffn(const PartRun& r, const WeightView& gate, const WeightView& up, const WeightView& down, FfnScratch& s,
                const float* x, float* out) {
   const int64_t w = gate.mat.rows;
-  r.matmul(gate.mat, x, r.n, s.gate.p);
-  r.matmul(up.mat, x, r.n, s.up.p);
+  r.matmuls<2>(x, r.n, {&gate.mat, &up.mat}, {s.gate.p, s.up.p});
   r.be.situ_rows(s.gate.p, s.up.p, r.n, w, r.hp.situ_beta, r.hp.situ_lambda);
   r.matmul(down.mat, s.gate.p, r.n, out);
 }

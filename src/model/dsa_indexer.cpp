@@ -14,14 +14,14 @@ void dsa_indexer(const PartRun& r, const LayerWeights& L, const CacheRows& keys,
   Backend& be = r.be;
   const int64_t n = r.n, HI = hp.idx_heads, DI = hp.idx_dim;
 
-  // 1. keys (layer-normed) of every token, written to the cache
-  r.matmul(L.idx_k.mat, x, n, s.k.p);
+  // 1. keys (layer-normed) of every token, written to the cache (with the per-head weights of step 2,
+  // the other projection of x)
+  r.matmuls<2>(x, n, {&L.idx_k.mat, &L.idx_proj.mat}, {s.k.p, s.head_w.p});
   be.layer_norm_rows(s.k.p, L.idx_k_norm_w.f32, L.idx_k_norm_b.f32, n, DI, 1e-6f);
   be.store_cache_rows(s.k.p, DI, r.e, n, keys);
 
   // 2. queries from the MLA query latent, per-head weights
   r.matmul(L.idx_q_b.mat, q_latent, n, s.q.p);
-  r.matmul(L.idx_proj.mat, x, n, s.head_w.p);
   be.scale_rows(s.head_w.p, n, HI, 1.0f / std::sqrt(static_cast<float>(HI * DI)));
 
   // 3. per query: score -> top-k -> selection (queries that see at most top_k positions select

@@ -80,6 +80,11 @@ struct PartRun {
   TensorSplit* tp = nullptr;
   PhaseTimes* times = nullptr;  // the forward pass's split (mla_attention moves the indexer's share)
   void matmul(const MatView& W, const float* x, int64_t nt, float* y) const { be.matmul(W, x, nt, y); }
+  // several weights on the same input x (Backend::matmul_set): {W, y} pairs
+  template <int N>
+  void matmuls(const float* x, int64_t nt, const MatView* const (&W)[N], float* const (&y)[N]) const {
+    be.matmul_set(W, y, N, x, nt);
+  }
 };
 
 struct MlaCache {

@@ -15,13 +15,16 @@ void mla_attention(const PartRun& r, const LayerWeights& L, const MlaCache& cach
   const int64_t n = r.n, H = hp.n_head, ql = hp.q_lora, kvl = hp.kv_lora, W = hp.mla_row(), vd = hp.n_v;
   const float eps = hp.rms_eps;
 
-  // 1. query latent (normed) and per-head queries
-  r.matmul(L.attn_q_a.mat, x, n, s.q_latent.p);
+  // 1. query latent (normed) and per-head queries; the compressed KV row and the output gate (step 7)
+  // are projections of x too: one set
+  if (L.attn_gate)
+    r.matmuls<3>(x, n, {&L.attn_q_a.mat, &L.attn_kv_a_mqa.mat, &L.attn_gate.mat}, {s.q_latent.p, s.kv_row.p, s.gate.p});
+  else
+    r.matmuls<2>(x, n, {&L.attn_q_a.mat, &L.attn_kv_a_mqa.mat}, {s.q_latent.p, s.kv_row.p});
   be.rms_norm_rows(s.q_latent.p, ql, L.attn_q_a_norm.f32, s.q_latent.p, ql, n, ql, eps);
   r.matmul(L.attn_q_b.mat, s.q_latent.p, n, s.q.p);
 
   // 2. compressed KV row [normed latent | pe] -> cache
-  r.matmul(L.attn_kv_a_mqa.mat, x, n, s.kv_row.p);
   be.rms_norm_rows(s.kv_row.p, W, L.attn_kv_a_norm.f32, s.kv_row.p, W, n, kvl, eps);
   be.store_cache_rows(s.kv_row.p, W, r.e, n, cache.latent);
 
@@ -51,7 +54,6 @@ void mla_attention(const PartRun& r, const LayerWeights& L, const MlaCache& cach
 
   // 7. sigmoid output gate on the concatenated heads, output projection
   if (L.attn_gate) {
-    r.matmul(L.attn_gate.mat, x, n, s.gate.p);
     be.mul_sigmoid_rows(s.heads_out.p, s.gate.p, n, H * vd);
   }
   r.matmul(L.attn_output.mat, s.heads_out.p, n, out);

@@ -20,14 +20,22 @@ void moe_ffn(const PartRun& r, const LayerWeights& L, MoeScratch& s, FfnScratch&
   // streamed experts: their reads start now and overlap the latent projection and shared experts
   const bool streamed = site.cache && !r.tp && be.host_visible() && site.cache->request(site.layer, s.sel.p, n * k);
 
-  // 2. the routed experts' input: the latent projection of x (or x itself)
-  const float* xl = x;
-  if (latent) {
-    r.matmul(L.ffn_routed_down.mat, x, n, s.latent_in.p);
-    xl = s.latent_in.p;
+  // 2. the routed experts' input: the latent projection of x (or x itself), and the shared experts
+  // at full width (added at the end; dense_ffn's steps), their x projections together
+  const float* xl = latent ? s.latent_in.p : x;
+  const MatView* wx[3];
+  float* yx[3];
+  int nx = 0;
+  if (latent) wx[nx] = &L.ffn_routed_down.mat, yx[nx++] = s.latent_in.p;
+  if (L.ffn_gate_shexp) {
+    wx[nx] = &L.ffn_gate_shexp.mat, yx[nx++] = f.gate.p;
+    wx[nx] = &L.ffn_up_shexp.mat, yx[nx++] = f.up.p;
   }
-  // the shared experts at full width (added at the end)
-  if (L.ffn_gate_shexp) dense_ffn(r, L.ffn_gate_shexp, L.ffn_up_shexp, L.ffn_down_shexp, f, x, f.shared_out.p);
+  be.matmul_set(wx, yx, nx, x, n);
+  if (L.ffn_gate_shexp) {
+    be.situ_rows(f.gate.p, f.up.p, n, L.ffn_gate_shexp.mat.rows, hp.situ_beta, hp.situ_lambda);
+    r.matmul(L.ffn_down_shexp.mat, f.gate.p, n, f.shared_out.p);
+  }
 
   // 3. routed experts, weighted sum (on the experts' backend, with copies when it is another one)
   const ExpertMats em{L.ffn_gate_exps.mat, L.ffn_up_exps.mat, L.ffn_down_exps.mat,

@@ -20,6 +20,10 @@ class ImatrixBackend : public CpuBackend {
   const char* name() const override { return "cpu-imatrix"; }
   const uint8_t* place_weight(const std::string& name, const uint8_t* host, uint64_t bytes) override;
   void matmul(const kern::MatView& W, const float* x, int64_t n, float* y) override;
+  // every weight of a set through matmul() above (recorded), not the CPU's one-job set
+  void matmul_set(const kern::MatView* const* W, float* const* y, int count, const float* x, int64_t n) override {
+    Backend::matmul_set(W, y, count, x, n);
+  }
   void moe_experts(const ExpertMats& m, const float* x, int64_t n, int64_t width, const int32_t* sel,
                    const float* weights, int64_t n_used, int64_t n_expert, float situ_beta, float situ_lambda,
                    float* acc) override;

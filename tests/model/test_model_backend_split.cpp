@@ -110,6 +110,14 @@ class FakeDevice final : public CpuBackend {
     Op o(this, "matmul", {W.data, x, y});
     CpuBackend::matmul(W, x, n, y);
   }
+  void matmul_set(const MatView* const* W, float* const* y, int count, const float* x, int64_t n) override {
+    Op o(this, "matmul_set", {x});
+    for (int i = 0; i < count; ++i) {
+      own(W[i]->data, "matmul_set");
+      own(y[i], "matmul_set");
+    }
+    CpuBackend::matmul_set(W, y, count, x, n);
+  }
   void embed_rows(const MatView& t, const BatchEntry* e, int64_t n, float* out) override {
     Op o(this, "embed_rows", {t.data, out});
     CpuBackend::embed_rows(t, e, n, out);

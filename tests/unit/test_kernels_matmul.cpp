@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -424,6 +425,55 @@ TEST(Matmul, PackedKQuantsMatchReference) {
     }
   }
   if (!packed_any) GTEST_SKIP() << "no packed K-quant kernels at this CPU's best ISA level (" << isa_name(best_isa()) << ")";
+}
+
+// matmul_set (several weights on one input, one pool job for one token) gives every weight exactly
+// what its own matmul gives, bit for bit: packed K-quants with tail rows, plain K-quants, MXFP4,
+// BF16, Q5_0, F32 and a 16-row weight in one set, at every ISA level, for 1 and 3 tokens.
+TEST(Matmul, MatmulSetEqualsOneMatmulPerWeight) {
+  IsaRestore restore;
+  ThreadPool pool(2);
+  std::mt19937 rng(99);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  const int64_t cols = 512;
+  struct Wt {
+    GgmlType type;
+    int64_t rows;
+  };
+  const Wt specs[] = {{GgmlType::Q4_K, 37}, {GgmlType::Q6_K, 130}, {GgmlType::MXFP4, 96}, {GgmlType::BF16, 40},
+                      {GgmlType::Q5_0, 64}, {GgmlType::F32, 16}, {GgmlType::Q4_K, 16}};
+  constexpr int kN = 7;
+  std::vector<std::vector<uint8_t>> data;
+  std::vector<std::unique_ptr<PackedWeight>> packs;
+  MatView W[kN];
+  set_isa(best_isa());
+  for (int i = 0; i < kN; ++i) {
+    data.push_back(random_weights(specs[i].type, specs[i].rows, cols, rng));
+    W[i] = MatView{specs[i].type, data.back().data(), specs[i].rows, cols, row_bytes(specs[i].type, cols)};
+    packs.push_back(pack_weight(W[i], &pool));
+    W[i].packed = packs.back().get();
+  }
+  const MatView* wp[kN];
+  for (int i = 0; i < kN; ++i) wp[i] = &W[i];
+  for (int64_t nt : {1, 3}) {
+    std::vector<float> x(nt * cols);
+    for (auto& v : x) v = u(rng);
+    for (Isa isa : isa_levels()) {
+      set_isa(isa);
+      std::vector<std::vector<float>> a(kN), b(kN);
+      float* yp[kN];
+      for (int i = 0; i < kN; ++i) {
+        a[i].assign(nt * specs[i].rows, NAN);
+        b[i].assign(nt * specs[i].rows, NAN);
+        matmul(W[i], x.data(), nt, a[i].data(), pool, Precision::Fast);
+        yp[i] = b[i].data();
+      }
+      matmul_set(wp, yp, kN, x.data(), nt, pool, Precision::Fast);
+      for (int i = 0; i < kN; ++i)
+        ASSERT_EQ(std::memcmp(a[i].data(), b[i].data(), a[i].size() * 4), 0)
+            << "weight " << i << " " << type_name(specs[i].type) << " isa=" << isa_name(isa) << " nt=" << nt;
+    }
+  }
 }
 
 // MXFP4 blocks with exponent byte 0 (scale 2^-127, subnormal) are exact in every path, also

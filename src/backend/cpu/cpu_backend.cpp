@@ -122,6 +122,10 @@ void CpuBackend::matmul(const kern::MatView& W, const float* x, int64_t n, float
   kern::matmul(W, x, n, y, pool_, prec_);
 }
 
+void CpuBackend::matmul_set(const kern::MatView* const* W, float* const* y, int count, const float* x, int64_t n) {
+  kern::matmul_set(W, y, count, x, n, pool_, prec_);
+}
+
 void CpuBackend::embed_rows(const kern::MatView& table, const BatchEntry* e, int64_t n, float* out) {
   const int64_t d = table.cols;
   par(n, d * 2, [&](int64_t t, int) { kern::dequantize_row(table, e[t].token, out + t * d); });

@@ -36,6 +36,7 @@ class CpuBackend : public Backend {
   uint64_t scratch_bytes() const override;
 
   void matmul(const kern::MatView& W, const float* x, int64_t n, float* y) override;
+  void matmul_set(const kern::MatView* const* W, float* const* y, int count, const float* x, int64_t n) override;
   void embed_rows(const kern::MatView& table, const BatchEntry* e, int64_t n, float* out) override;
   void rms_norm_rows(const float* x, int64_t ldx, const float* w, float* y, int64_t ldy, int64_t n, int64_t width,
                      float eps) override;

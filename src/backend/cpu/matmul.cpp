@@ -3,6 +3,7 @@
 #include "backend/cpu/matmul.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <vector>
 
 #include "backend/cpu/dispatch.h"
@@ -240,6 +241,111 @@ void matmul(const MatView& W, const float* x, int64_t n_tokens, float* y, Thread
   } else {
     pool.parallel_for(n_rc * n_tt, item);
   }
+}
+
+void matmul_set(const MatView* const* W, float* const* y, int count, const float* x, int64_t n_tokens,
+                ThreadPool& pool, Precision prec) {
+  constexpr int kMaxW = 8, kMaxItems = 512;
+  const int nth = pool.size();
+  static const bool off = [] {  // KIMI_MATMUL_SET=0: one matmul per weight (for A/B measurements)
+    const char* e = std::getenv("KIMI_MATMUL_SET");
+    return e && e[0] == '0';
+  }();
+  if (n_tokens != 1 || count > kMaxW || nth <= 1 || off) {
+    for (int i = 0; i < count; ++i) matmul(*W[i], x, n_tokens, y[i], pool, prec);
+    return;
+  }
+  // per weight: its kernel (packed or plain) and its prepared activation (one per prep function)
+  struct One {
+    bool packed = false;
+    PackedKernel pk{};
+    MatKernel k{};
+    const uint8_t* act = nullptr;
+    int64_t g0 = 0, g1 = 0;  // packed groups
+  } w[kMaxW];
+  struct Item {
+    int8_t wi;
+    bool packed;
+    int64_t a, b;  // packed: groups [a, b); plain: rows [a, b)
+  };
+  Item items[kMaxItems];
+  int n_items = 0;
+  using Prep = void (*)(const float*, int64_t, uint8_t*);
+  Prep preps[kMaxW];
+  size_t offs[kMaxW], total = 0;
+  int n_preps = 0;
+  int64_t per = 0;  // lent f32 scratch per thread (plain kernels that ask for it)
+  auto act_for = [&](size_t (*bytes)(int64_t), Prep prep, int64_t cols) -> int {
+    for (int p = 0; p < n_preps; ++p)
+      if (preps[p] == prep) return p;
+    preps[n_preps] = prep;
+    offs[n_preps] = total;
+    total += (bytes(cols) + 63) / 64 * 64;
+    return n_preps++;
+  };
+  int prep_of[kMaxW];
+  for (int i = 0; i < count; ++i) {
+    validate(*W[i], x, 1, y[i]);
+    check(i == 0 || W[i]->cols == W[0]->cols, "matmul_set: weight {} has {} columns, weight 0 {}", i, W[i]->cols,
+          W[0]->cols);
+    One& o = w[i];
+    o.packed = W[i]->rows > 0 && packed_usable(*W[i], 1, prec, &o.pk);
+    if (!o.packed) o.k = pick_matmul_kernel(W[i]->type, prec);
+    const bool has_prep = o.packed ? o.pk.act_bytes != nullptr : o.k.act_bytes != nullptr;
+    prep_of[i] = !has_prep ? -1 : o.packed ? act_for(o.pk.act_bytes, o.pk.prep, W[i]->cols)
+                                           : act_for(o.k.act_bytes, o.k.prep, W[i]->cols);
+    if (!o.packed && o.k.scratch_rows > 0) per = std::max<int64_t>(per, (o.k.scratch_rows * W[i]->cols + 15) / 16 * 16);
+  }
+  // the prepared activations, one after another in this thread's scratch (grows once)
+  uint8_t* buf = act_scratch(total + 64, 0);
+  for (int p = 0; p < n_preps; ++p) preps[p](x, W[0]->cols, buf + offs[p]);
+  const uint8_t* xb = reinterpret_cast<const uint8_t*>(x);
+  for (int i = 0; i < count; ++i) {
+    One& o = w[i];
+    o.act = prep_of[i] < 0 ? xb : buf + offs[prep_of[i]];
+    const MatView& M = *W[i];
+    if (M.rows == 0) continue;
+    auto add = [&](bool packed, int64_t a, int64_t b) {
+      if (n_items < kMaxItems) items[n_items] = Item{static_cast<int8_t>(i), packed, a, b};
+      ++n_items;
+    };
+    if (o.packed) {
+      const PackedWeight& P = *M.packed;
+      o.g0 = 0;
+      o.g1 = std::min(P.groups, M.rows / kPackRows);
+      const int64_t ng = o.g1 - o.g0;
+      const int64_t gc = std::max<int64_t>(1, (ng + nth * 8 - 1) / (nth * 8));
+      for (int64_t g = o.g0; g < o.g1; g += gc) add(true, g, std::min(o.g1, g + gc));
+      if (o.g1 * kPackRows < M.rows) {  // rows past the last full group: the plain kernel
+        o.k = pick_matmul_kernel(M.type, Precision::Fast);
+        add(false, o.g1 * kPackRows, M.rows);
+      }
+    } else {
+      int64_t rc = (M.rows + nth * 8 - 1) / (nth * 8);
+      rc = std::max<int64_t>(16, (rc + 15) / 16 * 16);
+      for (int64_t r = 0; r < M.rows; r += rc) add(false, r, std::min(M.rows, r + rc));
+    }
+  }
+  if (n_items > kMaxItems) {  // very tall weights: one matmul each
+    for (int i = 0; i < count; ++i) matmul(*W[i], x, 1, y[i], pool, prec);
+    return;
+  }
+  // a packed weight's rows past its groups use the plain kernel's activations: prepared here
+  const uint8_t* tail_act[kMaxW] = {};
+  for (int i = 0; i < count; ++i)
+    if (w[i].packed && w[i].g1 * kPackRows < W[i]->rows) {
+      const Prepared a = prepare(w[i].k, x, 1, W[i]->cols, nullptr, 1);
+      tail_act[i] = a.act;
+    }
+  float* const lend = per > 0 ? f32_scratch(per * nth, 3) : nullptr;
+  pool.parallel_for(n_items, [&](int64_t it, int th) {
+    const Item& m = items[it];
+    const One& o = w[m.wi];
+    const MatView& M = *W[m.wi];
+    if (m.packed) return o.pk.run(*M.packed, o.act, 0, 1, m.a, m.b, y[m.wi], M.rows);
+    LendScratch lent(lend && th < nth ? lend + th * per : nullptr, per);
+    o.k.run(M, o.packed ? tail_act[m.wi] : o.act, 0, 1, m.a, m.b, y[m.wi], M.rows);
+  });
 }
 
 void matmul_rows(const MatView& W, const float* x, int64_t n_tokens, float* y, int64_t r0, int64_t r1,

@@ -21,6 +21,13 @@ using kimi::Precision;
 void matmul(const MatView& W, const float* x, int64_t n_tokens, float* y, ThreadPool& pool,
             Precision prec = Precision::Fast);
 
+// y[i] = W[i] x for `count` weights that read the same input (one token or several): for one token
+// the activations are prepared once per activation kind and every weight's row chunks go to the
+// pool as ONE job (one wake-up and one barrier instead of `count`); each y[i] is bit-identical to
+// matmul(*W[i], x, n_tokens, y[i]). Several tokens: one matmul each.
+void matmul_set(const MatView* const* W, float* const* y, int count, const float* x, int64_t n_tokens,
+                ThreadPool& pool, Precision prec = Precision::Fast);
+
 // Same without threading (the caller is already parallel), over rows [r0, r1).
 void matmul_rows(const MatView& W, const float* x, int64_t n_tokens, float* y, int64_t r0, int64_t r1,
                  Precision prec = Precision::Fast);

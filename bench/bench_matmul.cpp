@@ -115,6 +115,8 @@ void gemm(benchmark::State& st, GgmlType t, int64_t rows, int64_t cols, int64_t 
 }
 
 // The same through packed copies (one per rotated copy), as CpuBackend::prepare_weight makes them.
+// For one token matmul uses a packed copy only where PackedKernel::gemv is set (Q4_K today): the
+// Q5_K / Q6_K GEMV cases below therefore time the plain kernels on the original rows.
 void gemv_packed(benchmark::State& st, GgmlType t, int64_t rows, int64_t cols, int copies) {
   const auto w = make_weights(t, rows, cols, copies);
   const uint64_t rb = row_bytes(t, static_cast<uint64_t>(cols));

@@ -432,7 +432,7 @@ TEST(Matmul, PackedKQuantsMatchReference) {
 // BF16, Q5_0, F32 and a 16-row weight in one set, at every ISA level, for 1 and 3 tokens.
 TEST(Matmul, MatmulSetEqualsOneMatmulPerWeight) {
   IsaRestore restore;
-  ThreadPool pool(2);
+  ThreadPool pool(2), many(7);  // 7: more chunks than items of some weights, workers reading the caller's list
   std::mt19937 rng(99);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   const int64_t cols = 512;
@@ -468,10 +468,14 @@ TEST(Matmul, MatmulSetEqualsOneMatmulPerWeight) {
         matmul(W[i], x.data(), nt, a[i].data(), pool, Precision::Fast);
         yp[i] = b[i].data();
       }
-      matmul_set(wp, yp, kN, x.data(), nt, pool, Precision::Fast);
-      for (int i = 0; i < kN; ++i)
-        ASSERT_EQ(std::memcmp(a[i].data(), b[i].data(), a[i].size() * 4), 0)
-            << "weight " << i << " " << type_name(specs[i].type) << " isa=" << isa_name(isa) << " nt=" << nt;
+      for (ThreadPool* p : {&pool, &many}) {
+        for (auto& v : b) std::fill(v.begin(), v.end(), NAN);
+        matmul_set(wp, yp, kN, x.data(), nt, *p, Precision::Fast);
+        for (int i = 0; i < kN; ++i)
+          ASSERT_EQ(std::memcmp(a[i].data(), b[i].data(), a[i].size() * 4), 0)
+              << "weight " << i << " " << type_name(specs[i].type) << " isa=" << isa_name(isa) << " nt=" << nt
+              << " threads=" << p->size();
+      }
     }
   }
 }

@@ -245,7 +245,7 @@ void matmul(const MatView& W, const float* x, int64_t n_tokens, float* y, Thread
 
 void matmul_set(const MatView* const* W, float* const* y, int count, const float* x, int64_t n_tokens,
                 ThreadPool& pool, Precision prec) {
-  constexpr int kMaxW = 8, kMaxItems = 512;
+  constexpr int kMaxW = 8;
   const int nth = pool.size();
   static const bool off = [] {  // KIMI_MATMUL_SET=0: one matmul per weight (for A/B measurements)
     const char* e = std::getenv("KIMI_MATMUL_SET");
@@ -268,8 +268,9 @@ void matmul_set(const MatView* const* W, float* const* y, int count, const float
     bool packed;
     int64_t a, b;  // packed: groups [a, b); plain: rows [a, b)
   };
-  Item items[kMaxItems];
-  int n_items = 0;
+  thread_local std::vector<Item> t_items;  // grows on the first calls only
+  std::vector<Item>& items = t_items;      // the CALLER's list (workers read it through this reference)
+  items.clear();
   using Prep = void (*)(const float*, int64_t, uint8_t*);
   Prep preps[kMaxW];
   size_t offs[kMaxW], total = 0;
@@ -305,10 +306,7 @@ void matmul_set(const MatView* const* W, float* const* y, int count, const float
     o.act = prep_of[i] < 0 ? xb : buf + offs[prep_of[i]];
     const MatView& M = *W[i];
     if (M.rows == 0) continue;
-    auto add = [&](bool packed, int64_t a, int64_t b) {
-      if (n_items < kMaxItems) items[n_items] = Item{static_cast<int8_t>(i), packed, a, b};
-      ++n_items;
-    };
+    auto add = [&](bool packed, int64_t a, int64_t b) { items.push_back(Item{static_cast<int8_t>(i), packed, a, b}); };
     if (o.packed) {
       const PackedWeight& P = *M.packed;
       o.g0 = 0;
@@ -326,10 +324,6 @@ void matmul_set(const MatView* const* W, float* const* y, int count, const float
       for (int64_t r = 0; r < M.rows; r += rc) add(false, r, std::min(M.rows, r + rc));
     }
   }
-  if (n_items > kMaxItems) {  // very tall weights: one matmul each
-    for (int i = 0; i < count; ++i) matmul(*W[i], x, 1, y[i], pool, prec);
-    return;
-  }
   // a packed weight's rows past its groups use the plain kernel's activations: prepared here
   const uint8_t* tail_act[kMaxW] = {};
   for (int i = 0; i < count; ++i)
@@ -338,7 +332,7 @@ void matmul_set(const MatView* const* W, float* const* y, int count, const float
       tail_act[i] = a.act;
     }
   float* const lend = per > 0 ? f32_scratch(per * nth, 3) : nullptr;
-  pool.parallel_for(n_items, [&](int64_t it, int th) {
+  pool.parallel_for(static_cast<int64_t>(items.size()), [&](int64_t it, int th) {
     const Item& m = items[it];
     const One& o = w[m.wi];
     const MatView& M = *W[m.wi];

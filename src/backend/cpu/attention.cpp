@@ -2,9 +2,9 @@
 
 #include <cmath>
 #include <cstring>
-#include <vector>
 
 #include "backend/key_quant.h"
+#include "util/error.h"
 
 #include "backend/cpu/dispatch.h"
 #include "backend/cpu/ops.h"
@@ -38,18 +38,19 @@ void prep_idx_query_i8(const float* q, const float* w, int64_t H, int64_t D, uin
   const int64_t G = (H + 15) / 16, D4 = D / 4;
   std::memset(out, 128, static_cast<size_t>(D4 * G * 64));  // padded heads: q = 0
   float* wq = reinterpret_cast<float*>(out + D4 * G * 64);
-  std::vector<int8_t> qq(static_cast<size_t>(D));
+  check(D <= 1024, "indexer: key width {} above the int8 scan's 1024", D);
+  int8_t qq[1024];  // one head's quantized query (no allocation per decoded token)
   for (int64_t h = 0; h < G * 16; ++h) {
     if (h >= H) {
       wq[h] = 0.0f;
       continue;
     }
     int32_t sum = 0;
-    const float qs = quantize_i8_row(q + h * D, D, qq.data(), &sum);
+    const float qs = quantize_i8_row(q + h * D, D, qq, &sum);
     wq[h] = w[h] * qs;
     const int64_t g = h / 16, lane = h % 16;
     for (int64_t i = 0; i < D; ++i)
-      out[((i / 4) * G + g) * 64 + 4 * lane + i % 4] = static_cast<uint8_t>(qq[static_cast<size_t>(i)] + 128);
+      out[((i / 4) * G + g) * 64 + 4 * lane + i % 4] = static_cast<uint8_t>(qq[i] + 128);
   }
 }
 

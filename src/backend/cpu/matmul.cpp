@@ -261,7 +261,7 @@ void matmul_set(const MatView* const* W, float* const* y, int count, const float
     PackedKernel pk{};
     MatKernel k{};
     const uint8_t* act = nullptr;
-    int64_t g0 = 0, g1 = 0;  // packed groups
+    int64_t g1 = 0;  // packed groups [0, g1)
   } w[kMaxW];
   struct Item {
     int8_t wi;
@@ -309,11 +309,9 @@ void matmul_set(const MatView* const* W, float* const* y, int count, const float
     auto add = [&](bool packed, int64_t a, int64_t b) { items.push_back(Item{static_cast<int8_t>(i), packed, a, b}); };
     if (o.packed) {
       const PackedWeight& P = *M.packed;
-      o.g0 = 0;
       o.g1 = std::min(P.groups, M.rows / kPackRows);
-      const int64_t ng = o.g1 - o.g0;
-      const int64_t gc = std::max<int64_t>(1, (ng + nth * 8 - 1) / (nth * 8));
-      for (int64_t g = o.g0; g < o.g1; g += gc) add(true, g, std::min(o.g1, g + gc));
+      const int64_t gc = std::max<int64_t>(1, (o.g1 + nth * 8 - 1) / (nth * 8));
+      for (int64_t g = 0; g < o.g1; g += gc) add(true, g, std::min(o.g1, g + gc));
       if (o.g1 * kPackRows < M.rows) {  // rows past the last full group: the plain kernel
         o.k = pick_matmul_kernel(M.type, Precision::Fast);
         add(false, o.g1 * kPackRows, M.rows);

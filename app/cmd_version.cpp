@@ -4,6 +4,7 @@
 #include <string>
 
 #include "backend/cpu/dispatch.h"
+#include "backend/cpu/matmul_amx.h"
 #include "build_info.h"
 #include "command.h"
 #include "engine_args.h"
@@ -32,6 +33,12 @@ int cmd_version(int argc, char** argv) {
   );
   std::printf("cpu kernels: %s in use (best on this cpu: %s; KIMI_ISA selects a lower one)\n",
               kimi::kern::isa_name(kimi::kern::current_isa()), kimi::kern::isa_name(kimi::kern::best_isa()));
+  {
+    const auto& f = kimi::kern::cpu_features();
+    std::printf("intel amx: %s\n", kimi::kern::amx_bf16_usable()  ? "in use for BF16 weights (KIMI_AMX=0 turns it off)"
+                                    : f.amx_bf16 && f.amx_tile    ? "present, not in use (KIMI_AMX=0, KIMI_ISA or the OS)"
+                                                                  : "no");
+  }
   std::printf("backends: %s\n", backends.c_str());
   return 0;
 }

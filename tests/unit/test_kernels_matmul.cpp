@@ -15,6 +15,7 @@
 
 #include "backend/cpu/dispatch.h"
 #include "backend/cpu/matmul.h"
+#include "backend/cpu/matmul_amx.h"
 #include "backend/cpu/quantize_act.h"
 #include "backend/cpu/repack.h"
 #include "backend/cpu/vec.h"
@@ -478,6 +479,79 @@ TEST(Matmul, MatmulSetEqualsOneMatmulPerWeight) {
       }
     }
   }
+}
+
+// The AMX BF16 GEMM (matmul_amx.h), called directly so that the test cannot pass without it: against
+// the float64 reference of the bf16-rounded activations (the products are exact, only the f32 sums
+// differ) and against the AVX2 kernel. Shapes: 5, 16, 48 and 83 rows (fewer than a tile, 32-row blocks,
+// a 16-row block, a zero-padded last tile), 32 and 2080 columns, 1 / 3 / 16 / 31 / 300 tokens (one token
+// block read in place, padded token blocks, a group of 16 blocks and a ragged one); 1 and 3 threads. Then
+// the invariance that the rest of the engine relies on: matmul on 1 or 3 threads, matmul_rows over ranges
+// that cut 16-row groups and one token alone give the same bits.
+TEST(Matmul, AmxBf16TilesMatchReference) {
+  if (!amx_bf16_usable()) GTEST_SKIP() << "no AMX-BF16 on this CPU (or the OS did not grant the tile state)";
+  IsaRestore restore;
+  set_isa(Isa::Avx512);
+  ThreadPool one(1), three(3);
+  std::mt19937 rng(4242);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  for (int64_t cols : {32, 2080}) {
+    for (int64_t rows : {5, 16, 48, 83}) {
+      const auto w = random_weights(GgmlType::BF16, rows, cols, rng);
+      const MatView W{GgmlType::BF16, w.data(), rows, cols, row_bytes(GgmlType::BF16, cols)};
+      for (int64_t nt : {1, 3, 16, 31, 300}) {
+        if (cols > 32 && nt > 31 && rows > 16) continue;  // the float64 reference of the big shapes is slow
+        std::vector<float> x(nt * cols);
+        for (auto& v : x) v = u(rng);
+        x[nt > 1 ? cols + 5 : 5] = 0.0f;
+        x[nt > 1 ? cols + 6 : 6] = 40.0f;
+        std::vector<float> yk(nt * rows, NAN);
+        set_isa(Isa::Avx512);
+        ASSERT_TRUE(amx_bf16_takes(W, nt));
+        for (ThreadPool* pool : {&one, &three}) {
+          std::vector<float> y(nt * rows, NAN);
+          ASSERT_EQ(matmul_amx_bf16(W, x.data(), nt, y.data(), pool, 0, rows), rows);
+          // the AVX-512 kernel on the same rows (KIMI_ISA-like switch: AMX is used at the avx512 level only)
+          set_isa(Isa::Avx2);
+          ASSERT_FALSE(amx_bf16_takes(W, nt));
+          matmul_rows(W, x.data(), nt, yk.data(), 0, rows, Precision::Fast);
+          set_isa(Isa::Avx512);
+          for (int64_t t = 0; t < nt; ++t)
+            for (int64_t r = 0; r < rows; ++r) {
+              const int64_t i = t * rows + r;
+              double sum = 0, m = 0;
+              for (int64_t c = 0; c < cols; ++c) {
+                const double p = ref_elem(GgmlType::BF16, w.data() + r * W.row_bytes, c) *
+                                 static_cast<double>(bf16_to_f32(f32_to_bf16(x[t * cols + c])));
+                sum += p;
+                m += std::fabs(p);
+              }
+              ASSERT_NEAR(y[i], sum, 2e-6 * m + 1e-30) << "rows=" << rows << " cols=" << cols << " nt=" << nt
+                                                       << " t=" << t << " r=" << r << " threads=" << pool->size();
+              ASSERT_NEAR(y[i], yk[i], 4e-6 * m + 1e-30) << "vs avx2 kernel, t=" << t << " r=" << r;
+            }
+        }
+        // the same bits through matmul (1 and 3 threads) and matmul_rows over ranges that cut 16-row groups
+        std::vector<float> ya(nt * rows, NAN), yb(nt * rows, NAN), yc(nt * rows, NAN);
+        matmul(W, x.data(), nt, ya.data(), one, Precision::Fast);
+        matmul(W, x.data(), nt, yb.data(), three, Precision::Fast);
+        const int64_t cut[] = {0, std::min<int64_t>(7, rows), std::min<int64_t>(40, rows), rows};
+        for (int i = 0; i < 3; ++i) matmul_rows(W, x.data(), nt, yc.data(), cut[i], cut[i + 1], Precision::Fast);
+        ASSERT_EQ(std::memcmp(ya.data(), yb.data(), ya.size() * 4), 0) << rows << "x" << cols << " nt=" << nt;
+        ASSERT_EQ(std::memcmp(ya.data(), yc.data(), ya.size() * 4), 0) << rows << "x" << cols << " nt=" << nt;
+        std::vector<float> y1(rows);  // token 1 alone
+        if (nt > 1) matmul(W, x.data() + cols, 1, y1.data(), three, Precision::Fast);
+        if (nt > 1) ASSERT_EQ(std::memcmp(y1.data(), ya.data() + rows, rows * 4), 0) << rows << "x" << cols << " nt=" << nt;
+      }
+    }
+  }
+  // what it does not take: columns not a multiple of 32, other precisions (matmul_rows' caller check)
+  std::vector<float> x(16 * 48, 0.5f), y(16 * 16);
+  const auto w = random_weights(GgmlType::BF16, 16, 48, rng);
+  const MatView odd{GgmlType::BF16, w.data(), 16, 48, row_bytes(GgmlType::BF16, 48)};
+  EXPECT_FALSE(amx_bf16_takes(odd, 16));
+  EXPECT_EQ(matmul_amx_bf16(odd, x.data(), 16, y.data(), &one, 2, 16), 2);
+  EXPECT_TRUE(amx_bf16_takes(MatView{GgmlType::BF16, w.data(), 16, 32, row_bytes(GgmlType::BF16, 32)}, 1));
 }
 
 // MXFP4 blocks with exponent byte 0 (scale 2^-127, subnormal) are exact in every path, also

@@ -2,6 +2,8 @@
 // activation arithmetic of each matmul kernel.
 #include "backend/cpu/ceiling.h"
 
+#include "backend/cpu/matmul_amx.h"
+
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -219,6 +221,8 @@ ComputeCeiling measure_compute(int threads, const CeilingOptions& o) {
   volatile double sink = 0;
   for (int t = 0; t < kActTypes; ++t) {
     const ActType type = static_cast<ActType>(t);
+    // bf16 prefill GEMMs run on AMX tiles where the CPU has them (matmul_amx.h): that is its peak
+    const bool amx = type == ActType::Bf16 && amx_bf16_usable();
     const double budget = o.compute_seconds / kActTypes;
     int64_t iters = 256;
     const auto t_start = clk::now();
@@ -227,18 +231,18 @@ ComputeCeiling measure_compute(int threads, const CeilingOptions& o) {
     // are rarely interrupted, so on a busy machine the best of many is still the core's own rate
     for (;;) {
       const auto t0 = clk::now();
-      sink = sink + l.peak(type, iters, one);
+      sink = sink + (amx ? amx_bf16_peak_loop(iters) : l.peak(type, iters, one));
       const double dt = since(t0);
       if (dt < 5e-4 && iters < (int64_t{1} << 40)) {
         iters *= 2;
         continue;
       }
-      best = std::max(best, double(l.products_per_iter[t]) * 2.0 * double(iters) / dt);
+      best = std::max(best, double(amx ? kAmxPeakProductsPerIter : l.products_per_iter[t]) * 2.0 * double(iters) / dt);
       if (since(t_start) >= budget) break;
     }
     c.per_thread[t] = best;
     c.total[t] = best * std::max(threads, 1);
-    c.instr[t] = l.instr[t];
+    c.instr[t] = amx ? "tdpbf16ps (AMX tiles)" : l.instr[t];
   }
   return c;
 }

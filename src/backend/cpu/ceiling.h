@@ -16,7 +16,8 @@
 // the thread count is the peak (compute is core-local; a CPU that lowers its clock when every core
 // runs wide vectors gets a peak slightly above what it can sustain). Activation arithmetic:
 //   F32   f32 FMA                vfmadd231ps zmm/ymm, fmla.4s, scalar fmaf
-//   BF16  bf16 pair dot → f32    vdpbf16ps zmm (avx512), bfdot (neon_i8mm); f32 FMA elsewhere
+//   BF16  bf16 pair dot → f32    tdpbf16ps (AMX tiles, matmul_amx.h) where usable, else vdpbf16ps zmm
+//                                (avx512), bfdot (neon_i8mm); f32 FMA elsewhere
 //                                (those levels widen bf16 to f32)
 //   INT8  u8·s8 / s8·s8 dot → i32 vpdpbusd zmm (avx512), vpmaddubsw+vpmaddwd+vpaddd (avx2),
 //                                smmla (neon_i8mm), sdot (neon_dot), smull+sadalp (neon)

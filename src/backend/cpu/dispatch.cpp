@@ -32,6 +32,14 @@ const CpuFeatures& cpu_features() {
     c.avx512dq = __builtin_cpu_supports("avx512dq");
     c.avx512vnni = __builtin_cpu_supports("avx512vnni");
     c.avx512bf16 = __builtin_cpu_supports("avx512bf16");
+    {  // CPUID.(7,0):EDX bits 22 (AMX-BF16), 24 (AMX-TILE), 25 (AMX-INT8)
+      unsigned a = 0, b = 0, cx = 0, d = 0;
+      if (__get_cpuid_count(7, 0, &a, &b, &cx, &d)) {
+        c.amx_bf16 = d >> 22 & 1u;
+        c.amx_tile = d >> 24 & 1u;
+        c.amx_int8 = d >> 25 & 1u;
+      }
+    }
 #elif defined(__aarch64__)
     c.neon = true;  // AdvSIMD is part of every AArch64 CPU
 #if defined(__linux__)

@@ -58,6 +58,7 @@ struct CpuFeatures {
   bool avx2 = false, fma = false, f16c = false, bmi2 = false;
   bool avx512f = false, avx512bw = false, avx512vl = false, avx512dq = false;
   bool avx512vnni = false, avx512bf16 = false;
+  bool amx_tile = false, amx_bf16 = false, amx_int8 = false;  // CPUID only (the OS grant: amx_bf16_usable)
   bool neon = false, dotprod = false, i8mm = false, bf16 = false;  // aarch64
 };
 const CpuFeatures& cpu_features();

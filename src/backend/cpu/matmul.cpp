@@ -5,8 +5,13 @@
 #include <algorithm>
 #include <cstdlib>
 #include <vector>
+#if defined(__x86_64__) && defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 #include "backend/cpu/dispatch.h"
+#include "backend/cpu/matmul_amx.h"
 #include "backend/cpu/repack.h"
 #include "backend/cpu/vec.h"
 #include "tensor/quants.h"
@@ -129,6 +134,62 @@ void matmul_packed(const MatView& W, const PackedKernel& pk, const float* x, int
 
 }  // namespace
 
+bool amx_bf16_usable() {
+#if defined(__x86_64__) && defined(__linux__)
+  static const bool granted = [] {
+    const CpuFeatures& c = cpu_features();
+    const char* e = std::getenv("KIMI_AMX");
+    if (!c.amx_tile || !c.amx_bf16 || (e && e[0] == '0')) return false;
+    // Linux (5.16+) hands out the 8 KiB tile data state only on request (ARCH_REQ_XCOMP_PERM = 0x1023,
+    // XFEATURE_XTILEDATA = 18); without the grant the first tile instruction would kill the process.
+    return syscall(SYS_arch_prctl, 0x1023, 18) == 0;
+  }();
+  return granted && family_isa(KernelFamily::Matmul) == Isa::Avx512;
+#else
+  return false;
+#endif
+}
+
+bool amx_bf16_takes(const MatView& W, int64_t n) {
+  return W.type == GgmlType::BF16 && W.cols % 32 == 0 && W.rows > 0 && n > 0 && amx_bf16_usable();
+}
+
+int64_t matmul_amx_bf16(const MatView& W, const float* x, int64_t n, float* y, ThreadPool* pool, int64_t r0,
+                        int64_t r1) {
+  const int64_t end = r1;
+  if (!amx_bf16_takes(W, n) || r0 >= end) return r0;
+  const int64_t nb = (n + 15) / 16, half = W.cols / 2;
+  const int nth = pool ? pool->size() : 1;
+  auto each = [&](int64_t count, auto&& fn) {
+    if (pool && nth > 1) pool->parallel_for(count, fn);
+    else for (int64_t i = 0; i < count; ++i) fn(i, 0);
+  };
+  // the activations in the tiles' pair order (this thread's buffer, grows once; the workers only read it)
+  thread_local std::vector<uint32_t> t_bt;
+  const size_t need = static_cast<size_t>(nb * half * 16);
+  if (t_bt.size() < need) t_bt.resize(need);
+  uint32_t* const bt = t_bt.data();
+  each(nb, [&](int64_t b, int) { amx_bf16_prep(x, n, W.cols, b, bt + b * half * 16); });
+  // items: 32-row blocks (aligned to row 0, clipped to [r0, end); a 16-row one where <= 16 remain) x
+  // groups of 16 token blocks (256 tokens); consecutive items share the token group, so its activations
+  // stay in L2 while the weight blocks stream by
+  const int64_t blk0 = r0 / 32, blk1 = (end + 31) / 32, n_rb = blk1 - blk0;
+  constexpr int64_t kGroup = 16;
+  const int64_t n_tg = (nb + kGroup - 1) / kGroup;
+  // one weight panel (32 rows) per pool thread, 64-byte aligned, in one buffer of the caller's
+  const size_t panel = static_cast<size_t>(W.cols) * 64;
+  thread_local std::vector<uint8_t> t_panels;
+  if (t_panels.size() < panel * nth + 64) t_panels.resize(panel * nth + 64);
+  uint8_t* const panels = t_panels.data() + (64 - reinterpret_cast<uintptr_t>(t_panels.data()) % 64) % 64;
+  each(n_rb * n_tg, [&](int64_t it, int th) {
+    const int64_t tg = it / n_rb, row = 32 * (blk0 + it % n_rb);
+    const int nr = W.rows - row > 16 ? 32 : 16;
+    amx_bf16_rows(W, bt, n, row, nr, tg * kGroup, std::min(nb, tg * kGroup + kGroup), y, W.rows,
+                  panels + panel * std::min(th, nth - 1), r0, end);
+  });
+  return end;
+}
+
 bool select_kernel(const KernelRow* table, size_t n, GgmlType type, Precision prec, MatKernel* k) {
   const bool f32 = prec == Precision::F32 || type == GgmlType::F32;
   for (size_t i = 0; i < n; ++i)
@@ -199,6 +260,10 @@ void matmul(const MatView& W, const float* x, int64_t n_tokens, float* y, Thread
   validate(W, x, n_tokens, y);
   if (W.rows == 0 || n_tokens == 0) return;
   if (PackedKernel pk; packed_usable(W, n_tokens, prec, &pk)) return matmul_packed(W, pk, x, n_tokens, y, &pool, 0, W.rows);
+  if (prec == Precision::Fast && amx_bf16_takes(W, n_tokens)) {  // AMX tiles (matmul_amx.h)
+    matmul_amx_bf16(W, x, n_tokens, y, &pool, 0, W.rows);
+    return;
+  }
   const MatKernel k = pick_matmul_kernel(W.type, prec);
   const Prepared a = prepare(k, x, n_tokens, W.cols, &pool);
   const int nth = pool.size();
@@ -258,6 +323,7 @@ void matmul_set(const MatView* const* W, float* const* y, int count, const float
   // per weight: its kernel (packed or plain) and its prepared activation (one per prep function)
   struct One {
     bool packed = false;
+    bool amx = false;  // BF16 rows below the last multiple of 16 on AMX tiles (matmul_amx.h), like matmul()
     PackedKernel pk{};
     MatKernel k{};
     const uint8_t* act = nullptr;
@@ -265,8 +331,8 @@ void matmul_set(const MatView* const* W, float* const* y, int count, const float
   } w[kMaxW];
   struct Item {
     int8_t wi;
-    bool packed;
-    int64_t a, b;  // packed: groups [a, b); plain: rows [a, b)
+    bool packed, amx;
+    int64_t a, b;  // packed: groups [a, b); plain and amx: rows [a, b)
   };
   thread_local std::vector<Item> t_items;  // grows on the first calls only
   std::vector<Item>& items = t_items;      // the CALLER's list (workers read it through this reference)
@@ -291,6 +357,7 @@ void matmul_set(const MatView* const* W, float* const* y, int count, const float
           W[0]->cols);
     One& o = w[i];
     o.packed = W[i]->rows > 0 && packed_usable(*W[i], 1, prec, &o.pk);
+    o.amx = !o.packed && prec == Precision::Fast && amx_bf16_takes(*W[i], 1);
     if (!o.packed) o.k = pick_matmul_kernel(W[i]->type, prec);
     const bool has_prep = o.packed ? o.pk.act_bytes != nullptr : o.k.act_bytes != nullptr;
     prep_of[i] = !has_prep ? -1 : o.packed ? act_for(o.pk.act_bytes, o.pk.prep, W[i]->cols)
@@ -300,14 +367,32 @@ void matmul_set(const MatView* const* W, float* const* y, int count, const float
   // the prepared activations, one after another in this thread's scratch (grows once)
   uint8_t* buf = act_scratch(total + 64, 0);
   for (int p = 0; p < n_preps; ++p) preps[p](x, W[0]->cols, buf + offs[p]);
+  // the AMX weights' activation in the tiles' pair order (one token block; the set shares its columns)
+  // and one zero-padded weight panel per pool thread for the blocks with a weight's last rows
+  const uint32_t* bt = nullptr;
+  uint8_t* panels = nullptr;
+  const size_t panel = static_cast<size_t>(W[0]->cols) * 64;
+  if (std::any_of(w, w + count, [](const One& o) { return o.amx; })) {
+    thread_local std::vector<uint32_t> t_bt;
+    thread_local std::vector<uint8_t> t_panels;
+    if (t_bt.size() < static_cast<size_t>(W[0]->cols * 8)) t_bt.resize(static_cast<size_t>(W[0]->cols * 8));
+    if (t_panels.size() < panel * nth + 64) t_panels.resize(panel * nth + 64);
+    amx_bf16_prep(x, 1, W[0]->cols, 0, t_bt.data());
+    bt = t_bt.data();
+    panels = t_panels.data() + (64 - reinterpret_cast<uintptr_t>(t_panels.data()) % 64) % 64;
+  }
   const uint8_t* xb = reinterpret_cast<const uint8_t*>(x);
   for (int i = 0; i < count; ++i) {
     One& o = w[i];
     o.act = prep_of[i] < 0 ? xb : buf + offs[prep_of[i]];
     const MatView& M = *W[i];
     if (M.rows == 0) continue;
-    auto add = [&](bool packed, int64_t a, int64_t b) { items.push_back(Item{static_cast<int8_t>(i), packed, a, b}); };
-    if (o.packed) {
+    auto add = [&](bool packed, int64_t a, int64_t b, bool amx = false) {
+      items.push_back(Item{static_cast<int8_t>(i), packed, amx, a, b});
+    };
+    if (o.amx) {
+      for (int64_t r = 0; r < M.rows; r += 32) add(false, r, std::min(M.rows, r + 32), true);
+    } else if (o.packed) {
       const PackedWeight& P = *M.packed;
       o.g1 = std::min(P.groups, M.rows / kPackRows);
       const int64_t gc = std::max<int64_t>(1, (o.g1 + nth * 8 - 1) / (nth * 8));
@@ -335,6 +420,9 @@ void matmul_set(const MatView* const* W, float* const* y, int count, const float
     const One& o = w[m.wi];
     const MatView& M = *W[m.wi];
     if (m.packed) return o.pk.run(*M.packed, o.act, 0, 1, m.a, m.b, y[m.wi], M.rows);
+    if (m.amx)  // a block with the last rows % 32 (<= 16 rows: one tile) is zero-padded in this thread's panel
+      return amx_bf16_rows(M, bt, 1, m.a, m.b - m.a > 16 ? 32 : 16, 0, 1, y[m.wi], M.rows,
+                           panels + panel * std::min(th, nth - 1), m.a, m.b);
     LendScratch lent(lend && th < nth ? lend + th * per : nullptr, per);
     o.k.run(M, o.packed ? tail_act[m.wi] : o.act, 0, 1, m.a, m.b, y[m.wi], M.rows);
   });
@@ -346,6 +434,11 @@ void matmul_rows(const MatView& W, const float* x, int64_t n_tokens, float* y, i
   check(r0 >= 0 && r0 <= r1 && r1 <= W.rows, "matmul_rows: row range [{}, {}) outside the {} rows", r0, r1, W.rows);
   if (r0 == r1 || n_tokens == 0) return;
   if (PackedKernel pk; packed_usable(W, n_tokens, prec, &pk)) return matmul_packed(W, pk, x, n_tokens, y, nullptr, r0, r1);
+  // AMX as matmul() (matmul_amx.h: the same sums whatever the split)
+  if (prec == Precision::Fast && amx_bf16_takes(W, n_tokens)) {
+    matmul_amx_bf16(W, x, n_tokens, y, nullptr, r0, r1);
+    return;
+  }
   const MatKernel k = pick_matmul_kernel(W.type, prec);
   const Prepared a = prepare(k, x, n_tokens, W.cols, nullptr);
   k.run(W, a.act, a.stride, n_tokens, r0, r1, y, W.rows);

@@ -20,6 +20,7 @@
 
 #include "backend/cpu/dispatch.h"
 #include "backend/cpu/matmul.h"
+#include "backend/cpu/matmul_amx.h"
 #include "backend/cpu/repack.h"
 #include "tensor/quants.h"
 
@@ -35,6 +36,13 @@ ThreadPool& pool() {
     return e ? std::atoi(e) : 0;
   }());
   return p;
+}
+
+// The kernel family a product of type t runs on: the ISA level, "+amx" when AMX tiles take it.
+std::string kernel_label(GgmlType t, Precision prec = Precision::Fast) {
+  std::string l = active_isa();
+  if (prec == Precision::Fast && t == GgmlType::BF16 && amx_bf16_usable()) l += "+amx";
+  return l;
 }
 
 // Random weights of a type: quantized from random floats (plain types converted), `copies`
@@ -77,7 +85,7 @@ void gemv(benchmark::State& st, GgmlType t, int64_t rows, int64_t cols, int copi
     i = (i + 1) % copies;
   }
   st.SetBytesProcessed(static_cast<int64_t>(st.iterations()) * static_cast<int64_t>(mat_bytes));
-  st.SetLabel(active_isa());
+  st.SetLabel(kernel_label(t, prec));
 }
 
 // MoE decode pattern: 8 of 64 experts (each rows x cols MXFP4) per iteration.
@@ -111,7 +119,7 @@ void gemm(benchmark::State& st, GgmlType t, int64_t rows, int64_t cols, int64_t 
     benchmark::DoNotOptimize(y.data());
   }
   st.SetItemsProcessed(static_cast<int64_t>(st.iterations()) * 2 * rows * cols * nt);
-  st.SetLabel(active_isa());
+  st.SetLabel(kernel_label(t));
 }
 
 // The same through packed copies (one per rotated copy), as CpuBackend::prepare_weight makes them.
@@ -154,7 +162,7 @@ void gemm_packed(benchmark::State& st, GgmlType t, int64_t rows, int64_t cols, i
     benchmark::DoNotOptimize(y.data());
   }
   st.SetItemsProcessed(static_cast<int64_t>(st.iterations()) * 2 * rows * cols * nt);
-  st.SetLabel(active_isa());
+  st.SetLabel(kernel_label(t));
 }
 
 #if defined(__x86_64__)
@@ -224,7 +232,26 @@ void peak(benchmark::State& st, int kind) {
 
 }  // namespace
 
+// The AMX bf16 tile peak (tdpbf16ps, 4 independent C tiles), per thread: what `kimi bench` states as the
+// bf16 peak on AMX machines.
+void peak_amx(benchmark::State& st) {
+  if (!amx_bf16_usable()) {
+    st.SkipWithError("no AMX-BF16 on this CPU (or not granted by the OS)");
+    return;
+  }
+  const int nth = static_cast<int>(st.range(0));
+  ThreadPool tp(nth);
+  constexpr int64_t kIters = 200000;
+  std::vector<double> sink(static_cast<size_t>(nth));
+  for (auto _ : st) {
+    tp.run_on_all([&](int ti, int) { sink[static_cast<size_t>(ti)] = amx_bf16_peak_loop(kIters); });
+    benchmark::DoNotOptimize(sink.data());
+  }
+  st.SetItemsProcessed(static_cast<int64_t>(st.iterations()) * nth * kIters * kAmxPeakProductsPerIter);
+}
+
 #if defined(__x86_64__)
+BENCHMARK(peak_amx)->Name("peak/amx_bf16_mac")->Arg(1)->Arg(2)->UseRealTime();
 BENCHMARK_CAPTURE(peak, vnni_u8s8_mac, 0)->Arg(1)->Arg(2)->UseRealTime();
 BENCHMARK_CAPTURE(peak, bf16_mac, 1)->Arg(1)->Arg(2)->UseRealTime();
 BENCHMARK_CAPTURE(peak, f32_fma_mac, 2)->Arg(1)->Arg(2)->UseRealTime();

@@ -190,15 +190,15 @@ void run_item(const MatView& W, const uint32_t* bt, int64_t n, int64_t r0, int64
 
 double amx_bf16_peak_loop(int64_t iters) {
   configure_tiles();
-  alignas(64) static const uint16_t kOnes[512] = {};  // zero operands: the rate does not depend on the values
+  alignas(64) static const uint16_t kZeros[512] = {};  // zero operands: the rate does not depend on the values
   _tile_zero(0);
   _tile_zero(1);
   _tile_zero(2);
   _tile_zero(3);
-  _tile_loadd(4, kOnes, 64);
-  _tile_loadd(5, kOnes, 64);
-  _tile_loadd(6, kOnes, 64);
-  _tile_loadd(7, kOnes, 64);
+  _tile_loadd(4, kZeros, 64);
+  _tile_loadd(5, kZeros, 64);
+  _tile_loadd(6, kZeros, 64);
+  _tile_loadd(7, kZeros, 64);
   for (int64_t i = 0; i < iters; ++i) {
     _tile_dpbf16ps(0, 4, 6);
     _tile_dpbf16ps(1, 4, 7);

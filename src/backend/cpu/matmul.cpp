@@ -154,6 +154,24 @@ bool amx_bf16_takes(const MatView& W, int64_t n) {
   return W.type == GgmlType::BF16 && W.cols % 32 == 0 && W.rows > 0 && n > 0 && amx_bf16_usable();
 }
 
+// This thread's AMX buffers (grow once; the pool's workers only read / use their own panel): the
+// activations of nb token blocks in the tiles' pair order, and one 64-byte aligned weight panel (32 rows x
+// cols bf16) per pool thread.
+struct AmxScratch {
+  uint32_t* bt;
+  uint8_t* panels;
+  size_t panel;  // bytes per panel
+  uint8_t* panel_of(int th, int nth) const { return panels + panel * static_cast<size_t>(std::min(th, nth - 1)); }
+};
+AmxScratch amx_scratch(int64_t cols, int64_t nb, int nth) {
+  thread_local std::vector<uint32_t> t_bt;
+  thread_local std::vector<uint8_t> t_panels;
+  const size_t need = static_cast<size_t>(nb * cols * 8), panel = static_cast<size_t>(cols) * 64;
+  if (t_bt.size() < need) t_bt.resize(need);
+  if (t_panels.size() < panel * nth + 64) t_panels.resize(panel * nth + 64);
+  return {t_bt.data(), t_panels.data() + (64 - reinterpret_cast<uintptr_t>(t_panels.data()) % 64) % 64, panel};
+}
+
 int64_t matmul_amx_bf16(const MatView& W, const float* x, int64_t n, float* y, ThreadPool* pool, int64_t r0,
                         int64_t r1) {
   const int64_t end = r1;
@@ -164,28 +182,19 @@ int64_t matmul_amx_bf16(const MatView& W, const float* x, int64_t n, float* y, T
     if (pool && nth > 1) pool->parallel_for(count, fn);
     else for (int64_t i = 0; i < count; ++i) fn(i, 0);
   };
-  // the activations in the tiles' pair order (this thread's buffer, grows once; the workers only read it)
-  thread_local std::vector<uint32_t> t_bt;
-  const size_t need = static_cast<size_t>(nb * half * 16);
-  if (t_bt.size() < need) t_bt.resize(need);
-  uint32_t* const bt = t_bt.data();
-  each(nb, [&](int64_t b, int) { amx_bf16_prep(x, n, W.cols, b, bt + b * half * 16); });
+  const AmxScratch sc = amx_scratch(W.cols, nb, nth);
+  each(nb, [&](int64_t b, int) { amx_bf16_prep(x, n, W.cols, b, sc.bt + b * half * 16); });
   // items: 32-row blocks (aligned to row 0, clipped to [r0, end); a 16-row one where <= 16 remain) x
   // groups of 16 token blocks (256 tokens); consecutive items share the token group, so its activations
   // stay in L2 while the weight blocks stream by
   const int64_t blk0 = r0 / 32, blk1 = (end + 31) / 32, n_rb = blk1 - blk0;
   constexpr int64_t kGroup = 16;
   const int64_t n_tg = (nb + kGroup - 1) / kGroup;
-  // one weight panel (32 rows) per pool thread, 64-byte aligned, in one buffer of the caller's
-  const size_t panel = static_cast<size_t>(W.cols) * 64;
-  thread_local std::vector<uint8_t> t_panels;
-  if (t_panels.size() < panel * nth + 64) t_panels.resize(panel * nth + 64);
-  uint8_t* const panels = t_panels.data() + (64 - reinterpret_cast<uintptr_t>(t_panels.data()) % 64) % 64;
   each(n_rb * n_tg, [&](int64_t it, int th) {
     const int64_t tg = it / n_rb, row = 32 * (blk0 + it % n_rb);
     const int nr = W.rows - row > 16 ? 32 : 16;
-    amx_bf16_rows(W, bt, n, row, nr, tg * kGroup, std::min(nb, tg * kGroup + kGroup), y, W.rows,
-                  panels + panel * std::min(th, nth - 1), r0, end);
+    amx_bf16_rows(W, sc.bt, n, row, nr, tg * kGroup, std::min(nb, tg * kGroup + kGroup), y, W.rows,
+                  sc.panel_of(th, nth), r0, end);
   });
   return end;
 }
@@ -369,17 +378,10 @@ void matmul_set(const MatView* const* W, float* const* y, int count, const float
   for (int p = 0; p < n_preps; ++p) preps[p](x, W[0]->cols, buf + offs[p]);
   // the AMX weights' activation in the tiles' pair order (one token block; the set shares its columns)
   // and one zero-padded weight panel per pool thread for the blocks with a weight's last rows
-  const uint32_t* bt = nullptr;
-  uint8_t* panels = nullptr;
-  const size_t panel = static_cast<size_t>(W[0]->cols) * 64;
+  AmxScratch amx{};
   if (std::any_of(w, w + count, [](const One& o) { return o.amx; })) {
-    thread_local std::vector<uint32_t> t_bt;
-    thread_local std::vector<uint8_t> t_panels;
-    if (t_bt.size() < static_cast<size_t>(W[0]->cols * 8)) t_bt.resize(static_cast<size_t>(W[0]->cols * 8));
-    if (t_panels.size() < panel * nth + 64) t_panels.resize(panel * nth + 64);
-    amx_bf16_prep(x, 1, W[0]->cols, 0, t_bt.data());
-    bt = t_bt.data();
-    panels = t_panels.data() + (64 - reinterpret_cast<uintptr_t>(t_panels.data()) % 64) % 64;
+    amx = amx_scratch(W[0]->cols, 1, nth);
+    amx_bf16_prep(x, 1, W[0]->cols, 0, amx.bt);
   }
   const uint8_t* xb = reinterpret_cast<const uint8_t*>(x);
   for (int i = 0; i < count; ++i) {
@@ -421,8 +423,8 @@ void matmul_set(const MatView* const* W, float* const* y, int count, const float
     const MatView& M = *W[m.wi];
     if (m.packed) return o.pk.run(*M.packed, o.act, 0, 1, m.a, m.b, y[m.wi], M.rows);
     if (m.amx)  // a block with the last rows % 32 (<= 16 rows: one tile) is zero-padded in this thread's panel
-      return amx_bf16_rows(M, bt, 1, m.a, m.b - m.a > 16 ? 32 : 16, 0, 1, y[m.wi], M.rows,
-                           panels + panel * std::min(th, nth - 1), m.a, m.b);
+      return amx_bf16_rows(M, amx.bt, 1, m.a, m.b - m.a > 16 ? 32 : 16, 0, 1, y[m.wi], M.rows, amx.panel_of(th, nth),
+                           m.a, m.b);
     LendScratch lent(lend && th < nth ? lend + th * per : nullptr, per);
     o.k.run(M, o.packed ? tail_act[m.wi] : o.act, 0, 1, m.a, m.b, y[m.wi], M.rows);
   });

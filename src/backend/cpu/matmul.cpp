@@ -332,7 +332,7 @@ void matmul_set(const MatView* const* W, float* const* y, int count, const float
   // per weight: its kernel (packed or plain) and its prepared activation (one per prep function)
   struct One {
     bool packed = false;
-    bool amx = false;  // BF16 rows below the last multiple of 16 on AMX tiles (matmul_amx.h), like matmul()
+    bool amx = false;  // a BF16 weight on AMX tiles (matmul_amx.h), as matmul() runs it
     PackedKernel pk{};
     MatKernel k{};
     const uint8_t* act = nullptr;
@@ -368,20 +368,20 @@ void matmul_set(const MatView* const* W, float* const* y, int count, const float
     o.packed = W[i]->rows > 0 && packed_usable(*W[i], 1, prec, &o.pk);
     o.amx = !o.packed && prec == Precision::Fast && amx_bf16_takes(*W[i], 1);
     if (!o.packed) o.k = pick_matmul_kernel(W[i]->type, prec);
-    const bool has_prep = o.packed ? o.pk.act_bytes != nullptr : o.k.act_bytes != nullptr;
+    const bool has_prep = o.amx ? false : o.packed ? o.pk.act_bytes != nullptr : o.k.act_bytes != nullptr;
     prep_of[i] = !has_prep ? -1 : o.packed ? act_for(o.pk.act_bytes, o.pk.prep, W[i]->cols)
                                            : act_for(o.k.act_bytes, o.k.prep, W[i]->cols);
-    if (!o.packed && o.k.scratch_rows > 0) per = std::max<int64_t>(per, (o.k.scratch_rows * W[i]->cols + 15) / 16 * 16);
+    if (!o.packed && !o.amx && o.k.scratch_rows > 0) per = std::max<int64_t>(per, (o.k.scratch_rows * W[i]->cols + 15) / 16 * 16);
   }
   // the prepared activations, one after another in this thread's scratch (grows once)
   uint8_t* buf = act_scratch(total + 64, 0);
   for (int p = 0; p < n_preps; ++p) preps[p](x, W[0]->cols, buf + offs[p]);
   // the AMX weights' activation in the tiles' pair order (one token block; the set shares its columns)
   // and one zero-padded weight panel per pool thread for the blocks with a weight's last rows
-  AmxScratch amx{};
+  AmxScratch ax{};
   if (std::any_of(w, w + count, [](const One& o) { return o.amx; })) {
-    amx = amx_scratch(W[0]->cols, 1, nth);
-    amx_bf16_prep(x, 1, W[0]->cols, 0, amx.bt);
+    ax = amx_scratch(W[0]->cols, 1, nth);
+    amx_bf16_prep(x, 1, W[0]->cols, 0, ax.bt);
   }
   const uint8_t* xb = reinterpret_cast<const uint8_t*>(x);
   for (int i = 0; i < count; ++i) {
@@ -423,7 +423,7 @@ void matmul_set(const MatView* const* W, float* const* y, int count, const float
     const MatView& M = *W[m.wi];
     if (m.packed) return o.pk.run(*M.packed, o.act, 0, 1, m.a, m.b, y[m.wi], M.rows);
     if (m.amx)  // a block with the last rows % 32 (<= 16 rows: one tile) is zero-padded in this thread's panel
-      return amx_bf16_rows(M, amx.bt, 1, m.a, m.b - m.a > 16 ? 32 : 16, 0, 1, y[m.wi], M.rows, amx.panel_of(th, nth),
+      return amx_bf16_rows(M, ax.bt, 1, m.a, m.b - m.a > 16 ? 32 : 16, 0, 1, y[m.wi], M.rows, ax.panel_of(th, nth),
                            m.a, m.b);
     LendScratch lent(lend && th < nth ? lend + th * per : nullptr, per);
     o.k.run(M, o.packed ? tail_act[m.wi] : o.act, 0, 1, m.a, m.b, y[m.wi], M.rows);

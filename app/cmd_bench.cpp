@@ -39,7 +39,7 @@ int cmd_bench(int argc, char** argv) {
   kimi::app::EngineArgs ea;
   kimi::app::add_engine_options(app, ea);
   int n_prompt = 512, n_gen = 128, depth = 0, reps = 3;
-  bool json = false, no_ceiling = false;
+  bool json = false, no_ceiling = false, no_warmup = false;
   std::string fill = "prefill";
   uint64_t seed = 1;
   app.add_option("-p,--n-prompt", n_prompt, "prompt tokens (0 = skip pp)")->check(CLI::Range(0, 1 << 24));
@@ -55,6 +55,9 @@ int cmd_bench(int argc, char** argv) {
   app.add_flag("--no-ceiling", no_ceiling,
                "skip measuring the machine's read bandwidth and compute peak after the runs (~0.5 s; the "
                "report gives decode as % of the read ceiling and prefill as % of the compute peak)");
+  app.add_flag("--no-warmup", no_warmup,
+               "time the first pass too (by default one untimed pass of the prompt and one generated token runs "
+               "first, as llama-bench does: a process's first pass pays the page faults of the mapped weights)");
   app.add_flag("--json", json, "print JSON instead of a table (= -o json)");
   std::string output = "md";
   app.add_option("-o,--output", output, "output format (llama-bench's): md (table), json, jsonl (one line)")
@@ -97,6 +100,22 @@ int cmd_bench(int argc, char** argv) {
   kimi::ExpertStreamStats pp_xs = ctx.expert_stream_stats().minus(ctx.expert_stream_stats()), tg_xs = pp_xs;
   kimi::Batch b;
   kimi::app::RankTrafficSum rank_traffic;  // under mpirun: per-rank bytes and exchanges of tg
+  if (!no_warmup && (n_prompt > 0 || n_gen > 0)) {  // untimed; its random tokens come from their own seed
+    std::mt19937_64 wrng(seed ^ 0x9e3779b97f4a7c15ull);
+    const int nw = n_prompt > 0 ? n_prompt : 1;
+    std::vector<int32_t> w(static_cast<size_t>(nw));
+    for (auto& x : w) x = static_cast<int32_t>(wrng() % static_cast<uint64_t>(V));
+    ctx.seq_clear(0);
+    b.clear();
+    b.add_sequence(w, 0, 0, true);
+    ctx.decode(b);
+    if (n_prompt > 0 && n_gen > 0) {
+      b.clear();
+      b.add(w[0], 0, nw, true);
+      ctx.decode(b);
+    }
+    ctx.seq_clear(0);
+  }
   for (int r = 0; r < reps; ++r) {
     ctx.seq_clear(0);
     if (depth > 0 && fill == "synthetic") {
@@ -187,6 +206,7 @@ int cmd_bench(int argc, char** argv) {
     j["precision"] = ea.precision;
     j["depth"] = depth;
     j["repetitions"] = reps;
+    j["warmup"] = !no_warmup;
     if (n_prompt > 0) j["pp"] = {{"n", n_prompt}, {"tok_s", sp.mean}, {"sd", sp.sd}, {"samples", pp}};
     if (n_gen > 0) j["tg"] = {{"n", n_gen}, {"tok_s", sg.mean}, {"sd", sg.sd}, {"samples", tg}};
     if (n_prompt > 0) j["pp_cpu_s_per_wall_s"] = pp_wall > 0 ? pp_cpu / pp_wall : 0.0;

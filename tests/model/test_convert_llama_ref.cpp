@@ -137,7 +137,16 @@ TEST(LlamaRef, LowBitFilesGiveTheSameLogits) {
     ASSERT_EQ(z.exit_code, 0) << z.out;
     const auto ours = kimi_logits(qf, td.file("kimi.f32"));
     std::string out;
-    ASSERT_EQ(sh(q(llama) + " " + q(qf) + " " + tokens + " " + q(td.file("llama.f32")) + " -t 2", &out), 0) << out;
+    const std::string cmd = q(llama) + " " + q(qf) + " " + tokens + " " + q(td.file("llama.f32")) + " -t 2";
+    int rc = sh(cmd, &out);
+    if (rc != 0 && (out.find("GGML_ASSERT") != std::string::npos || out.find("ggml_abort") != std::string::npos)) {
+      // llama.cpp v0.5.0 picks its AMX CPU variant (sapphirerapids) on Xeons with AMX, and that one aborts in its
+      // graph scheduler on some of these files (seen for IQ2_XS_M): a fault of the reference tool, so its
+      // AVX-512 variant is the reference there
+      std::printf("%s: llama.cpp aborted; again with its icelake (AVX-512) CPU variant\n", preset);
+      rc = sh(cmd + " --cpu-variant icelake", &out);
+    }
+    ASSERT_EQ(rc, 0) << out;
     const auto theirs = read_f32(td.file("llama.f32"));
     ASSERT_EQ(theirs.size(), ours.size()) << out;
     const Cmp same = compare(theirs, ours, V);   // llama.cpp vs kimi, same quantized file

@@ -206,52 +206,38 @@ __attribute__((target("avx512f"), noinline)) float peak_fma_loop(int64_t n) {
   return s;
 }
 
-// kind 0: vpdpbusd (64 u8 x s8 MACs), 1: vdpbf16ps (32 bf16 MACs), 2: vfmadd231ps (16 f32 MACs)
+// kind 0: vpdpbusd (64 u8 x s8 MACs per chain), 1: vdpbf16ps (32 bf16), 2: vfmadd231ps (16 f32), each over
+// kAcc chains; 3: AMX tdpbf16ps, 4 independent C tiles (kAmxPeakProductsPerIter per iteration): the bf16 peak
+// `kimi bench` states on AMX machines
 void peak(benchmark::State& st, int kind) {
   const CpuFeatures& f = cpu_features();
-  if (!(f.avx512f && f.avx512bw && (kind != 0 || f.avx512vnni) && (kind != 1 || f.avx512bf16))) {
-    st.SkipWithError("no AVX-512 VNNI/BF16 on this CPU");
+  if (kind == 3 ? !amx_bf16_usable()
+                : !(f.avx512f && f.avx512bw && (kind != 0 || f.avx512vnni) && (kind != 1 || f.avx512bf16))) {
+    st.SkipWithError(kind == 3 ? "no AMX-BF16 on this CPU (or not granted by the OS)" : "no AVX-512 VNNI/BF16 on this CPU");
     return;
   }
   const int nth = static_cast<int>(st.range(0));
   ThreadPool tp(nth);
-  constexpr int64_t kIters = 2000000;
+  const int64_t iters = kind == 3 ? 200000 : 2000000;
   std::vector<double> sink(static_cast<size_t>(nth));
   for (auto _ : st) {
     tp.run_on_all([&](int ti, int) {
-      sink[static_cast<size_t>(ti)] = kind == 0 ? static_cast<double>(peak_vnni_loop(kIters))
-                                      : kind == 1 ? peak_bf16_loop(kIters)
-                                                  : peak_fma_loop(kIters);
+      sink[static_cast<size_t>(ti)] = kind == 0   ? static_cast<double>(peak_vnni_loop(iters))
+                                      : kind == 1 ? peak_bf16_loop(iters)
+                                      : kind == 2 ? peak_fma_loop(iters)
+                                                  : amx_bf16_peak_loop(iters);
     });
     benchmark::DoNotOptimize(sink.data());
   }
-  const int64_t per = kind == 0 ? 64 : kind == 1 ? 32 : 16;
-  st.SetItemsProcessed(static_cast<int64_t>(st.iterations()) * nth * kIters * kAcc * per);
+  const int64_t per_iter = kind == 3 ? kAmxPeakProductsPerIter : kAcc * (kind == 0 ? 64 : kind == 1 ? 32 : 16);
+  st.SetItemsProcessed(static_cast<int64_t>(st.iterations()) * nth * iters * per_iter);
 }
 #endif
 
 }  // namespace
 
-// The AMX bf16 tile peak (tdpbf16ps, 4 independent C tiles), per thread: what `kimi bench` states as the
-// bf16 peak on AMX machines.
-void peak_amx(benchmark::State& st) {
-  if (!amx_bf16_usable()) {
-    st.SkipWithError("no AMX-BF16 on this CPU (or not granted by the OS)");
-    return;
-  }
-  const int nth = static_cast<int>(st.range(0));
-  ThreadPool tp(nth);
-  constexpr int64_t kIters = 200000;
-  std::vector<double> sink(static_cast<size_t>(nth));
-  for (auto _ : st) {
-    tp.run_on_all([&](int ti, int) { sink[static_cast<size_t>(ti)] = amx_bf16_peak_loop(kIters); });
-    benchmark::DoNotOptimize(sink.data());
-  }
-  st.SetItemsProcessed(static_cast<int64_t>(st.iterations()) * nth * kIters * kAmxPeakProductsPerIter);
-}
-
 #if defined(__x86_64__)
-BENCHMARK(peak_amx)->Name("peak/amx_bf16_mac")->Arg(1)->Arg(2)->UseRealTime();
+BENCHMARK_CAPTURE(peak, amx_bf16_mac, 3)->Arg(1)->Arg(2)->UseRealTime();
 BENCHMARK_CAPTURE(peak, vnni_u8s8_mac, 0)->Arg(1)->Arg(2)->UseRealTime();
 BENCHMARK_CAPTURE(peak, bf16_mac, 1)->Arg(1)->Arg(2)->UseRealTime();
 BENCHMARK_CAPTURE(peak, f32_fma_mac, 2)->Arg(1)->Arg(2)->UseRealTime();

@@ -35,9 +35,14 @@ int cmd_version(int argc, char** argv) {
               kimi::kern::isa_name(kimi::kern::current_isa()), kimi::kern::isa_name(kimi::kern::best_isa()));
   {
     const auto& f = kimi::kern::cpu_features();
-    std::printf("intel amx: %s\n", kimi::kern::amx_bf16_usable()  ? "in use for BF16 weights (KIMI_AMX=0 turns it off)"
-                                    : f.amx_bf16 && f.amx_tile    ? "present, not in use (KIMI_AMX=0, KIMI_ISA or the OS)"
-                                                                  : "no");
+    const bool bf16 = kimi::kern::amx_bf16_usable(), int8 = kimi::kern::amx_int8_usable();
+    if (bf16 || int8)
+      std::printf("intel amx: in use for %s%s%s (KIMI_AMX=0 turns it off)\n", bf16 ? "BF16 weights" : "",
+                  bf16 && int8 ? " and " : "", int8 ? "MXFP4 / Q4_0 weights with >= 16 tokens" : "");
+    else
+      std::printf("intel amx: %s\n", f.amx_tile && (f.amx_bf16 || f.amx_int8)
+                                         ? "present, not in use (KIMI_AMX=0, KIMI_ISA or the OS)"
+                                         : "no");
   }
   std::printf("backends: %s\n", backends.c_str());
   return 0;

@@ -288,6 +288,9 @@ BENCHMARK_CAPTURE(moe_gemv, mxfp4_768x1024_8of64, 768, 1024)->UseRealTime();
 BENCHMARK_CAPTURE(gemm, bf16_2048x2048_t512, GgmlType::BF16, 2048, 2048, 512)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(gemm, bf16_2048x8192_t512, GgmlType::BF16, 2048, 8192, 512)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(gemm, bf16_8192x2048_t512, GgmlType::BF16, 8192, 2048, 512)->UseRealTime()->Unit(benchmark::kMillisecond);
+// K3 shapes: a KDA projection (7168 -> 12288) and a routed expert's gate (3584 -> 3072) at 64 tokens
+BENCHMARK_CAPTURE(gemm, bf16_12288x7168_t512, GgmlType::BF16, 12288, 7168, 512)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(gemm, mxfp4_3072x3584_t64, GgmlType::MXFP4, 3072, 3584, 64)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(gemm, mxfp4_1024x768_t64, GgmlType::MXFP4, 1024, 768, 64)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(gemm, q8_0_2048x2048_t512, GgmlType::Q8_0, 2048, 2048, 512)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(gemm, mxfp4_768x1024_t512, GgmlType::MXFP4, 768, 1024, 512)->UseRealTime()->Unit(benchmark::kMillisecond);

@@ -496,11 +496,16 @@ TEST(Matmul, AmxBf16TilesMatchReference) {
   std::mt19937 rng(4242);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   for (int64_t cols : {32, 2080}) {
-    for (int64_t rows : {5, 16, 48, 83}) {
+    for (int64_t rows : {5, 16, 48, 83, 300}) {
       const auto w = random_weights(GgmlType::BF16, rows, cols, rng);
       const MatView W{GgmlType::BF16, w.data(), rows, cols, row_bytes(GgmlType::BF16, cols)};
-      for (int64_t nt : {1, 3, 16, 31, 300}) {
-        if (cols > 32 && nt > 31 && rows > 16) continue;  // the float64 reference of the big shapes is slow
+      for (int64_t nt : {1, 3, 16, 31, 300, 530}) {
+        // the prefill items: rows 300 = a 256-row block + 44 (the last 12 a 16-row tile); 2080 columns = 8
+        // K blocks of 256 + 32; 530 tokens = two token groups, the last with an odd block. The float64
+        // reference of the big shapes is slow: only 300 x 2080 x 530 of them (every 13th token checked).
+        const bool big = cols > 32 && nt > 31 && rows > 16;
+        if ((rows == 300) != (nt == 530) || (big && rows != 300)) continue;
+        const int64_t tstep = big ? 13 : 1;
         std::vector<float> x(nt * cols);
         for (auto& v : x) v = u(rng);
         x[nt > 1 ? cols + 5 : 5] = 0.0f;
@@ -516,7 +521,7 @@ TEST(Matmul, AmxBf16TilesMatchReference) {
           ASSERT_FALSE(amx_bf16_takes(W, nt));
           matmul_rows(W, x.data(), nt, yk.data(), 0, rows, Precision::Fast);
           set_isa(Isa::Avx512);
-          for (int64_t t = 0; t < nt; ++t)
+          for (int64_t t = 0; t < nt; t += tstep)
             for (int64_t r = 0; r < rows; ++r) {
               const int64_t i = t * rows + r;
               double sum = 0, m = 0;
@@ -535,13 +540,19 @@ TEST(Matmul, AmxBf16TilesMatchReference) {
         std::vector<float> ya(nt * rows, NAN), yb(nt * rows, NAN), yc(nt * rows, NAN);
         matmul(W, x.data(), nt, ya.data(), one, Precision::Fast);
         matmul(W, x.data(), nt, yb.data(), three, Precision::Fast);
-        const int64_t cut[] = {0, std::min<int64_t>(7, rows), std::min<int64_t>(40, rows), rows};
-        for (int i = 0; i < 3; ++i) matmul_rows(W, x.data(), nt, yc.data(), cut[i], cut[i + 1], Precision::Fast);
+        const int64_t cut[] = {0, std::min<int64_t>(7, rows), std::min<int64_t>(40, rows), std::min<int64_t>(270, rows),
+                               rows};
+        for (int i = 0; i < 4; ++i) matmul_rows(W, x.data(), nt, yc.data(), cut[i], cut[i + 1], Precision::Fast);
         ASSERT_EQ(std::memcmp(ya.data(), yb.data(), ya.size() * 4), 0) << rows << "x" << cols << " nt=" << nt;
         ASSERT_EQ(std::memcmp(ya.data(), yc.data(), ya.size() * 4), 0) << rows << "x" << cols << " nt=" << nt;
-        std::vector<float> y1(rows);  // token 1 alone
-        if (nt > 1) matmul(W, x.data() + cols, 1, y1.data(), three, Precision::Fast);
-        if (nt > 1) ASSERT_EQ(std::memcmp(y1.data(), ya.data() + rows, rows * 4), 0) << rows << "x" << cols << " nt=" << nt;
+        if (nt > 1) {  // token 1 and the last token alone (decode) equal their rows of the batch (prefill)
+          std::vector<float> y1(rows);
+          for (int64_t t : {int64_t{1}, nt - 1}) {
+            matmul(W, x.data() + t * cols, 1, y1.data(), three, Precision::Fast);
+            ASSERT_EQ(std::memcmp(y1.data(), ya.data() + t * rows, rows * 4), 0)
+                << rows << "x" << cols << " nt=" << nt << " t=" << t;
+          }
+        }
       }
     }
   }
@@ -558,6 +569,61 @@ TEST(Matmul, AmxBf16TilesMatchReference) {
 // next to normal blocks (e = 255 is NaN in E8M0 and never written by a quantizer: not tested).
 // Activations are integers with |max| = 127 per block, so the Q8_0 activation scale is exactly 1
 // and every product and partial sum is exactly representable: results must be bit-exact.
+// AMX-INT8 for MXFP4 / Q4_0 with >= 16 tokens (matmul_amx.h): bit-identical to the AVX-512 kernel's
+// 16-token-lane path (run_lanes, which the AVX-512 kernel uses for every token tile of >= 16 tokens and
+// matmul_rows for >= 16 tokens), through matmul on 1 and 3 threads and matmul_rows over ranges that cut
+// 16-row groups. (Against the float64 reference: MatmulTypes, which on an AMX machine runs this path for
+// its 33- and 70-token cases.) Shapes: 32 / 96 columns = tail blocks only, 288 = 2 groups of 4 blocks + 1,
+// 4160 = 32 groups + 2; 83 / 130 rows: several 64-row items with a ragged last one; 150 tokens: two token
+// groups, the last vector with 6 tokens.
+TEST(Matmul, AmxInt8NibbleTilesEqualTheLaneKernel) {
+  if (!amx_int8_usable()) GTEST_SKIP() << "no AMX-INT8 on this CPU (or the OS did not grant the tile state)";
+  IsaRestore restore;
+  set_isa(Isa::Avx512);
+  ThreadPool one(1), three(3);
+  std::mt19937 rng(777);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  for (GgmlType type : {GgmlType::MXFP4, GgmlType::Q4_0}) {
+    MatKernel k;
+    ASSERT_TRUE(avx512_kernel(type, Precision::Fast, &k));
+    for (int64_t cols : {32, 96, 288, 4160}) {
+      for (int64_t rows : {5, 16, 83, 130}) {
+        const auto w = random_weights(type, rows, cols, rng);
+        const MatView W{type, w.data(), rows, cols, row_bytes(type, cols)};
+        for (int64_t nt : {16, 37, 150}) {
+          if (cols == 4160 && rows > 16 && nt > 37) continue;
+          std::vector<float> x(nt * cols);
+          for (auto& v : x) v = u(rng);
+          x[cols + 3] = 0.0f;
+          x[cols + 4] = 30.0f;
+          ASSERT_TRUE(amx_nib_takes(W, nt));
+          // the lane kernel: the AVX-512 runner on all nt tokens at once (>= 16: run_lanes)
+          const size_t stride = (k.act_bytes(cols) + 63) / 64 * 64;
+          std::vector<uint8_t> act(stride * nt);
+          for (int64_t t = 0; t < nt; ++t) k.prep(&x[t * cols], cols, act.data() + t * stride);
+          std::vector<float> yl(nt * rows, NAN);
+          k.run(W, act.data(), stride, nt, 0, rows, yl.data(), rows);
+          std::vector<float> y1(nt * rows, NAN), y3(nt * rows, NAN), yc(nt * rows, NAN);
+          matmul(W, x.data(), nt, y1.data(), one, Precision::Fast);
+          matmul(W, x.data(), nt, y3.data(), three, Precision::Fast);
+          const int64_t cut[] = {0, std::min<int64_t>(7, rows), std::min<int64_t>(40, rows), std::min<int64_t>(70, rows),
+                                 rows};
+          for (int i = 0; i < 4; ++i) matmul_rows(W, x.data(), nt, yc.data(), cut[i], cut[i + 1], Precision::Fast);
+          const std::string what = std::string(type_name(type)) + " " + std::to_string(rows) + "x" +
+                                   std::to_string(cols) + " nt=" + std::to_string(nt);
+          ASSERT_EQ(std::memcmp(y1.data(), yl.data(), yl.size() * 4), 0) << what;
+          ASSERT_EQ(std::memcmp(y3.data(), yl.data(), yl.size() * 4), 0) << what;
+          ASSERT_EQ(std::memcmp(yc.data(), yl.data(), yl.size() * 4), 0) << what;
+        }
+      }
+    }
+  }
+  // fewer than 16 tokens and other types are not its work
+  const auto w = random_weights(GgmlType::MXFP4, 16, 64, rng);
+  EXPECT_FALSE(amx_nib_takes(MatView{GgmlType::MXFP4, w.data(), 16, 64, row_bytes(GgmlType::MXFP4, 64)}, 15));
+  EXPECT_FALSE(amx_nib_takes(MatView{GgmlType::Q8_0, w.data(), 16, 32, row_bytes(GgmlType::Q8_0, 32)}, 16));
+}
+
 TEST(Matmul, Mxfp4ZeroExponentIsExact) {
   IsaRestore restore;
   int64_t nonzero = 0;  // results that are not an exact cancellation (the test is not vacuous)

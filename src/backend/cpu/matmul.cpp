@@ -134,12 +134,15 @@ void matmul_packed(const MatView& W, const PackedKernel& pk, const float* x, int
 
 }  // namespace
 
-bool amx_bf16_usable() {
+namespace {
+// AMX-TILE present, KIMI_AMX not 0 and the tile state granted (checked once; the OS request is made on the
+// first call).
+bool amx_granted() {
 #if defined(__x86_64__) && defined(__linux__)
   static const bool granted = [] {
     const CpuFeatures& c = cpu_features();
     const char* e = std::getenv("KIMI_AMX");
-    if (!c.amx_tile || !c.amx_bf16 || (e && e[0] == '0')) return false;
+    if (!c.amx_tile || !(c.amx_bf16 || c.amx_int8) || (e && e[0] == '0')) return false;
     // Linux (5.16+) hands out the 8 KiB tile data state only on request (ARCH_REQ_XCOMP_PERM = 0x1023,
     // XFEATURE_XTILEDATA = 18); without the grant the first tile instruction would kill the process.
     return syscall(SYS_arch_prctl, 0x1023, 18) == 0;
@@ -149,6 +152,10 @@ bool amx_bf16_usable() {
   return false;
 #endif
 }
+}  // namespace
+
+bool amx_bf16_usable() { return amx_granted() && cpu_features().amx_bf16; }
+bool amx_int8_usable() { return amx_granted() && cpu_features().amx_int8; }
 
 bool amx_bf16_takes(const MatView& W, int64_t n) {
   return W.type == GgmlType::BF16 && W.cols % 32 == 0 && W.rows > 0 && n > 0 && amx_bf16_usable();
@@ -166,7 +173,7 @@ struct AmxScratch {
 AmxScratch amx_scratch(int64_t cols, int64_t nb, int nth) {
   thread_local std::vector<uint32_t> t_bt;
   thread_local std::vector<uint8_t> t_panels;
-  const size_t need = static_cast<size_t>(nb * cols * 8), panel = static_cast<size_t>(cols) * 64;
+  const size_t need = static_cast<size_t>(nb * cols * 8), panel = std::max(static_cast<size_t>(cols) * 64, kAmxBlockScratch);
   if (t_bt.size() < need) t_bt.resize(need);
   if (t_panels.size() < panel * nth + 64) t_panels.resize(panel * nth + 64);
   return {t_bt.data(), t_panels.data() + (64 - reinterpret_cast<uintptr_t>(t_panels.data()) % 64) % 64, panel};
@@ -184,19 +191,63 @@ int64_t matmul_amx_bf16(const MatView& W, const float* x, int64_t n, float* y, T
   };
   const AmxScratch sc = amx_scratch(W.cols, nb, nth);
   each(nb, [&](int64_t b, int) { amx_bf16_prep(x, n, W.cols, b, sc.bt + b * half * 16); });
-  // items: 32-row blocks (aligned to row 0, clipped to [r0, end); a 16-row one where <= 16 remain) x
-  // groups of 16 token blocks (256 tokens); consecutive items share the token group, so its activations
-  // stay in L2 while the weight blocks stream by
-  const int64_t blk0 = r0 / 32, blk1 = (end + 31) / 32, n_rb = blk1 - blk0;
-  constexpr int64_t kGroup = 16;
-  const int64_t n_tg = (nb + kGroup - 1) / kGroup;
-  each(n_rb * n_tg, [&](int64_t it, int th) {
-    const int64_t tg = it / n_rb, row = 32 * (blk0 + it % n_rb);
-    const int nr = W.rows - row > 16 ? 32 : 16;
-    amx_bf16_rows(W, sc.bt, n, row, nr, tg * kGroup, std::min(nb, tg * kGroup + kGroup), y, W.rows,
-                  sc.panel_of(th, nth), r0, end);
+  if (nb >= 2) {  // prefill: K-blocked items of kAmxRowBlock rows (from r0 rounded down to 32) x token groups
+    const int64_t base = r0 / 32 * 32, n_rb = (end - base + kAmxRowBlock - 1) / kAmxRowBlock;
+    const int64_t n_tg = (nb + kAmxTokenGroup - 1) / kAmxTokenGroup;
+    each(n_rb * n_tg, [&](int64_t it, int th) {
+      const int64_t tg = it / n_rb, row = base + kAmxRowBlock * (it % n_rb);
+      amx_bf16_block(W, sc.bt, n, row, std::min<int64_t>(kAmxRowBlock, end - row), tg * kAmxTokenGroup,
+                     std::min(nb, tg * kAmxTokenGroup + kAmxTokenGroup), y, W.rows, sc.panel_of(th, nth), r0, end);
+    });
+    return end;
+  }
+  // decode and short prompts (one token block): items of 32-row blocks (aligned to row 0, clipped to
+  // [r0, end); a 16-row one where <= 16 remain)
+  const int64_t blk0 = r0 / 32, n_rb = (end + 31) / 32 - blk0;
+  each(n_rb, [&](int64_t it, int th) {
+    const int64_t row = 32 * (blk0 + it);
+    amx_bf16_rows(W, sc.bt, n, row, W.rows - row > 16 ? 32 : 16, y, W.rows, sc.panel_of(th, nth), r0, end);
   });
   return end;
+}
+
+bool amx_nib_takes(const MatView& W, int64_t n) {
+  return (W.type == GgmlType::MXFP4 || W.type == GgmlType::Q4_0) && n >= 16 && W.rows > 0 && amx_int8_usable();
+}
+
+int64_t matmul_amx_nib(const MatView& W, const float* x, int64_t n, float* y, ThreadPool* pool, int64_t r0, int64_t r1) {
+  if (!amx_nib_takes(W, n) || r0 >= r1) return r0;
+  const int nth = pool ? pool->size() : 1;
+  auto each = [&](int64_t count, auto&& fn) {
+    if (pool && nth > 1) pool->parallel_for(count, fn);
+    else for (int64_t i = 0; i < count; ++i) fn(i, 0);
+  };
+  // the AVX-512 kernel's q8-nibble activations, then run_lanes' tiles of them (matmul_amx.h)
+  const MatKernel k = pick_matmul_kernel(W.type, Precision::Fast);
+  const Prepared a = prepare(k, x, n, W.cols, pool);
+  const int64_t nb = W.cols / 32, ntv = (n + 15) / 16;
+  const size_t ts = static_cast<size_t>(nb) * kAmxNibTileBlock;
+  constexpr int64_t kRows = 64, kVecs = 8;  // an item: 64 rows (the decoded panel) x 8 token vectors
+  const size_t wbytes = static_cast<size_t>(kRows * nb * 32), panel = wbytes + static_cast<size_t>(kRows * nb * 4) + 64;
+  thread_local std::vector<uint8_t> t_tiles, t_panels;
+  if (t_tiles.size() < ts * ntv + 64) t_tiles.resize(ts * ntv + 64);
+  if (t_panels.size() < panel * nth + 64) t_panels.resize(panel * nth + 64);
+  auto align = [](uint8_t* p) { return p + (64 - reinterpret_cast<uintptr_t>(p) % 64) % 64; };
+  uint8_t* tiles = align(t_tiles.data());
+  uint8_t* panels = align(t_panels.data());
+  each(ntv, [&](int64_t v, int) { amx_nib_act_tiles(a.act, a.stride, n, W.cols, v, tiles + v * ts); });
+  const int64_t base = r0 / 16 * 16, n_rb = (r1 - base + kRows - 1) / kRows, n_tg = (ntv + kVecs - 1) / kVecs;
+  each(n_rb * n_tg, [&](int64_t it, int th) {
+    const int64_t row = base + kRows * (it % n_rb), tg = it / n_rb;
+    const int nr = static_cast<int>(std::min<int64_t>(kRows, (r1 - row + 15) / 16 * 16));
+    uint8_t* p = panels + panel * static_cast<size_t>(std::min(th, nth - 1));
+    int8_t* w = reinterpret_cast<int8_t*>(p);
+    float* dw = reinterpret_cast<float*>(p + wbytes);
+    amx_nib_weights(W.type, W.data + static_cast<uint64_t>(row) * W.row_bytes, W.row_bytes,
+                    std::min<int64_t>(nr, W.rows - row), nr, W.cols, w, dw);
+    amx_nib_rows(w, dw, nr, nb, tiles, ts, tg * kVecs, std::min(ntv, tg * kVecs + kVecs), n, y, W.rows, row, r0, r1);
+  });
+  return r1;
 }
 
 bool select_kernel(const KernelRow* table, size_t n, GgmlType type, Precision prec, MatKernel* k) {
@@ -271,6 +322,10 @@ void matmul(const MatView& W, const float* x, int64_t n_tokens, float* y, Thread
   if (PackedKernel pk; packed_usable(W, n_tokens, prec, &pk)) return matmul_packed(W, pk, x, n_tokens, y, &pool, 0, W.rows);
   if (prec == Precision::Fast && amx_bf16_takes(W, n_tokens)) {  // AMX tiles (matmul_amx.h)
     matmul_amx_bf16(W, x, n_tokens, y, &pool, 0, W.rows);
+    return;
+  }
+  if (prec == Precision::Fast && amx_nib_takes(W, n_tokens)) {
+    matmul_amx_nib(W, x, n_tokens, y, &pool, 0, W.rows);
     return;
   }
   const MatKernel k = pick_matmul_kernel(W.type, prec);
@@ -423,7 +478,7 @@ void matmul_set(const MatView* const* W, float* const* y, int count, const float
     const MatView& M = *W[m.wi];
     if (m.packed) return o.pk.run(*M.packed, o.act, 0, 1, m.a, m.b, y[m.wi], M.rows);
     if (m.amx)  // a block with the last rows % 32 (<= 16 rows: one tile) is zero-padded in this thread's panel
-      return amx_bf16_rows(M, ax.bt, 1, m.a, m.b - m.a > 16 ? 32 : 16, 0, 1, y[m.wi], M.rows, ax.panel_of(th, nth),
+      return amx_bf16_rows(M, ax.bt, 1, m.a, m.b - m.a > 16 ? 32 : 16, y[m.wi], M.rows, ax.panel_of(th, nth),
                            m.a, m.b);
     LendScratch lent(lend && th < nth ? lend + th * per : nullptr, per);
     o.k.run(M, o.packed ? tail_act[m.wi] : o.act, 0, 1, m.a, m.b, y[m.wi], M.rows);
@@ -439,6 +494,10 @@ void matmul_rows(const MatView& W, const float* x, int64_t n_tokens, float* y, i
   // AMX as matmul() (matmul_amx.h: the same sums whatever the split)
   if (prec == Precision::Fast && amx_bf16_takes(W, n_tokens)) {
     matmul_amx_bf16(W, x, n_tokens, y, nullptr, r0, r1);
+    return;
+  }
+  if (prec == Precision::Fast && amx_nib_takes(W, n_tokens)) {
+    matmul_amx_nib(W, x, n_tokens, y, nullptr, r0, r1);
     return;
   }
   const MatKernel k = pick_matmul_kernel(W.type, prec);

@@ -11,6 +11,7 @@
 // Elsewhere (other OSes, other CPUs) the AVX-512 / AVX2 kernels run as before.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "backend/mat_view.h"
@@ -42,11 +43,53 @@ double amx_bf16_peak_loop(int64_t iters);
 // The kernels (matmul_amx.cpp). Token block b (tokens 16b .. 16b + 15 of x, ld = cols, zeros past n) in the
 // B operand's pair order: cols / 2 rows of 16 dwords at out.
 void amx_bf16_prep(const float* x, int64_t n, int64_t cols, int64_t b, uint32_t* out);
-// Weight rows [r0, r0 + nr) (nr = 16 or 32; rows past W.rows count as zero) x token blocks [b0, b1) of the
-// prepared activations bt (block b at bt + b * cols / 2 * 16): y[t * ldy + r] for the valid tokens t < n and
-// the rows r in [lo, hi). panel: 64-byte aligned scratch of nr * cols * 2 bytes (the rows are copied there
-// first), unused (may be null) for one token block of rows that all exist.
-void amx_bf16_rows(const MatView& W, const uint32_t* bt, int64_t n, int64_t r0, int nr, int64_t b0, int64_t b1,
-                   float* y, int64_t ldy, uint8_t* panel, int64_t lo, int64_t hi);
+// Weight rows [r0, r0 + nr) (nr = 16 or 32; rows past W.rows count as zero) x the first token block of
+// the prepared activations bt (n <= 16 tokens: decode, short prompts): y[t * ldy + r] for t < n and the rows
+// r in [lo, hi). The rows are tile-loaded in place; a block past the weight's last row goes through panel
+// (64-byte aligned scratch of nr * cols * 2 bytes).
+void amx_bf16_rows(const MatView& W, const uint32_t* bt, int64_t n, int64_t r0, int nr, float* y, int64_t ldy,
+                   uint8_t* panel, int64_t lo, int64_t hi);
+
+// Prefill (>= 2 token blocks): items of up to kAmxRowBlock weight rows x up to kAmxTokenGroup token blocks,
+// K-blocked by kAmxKSteps column steps of 32 (matmul_amx.cpp: run_block). Rows [r0, r0 + nrows) (rows past
+// W.rows count as zero) x token blocks [b0, b1) into y as amx_bf16_rows does; scratch: 64-byte aligned,
+// kAmxBlockScratch bytes. A C element gets the same tile products in the same order as
+// in amx_bf16_rows: a token's result does not depend on the batch it came in.
+constexpr int kAmxRowBlock = 256, kAmxKSteps = 8, kAmxTokenGroup = 32;
+constexpr size_t kAmxBlockScratch =
+    static_cast<size_t>(kAmxRowBlock) * kAmxKSteps * 64 + static_cast<size_t>(kAmxRowBlock) * kAmxTokenGroup * 16 * 4;
+void amx_bf16_block(const MatView& W, const uint32_t* bt, int64_t n, int64_t r0, int64_t nrows, int64_t b0, int64_t b1,
+                    float* y, int64_t ldy, uint8_t* scratch, int64_t lo, int64_t hi);
+
+// ---- AMX-INT8: MXFP4 and Q4_0 weights, prefill (>= 16 tokens) ----
+// The AVX-512 path for >= 16 tokens (matmul_avx512.cpp, run_lanes) sums each 32-value block exactly in
+// int32 (vpdpbusd) and then adds y += float(block sum) * (dx * dw) block by block. Here a tile product
+// (TDPBSSD, signed weights x signed Q8_0 activations, K = 32 = one block) gives the same 16 rows x 16 tokens
+// of exact block sums, and the same f32 update follows in the same order: the results are bit-identical to
+// those of run_lanes, i.e. to the AVX-512 kernels wherever they use it (token tiles of >= 16 tokens).
+// Used by matmul() and matmul_rows() for Precision::Fast MXFP4 / Q4_0 weights with >= 16 tokens when the CPU
+// has AMX-INT8 and the tile state (as amx_bf16_usable), at the AVX-512 matmul level.
+bool amx_int8_usable();
+bool amx_nib_takes(const MatView& W, int64_t n_tokens);
+// Rows [r0, r1) of the product, threaded on pool when given; returns r1, or r0 having done nothing when
+// !amx_nib_takes(W, n_tokens).
+int64_t matmul_amx_nib(const MatView& W, const float* x, int64_t n_tokens, float* y, ThreadPool* pool, int64_t r0,
+                       int64_t r1);
+
+// Helpers (matmul_avx512.cpp: the layouts of run_lanes). The activation tiles of token vector v (tokens
+// 16v .. 16v + 15 of the n prepared q8-nibble rows at act, stride bytes apart; lanes past n repeat the last
+// token): per 32-column block kAmxNibTileBlock bytes = 8 x 64 bytes (row s: token j's q[4s .. 4s + 3] as s8 in
+// dword j: the B operand of a K = 32 tile product) + dx[16] f32.
+constexpr int kAmxNibTileBlock = 8 * 64 + 64;
+void amx_nib_act_tiles(const uint8_t* act, size_t stride, int64_t n, int64_t cols, int64_t v, uint8_t* out);
+// Rows [0, nr) of a MXFP4 / Q4_0 weight starting at src (rows >= nvalid: zero) as the A operand: w[(b * nr + i)
+// * 32 + k] = the signed value of element k of block b of row i (MXFP4: 2 x E2M1), dw[b * nr + i] = its scale
+// (MXFP4: 2^(e - 127), the 1/2 is in dx; Q4_0: d).
+void amx_nib_weights(GgmlType type, const uint8_t* src, uint64_t row_bytes, int64_t nvalid, int nr, int64_t cols,
+                     int8_t* w, float* dw);
+// The tile kernel (matmul_amx.cpp): rows [0, nr) of a panel (nr = 16 or 32) x token vectors [v0, v1) of the
+// tiles (tile_stride bytes per vector; tokens < n valid): y[t * ldy + row0 + i] for the rows row0 + i in [lo, hi).
+void amx_nib_rows(const int8_t* w, const float* dw, int nr, int64_t nb, const uint8_t* tiles, size_t tile_stride,
+                  int64_t v0, int64_t v1, int64_t n, float* y, int64_t ldy, int64_t row0, int64_t lo, int64_t hi);
 
 }  // namespace kimi::kern

@@ -15,6 +15,7 @@
 // (no inline library code that could be emitted with AVX-512 instructions and picked by the linker
 // for other callers).
 #include "backend/cpu/dispatch.h"
+#include "backend/cpu/matmul_amx.h"
 #include "backend/cpu/matmul_lowbit.h"
 
 #if defined(__x86_64__)
@@ -497,8 +498,8 @@ inline void nib_act_block(const uint8_t* row, int64_t b, int64_t ng, const uint8
 }
 
 // 16 activation rows (tokens; x[j]) -> the tile of block b (out): a 16 x 8 dword transpose in
-// three rounds of two-source permutes, q + 128 as u8.
-inline void act_tile_block(const uint8_t* const* x, int64_t b, int64_t ng, uint8_t* out) {
+// three rounds of two-source permutes, q + 128 as u8 (flip; the AMX path: q as s8).
+inline void act_tile_block(const uint8_t* const* x, int64_t b, int64_t ng, uint8_t* out, bool flip = true) {
   __m512i z[8];
   alignas(64) float dx[16];
   for (int p = 0; p < 8; ++p) {
@@ -533,7 +534,7 @@ inline void act_tile_block(const uint8_t* const* x, int64_t b, int64_t ng, uint8
         wv[4 * r + 2 * h + e] = _mm512_permutex2var_epi32(yv[4 * r + h], _mm512_load_si512(id), yv[4 * r + 2 + h]);
       }
   // round 3: all 16 tokens of s: lane t
-  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+  const __m512i fl = _mm512_set1_epi8(static_cast<char>(flip ? 0x80 : 0));
   for (int h = 0; h < 2; ++h)
     for (int e = 0; e < 2; ++e)
       for (int ss = 0; ss < 2; ++ss) {
@@ -541,9 +542,20 @@ inline void act_tile_block(const uint8_t* const* x, int64_t b, int64_t ng, uint8
         for (int t = 0; t < 16; ++t) id[t] = (t >= 8 ? 16 : 0) + 8 * ss + (t & 7);
         const int sidx = 4 * h + 2 * e + ss;
         const __m512i v = _mm512_permutex2var_epi32(wv[2 * h + e], _mm512_load_si512(id), wv[4 + 2 * h + e]);
-        _mm512_storeu_si512(out + 64 * sidx, _mm512_xor_si512(v, flip));
+        _mm512_storeu_si512(out + 64 * sidx, _mm512_xor_si512(v, fl));
       }
   std::memcpy(out + 512, dx, 64);
+}
+
+// The signed value of nibble v of a weight of type P (MXFP4: E2M1 doubled; Q4_0: v - 8).
+template <class P>
+inline int8_t nib_value(int v) {
+  static constexpr int8_t kMx[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+  return P::kOff == 12 ? kMx[v] : static_cast<int8_t>(v - 8);
+}
+template <class P>
+inline float nib_scale(const uint8_t* blk) {
+  return P::kOff == 12 ? e8m0_scale(blk[0]) : _cvtsh_ss(rd16(blk));
 }
 
 // Row r of W (a nibble type P), all nb blocks, as weight records.
@@ -580,15 +592,12 @@ void weight_records(const uint8_t* src, int64_t nb, uint8_t* out) {
     uint8_t* rec = out + b * kWRec;
     int32_t sum = 0;
     for (int j = 0; j < 16; ++j) {
-      const int lo = blk[P::kQs + j] & 15, hi = blk[P::kQs + j] >> 4;
-      static constexpr int8_t kMx[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
-      const int8_t wl = P::kOff == 12 ? kMx[lo] : static_cast<int8_t>(lo - 8);
-      const int8_t wh = P::kOff == 12 ? kMx[hi] : static_cast<int8_t>(hi - 8);
+      const int8_t wl = nib_value<P>(blk[P::kQs + j] & 15), wh = nib_value<P>(blk[P::kQs + j] >> 4);
       rec[j] = static_cast<uint8_t>(wl);
       rec[16 + j] = static_cast<uint8_t>(wh);
       sum += wl + wh;
     }
-    const float dw = P::kOff == 12 ? e8m0_scale(blk[0]) : _cvtsh_ss(rd16(blk));
+    const float dw = nib_scale<P>(blk);
     const int32_t nc = -128 * sum;
     std::memcpy(rec + 32, &dw, 4);
     std::memcpy(rec + 36, &nc, 4);
@@ -867,7 +876,68 @@ const KernelRow kAvx512Kernels[] = {
     {GgmlType::Q6_K, false, {q8_K_act_bytes, prep_q8_K_avx512, run_kq<KT::Q6>}},
 };
 
+// Rows [0, nr) of a nibble weight (rows >= nvalid: zero) as the AMX A operand (matmul_amx.h). Groups of 4
+// blocks outside, rows inside: consecutive rows write consecutive 32-byte pieces of the panel.
+template <class P>
+void amx_nib_panel(const uint8_t* src, uint64_t row_bytes, int64_t nvalid, int nr, int64_t nb, int8_t* w, float* dw) {
+  const int64_t ng = nb / 4, nv = nvalid < nr ? nvalid : nr;
+  const __m512i off = _mm512_set1_epi8(static_cast<char>(P::kOff));
+  // qwords of (lo, hi): block k's 32 values = lo lane k then hi lane k
+  const __m512i i01 = _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11), i23 = _mm512_setr_epi64(4, 5, 12, 13, 6, 7, 14, 15);
+  const __m512i isc = _mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+  const int64_t bs = static_cast<int64_t>(nr) * 32;  // bytes from one block to the next
+  for (int64_t g = 0; g < ng; ++g) {
+    int8_t* o = w + 4 * g * bs;
+    float* so = dw + 4 * g * nr;
+    for (int64_t i = 0; i < nv; ++i, o += 32, ++so) {
+      const Dec d = P::decode(src + static_cast<uint64_t>(i) * row_bytes + g * (4 * P::kBB));
+      const __m512i lo = _mm512_sub_epi8(d.lo, off), hi = _mm512_sub_epi8(d.hi, off);
+      const __m512i b01 = _mm512_permutex2var_epi64(lo, i01, hi), b23 = _mm512_permutex2var_epi64(lo, i23, hi);
+      _mm256_store_si256(reinterpret_cast<__m256i*>(o), _mm512_castsi512_si256(b01));
+      _mm256_store_si256(reinterpret_cast<__m256i*>(o + bs), _mm512_extracti64x4_epi64(b01, 1));
+      _mm256_store_si256(reinterpret_cast<__m256i*>(o + 2 * bs), _mm512_castsi512_si256(b23));
+      _mm256_store_si256(reinterpret_cast<__m256i*>(o + 3 * bs), _mm512_extracti64x4_epi64(b23, 1));
+      const __m128 sc = _mm512_castps512_ps128(_mm512_permutexvar_ps(isc, d.dw));  // dword lanes 0, 4, 8, 12
+      so[0] = _mm_cvtss_f32(sc);
+      so[nr] = _mm_cvtss_f32(_mm_shuffle_ps(sc, sc, 1));
+      so[2 * nr] = _mm_cvtss_f32(_mm_shuffle_ps(sc, sc, 2));
+      so[3 * nr] = _mm_cvtss_f32(_mm_shuffle_ps(sc, sc, 3));
+    }
+  }
+  for (int64_t b = 4 * ng; b < nb; ++b)  // tail blocks
+    for (int64_t i = 0; i < nv; ++i) {
+      const uint8_t* blk = src + static_cast<uint64_t>(i) * row_bytes + b * P::kBB;
+      int8_t* o = w + b * bs + i * 32;
+      for (int j = 0; j < 16; ++j) {
+        o[j] = nib_value<P>(blk[P::kQs + j] & 15);
+        o[16 + j] = nib_value<P>(blk[P::kQs + j] >> 4);
+      }
+      dw[b * nr + i] = nib_scale<P>(blk);
+    }
+  for (int64_t b = 0; b < nb; ++b)  // rows past the weight: zero
+    for (int64_t i = nv; i < nr; ++i) {
+      std::memset(w + b * bs + i * 32, 0, 32);
+      dw[b * nr + i] = 0.0f;
+    }
+}
+
 }  // namespace
+
+static_assert(kActTileBlock == kAmxNibTileBlock, "the AMX int8 path reads run_lanes' activation tiles");
+
+void amx_nib_act_tiles(const uint8_t* act, size_t stride, int64_t n, int64_t cols, int64_t v, uint8_t* out) {
+  const int64_t nb = cols / 32, ng = nb / 4;
+  const uint8_t* xp[kTokLanes];
+  for (int j = 0; j < kTokLanes; ++j)  // lanes past the last token repeat it (not stored)
+    xp[j] = act + static_cast<size_t>(std::min<int64_t>(v * kTokLanes + j, n - 1)) * stride;
+  for (int64_t b = 0; b < nb; ++b) act_tile_block(xp, b, ng, out + b * kActTileBlock, false);
+}
+
+void amx_nib_weights(GgmlType type, const uint8_t* src, uint64_t row_bytes, int64_t nvalid, int nr, int64_t cols,
+                     int8_t* w, float* dw) {
+  if (type == GgmlType::MXFP4) amx_nib_panel<NibP<true>>(src, row_bytes, nvalid, nr, cols / 32, w, dw);
+  else amx_nib_panel<NibP<false>>(src, row_bytes, nvalid, nr, cols / 32, w, dw);
+}
 
 bool avx512_kernel(GgmlType type, Precision prec, MatKernel* k) {
   return select_kernel(kAvx512Kernels, sizeof(kAvx512Kernels) / sizeof(kAvx512Kernels[0]), type, prec, k) ||
@@ -880,6 +950,8 @@ bool avx512_kernel(GgmlType type, Precision prec, MatKernel* k) {
 
 namespace kimi::kern {
 bool avx512_kernel(GgmlType, Precision, MatKernel*) { return false; }
+void amx_nib_act_tiles(const uint8_t*, size_t, int64_t, int64_t, int64_t, uint8_t*) {}
+void amx_nib_weights(GgmlType, const uint8_t*, uint64_t, int64_t, int, int64_t, int8_t*, float*) {}
 }  // namespace kimi::kern
 
 #endif

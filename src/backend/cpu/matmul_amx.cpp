@@ -13,9 +13,9 @@
 //   L1 set), each 32-row sub-block's slice (16 KiB) stays in L1 while every token pair's slice streams
 //   from L2, and the C tiles are parked in a buffer between K blocks (stored and reloaded exactly, so every
 //   C element gets the same tile products in the same order as in one pass: results do not depend on the
-//   blocking or the batch). Measured on a 2-core Xeon VM (12288 x 7168 x 512 tokens, 1 thread): 169 ms
-//   unblocked with 256-token groups -> 114 ms; larger K blocks and software prefetch of the next block's
-//   rows were slower.
+//   blocking or the batch). The next K block's rows are prefetched while the tiles work. Measured on a
+//   2-core Xeon VM (12288 x 7168 x 512 tokens, 1 thread, weights in L3): 169 ms unblocked with 256-token
+//   groups -> 114 ms; larger K blocks were slower.
 // The weight's last rows % 16 are zero-padded to a tile (and not stored), so every row of a weight goes
 // through the tiles.
 #include "backend/cpu/matmul_amx.h"
@@ -171,10 +171,12 @@ void run_item(const MatView& W, const uint32_t* bt, int64_t n, int64_t r0, float
 // [step][16 * NR rows][64 bytes], for every token pair of [b0, b1): the C tiles of each pair are zeroed
 // (first K block) or loaded from c, accumulate over the block, and go back to c (4 KiB per pair). A C
 // element so gets exactly the sequence of tile products of run_item's one pass over all columns.
-template <int NR>
+// pf(i) runs before token pair i (the next K block's weight lines are prefetched that way).
+template <int NR, class Pf>
 void kblock(const uint8_t* a, const uint32_t* bt, int64_t half, int64_t b0, int64_t b1, int64_t s0, int ns, float* c,
-            bool first) {
+            bool first, Pf&& pf) {
   for (int64_t b = b0; b < b1; b += 2, c += 1024) {
+    pf((b - b0) / 2);
     const bool two = b + 1 < b1;
     const uint32_t* p0 = bt + (b * half + s0 * 16) * 16;
     const uint32_t* p1 = p0 + half * 16;
@@ -253,11 +255,23 @@ void run_block(const MatView& W, const uint32_t* bt, int64_t n, int64_t r0, int6
                              have ? _mm512_loadu_si512(src + s * 64) : _mm512_setzero_si512());
       }
     }
+    // the next K block's weight lines (row-major), a share before each token pair: from memory the rows
+    // come in runs of 512 bytes, too short for the hardware prefetchers (measured on k3-layers pp512: the
+    // copy's loads 53 % -> 19 % of this function; with the weights in L3 it is a wash)
+    const int64_t s1 = s0 + ns, ns1 = ks - s1 < kAmxKSteps ? ks - s1 : kAmxKSteps;
+    const int64_t prow = std::min<int64_t>(32 * nsub, W.rows - r0), nline = prow * ns1;
+    const int64_t per = (nline + nsub * npair - 1) / (nsub * npair);
     for (int j = 0; j < nsub; ++j) {
       const uint8_t* aj = panel + static_cast<size_t>(j) * ns * 2048;
       float* cj = cbuf + static_cast<size_t>(j) * npair * 1024;
-      if (sub_nr(j) == 2) kblock<2>(aj, bt, half, b0, b1, s0, ns, cj, s0 == 0);
-      else kblock<1>(aj, bt, half, b0, b1, s0, ns, cj, s0 == 0);
+      auto pf = [&](int64_t p) {
+        const int64_t l1 = std::min(nline, (j * npair + p + 1) * per);
+        for (int64_t l = (j * npair + p) * per; l < l1; ++l)
+          _mm_prefetch(reinterpret_cast<const char*>(W.data + static_cast<uint64_t>(r0 + l / ns1) * rb + (s1 + l % ns1) * 64),
+                       _MM_HINT_T2);
+      };
+      if (sub_nr(j) == 2) kblock<2>(aj, bt, half, b0, b1, s0, ns, cj, s0 == 0, pf);
+      else kblock<1>(aj, bt, half, b0, b1, s0, ns, cj, s0 == 0, pf);
     }
   }
   for (int j = 0; j < nsub; ++j)

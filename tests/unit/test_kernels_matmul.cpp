@@ -624,6 +624,65 @@ TEST(Matmul, AmxInt8NibbleTilesEqualTheLaneKernel) {
   EXPECT_FALSE(amx_nib_takes(MatView{GgmlType::Q8_0, w.data(), 16, 32, row_bytes(GgmlType::Q8_0, 32)}, 16));
 }
 
+// AMX-INT8 for the packed Q4_K / Q5_K weights with >= 16 tokens (matmul_amx.h): bit-identical to the
+// packed AVX-512 kernel, through matmul (1 and 3 threads; token tiles of 64 with a ragged one) and
+// matmul_rows over ranges of whole groups (rows outside whole groups go through the plain kernel, AMX or not);
+// for Q4_K (whose one-token product is the packed kernel too) a token alone equals its row of the batch.
+// (Against the float64 reference: PackedKQuantsMatchReference, whose 70-token case runs this path.)
+TEST(Matmul, AmxInt8PackedKQuantsEqualTheAvx512Kernel) {
+  if (!amx_int8_usable()) GTEST_SKIP() << "no AMX-INT8 on this CPU (or the OS did not grant the tile state)";
+  IsaRestore restore;
+  set_isa(Isa::Avx512);
+  ThreadPool one(1), three(3);
+  std::mt19937 rng(991);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  for (GgmlType type : {GgmlType::Q4_K, GgmlType::Q5_K}) {
+    PackedKernel pk;
+    ASSERT_TRUE(avx512_packed_kernel(type, &pk));
+    AmxPackedRun run = nullptr;
+    ASSERT_TRUE(amx_packed_run(type, &run));
+    for (int64_t cols : {256, 2048}) {
+      for (int64_t rows : {16, 48}) {
+        const auto w = random_weights(type, rows, cols, rng);
+        MatView W{type, w.data(), rows, cols, row_bytes(type, cols)};
+        const auto P = pack_weight(W, &three);
+        ASSERT_TRUE(P);
+        W.packed = P.get();
+        for (int64_t nt : {16, 23, 70, 150}) {
+          std::vector<float> x(nt * cols);
+          for (auto& v : x) v = u(rng);
+          x[cols + 2] = 25.0f;
+          // the packed AVX-512 kernel on all tokens at once
+          const size_t stride = (pk.act_bytes(cols) + 63) / 64 * 64;
+          std::vector<uint8_t> act(stride * (nt + 15));
+          for (int64_t t = 0; t < nt; ++t) pk.prep(&x[t * cols], cols, act.data() + t * stride);
+          std::vector<float> yk(nt * rows, NAN), ya(nt * rows, NAN), y1(nt * rows, NAN), y3(nt * rows, NAN),
+              yc(nt * rows, NAN);
+          pk.run(*P, act.data(), stride, nt, 0, P->groups, yk.data(), rows);
+          run(*P, act.data(), stride, nt, 0, P->groups, ya.data(), rows);  // direct, every token in one call
+          matmul(W, x.data(), nt, y1.data(), one, Precision::Fast);
+          matmul(W, x.data(), nt, y3.data(), three, Precision::Fast);
+          const int64_t cut[] = {0, std::min<int64_t>(16, rows), std::min<int64_t>(32, rows), rows};
+          for (int i = 0; i < 3; ++i) matmul_rows(W, x.data(), nt, yc.data(), cut[i], cut[i + 1], Precision::Fast);
+          const std::string what = std::string(type_name(type)) + " " + std::to_string(rows) + "x" +
+                                   std::to_string(cols) + " nt=" + std::to_string(nt);
+          ASSERT_EQ(std::memcmp(ya.data(), yk.data(), yk.size() * 4), 0) << what;
+          ASSERT_EQ(std::memcmp(y1.data(), yk.data(), yk.size() * 4), 0) << what;
+          ASSERT_EQ(std::memcmp(y3.data(), yk.data(), yk.size() * 4), 0) << what;
+          ASSERT_EQ(std::memcmp(yc.data(), yk.data(), yk.size() * 4), 0) << what;
+          if (type == GgmlType::Q4_K) {
+            std::vector<float> yt(rows);
+            matmul(W, x.data() + (nt - 1) * cols, 1, yt.data(), three, Precision::Fast);
+            ASSERT_EQ(std::memcmp(yt.data(), yk.data() + (nt - 1) * rows, rows * 4), 0) << what << " last token alone";
+          }
+        }
+      }
+    }
+  }
+  AmxPackedRun run = nullptr;
+  EXPECT_FALSE(amx_packed_run(GgmlType::Q6_K, &run));
+}
+
 TEST(Matmul, Mxfp4ZeroExponentIsExact) {
   IsaRestore restore;
   int64_t nonzero = 0;  // results that are not an exact cancellation (the test is not vacuous)

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <vector>
 #if defined(__x86_64__) && defined(__linux__)
 #include <sys/syscall.h>
@@ -62,11 +63,14 @@ struct Prepared {
   size_t stride;
 };
 
+// (pad_rows: rows of room after the last token's, for kernels that read whole groups of rows)
 template <class K>
-Prepared prepare(const K& k, const float* x, int64_t n_tokens, int64_t cols, ThreadPool* pool, int slot = 0) {
+Prepared prepare(const K& k, const float* x, int64_t n_tokens, int64_t cols, ThreadPool* pool, int slot = 0,
+                 int64_t pad_rows = 0) {
   if (!k.act_bytes) return {reinterpret_cast<const uint8_t*>(x), static_cast<size_t>(cols) * sizeof(float)};
   const size_t stride = (k.act_bytes(cols) + 63) / 64 * 64;
-  uint8_t* buf = act_scratch(stride * static_cast<size_t>(n_tokens), slot);
+  uint8_t* buf = act_scratch(stride * static_cast<size_t>(n_tokens + pad_rows), slot);
+  if (pad_rows > 0) std::memset(buf + stride * static_cast<size_t>(n_tokens), 0, stride * static_cast<size_t>(pad_rows));
   if (pool && pool->size() > 1 && n_tokens >= 8) {
     pool->parallel_for(n_tokens, [&](int64_t t, int) { k.prep(x + t * cols, cols, buf + t * stride); });
   } else {
@@ -100,7 +104,12 @@ void matmul_packed(const MatView& W, const PackedKernel& pk, const float* x, int
     if (r0 < p0) k.run(W, a.act, a.stride, n, r0, p0, y, W.rows);
     if (p1 < r1) k.run(W, a.act, a.stride, n, p1, r1, y, W.rows);
   }
-  const Prepared a = prepare(pk, x, n, W.cols, pool, 1);
+  // AMX tiles for 16+ tokens (Q4_K / Q5_K, matmul_amx.h; the same results): they read 16 activation rows
+  // at a time, so the buffer gets 15 rows of room
+  AmxPackedRun amx_run = nullptr;
+  const bool amx = n >= 16 && amx_int8_usable() && amx_packed_run(W.type, &amx_run);
+  const Prepared a = prepare(pk, x, n, W.cols, pool, 1, amx ? 15 : 0);
+  const auto run = amx ? amx_run : pk.run;
   const int nth = pool ? pool->size() : 1;
   const int64_t ng = g1 - g0;
   const bool serial = nth <= 1 || static_cast<double>(ng) * kPackRows * static_cast<double>(W.cols) * n < 65536.0;
@@ -113,8 +122,8 @@ void matmul_packed(const MatView& W, const PackedKernel& pk, const float* x, int
     });
     return;
   }
-  // GEMM: token tiles (a multiple of 8 tokens, <= ~512 KiB of activations) x chunks of 3 groups
-  int64_t tok_tile = std::clamp<int64_t>((512 << 10) / static_cast<int64_t>(a.stride), 8, 64) / 8 * 8;
+  // GEMM: token tiles (a multiple of 8 tokens, <= ~512 KiB of activations; AMX: 128) x chunks of 3 groups
+  int64_t tok_tile = amx ? 128 : std::clamp<int64_t>((512 << 10) / static_cast<int64_t>(a.stride), 8, 64) / 8 * 8;
   tok_tile = std::min(tok_tile, n);
   const int64_t n_tt = (n + tok_tile - 1) / tok_tile;
   const int64_t gc = serial ? ng : 3, n_gc = (ng + gc - 1) / gc;
@@ -122,8 +131,8 @@ void matmul_packed(const MatView& W, const PackedKernel& pk, const float* x, int
     const int64_t tt = it / n_gc, gi = it % n_gc;
     const int64_t t0 = tt * tok_tile, nt = std::min(tok_tile, n - t0);
     const int64_t ga = g0 + gi * gc;
-    pk.run(P, a.act + static_cast<size_t>(t0) * a.stride, a.stride, nt, ga, std::min(g1, ga + gc), y + t0 * W.rows,
-           W.rows);
+    run(P, a.act + static_cast<size_t>(t0) * a.stride, a.stride, nt, ga, std::min(g1, ga + gc), y + t0 * W.rows,
+        W.rows);
   };
   if (serial) {
     for (int64_t it = 0; it < n_gc * n_tt; ++it) item(it, 0);

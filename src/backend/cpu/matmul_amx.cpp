@@ -57,6 +57,9 @@ void configure_tiles(TileKind kind = kBf16) {
     c.colsb[2] = c.colsb[4] = 32;
     c.rows[3] = c.rows[5] = 8;
   }
+  // GCC 12 does not treat the ldtilecfg builtin as reading the struct and dropped the stores above (a
+  // configuration of empty tiles: the first tile instruction then faults); the barrier keeps them
+  asm volatile("" : : "m"(c) : "memory");
   _tile_loadconfig(&c);
   current = kind;
 }
@@ -340,6 +343,8 @@ void nib_rows16(const int8_t* w, const float* dw, int nr, int64_t nb, const uint
 
 }  // namespace
 
+void amx_tiles_int8() { configure_tiles(kInt8); }
+
 void amx_nib_rows(const int8_t* w, const float* dw, int nr, int64_t nb, const uint8_t* tiles, size_t tile_stride,
                   int64_t v0, int64_t v1, int64_t n, float* y, int64_t ldy, int64_t row0, int64_t lo, int64_t hi) {
   configure_tiles(kInt8);
@@ -404,6 +409,7 @@ void amx_bf16_block(const MatView&, const uint32_t*, int64_t, int64_t, int64_t, 
                     int64_t, int64_t) {}
 void amx_nib_rows(const int8_t*, const float*, int, int64_t, const uint8_t*, size_t, int64_t, int64_t, int64_t, float*, int64_t,
                   int64_t, int64_t, int64_t) {}
+void amx_tiles_int8() {}
 }  // namespace kimi::kern
 
 #endif

@@ -92,4 +92,17 @@ void amx_nib_weights(GgmlType type, const uint8_t* src, uint64_t row_bytes, int6
 void amx_nib_rows(const int8_t* w, const float* dw, int nr, int64_t nb, const uint8_t* tiles, size_t tile_stride,
                   int64_t v0, int64_t v1, int64_t n, float* y, int64_t ldy, int64_t row0, int64_t lo, int64_t hi);
 
+// ---- AMX-INT8: packed Q4_K / Q5_K weights (repack.h), prefill (>= 16 tokens) ----
+// repack_amx.cpp: per 256-value super-block, one tile product per 32-value sub-block (16 tokens x 16 rows
+// of exact int32 sums), scaled and summed in int32, then the packed AVX-512 kernel's f32 steps: the results
+// are bit-identical to that kernel's (whose results do not depend on the token count), so decode still
+// equals prefill. A PackedKernel::run replacement (same arguments); the activation rows are read 16 at a
+// time, so the buffer must hold whole groups of 16 rows from the first token (rows past nt are ignored).
+// matmul_packed uses it for >= 16 tokens when amx_int8_usable().
+using AmxPackedRun = void (*)(const PackedWeight& P, const uint8_t* act, size_t act_stride, int64_t nt, int64_t g0,
+                              int64_t g1, float* y, int64_t ldy);
+bool amx_packed_run(GgmlType type, AmxPackedRun* run);
+// The int8 tile configuration on this thread (the one the int8 kernels use; cheap when already loaded).
+void amx_tiles_int8();
+
 }  // namespace kimi::kern

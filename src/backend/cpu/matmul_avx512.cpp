@@ -812,7 +812,8 @@ struct KQ {
     for (int64_t b = 0; b < nb; ++b) {
       Hdr h[R];
       KIMI_UNROLL for (int r = 0; r < R; ++r) {
-        if constexpr (T == 1) prefetch_line(w[r] + b * kBB + kPfBytes);
+        if constexpr (T == 1)  // every line of the block kPfBytes ahead (a block is 2.3-3.3 lines)
+          for (int l = 0; l < kBB; l += 64) prefetch_line(w[r] + b * kBB + kPfBytes + l);
         h[r] = header(w[r] + b * kBB);
       }
       __m512i isum[R][T];

@@ -144,6 +144,13 @@ void matmul_packed(const MatView& W, const PackedKernel& pk, const float* x, int
 }  // namespace
 
 namespace {
+// fn(i, thread) for every i < count: on the pool when one with several threads is given, else here
+template <class F>
+void each_item(ThreadPool* pool, int64_t count, F&& fn) {
+  if (pool && pool->size() > 1) pool->parallel_for(count, fn);
+  else for (int64_t i = 0; i < count; ++i) fn(i, 0);
+}
+
 // AMX-TILE present, KIMI_AMX not 0 and the tile state granted (checked once; the OS request is made on the
 // first call).
 bool amx_granted() {
@@ -194,16 +201,12 @@ int64_t matmul_amx_bf16(const MatView& W, const float* x, int64_t n, float* y, T
   if (!amx_bf16_takes(W, n) || r0 >= end) return r0;
   const int64_t nb = (n + 15) / 16, half = W.cols / 2;
   const int nth = pool ? pool->size() : 1;
-  auto each = [&](int64_t count, auto&& fn) {
-    if (pool && nth > 1) pool->parallel_for(count, fn);
-    else for (int64_t i = 0; i < count; ++i) fn(i, 0);
-  };
   const AmxScratch sc = amx_scratch(W.cols, nb, nth);
-  each(nb, [&](int64_t b, int) { amx_bf16_prep(x, n, W.cols, b, sc.bt + b * half * 16); });
+  each_item(pool, nb, [&](int64_t b, int) { amx_bf16_prep(x, n, W.cols, b, sc.bt + b * half * 16); });
   if (nb >= 2) {  // prefill: K-blocked items of kAmxRowBlock rows (from r0 rounded down to 32) x token groups
     const int64_t base = r0 / 32 * 32, n_rb = (end - base + kAmxRowBlock - 1) / kAmxRowBlock;
     const int64_t n_tg = (nb + kAmxTokenGroup - 1) / kAmxTokenGroup;
-    each(n_rb * n_tg, [&](int64_t it, int th) {
+    each_item(pool, n_rb * n_tg, [&](int64_t it, int th) {
       const int64_t tg = it / n_rb, row = base + kAmxRowBlock * (it % n_rb);
       amx_bf16_block(W, sc.bt, n, row, std::min<int64_t>(kAmxRowBlock, end - row), tg * kAmxTokenGroup,
                      std::min(nb, tg * kAmxTokenGroup + kAmxTokenGroup), y, W.rows, sc.panel_of(th, nth), r0, end);
@@ -213,7 +216,7 @@ int64_t matmul_amx_bf16(const MatView& W, const float* x, int64_t n, float* y, T
   // decode and short prompts (one token block): items of 32-row blocks (aligned to row 0, clipped to
   // [r0, end); a 16-row one where <= 16 remain)
   const int64_t blk0 = r0 / 32, n_rb = (end + 31) / 32 - blk0;
-  each(n_rb, [&](int64_t it, int th) {
+  each_item(pool, n_rb, [&](int64_t it, int th) {
     const int64_t row = 32 * (blk0 + it);
     amx_bf16_rows(W, sc.bt, n, row, W.rows - row > 16 ? 32 : 16, y, W.rows, sc.panel_of(th, nth), r0, end);
   });
@@ -227,10 +230,6 @@ bool amx_nib_takes(const MatView& W, int64_t n) {
 int64_t matmul_amx_nib(const MatView& W, const float* x, int64_t n, float* y, ThreadPool* pool, int64_t r0, int64_t r1) {
   if (!amx_nib_takes(W, n) || r0 >= r1) return r0;
   const int nth = pool ? pool->size() : 1;
-  auto each = [&](int64_t count, auto&& fn) {
-    if (pool && nth > 1) pool->parallel_for(count, fn);
-    else for (int64_t i = 0; i < count; ++i) fn(i, 0);
-  };
   // the AVX-512 kernel's q8-nibble activations, then run_lanes' tiles of them (matmul_amx.h)
   const MatKernel k = pick_matmul_kernel(W.type, Precision::Fast);
   const Prepared a = prepare(k, x, n, W.cols, pool);
@@ -244,9 +243,9 @@ int64_t matmul_amx_nib(const MatView& W, const float* x, int64_t n, float* y, Th
   auto align = [](uint8_t* p) { return p + (64 - reinterpret_cast<uintptr_t>(p) % 64) % 64; };
   uint8_t* tiles = align(t_tiles.data());
   uint8_t* panels = align(t_panels.data());
-  each(ntv, [&](int64_t v, int) { amx_nib_act_tiles(a.act, a.stride, n, W.cols, v, tiles + v * ts); });
+  each_item(pool, ntv, [&](int64_t v, int) { amx_nib_act_tiles(a.act, a.stride, n, W.cols, v, tiles + v * ts); });
   const int64_t base = r0 / 16 * 16, n_rb = (r1 - base + kRows - 1) / kRows, n_tg = (ntv + kVecs - 1) / kVecs;
-  each(n_rb * n_tg, [&](int64_t it, int th) {
+  each_item(pool, n_rb * n_tg, [&](int64_t it, int th) {
     const int64_t row = base + kRows * (it % n_rb), tg = it / n_rb;
     const int nr = static_cast<int>(std::min<int64_t>(kRows, (r1 - row + 15) / 16 * 16));
     uint8_t* p = panels + panel * static_cast<size_t>(std::min(th, nth - 1));

@@ -53,21 +53,12 @@ void amx_run(const PackedWeight& P, const uint8_t* act, size_t stride, int64_t n
   _tile_loadd(A, a0 + 32 * (j), stride);         \
   _tile_loadd(B, bw[j], 64);                     \
   _tile_dpbssd(C, A, B)
-        KIMI_KQ_PRODUCT(0, 2, 3, 0);
-        KIMI_KQ_PRODUCT(1, 4, 5, 1);
-        _tile_stored(0, cb[0], 64);
-        KIMI_KQ_PRODUCT(0, 2, 3, 2);
-        _tile_stored(1, cb[1], 64);
-        KIMI_KQ_PRODUCT(1, 4, 5, 3);
-        _tile_stored(0, cb[2], 64);
-        KIMI_KQ_PRODUCT(0, 2, 3, 4);
-        _tile_stored(1, cb[3], 64);
-        KIMI_KQ_PRODUCT(1, 4, 5, 5);
-        _tile_stored(0, cb[4], 64);
-        KIMI_KQ_PRODUCT(0, 2, 3, 6);
-        _tile_stored(1, cb[5], 64);
-        KIMI_KQ_PRODUCT(1, 4, 5, 7);
-        _tile_stored(0, cb[6], 64);
+        for (int j = 0; j < 8; j += 2) {  // (tile numbers are immediates: the even / odd sub-block by hand)
+          KIMI_KQ_PRODUCT(0, 2, 3, j);
+          if (j > 0) _tile_stored(1, cb[j - 1], 64);
+          KIMI_KQ_PRODUCT(1, 4, 5, j + 1);
+          _tile_stored(0, cb[j], 64);
+        }
         _tile_stored(1, cb[7], 64);
 #undef KIMI_KQ_PRODUCT
         const int64_t nv = nt - t0 < 16 ? nt - t0 : 16;

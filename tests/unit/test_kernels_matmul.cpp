@@ -488,6 +488,21 @@ TEST(Matmul, MatmulSetEqualsOneMatmulPerWeight) {
 // block read in place, padded token blocks, a group of 16 blocks and a ragged one); 1 and 3 threads. Then
 // the invariance that the rest of the engine relies on: matmul on 1 or 3 threads, matmul_rows over ranges
 // that cut 16-row groups and one token alone give the same bits.
+// matmul on one and on three threads, and matmul_rows over the ranges [cut[i], cut[i + 1]), give exactly
+// the bits of ref (rows x nt tokens): the AMX paths' results do not depend on the split.
+void expect_same_bits_through_matmul(const MatView& W, const std::vector<float>& x, int64_t nt,
+                                     const std::vector<float>& ref, const std::vector<int64_t>& cut, ThreadPool& one,
+                                     ThreadPool& three, const std::string& what) {
+  std::vector<float> y1(nt * W.rows, NAN), y3(nt * W.rows, NAN), yc(nt * W.rows, NAN);
+  matmul(W, x.data(), nt, y1.data(), one, Precision::Fast);
+  matmul(W, x.data(), nt, y3.data(), three, Precision::Fast);
+  for (size_t i = 0; i + 1 < cut.size(); ++i)
+    matmul_rows(W, x.data(), nt, yc.data(), std::min(cut[i], W.rows), std::min(cut[i + 1], W.rows), Precision::Fast);
+  ASSERT_EQ(std::memcmp(y1.data(), ref.data(), ref.size() * 4), 0) << what << " (1 thread)";
+  ASSERT_EQ(std::memcmp(y3.data(), ref.data(), ref.size() * 4), 0) << what << " (3 threads)";
+  ASSERT_EQ(std::memcmp(yc.data(), ref.data(), ref.size() * 4), 0) << what << " (matmul_rows over cuts)";
+}
+
 TEST(Matmul, AmxBf16TilesMatchReference) {
   if (!amx_bf16_usable()) GTEST_SKIP() << "no AMX-BF16 on this CPU (or the OS did not grant the tile state)";
   IsaRestore restore;
@@ -537,14 +552,11 @@ TEST(Matmul, AmxBf16TilesMatchReference) {
             }
         }
         // the same bits through matmul (1 and 3 threads) and matmul_rows over ranges that cut 16-row groups
-        std::vector<float> ya(nt * rows, NAN), yb(nt * rows, NAN), yc(nt * rows, NAN);
+        std::vector<float> ya(nt * rows, NAN);
         matmul(W, x.data(), nt, ya.data(), one, Precision::Fast);
-        matmul(W, x.data(), nt, yb.data(), three, Precision::Fast);
-        const int64_t cut[] = {0, std::min<int64_t>(7, rows), std::min<int64_t>(40, rows), std::min<int64_t>(270, rows),
-                               rows};
-        for (int i = 0; i < 4; ++i) matmul_rows(W, x.data(), nt, yc.data(), cut[i], cut[i + 1], Precision::Fast);
-        ASSERT_EQ(std::memcmp(ya.data(), yb.data(), ya.size() * 4), 0) << rows << "x" << cols << " nt=" << nt;
-        ASSERT_EQ(std::memcmp(ya.data(), yc.data(), ya.size() * 4), 0) << rows << "x" << cols << " nt=" << nt;
+        ASSERT_NO_FATAL_FAILURE(expect_same_bits_through_matmul(
+            W, x, nt, ya, {0, 7, 40, 270, rows}, one, three,
+            std::to_string(rows) + "x" + std::to_string(cols) + " nt=" + std::to_string(nt)));
         if (nt > 1) {  // token 1 and the last token alone (decode) equal their rows of the batch (prefill)
           std::vector<float> y1(rows);
           for (int64_t t : {int64_t{1}, nt - 1}) {
@@ -565,10 +577,6 @@ TEST(Matmul, AmxBf16TilesMatchReference) {
   EXPECT_TRUE(amx_bf16_takes(MatView{GgmlType::BF16, w.data(), 16, 32, row_bytes(GgmlType::BF16, 32)}, 1));
 }
 
-// MXFP4 blocks with exponent byte 0 (scale 2^-127, subnormal) are exact in every path, also
-// next to normal blocks (e = 255 is NaN in E8M0 and never written by a quantizer: not tested).
-// Activations are integers with |max| = 127 per block, so the Q8_0 activation scale is exactly 1
-// and every product and partial sum is exactly representable: results must be bit-exact.
 // AMX-INT8 for MXFP4 / Q4_0 with >= 16 tokens (matmul_amx.h): bit-identical to the AVX-512 kernel's
 // 16-token-lane path (run_lanes, which the AVX-512 kernel uses for every token tile of >= 16 tokens and
 // matmul_rows for >= 16 tokens), through matmul on 1 and 3 threads and matmul_rows over ranges that cut
@@ -603,17 +611,10 @@ TEST(Matmul, AmxInt8NibbleTilesEqualTheLaneKernel) {
           for (int64_t t = 0; t < nt; ++t) k.prep(&x[t * cols], cols, act.data() + t * stride);
           std::vector<float> yl(nt * rows, NAN);
           k.run(W, act.data(), stride, nt, 0, rows, yl.data(), rows);
-          std::vector<float> y1(nt * rows, NAN), y3(nt * rows, NAN), yc(nt * rows, NAN);
-          matmul(W, x.data(), nt, y1.data(), one, Precision::Fast);
-          matmul(W, x.data(), nt, y3.data(), three, Precision::Fast);
-          const int64_t cut[] = {0, std::min<int64_t>(7, rows), std::min<int64_t>(40, rows), std::min<int64_t>(70, rows),
-                                 rows};
-          for (int i = 0; i < 4; ++i) matmul_rows(W, x.data(), nt, yc.data(), cut[i], cut[i + 1], Precision::Fast);
-          const std::string what = std::string(type_name(type)) + " " + std::to_string(rows) + "x" +
-                                   std::to_string(cols) + " nt=" + std::to_string(nt);
-          ASSERT_EQ(std::memcmp(y1.data(), yl.data(), yl.size() * 4), 0) << what;
-          ASSERT_EQ(std::memcmp(y3.data(), yl.data(), yl.size() * 4), 0) << what;
-          ASSERT_EQ(std::memcmp(yc.data(), yl.data(), yl.size() * 4), 0) << what;
+          ASSERT_NO_FATAL_FAILURE(expect_same_bits_through_matmul(
+              W, x, nt, yl, {0, 7, 40, 70, rows}, one, three,
+              std::string(type_name(type)) + " " + std::to_string(rows) + "x" + std::to_string(cols) +
+                  " nt=" + std::to_string(nt)));
         }
       }
     }
@@ -656,20 +657,13 @@ TEST(Matmul, AmxInt8PackedKQuantsEqualTheAvx512Kernel) {
           const size_t stride = (pk.act_bytes(cols) + 63) / 64 * 64;
           std::vector<uint8_t> act(stride * (nt + 15));
           for (int64_t t = 0; t < nt; ++t) pk.prep(&x[t * cols], cols, act.data() + t * stride);
-          std::vector<float> yk(nt * rows, NAN), ya(nt * rows, NAN), y1(nt * rows, NAN), y3(nt * rows, NAN),
-              yc(nt * rows, NAN);
+          std::vector<float> yk(nt * rows, NAN), ya(nt * rows, NAN);
           pk.run(*P, act.data(), stride, nt, 0, P->groups, yk.data(), rows);
           run(*P, act.data(), stride, nt, 0, P->groups, ya.data(), rows);  // direct, every token in one call
-          matmul(W, x.data(), nt, y1.data(), one, Precision::Fast);
-          matmul(W, x.data(), nt, y3.data(), three, Precision::Fast);
-          const int64_t cut[] = {0, std::min<int64_t>(16, rows), std::min<int64_t>(32, rows), rows};
-          for (int i = 0; i < 3; ++i) matmul_rows(W, x.data(), nt, yc.data(), cut[i], cut[i + 1], Precision::Fast);
           const std::string what = std::string(type_name(type)) + " " + std::to_string(rows) + "x" +
                                    std::to_string(cols) + " nt=" + std::to_string(nt);
           ASSERT_EQ(std::memcmp(ya.data(), yk.data(), yk.size() * 4), 0) << what;
-          ASSERT_EQ(std::memcmp(y1.data(), yk.data(), yk.size() * 4), 0) << what;
-          ASSERT_EQ(std::memcmp(y3.data(), yk.data(), yk.size() * 4), 0) << what;
-          ASSERT_EQ(std::memcmp(yc.data(), yk.data(), yk.size() * 4), 0) << what;
+          ASSERT_NO_FATAL_FAILURE(expect_same_bits_through_matmul(W, x, nt, yk, {0, 16, 32, rows}, one, three, what));
           if (type == GgmlType::Q4_K) {
             std::vector<float> yt(rows);
             matmul(W, x.data() + (nt - 1) * cols, 1, yt.data(), three, Precision::Fast);
@@ -683,6 +677,10 @@ TEST(Matmul, AmxInt8PackedKQuantsEqualTheAvx512Kernel) {
   EXPECT_FALSE(amx_packed_run(GgmlType::Q6_K, &run));
 }
 
+// MXFP4 blocks with exponent byte 0 (scale 2^-127, subnormal) are exact in every path, also
+// next to normal blocks (e = 255 is NaN in E8M0 and never written by a quantizer: not tested).
+// Activations are integers with |max| = 127 per block, so the Q8_0 activation scale is exactly 1
+// and every product and partial sum is exactly representable: results must be bit-exact.
 TEST(Matmul, Mxfp4ZeroExponentIsExact) {
   IsaRestore restore;
   int64_t nonzero = 0;  // results that are not an exact cancellation (the test is not vacuous)

@@ -9,6 +9,8 @@
 // AMX-TILE + AMX-BF16, Linux granted the process the tile state (arch_prctl ARCH_REQ_XCOMP_PERM, kernel
 // >= 5.16), the matmul level is AVX-512 (so KIMI_ISA=avx2 turns it off too) and KIMI_AMX is not 0.
 // Elsewhere (other OSes, other CPUs) the AVX-512 / AVX2 kernels run as before.
+// The int8 tiles (TDPBSSD) serve MXFP4 / Q4_0 and the packed Q4_K / Q5_K products with >= 16 tokens,
+// bit-identical to the AVX-512 kernels they replace (the sections at the end of this header).
 #pragma once
 
 #include <cstddef>

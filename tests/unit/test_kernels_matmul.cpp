@@ -722,6 +722,55 @@ TEST(Matmul, Mxfp4ZeroExponentIsExact) {
   EXPECT_GT(nonzero, 1000);
 }
 
+// The MXFP4 GEMV for CPUs with AVX512-VBMI (one vpermt2b gathers a group's nibbles, vpermb looks
+// them up, vfixupimmps handles the scale's special exponents, 4 rows at a time) computes the same
+// block sums and f32 steps in the same order as the plain AVX-512 GEMV: results bit-identical, also
+// for exponent 0 (scale 2^-127) and 255 (NaN: that row's result is NaN, the others are not), all-zero
+// activation blocks, tail blocks, an odd last group and row counts that are not a multiple of 4.
+TEST(Matmul, Mxfp4VbmiGemvEqualsTheAvx512Kernel) {
+  if (!isa_at_most(Isa::Avx512, best_isa()) || !cpu_features().avx512vbmi)
+    GTEST_SKIP() << "no AVX-512 with VBMI on this CPU";
+  IsaRestore restore;
+  set_isa(Isa::Avx512);
+  struct VbmiRestore {
+    ~VbmiRestore() { set_vbmi_kernels(true); }
+  } vbmi_restore;
+  ThreadPool one(1), three(3);
+  std::mt19937 rng(4242);
+  std::uniform_int_distribution<int> byte(0, 255), ex(112, 132);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  int64_t nans = 0;
+  for (int64_t cols : {32, 96, 160, 1184, 7168}) {  // 1184: 9 groups (odd) + 1 tail block
+    for (int64_t rows : {1, 3, 4, 13, 130}) {
+      const uint64_t rb = row_bytes(GgmlType::MXFP4, cols);
+      std::vector<uint8_t> w(rb * rows);
+      for (auto& b : w) b = static_cast<uint8_t>(byte(rng));
+      const int64_t nb = cols / 32;
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t b = 0; b < nb; ++b) w[r * rb + 17 * b] = static_cast<uint8_t>(ex(rng));
+      w[0] = 0;                                               // row 0, block 0: scale 2^-127
+      if (rows > 2) w[2 * rb + 17 * (nb - 1)] = 255;          // row 2, its last block: NaN
+      if (rows > 5) w[5 * rb + 17 * (nb / 2)] = 0;            // row 5, a middle block
+      std::vector<float> x(cols);
+      for (auto& v : x) v = nd(rng);
+      if (nb > 2) std::fill(x.begin() + 32, x.begin() + 64, 0.0f);  // block 1 all zero (dx = 0)
+      const MatView W{GgmlType::MXFP4, w.data(), rows, cols, rb};
+      std::vector<float> want(rows, 1.0f);
+      set_vbmi_kernels(false);
+      matmul(W, x.data(), 1, want.data(), three, Precision::Fast);
+      set_vbmi_kernels(true);
+      const std::string what = "MXFP4 VBMI GEMV cols=" + std::to_string(cols) + " rows=" + std::to_string(rows);
+      // matmul_rows from a row that is not a multiple of 4
+      ASSERT_NO_FATAL_FAILURE(expect_same_bits_through_matmul(W, x, 1, want, {0, rows / 3 + 1, rows}, one, three, what));
+      for (int64_t r = 0; r < rows; ++r) {
+        ASSERT_EQ(std::isnan(want[r]), rows > 2 && r == 2) << what << " r=" << r;
+        nans += std::isnan(want[r]);
+      }
+    }
+  }
+  EXPECT_EQ(nans, 5 * 4);  // 5 widths x the 4 row counts with a row 2
+}
+
 // The activation quantizers of the Q8_0 paths are bit-identical to the ggml reference rule
 // d = amax / 127, q = roundf(x * (1/d)) (ties away from zero; x * (1/d), not x / d), written out
 // independently here, including exact .5 ties and inputs where x * (1/d) and x / d round apart.

@@ -32,6 +32,7 @@ const CpuFeatures& cpu_features() {
     c.avx512dq = __builtin_cpu_supports("avx512dq");
     c.avx512vnni = __builtin_cpu_supports("avx512vnni");
     c.avx512bf16 = __builtin_cpu_supports("avx512bf16");
+    c.avx512vbmi = __builtin_cpu_supports("avx512vbmi");
     {  // CPUID.(7,0):EDX bits 22 (AMX-BF16), 24 (AMX-TILE), 25 (AMX-INT8)
       unsigned a = 0, b = 0, cx = 0, d = 0;
       if (__get_cpuid_count(7, 0, &a, &b, &cx, &d)) {
@@ -63,6 +64,12 @@ const CpuFeatures& cpu_features() {
   }();
   return f;
 }
+
+namespace {
+std::atomic<bool> g_vbmi_on{true};
+}
+bool vbmi_kernels() { return cpu_features().avx512vbmi && g_vbmi_on.load(std::memory_order_relaxed); }
+void set_vbmi_kernels(bool on) { g_vbmi_on.store(on, std::memory_order_relaxed); }
 
 bool isa_supported(Isa isa, const CpuFeatures& c) {
   const bool avx2 = c.avx2 && c.fma && c.f16c && c.bmi2;

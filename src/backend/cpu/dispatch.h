@@ -57,11 +57,16 @@ constexpr bool isa_at_most(Isa a, Isa b) {
 struct CpuFeatures {
   bool avx2 = false, fma = false, f16c = false, bmi2 = false;
   bool avx512f = false, avx512bw = false, avx512vl = false, avx512dq = false;
-  bool avx512vnni = false, avx512bf16 = false;
+  bool avx512vnni = false, avx512bf16 = false, avx512vbmi = false;  // vbmi: optional kernels (MXFP4 GEMV)
   bool amx_tile = false, amx_bf16 = false, amx_int8 = false;  // CPUID only (the OS grant: amx_bf16_usable)
   bool neon = false, dotprod = false, i8mm = false, bf16 = false;  // aarch64
 };
 const CpuFeatures& cpu_features();
+// Kernels for an optional extension within the AVX-512 level (AVX512-VBMI: the MXFP4 GEMV; every
+// AVX-512 BF16 CPU but Cooper Lake has it). On where the CPU has it; tests switch it off to compare
+// with the kernels it replaces (bit for bit).
+bool vbmi_kernels();
+void set_vbmi_kernels(bool on);
 
 // The feature-set definition of each level (see above); Scalar is always supported.
 bool isa_supported(Isa isa, const CpuFeatures& f);

@@ -444,6 +444,120 @@ void gemv_q8(const MatView& W, const uint8_t* act, int64_t r0, int64_t r1, float
   }
 }
 
+// MXFP4 GEMV with AVX512-VBMI (every AVX-512 BF16 CPU but Cooper Lake; checked at run time): the
+// same products and the same f32 steps as gemv_q8<NibP<true>> (bit-identical), in fewer vector ops
+// per group of 4 blocks (68 bytes), which is what bounds the MXFP4 GEMV at 2 threads:
+//  - the 4 x 16 nibble bytes gathered from two loads of the group by one vpermt2b (was 4 loads and
+//    3 lane inserts);
+//  - the E2M1 lookup by vpermb, which indexes with 6 bits, so a 64-entry table that repeats the 16
+//    values makes the nibble masks unnecessary (hi = the 16-bit shift by 4, its bits 4-5 ignored);
+//  - the scale 2^(e-127) as the float with exponent field e, its two special cases (e = 0: 2^-127,
+//    a subnormal; e = 255: NaN) fixed by one vfixupimmps on the classes "zero" and "+inf".
+// MXFP4 GEMV with AVX512-VBMI (every AVX-512 BF16 CPU but Cooper Lake; checked at run time): the
+// same integer block sums and the same f32 steps per block and lane as gemv_q8<NibP<true>>, in fewer
+// vector ops per group of 4 blocks (68 bytes) — what bounds the MXFP4 GEMV at 2 threads:
+//  - the 4 x 16 nibble bytes gathered from two loads of the group by one vpermt2b (was 4 loads and
+//    3 lane inserts);
+//  - the E2M1 lookup by vpermb, which indexes with 6 bits, so a 64-entry table that repeats the 16
+//    values makes the nibble masks unnecessary (hi = the 16-bit shift by 4, its bits 4-5 ignored);
+//  - the scale 2^(e-127) as the float with exponent field e, its two special cases (e = 0: 2^-127,
+//    a subnormal; e = 255: NaN) fixed by one vfixupimmps on the classes "zero" and "+inf";
+//  - the offset correction negated once per call (ncorr) and loaded as the first vpdpbusd's
+//    accumulator, instead of a zeroed register and a subtraction per row;
+//  - 4 rows at a time (the activation loads shared, 8 independent chains), prefetching the same
+//    columns of the next 4 rows.
+// Rows and blocks sum in the same order as gemv_q8 (two accumulators per row: even / odd groups).
+struct MxVbmi {
+  __m512i gather, tab, eidx, fix;
+  __m512 sub;
+};
+
+template <int RR>
+__attribute__((target("avx512vbmi"))) inline void mxfp4_rows_vbmi(const uint8_t* w, uint64_t rb, int64_t ng,
+                                                                  const uint8_t* act, const uint8_t* ncorr,
+                                                                  const MxVbmi& c, __m512* acc0, __m512* acc1) {
+  constexpr int kGB = 4 * NibP<true>::kBB;  // 68
+  // prefetch the same columns of the next row block (whole row blocks, at least kPfBytes ahead): 4
+  // streams of rb-spaced lines in flight instead of one row's next 2 KiB, which the rows' own
+  // streams would reach soon anyway (measured: 17 -> 32 GB/s for 3072 x 7168 from memory, 2 threads)
+  const int64_t blk = RR * static_cast<int64_t>(rb);
+  const int64_t pf = blk * ((kPfBytes + blk - 1) / blk);
+  auto group = [&](const uint8_t* p, const uint8_t* a, const uint8_t* nc, __m512 acc)
+                   __attribute__((target("avx512vbmi"))) {
+    const __m512i v0 = _mm512_loadu_si512(p), v4 = _mm512_loadu_si512(p + 4);
+    const __m512i qs = _mm512_permutex2var_epi8(v0, c.gather, v4);
+    const __m512i lo = _mm512_permutexvar_epi8(qs, c.tab);
+    const __m512i hi = _mm512_permutexvar_epi8(_mm512_srli_epi16(qs, 4), c.tab);
+    const __m512i e = _mm512_shuffle_epi8(v0, c.eidx);
+    const __m512 dw = _mm512_fixupimm_ps(c.sub, _mm512_castsi512_ps(_mm512_slli_epi32(e, 23)), c.fix, 0);
+    __m512i s = _mm512_dpbusd_epi32(_mm512_loadu_si512(nc), lo, _mm512_loadu_si512(a));
+    s = _mm512_dpbusd_epi32(s, hi, _mm512_loadu_si512(a + 64));
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dw, _mm512_loadu_ps(a + 128)), acc);
+  };
+  for (int i = 0; i < RR; ++i) acc0[i] = acc1[i] = _mm512_setzero_ps();
+  int64_t g = 0;
+  for (; g + 2 <= ng; g += 2) {
+    const uint8_t* a = act + g * kNibGroupBytes;
+    const uint8_t* nc = ncorr + g * 64;
+    KIMI_UNROLL for (int i = 0; i < RR; ++i) {
+      const uint8_t* p = w + i * rb + g * kGB;
+      prefetch_line(p + pf);
+      prefetch_line(p + pf + 64);
+      prefetch_line(p + pf + 128);
+      acc0[i] = group(p, a, nc, acc0[i]);
+      acc1[i] = group(p + kGB, a + kNibGroupBytes, nc + 64, acc1[i]);
+    }
+  }
+  if (g < ng)
+    for (int i = 0; i < RR; ++i) acc0[i] = group(w + i * rb + g * kGB, act + g * kNibGroupBytes, ncorr + g * 64, acc0[i]);
+}
+
+__attribute__((target("avx512vbmi"))) void gemv_mxfp4_vbmi(const MatView& W, const uint8_t* act, int64_t r0,
+                                                           int64_t r1, float* y) {
+  using P = NibP<true>;
+  const int64_t nb = W.cols / 32, ng = nb / 4;
+  alignas(64) static constexpr uint8_t kGather[64] = {
+      1,  2,  3,  4,  5,  6,  7,  8,  9,  10, 11, 12, 13, 14, 15, 16,  //
+      18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33,  //
+      35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50,  //
+      // bytes 52..67 of the group = bytes 48..63 of the second load (at +4): index 64 + 48..63
+      112, 113, 114, 115, 116, 117, 118, 119, 120, 121, 122, 123, 124, 125, 126, 127};
+  MxVbmi c;
+  c.gather = _mm512_load_si512(kGather);
+  c.tab = P::table();
+  // e_k = byte 17k = byte k of 128-bit lane k of the group's first 64 bytes, to its 4 dwords
+  c.eidx = _mm512_setr_epi32(0xffffff00, 0xffffff00, 0xffffff00, 0xffffff00, 0xffffff01, 0xffffff01, 0xffffff01,
+                             0xffffff01, 0xffffff02, 0xffffff02, 0xffffff02, 0xffffff02, 0xffffff03, 0xffffff03,
+                             0xffffff03, 0xffffff03);
+  c.sub = _mm512_castsi512_ps(_mm512_set1_epi32(0x00400000));  // 2^-127
+  // response per input class, 4 bits each (0 QNaN, 1 SNaN, 2 zero, 3 +1, 4 -inf, 5 +inf, 6 negative,
+  // 7 positive): zero -> keep the destination (2^-127), +inf -> QNaN(+inf) = 0x7fc00000 (the reference's
+  // NaN), every other class -> the input
+  c.fix = _mm512_set1_epi32(0x11211011);
+  // -corr of every group (f32 scratch slot 1: matmul lends it, MatKernel::scratch_rows covers it)
+  uint8_t* ncorr = reinterpret_cast<uint8_t*>(f32_scratch(ng * 16 + 16, 1));
+  for (int64_t g = 0; g < ng; ++g)
+    _mm512_storeu_si512(ncorr + g * 64,
+                        _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_loadu_si512(act + g * kNibGroupBytes + 192)));
+  const uint64_t rb = W.row_bytes;
+  auto finish = [&](int64_t r, __m512 a0, __m512 a1) {
+    const uint8_t* w = W.data + static_cast<uint64_t>(r) * rb;
+    float tl = 0.0f;
+    for (int64_t b = ng * 4; b < nb; ++b) tl += P::tail(w + b * P::kBB, act + ng * P::kAG + (b - ng * 4) * kTailBlockBytes);
+    y[r] = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1)) + tl;
+  };
+  __m512 a0[4], a1[4];
+  int64_t r = r0;
+  for (; r + 4 <= r1; r += 4) {
+    mxfp4_rows_vbmi<4>(W.data + static_cast<uint64_t>(r) * rb, rb, ng, act, ncorr, c, a0, a1);
+    for (int i = 0; i < 4; ++i) finish(r + i, a0[i], a1[i]);
+  }
+  for (; r < r1; ++r) {
+    mxfp4_rows_vbmi<1>(W.data + static_cast<uint64_t>(r) * rb, rb, ng, act, ncorr, c, a0, a1);
+    finish(r, a0[0], a1[0]);
+  }
+}
+
 // GEMM over many tokens for the nibble types: each panel of kPanel rows is decoded ONCE into
 // scratch (per group of 4 blocks: lo[64] u8, hi[64] u8, dw[16] f32 = 192 bytes; the nb % 4 tail
 // blocks copied raw after the groups) and the register tiles then read the decoded panel for every
@@ -683,7 +797,12 @@ void run_lanes(const MatView& W, const uint8_t* act, size_t stride, int64_t nt, 
 template <class P>
 void run_q8_nib(const MatView& W, const uint8_t* act, size_t stride, int64_t nt, int64_t r0, int64_t r1, float* y,
                 int64_t ldy) {
-  if (nt == 1) return gemv_q8<P>(W, act, r0, r1, y);
+  if (nt == 1) {
+    if constexpr (std::is_same_v<P, NibP<true>>) {
+      if (vbmi_kernels()) return gemv_mxfp4_vbmi(W, act, r0, r1, y);
+    }
+    return gemv_q8<P>(W, act, r0, r1, y);
+  }
   if (nt < 8) return drive<Q8Tiles<P>, 4, 4>(W.data, W.row_bytes, act, stride, nt, r0, r1, y, ldy, W.cols / 32);
   if constexpr (requires { P::kOff; }) {
     if (nt >= kTokLanes) return run_lanes<P>(W, act, stride, nt, r0, r1, y, ldy);

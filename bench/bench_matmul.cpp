@@ -71,10 +71,21 @@ std::vector<float> make_x(int64_t n) {
   return x;
 }
 
-// GEMV over `copies` stacked copies of a rows x cols matrix (total > cache), one copy per call.
+// The from-memory cases rotate over copies of their matrix that together hold at least kDramBytes, so
+// that no last-level cache holds them (a 2-core cloud VM here reports a 480 MB L3: with the 75-100 MB
+// these cases used to rotate over, a Q4_K GEMV "from memory" measured 35-42 GB/s, from 1 GiB 18-19,
+// which is what decode sees). copies == 1: the cache-resident ("hot") cases, unchanged.
+constexpr uint64_t kDramBytes = uint64_t{1} << 30;
+int dram_copies(uint64_t mat_bytes, int copies) {
+  if (copies <= 1) return copies;
+  return static_cast<int>(std::max<uint64_t>(static_cast<uint64_t>(copies), (kDramBytes + mat_bytes - 1) / mat_bytes));
+}
+
+// GEMV over stacked copies of a rows x cols matrix (dram_copies), one copy per call.
 void gemv(benchmark::State& st, GgmlType t, int64_t rows, int64_t cols, int copies, Precision prec) {
-  const auto w = make_weights(t, rows, cols, copies);
   const uint64_t mat_bytes = row_bytes(t, static_cast<uint64_t>(cols)) * static_cast<uint64_t>(rows);
+  copies = dram_copies(mat_bytes, copies);
+  const auto w = make_weights(t, rows, cols, copies);
   const auto x = make_x(cols);
   std::vector<float> y(static_cast<size_t>(rows));
   int i = 0;
@@ -88,12 +99,13 @@ void gemv(benchmark::State& st, GgmlType t, int64_t rows, int64_t cols, int copi
   st.SetLabel(kernel_label(t, prec));
 }
 
-// MoE decode pattern: 8 of 64 experts (each rows x cols MXFP4) per iteration.
+// MoE decode pattern: 8 random experts (each rows x cols MXFP4) per iteration, out of as many as hold
+// kDramBytes (a model's layers hold that many between two visits of one layer).
 void moe_gemv(benchmark::State& st, int64_t rows, int64_t cols) {
-  const int n_exp = 64;
-  const auto w = make_weights(GgmlType::MXFP4, rows, cols, n_exp);
   const uint64_t rb = row_bytes(GgmlType::MXFP4, static_cast<uint64_t>(cols));
   const uint64_t exp_bytes = rb * static_cast<uint64_t>(rows);
+  const int n_exp = dram_copies(exp_bytes, 64);
+  const auto w = make_weights(GgmlType::MXFP4, rows, cols, n_exp);
   const auto x = make_x(cols);
   std::vector<float> y(static_cast<size_t>(rows));
   std::mt19937 rng(3);
@@ -126,9 +138,10 @@ void gemm(benchmark::State& st, GgmlType t, int64_t rows, int64_t cols, int64_t 
 // For one token matmul uses a packed copy only where PackedKernel::gemv is set (Q4_K today): the
 // Q5_K / Q6_K GEMV cases below therefore time the plain kernels on the original rows.
 void gemv_packed(benchmark::State& st, GgmlType t, int64_t rows, int64_t cols, int copies) {
-  const auto w = make_weights(t, rows, cols, copies);
   const uint64_t rb = row_bytes(t, static_cast<uint64_t>(cols));
   const uint64_t mat_bytes = rb * static_cast<uint64_t>(rows);
+  copies = dram_copies(mat_bytes, copies);
+  const auto w = make_weights(t, rows, cols, copies);
   std::vector<MatView> views;
   std::vector<std::unique_ptr<PackedWeight>> packs;
   for (int c = 0; c < copies; ++c) {
@@ -246,6 +259,8 @@ BENCHMARK_CAPTURE(peak, f32_fma_mac, 2)->Arg(1)->Arg(2)->UseRealTime();
 // K-quants through their packed copies: small-preset FFN down and K3 shapes (7168 hidden:
 // KDA q/k/v 7168 -> 12288, routed/shared expert 7168 -> 3072 and back)
 BENCHMARK_CAPTURE(gemv_packed, q4_K_2048x8192, GgmlType::Q4_K, 2048, 8192, 8)->UseRealTime();
+// small-preset KDA projection (2048 -> 2048)
+BENCHMARK_CAPTURE(gemv_packed, q4_K_2048x2048, GgmlType::Q4_K, 2048, 2048, 2)->UseRealTime();
 BENCHMARK_CAPTURE(gemv_packed, q5_K_2048x8192, GgmlType::Q5_K, 2048, 8192, 8)->UseRealTime();
 BENCHMARK_CAPTURE(gemv_packed, q6_K_2048x8192, GgmlType::Q6_K, 2048, 8192, 8)->UseRealTime();
 BENCHMARK_CAPTURE(gemv_packed, q4_K_12288x7168, GgmlType::Q4_K, 12288, 7168, 2)->UseRealTime();
@@ -281,6 +296,8 @@ BENCHMARK_CAPTURE(gemv, f32_2048x4096, GgmlType::F32, 2048, 4096, 4, Precision::
 BENCHMARK_CAPTURE(gemv, q4_K_2048x8192, GgmlType::Q4_K, 2048, 8192, 8, Precision::Fast)->UseRealTime();
 BENCHMARK_CAPTURE(gemv, q5_K_2048x8192, GgmlType::Q5_K, 2048, 8192, 8, Precision::Fast)->UseRealTime();
 BENCHMARK_CAPTURE(gemv, q6_K_2048x8192, GgmlType::Q6_K, 2048, 8192, 8, Precision::Fast)->UseRealTime();
+// the small preset's output head (2048 -> 32768; Q6_K in Q4_K_M files)
+BENCHMARK_CAPTURE(gemv, q6_K_32768x2048, GgmlType::Q6_K, 32768, 2048, 2, Precision::Fast)->UseRealTime();
 BENCHMARK_CAPTURE(gemv, bf16_f32prec_2048x8192, GgmlType::BF16, 2048, 8192, 4, Precision::F32)->UseRealTime();
 // routed experts of the small preset: 64 experts {1024 -> 768}, 8 active
 BENCHMARK_CAPTURE(moe_gemv, mxfp4_768x1024_8of64, 768, 1024)->UseRealTime();

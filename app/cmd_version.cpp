@@ -44,6 +44,9 @@ int cmd_version(int argc, char** argv) {
                                          ? "present, not in use (KIMI_AMX=0, KIMI_ISA or the OS)"
                                          : "no");
   }
+  if (kimi::kern::current_isa() == kimi::kern::Isa::Avx512)
+    std::printf("avx512 vbmi: %s\n", kimi::kern::vbmi_kernels() ? "in use for the MXFP4 GEMV"
+                                                                  : "no (the MXFP4 GEMV takes its plain AVX-512 form)");
   std::printf("backends: %s\n", backends.c_str());
   return 0;
 }

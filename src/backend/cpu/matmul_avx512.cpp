@@ -206,6 +206,13 @@ struct NibP {
     // MXFP4: kvalues + 12 (so the u8 operand is non-negative); unused for Q4_0
     return _mm512_broadcast_i32x4(mxfp4_plus12_table());
   }
+  // MXFP4: the vpshufb index that moves e_k (byte 17k of a group = byte k of 128-bit lane k of its
+  // first 64 bytes) into the low byte of lane k's 4 dwords, the other bytes zero
+  static inline __m512i exp_index() {
+    return _mm512_setr_epi32(0xffffff00, 0xffffff00, 0xffffff00, 0xffffff00, 0xffffff01, 0xffffff01, 0xffffff01,
+                             0xffffff01, 0xffffff02, 0xffffff02, 0xffffff02, 0xffffff02, 0xffffff03, 0xffffff03,
+                             0xffffff03, 0xffffff03);
+  }
   static inline Dec decode(const uint8_t* p) {
     Dec d;
     const __m512i qs = load4x16(p + kQs, kBB);
@@ -216,11 +223,7 @@ struct NibP {
       const __m512i tab = table();
       d.lo = _mm512_shuffle_epi8(tab, d.lo);
       d.hi = _mm512_shuffle_epi8(tab, d.hi);
-      // e_k sits at byte 17k = byte k of 128-bit lane k of the 64 bytes at p
-      const __m512i idx = _mm512_setr_epi32(0xffffff00, 0xffffff00, 0xffffff00, 0xffffff00, 0xffffff01, 0xffffff01,
-                                            0xffffff01, 0xffffff01, 0xffffff02, 0xffffff02, 0xffffff02, 0xffffff02,
-                                            0xffffff03, 0xffffff03, 0xffffff03, 0xffffff03);
-      const __m512i e = _mm512_shuffle_epi8(_mm512_loadu_si512(p), idx);
+      const __m512i e = _mm512_shuffle_epi8(_mm512_loadu_si512(p), exp_index());
       // 2^(e-127), the 1/2 folded into dx; e = 0 is the subnormal 2^-127 (exact, as the reference)
       d.dw = _mm512_castsi512_ps(
           _mm512_mask_mov_epi32(_mm512_mask_mov_epi32(_mm512_slli_epi32(e, 23), _mm512_testn_epi32_mask(e, e),
@@ -445,17 +448,8 @@ void gemv_q8(const MatView& W, const uint8_t* act, int64_t r0, int64_t r1, float
 }
 
 // MXFP4 GEMV with AVX512-VBMI (every AVX-512 BF16 CPU but Cooper Lake; checked at run time): the
-// same products and the same f32 steps as gemv_q8<NibP<true>> (bit-identical), in fewer vector ops
-// per group of 4 blocks (68 bytes), which is what bounds the MXFP4 GEMV at 2 threads:
-//  - the 4 x 16 nibble bytes gathered from two loads of the group by one vpermt2b (was 4 loads and
-//    3 lane inserts);
-//  - the E2M1 lookup by vpermb, which indexes with 6 bits, so a 64-entry table that repeats the 16
-//    values makes the nibble masks unnecessary (hi = the 16-bit shift by 4, its bits 4-5 ignored);
-//  - the scale 2^(e-127) as the float with exponent field e, its two special cases (e = 0: 2^-127,
-//    a subnormal; e = 255: NaN) fixed by one vfixupimmps on the classes "zero" and "+inf".
-// MXFP4 GEMV with AVX512-VBMI (every AVX-512 BF16 CPU but Cooper Lake; checked at run time): the
 // same integer block sums and the same f32 steps per block and lane as gemv_q8<NibP<true>>, in fewer
-// vector ops per group of 4 blocks (68 bytes) — what bounds the MXFP4 GEMV at 2 threads:
+// vector ops per group of 4 blocks (68 bytes) — what bounds it in cache (14.5 -> 20.8 GB/s, one thread):
 //  - the 4 x 16 nibble bytes gathered from two loads of the group by one vpermt2b (was 4 loads and
 //    3 lane inserts);
 //  - the E2M1 lookup by vpermb, which indexes with 6 bits, so a 64-entry table that repeats the 16
@@ -477,9 +471,10 @@ __attribute__((target("avx512vbmi"))) inline void mxfp4_rows_vbmi(const uint8_t*
                                                                   const uint8_t* act, const uint8_t* ncorr,
                                                                   const MxVbmi& c, __m512* acc0, __m512* acc1) {
   constexpr int kGB = 4 * NibP<true>::kBB;  // 68
-  // prefetch the same columns of the next row block (whole row blocks, at least kPfBytes ahead): 4
-  // streams of rb-spaced lines in flight instead of one row's next 2 KiB, which the rows' own
-  // streams would reach soon anyway (measured: 17 -> 32 GB/s for 3072 x 7168 from memory, 2 threads)
+  // prefetch the same columns of the next row block (whole row blocks, at least kPfBytes ahead), not
+  // 2 KiB ahead in each row, which for 4 adjacent rows lands in lines the next row's own stream has
+  // read (measured with the weights in L3: 17 -> 32 GB/s for 3072 x 7168, 2 threads; from DRAM both
+  // run at ~20, docs/performance.md "Decode from DRAM")
   const int64_t blk = RR * static_cast<int64_t>(rb);
   const int64_t pf = blk * ((kPfBytes + blk - 1) / blk);
   auto group = [&](const uint8_t* p, const uint8_t* a, const uint8_t* nc, __m512 acc)
@@ -525,10 +520,7 @@ __attribute__((target("avx512vbmi"))) void gemv_mxfp4_vbmi(const MatView& W, con
   MxVbmi c;
   c.gather = _mm512_load_si512(kGather);
   c.tab = P::table();
-  // e_k = byte 17k = byte k of 128-bit lane k of the group's first 64 bytes, to its 4 dwords
-  c.eidx = _mm512_setr_epi32(0xffffff00, 0xffffff00, 0xffffff00, 0xffffff00, 0xffffff01, 0xffffff01, 0xffffff01,
-                             0xffffff01, 0xffffff02, 0xffffff02, 0xffffff02, 0xffffff02, 0xffffff03, 0xffffff03,
-                             0xffffff03, 0xffffff03);
+  c.eidx = P::exp_index();
   c.sub = _mm512_castsi512_ps(_mm512_set1_epi32(0x00400000));  // 2^-127
   // response per input class, 4 bits each (0 QNaN, 1 SNaN, 2 zero, 3 +1, 4 -inf, 5 +inf, 6 negative,
   // 7 positive): zero -> keep the destination (2^-127), +inf -> QNaN(+inf) = 0x7fc00000 (the reference's

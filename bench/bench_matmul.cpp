@@ -279,6 +279,7 @@ BENCHMARK_CAPTURE(gemv, mxfp4_hot_256x4096, GgmlType::MXFP4, 256, 4096, 1, Preci
 BENCHMARK_CAPTURE(gemv, q4_K_12288x7168, GgmlType::Q4_K, 12288, 7168, 2, Precision::Fast)->UseRealTime();
 BENCHMARK_CAPTURE(gemv, q8_0_12288x7168, GgmlType::Q8_0, 12288, 7168, 2, Precision::Fast)->UseRealTime();
 BENCHMARK_CAPTURE(gemv, bf16_12288x7168, GgmlType::BF16, 12288, 7168, 2, Precision::Fast)->UseRealTime();
+BENCHMARK_CAPTURE(gemv_packed, bf16_12288x7168, GgmlType::BF16, 12288, 7168, 2)->UseRealTime();
 BENCHMARK_CAPTURE(gemv, mxfp4_3072x7168, GgmlType::MXFP4, 3072, 7168, 8, Precision::Fast)->UseRealTime();
 BENCHMARK_CAPTURE(gemm_packed, q4_K_2048x2048_t512, GgmlType::Q4_K, 2048, 2048, 512)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(gemm_packed, q5_K_2048x2048_t512, GgmlType::Q5_K, 2048, 2048, 512)->UseRealTime()->Unit(benchmark::kMillisecond);
@@ -288,6 +289,7 @@ BENCHMARK_CAPTURE(gemm_packed, q4_K_3072x7168_t512, GgmlType::Q4_K, 3072, 7168, 
 // dense FFN of the small preset: gate/up {2048 -> 8192}, down {8192 -> 2048}
 BENCHMARK_CAPTURE(gemv, bf16_8192x2048, GgmlType::BF16, 8192, 2048, 4, Precision::Fast)->UseRealTime();
 BENCHMARK_CAPTURE(gemv, bf16_2048x8192, GgmlType::BF16, 2048, 8192, 4, Precision::Fast)->UseRealTime();
+BENCHMARK_CAPTURE(gemv_packed, bf16_2048x8192, GgmlType::BF16, 2048, 8192, 4)->UseRealTime();
 BENCHMARK_CAPTURE(gemv, q8_0_2048x8192, GgmlType::Q8_0, 2048, 8192, 4, Precision::Fast)->UseRealTime();
 BENCHMARK_CAPTURE(gemv, q4_0_2048x8192, GgmlType::Q4_0, 2048, 8192, 8, Precision::Fast)->UseRealTime();
 BENCHMARK_CAPTURE(gemv, mxfp4_2048x8192, GgmlType::MXFP4, 2048, 8192, 8, Precision::Fast)->UseRealTime();
@@ -307,6 +309,8 @@ BENCHMARK_CAPTURE(gemm, bf16_2048x8192_t512, GgmlType::BF16, 2048, 8192, 512)->U
 BENCHMARK_CAPTURE(gemm, bf16_8192x2048_t512, GgmlType::BF16, 8192, 2048, 512)->UseRealTime()->Unit(benchmark::kMillisecond);
 // K3 shapes: a KDA projection (7168 -> 12288) and a routed expert's gate (3584 -> 3072) at 64 tokens
 BENCHMARK_CAPTURE(gemm, bf16_12288x7168_t512, GgmlType::BF16, 12288, 7168, 512)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(gemm_packed, bf16_12288x7168_t512, GgmlType::BF16, 12288, 7168, 512)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(gemm_packed, bf16_2048x2048_t512, GgmlType::BF16, 2048, 2048, 512)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(gemm, mxfp4_3072x3584_t64, GgmlType::MXFP4, 3072, 3584, 64)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(gemm, mxfp4_1024x768_t64, GgmlType::MXFP4, 1024, 768, 64)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(gemm, q8_0_2048x2048_t512, GgmlType::Q8_0, 2048, 2048, 512)->UseRealTime()->Unit(benchmark::kMillisecond);

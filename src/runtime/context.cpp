@@ -351,9 +351,12 @@ std::string Context::memory_summary() const {
       c.top_k == 0 ? std::string("off") : std::to_string(c.top_k),
       c.prec == Precision::Fast ? "fast" : "f32");
   if (!c.fit_note.empty()) s += c.fit_note + "\n";
-  if (c.cpu->packed_count() > 0)
-    s += fmt::format("cpu: {} K-quant weights repacked for the SIMD kernels ({:.1f} MiB; KIMI_REPACK=0: off)\n",
-                     c.cpu->packed_count(), c.cpu->packed_bytes() / 1048576.0);
+  if (const size_t nq = c.cpu->packed_count() - c.cpu->packed_bf16_count(); nq > 0)
+    s += fmt::format("cpu: {} K-quant weights repacked for the SIMD kernels ({:.1f} MiB; KIMI_REPACK=0: off)\n", nq,
+                     (c.cpu->packed_bytes() - c.cpu->packed_bf16_bytes()) / 1048576.0);
+  if (c.cpu->packed_bf16_count() > 0)
+    s += fmt::format("cpu: {} BF16 weights repacked in the AMX tile order ({:.1f} MiB; KIMI_REPACK=0: off)\n",
+                     c.cpu->packed_bf16_count(), c.cpu->packed_bf16_bytes() / 1048576.0);
   if (!c.placement.single_device()) s += c.placement.summary();
   return s;
 }

@@ -90,6 +90,12 @@ class FakeDevice final : public CpuBackend {
     tags_.push_back(name);
     return p;
   }
+  // the CPU backend's load-time copies (repack.h) read the placed weight: a dev1 op like any other
+  const PackedWeight* prepare_weight(const MatView& w) override {
+    Open o(this);
+    own(w.data, "prepare_weight");
+    return CpuBackend::prepare_weight(w);
+  }
   void upload(void* dst, const void* src, uint64_t bytes) override {
     Open o(this);
     own(dst, "upload");

@@ -557,12 +557,25 @@ TEST(Matmul, AmxBf16TilesMatchReference) {
         ASSERT_NO_FATAL_FAILURE(expect_same_bits_through_matmul(
             W, x, nt, ya, {0, 7, 40, 270, rows}, one, three,
             std::to_string(rows) + "x" + std::to_string(cols) + " nt=" + std::to_string(nt)));
+        // the copy in the AMX tile order (repack.h: 32-row groups, the last zero-padded) gives the same bits,
+        // prefill and decode, with ranges that cut its groups
+        const auto P = pack_weight(W, &three);
+        ASSERT_NE(P, nullptr);
+        ASSERT_EQ(P->groups, (rows + 31) / 32);
+        MatView Wp = W;
+        Wp.packed = P.get();
+        ASSERT_NO_FATAL_FAILURE(expect_same_bits_through_matmul(
+            Wp, x, nt, ya, {0, 7, 40, 270, rows}, one, three,
+            "packed " + std::to_string(rows) + "x" + std::to_string(cols) + " nt=" + std::to_string(nt)));
         if (nt > 1) {  // token 1 and the last token alone (decode) equal their rows of the batch (prefill)
-          std::vector<float> y1(rows);
+          std::vector<float> y1(rows), y1p(rows);
           for (int64_t t : {int64_t{1}, nt - 1}) {
             matmul(W, x.data() + t * cols, 1, y1.data(), three, Precision::Fast);
             ASSERT_EQ(std::memcmp(y1.data(), ya.data() + t * rows, rows * 4), 0)
                 << rows << "x" << cols << " nt=" << nt << " t=" << t;
+            matmul(Wp, x.data() + t * cols, 1, y1p.data(), three, Precision::Fast);
+            ASSERT_EQ(std::memcmp(y1p.data(), y1.data(), rows * 4), 0)
+                << "packed " << rows << "x" << cols << " nt=" << nt << " t=" << t;
           }
         }
       }
@@ -575,6 +588,19 @@ TEST(Matmul, AmxBf16TilesMatchReference) {
   EXPECT_FALSE(amx_bf16_takes(odd, 16));
   EXPECT_EQ(matmul_amx_bf16(odd, x.data(), 16, y.data(), &one, 2, 16), 2);
   EXPECT_TRUE(amx_bf16_takes(MatView{GgmlType::BF16, w.data(), 16, 32, row_bytes(GgmlType::BF16, 32)}, 1));
+  EXPECT_EQ(pack_weight(odd), nullptr);  // no tile order for columns not a multiple of 32
+  // a packed copy made from other data (a view that moved: a slice, a rank's rows) is not used
+  const auto w2 = random_weights(GgmlType::BF16, 16, 32, rng);
+  MatView a{GgmlType::BF16, w.data(), 16, 32, row_bytes(GgmlType::BF16, 32)}, b = a;
+  b.data = w2.data();
+  const auto Pa = pack_weight(a);
+  ASSERT_NE(Pa, nullptr);
+  b.packed = Pa.get();
+  std::vector<float> yb(16), yr(16);
+  matmul(b, x.data(), 1, yb.data(), one, Precision::Fast);
+  b.packed = nullptr;
+  matmul(b, x.data(), 1, yr.data(), one, Precision::Fast);
+  EXPECT_EQ(std::memcmp(yb.data(), yr.data(), 16 * 4), 0);
 }
 
 // AMX-INT8 for MXFP4 / Q4_0 with >= 16 tokens (matmul_amx.h): bit-identical to the AVX-512 kernel's

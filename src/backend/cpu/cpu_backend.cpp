@@ -13,6 +13,8 @@
 #include "backend/cpu/conv.h"
 #include "backend/cpu/kda.h"
 #include "backend/cpu/ops.h"
+#include "backend/cpu/repack.h"
+#include "util/file_read.h"
 
 namespace kimi {
 
@@ -63,9 +65,18 @@ std::unique_ptr<Buffer> CpuBackend::alloc(uint64_t bytes, const char*) { return 
 const uint8_t* CpuBackend::place_weight(const std::string&, const uint8_t* host, uint64_t) { return host; }
 const PackedWeight* CpuBackend::prepare_weight(const kern::MatView& w) {
   if (prec_ != kern::Precision::Fast) return nullptr;  // Precision::F32 reads the original
+  const bool bf16 = w.type == GgmlType::BF16;
+  if (bf16) {
+    static const uint64_t limit = memory_limit_bytes();
+    const uint64_t bytes = static_cast<uint64_t>((w.rows + kern::kAmxPackRows - 1) / kern::kAmxPackRows) *
+                           kern::kAmxPackRows * static_cast<uint64_t>(w.cols) * 2;
+    if (limit > 0 && packed_bf16_bytes_ + bytes > limit / 2) return nullptr;
+  }
   auto p = kern::pack_weight(w, &pool_);
   if (!p) return nullptr;
-  packed_bytes_ += p->group_bytes * static_cast<uint64_t>(p->groups);
+  const uint64_t bytes = p->group_bytes * static_cast<uint64_t>(p->groups);
+  packed_bytes_ += bytes;
+  if (bf16) packed_bf16_bytes_ += bytes, ++packed_bf16_count_;
   packed_.push_back(std::move(p));
   return packed_.back().get();
 }

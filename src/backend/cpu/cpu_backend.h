@@ -24,10 +24,14 @@ class CpuBackend : public Backend {
 
   std::unique_ptr<Buffer> alloc(uint64_t bytes, const char* what) override;
   const uint8_t* place_weight(const std::string& name, const uint8_t* host, uint64_t bytes) override;
-  // K-quant weights: the row-interleaved copy (backend/cpu/repack.h), held until the backend goes
+  // K-quant weights: the row-interleaved copy; BF16 weights where AMX-BF16 is usable: the tile-order copy
+  // (backend/cpu/repack.h), held until the backend goes. BF16 copies stop at half the memory limit (the
+  // rest read in place: a model much larger than memory keeps its page cache for what it streams).
   const PackedWeight* prepare_weight(const kern::MatView& w) override;
   uint64_t packed_bytes() const { return packed_bytes_; }
   size_t packed_count() const { return packed_.size(); }
+  uint64_t packed_bf16_bytes() const { return packed_bf16_bytes_; }
+  size_t packed_bf16_count() const { return packed_bf16_count_; }
   void upload(void* dst, const void* host_src, uint64_t bytes) override;
   void download(void* host_dst, const void* src, uint64_t bytes) override;
   void copy(void* dst, const void* src, uint64_t bytes) override;
@@ -124,7 +128,8 @@ class CpuBackend : public Backend {
   std::vector<float> ex_wt_;
   std::vector<kern::ScoreIdx> route_scratch_;
   std::vector<std::unique_ptr<PackedWeight>> packed_;  // prepare_weight's copies
-  uint64_t packed_bytes_ = 0;
+  uint64_t packed_bytes_ = 0, packed_bf16_bytes_ = 0;
+  size_t packed_bf16_count_ = 0;
 };
 
 }  // namespace kimi

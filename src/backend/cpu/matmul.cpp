@@ -195,21 +195,31 @@ AmxScratch amx_scratch(int64_t cols, int64_t nb, int nth) {
   return {t_bt.data(), t_panels.data() + (64 - reinterpret_cast<uintptr_t>(t_panels.data()) % 64) % 64, panel};
 }
 
+// W's packed copy in the AMX tile order (repack.h) when it was made from this view's data, else nullptr
+const uint8_t* amx_packed(const MatView& W) {
+  const PackedWeight* P = W.packed;
+  if (P == nullptr || P->type != GgmlType::BF16 || P->src != W.data || P->cols != W.cols ||
+      P->groups * kAmxPackRows < W.rows)
+    return nullptr;
+  return P->data;
+}
+
 int64_t matmul_amx_bf16(const MatView& W, const float* x, int64_t n, float* y, ThreadPool* pool, int64_t r0,
                         int64_t r1) {
   const int64_t end = r1;
   if (!amx_bf16_takes(W, n) || r0 >= end) return r0;
-  const int64_t nb = (n + 15) / 16, half = W.cols / 2;
+  const int64_t nb = (n + 15) / 16;
   const int nth = pool ? pool->size() : 1;
   const AmxScratch sc = amx_scratch(W.cols, nb, nth);
-  each_item(pool, nb, [&](int64_t b, int) { amx_bf16_prep(x, n, W.cols, b, sc.bt + b * half * 16); });
+  const uint8_t* pk = amx_packed(W);
+  each_item(pool, nb, [&](int64_t b, int) { amx_bf16_prep(x, n, W.cols, b, sc.bt); });
   if (nb >= 2) {  // prefill: K-blocked items of kAmxRowBlock rows (from r0 rounded down to 32) x token groups
     const int64_t base = r0 / 32 * 32, n_rb = (end - base + kAmxRowBlock - 1) / kAmxRowBlock;
     const int64_t n_tg = (nb + kAmxTokenGroup - 1) / kAmxTokenGroup;
     each_item(pool, n_rb * n_tg, [&](int64_t it, int th) {
       const int64_t tg = it / n_rb, row = base + kAmxRowBlock * (it % n_rb);
       amx_bf16_block(W, sc.bt, n, row, std::min<int64_t>(kAmxRowBlock, end - row), tg * kAmxTokenGroup,
-                     std::min(nb, tg * kAmxTokenGroup + kAmxTokenGroup), y, W.rows, sc.panel_of(th, nth), r0, end);
+                     std::min(nb, tg * kAmxTokenGroup + kAmxTokenGroup), y, W.rows, sc.panel_of(th, nth), r0, end, pk);
     });
     return end;
   }
@@ -218,7 +228,7 @@ int64_t matmul_amx_bf16(const MatView& W, const float* x, int64_t n, float* y, T
   const int64_t blk0 = r0 / 32, n_rb = (end + 31) / 32 - blk0;
   each_item(pool, n_rb, [&](int64_t it, int th) {
     const int64_t row = 32 * (blk0 + it);
-    amx_bf16_rows(W, sc.bt, n, row, W.rows - row > 16 ? 32 : 16, y, W.rows, sc.panel_of(th, nth), r0, end);
+    amx_bf16_rows(W, sc.bt, n, row, W.rows - row > 16 ? 32 : 16, y, W.rows, sc.panel_of(th, nth), r0, end, pk);
   });
   return end;
 }
@@ -487,7 +497,7 @@ void matmul_set(const MatView* const* W, float* const* y, int count, const float
     if (m.packed) return o.pk.run(*M.packed, o.act, 0, 1, m.a, m.b, y[m.wi], M.rows);
     if (m.amx)  // a block with the last rows % 32 (<= 16 rows: one tile) is zero-padded in this thread's panel
       return amx_bf16_rows(M, ax.bt, 1, m.a, m.b - m.a > 16 ? 32 : 16, y[m.wi], M.rows, ax.panel_of(th, nth),
-                           m.a, m.b);
+                           m.a, m.b, amx_packed(M));
     LendScratch lent(lend && th < nth ? lend + th * per : nullptr, per);
     o.k.run(M, o.packed ? tail_act[m.wi] : o.act, 0, 1, m.a, m.b, y[m.wi], M.rows);
   });

@@ -6,11 +6,13 @@
 // cvtne2ps_pbh of its rows, then a 16 x 16 dword transpose per 32 columns). A C tile holds 16 weight rows
 // x 16 tokens (f32); at the end it is stored, transposed and written as 16 token rows of y. Two A + two B
 // tiles feed four C tiles (the 8 tile registers).
-// - One token block (decode, <= 16 tokens; run_item): 32-row items, the rows tile-loaded in place (each
-//   weight line is used once), C accumulating over all columns.
+// - One token block (decode, <= 16 tokens; run_item): 32-row items, the tiles loaded from the packed copy
+//   (repack.h: the weight read front to back) or from the rows in place (each weight line is used once),
+//   C accumulating over all columns.
 // - Prefill (run_block): items of up to 256 rows x 512 tokens, K-blocked by 256 columns: the block's
-//   slice of the rows is copied to a panel (rows 4 KiB apart loaded straight into a tile would share one
-//   L1 set), each 32-row sub-block's slice (16 KiB) stays in L1 while every token pair's slice streams
+//   slice of the rows comes from the packed copy or, without one, is copied to a panel (rows 4 KiB apart
+//   loaded straight into a tile would share one L1 set), each 32-row sub-block's slice (16 KiB) stays in L1
+//   while every token pair's slice streams
 //   from L2, and the C tiles are parked in a buffer between K blocks (stored and reloaded exactly, so every
 //   C element gets the same tile products in the same order as in one pass: results do not depend on the
 //   blocking or the batch). The next K block's rows are prefetched while the tiles work. Measured on a
@@ -91,11 +93,23 @@ inline void transpose16(__m512i r[16]) {
   for (int i = 0; i < 16; ++i) r[i] = o[i];
 }
 
-// Token block b (tokens 16b .. 16b + 15, zero past n) of x (ld = cols) in pair order: cols / 2 rows
-// of 16 dwords at out.
-void prep_block(const float* x, int64_t n, int64_t cols, int64_t b, uint32_t* out) {
+// Where column step s (columns 32s .. 32s + 31: 16 pair rows of 16 dwords, 1 KiB) of token block b lies in
+// the prepared activations of nb token blocks: K-block major ([K block][token block][step]), so the slice
+// that one K block of run_block reads for every token block is one contiguous run (with token blocks
+// cols / 2 dwords apart, the 8 KiB slices of a K block sat 224 KiB apart for 7168 columns: in a loop of
+// just the tile loads and products that layout ran at 1.3-1.5 TFLOP/s per thread, a contiguous one at 1.9;
+// in the whole kernel the difference is within the noise). With nb = 1 this is step s at s * 256.
+inline int64_t bt_step(int64_t nb, int64_t ks, int64_t b, int64_t s) {
+  const int64_t s0 = s / kAmxKSteps * kAmxKSteps, ns = ks - s0 < kAmxKSteps ? ks - s0 : kAmxKSteps;
+  return (s0 * nb + b * ns + (s - s0)) * 256;
+}
+
+// Token block b (tokens 16b .. 16b + 15, zero past n) of x (ld = cols) in pair order, at its steps of bt
+// (nb token blocks).
+void prep_block(const float* x, int64_t n, int64_t cols, int64_t b, int64_t nb, uint32_t* bt) {
   const int64_t t0 = 16 * b, nv = n - t0 < 16 ? n - t0 : 16;
   for (int64_t k = 0; k < cols; k += 32) {
+    uint32_t* out = bt + bt_step(nb, cols / 32, b, k / 32);
     __m512i r[16];
     for (int t = 0; t < 16; ++t) {
       if (t < nv) {
@@ -107,7 +121,7 @@ void prep_block(const float* x, int64_t n, int64_t cols, int64_t b, uint32_t* ou
       }
     }
     transpose16(r);
-    for (int j = 0; j < 16; ++j) _mm512_storeu_si512(out + (k / 2 + j) * 16, r[j]);
+    for (int j = 0; j < 16; ++j) _mm512_storeu_si512(out + j * 16, r[j]);
   }
 }
 
@@ -130,18 +144,21 @@ inline __mmask16 keep_rows(int64_t g, int64_t lo, int64_t hi) {
 // Weight rows [r0, r0 + 16 * NR) x one token block (the first n <= 16 tokens of bt): decode and short
 // prompts. Each weight line is used once, so the tiles load the rows in place; a block that runs past
 // the weight's last row goes through panel ([column step][16 * NR rows][64 bytes]), zero-padded.
+constexpr int64_t kDecodeAhead = 4;
+
 template <int NR>
 void run_item(const MatView& W, const uint32_t* bt, int64_t n, int64_t r0, float* y, int64_t ldy, uint8_t* panel,
-              int64_t lo, int64_t hi) {
+              int64_t lo, int64_t hi, const uint8_t* pk) {
   const int64_t ks = W.cols / 32;
   const size_t rb = W.row_bytes;
   const int64_t avail = W.rows - r0;
   const bool direct = avail >= 16 * NR;
-  const uint8_t* a0 = direct ? W.data + static_cast<uint64_t>(r0) * rb : panel;
-  const uint8_t* a1 = direct ? a0 + 16 * rb : panel + 1024;
-  const int64_t kStep = direct ? 64 : 1024 * NR;  // bytes from one column step to the next
-  const size_t ld = direct ? rb : 64;            // tile row stride
-  if (!direct)
+  const uint8_t* a0 = pk ? pk + static_cast<uint64_t>(r0 / 32) * static_cast<uint64_t>(W.cols) * 64
+                         : direct ? W.data + static_cast<uint64_t>(r0) * rb : panel;
+  const uint8_t* a1 = pk ? a0 + 1024 : direct ? a0 + 16 * rb : panel + 1024;
+  const int64_t kStep = pk ? 2048 : direct ? 64 : 1024 * NR;  // bytes from one column step to the next
+  const size_t ld = pk || !direct ? 64 : rb;                   // tile row stride
+  if (!pk && !direct)
     for (int i = 0; i < 16 * NR; ++i) {
       const uint8_t* src = W.data + static_cast<uint64_t>(r0 + i) * rb;
       for (int64_t s = 0; s < ks; ++s)
@@ -151,6 +168,10 @@ void run_item(const MatView& W, const uint32_t* bt, int64_t n, int64_t r0, float
   _tile_zero(0);
   if constexpr (NR == 2) _tile_zero(2);
   for (int64_t s = 0; s < ks; ++s) {
+    // packed: the group's step kDecodeAhead steps on, 8 KiB ahead (small preset BF16 tg64 on a Xeon VM:
+    // 4 steps 27.6-27.8 t/s, 8 steps 27.1-27.3, 16 steps 23.7)
+    if (pk && s + kDecodeAhead < ks)
+      for (int l = 0; l < 32; ++l) _mm_prefetch(reinterpret_cast<const char*>(a0 + (s + kDecodeAhead) * 2048 + 64 * l), _MM_HINT_T0);
     _tile_loadd(4, a0 + s * kStep, ld);
     _tile_loadd(6, bt + s * 256, 64);
     _tile_dpbf16ps(0, 4, 6);
@@ -176,13 +197,13 @@ void run_item(const MatView& W, const uint32_t* bt, int64_t n, int64_t r0, float
 // element so gets exactly the sequence of tile products of run_item's one pass over all columns.
 // pf(i) runs before token pair i (the next K block's weight lines are prefetched that way).
 template <int NR, class Pf>
-void kblock(const uint8_t* a, const uint32_t* bt, int64_t half, int64_t b0, int64_t b1, int64_t s0, int ns, float* c,
-            bool first, Pf&& pf) {
+void kblock(const uint8_t* a, int64_t astep, const uint32_t* bt, int64_t nbt, int64_t b0, int64_t b1, int64_t s0, int ns,
+            float* c, bool first, Pf&& pf) {
   for (int64_t b = b0; b < b1; b += 2, c += 1024) {
     pf((b - b0) / 2);
     const bool two = b + 1 < b1;
-    const uint32_t* p0 = bt + (b * half + s0 * 16) * 16;
-    const uint32_t* p1 = p0 + half * 16;
+    const uint32_t* p0 = bt + (s0 * nbt + b * ns) * 256;  // bt_step(nbt, ks, b, s0): this K block has ns steps
+    const uint32_t* p1 = p0 + ns * 256;
     if (first) {
       _tile_zero(0);
       _tile_zero(1);
@@ -198,24 +219,24 @@ void kblock(const uint8_t* a, const uint32_t* bt, int64_t half, int64_t b0, int6
     }
     if (two) {
       for (int s = 0; s < ns; ++s) {
-        _tile_loadd(4, a + s * 1024 * NR, 64);
+        _tile_loadd(4, a + s * astep, 64);
         _tile_loadd(6, p0 + s * 256, 64);
         _tile_loadd(7, p1 + s * 256, 64);
         _tile_dpbf16ps(0, 4, 6);
         _tile_dpbf16ps(1, 4, 7);
         if constexpr (NR == 2) {
-          _tile_loadd(5, a + s * 2048 + 1024, 64);
+          _tile_loadd(5, a + s * astep + 1024, 64);
           _tile_dpbf16ps(2, 5, 6);
           _tile_dpbf16ps(3, 5, 7);
         }
       }
     } else {
       for (int s = 0; s < ns; ++s) {
-        _tile_loadd(4, a + s * 1024 * NR, 64);
+        _tile_loadd(4, a + s * astep, 64);
         _tile_loadd(6, p0 + s * 256, 64);
         _tile_dpbf16ps(0, 4, 6);
         if constexpr (NR == 2) {
-          _tile_loadd(5, a + s * 2048 + 1024, 64);
+          _tile_loadd(5, a + s * astep + 1024, 64);
           _tile_dpbf16ps(2, 5, 6);
         }
       }
@@ -231,22 +252,26 @@ void kblock(const uint8_t* a, const uint32_t* bt, int64_t half, int64_t b0, int6
 
 // Weight rows [r0, r0 + nrows) (nrows <= kAmxRowBlock) x token blocks [b0, b1) (at least 2, at most
 // kAmxTokenGroup), K-blocked so that the operands of the tile products come from L1/L2: per K block of
-// kAmxKSteps column steps, the block's slice of the rows is copied to the panel (sub-blocks of 32 rows;
-// the last one 16 rows where <= 16 remain; rows past W.rows zero), and each sub-block runs every token
-// pair over it (its slice stays in L1, the token blocks' slice in L2), the C tiles parked in cbuf between
-// K blocks. At the end the C tiles are transposed into y (rows in [lo, hi) only).
+// kAmxKSteps column steps, each sub-block of 32 rows (the last one 16 rows where <= 16 remain; rows past
+// W.rows zero) runs every token pair over its slice of the block (the slice stays in L1, the token blocks'
+// slice in L2), the C tiles parked in cbuf between K blocks. The slices are read from the packed copy pk
+// (repack.h: already in tile order, one contiguous 16 KiB run per sub-block and K block; the next one is
+// prefetched while the tiles work) or, without one, copied from the rows to the panel first. At the end the
+// C tiles are transposed into y (rows in [lo, hi) only).
 void run_block(const MatView& W, const uint32_t* bt, int64_t n, int64_t r0, int64_t nrows, int64_t b0, int64_t b1,
-               float* y, int64_t ldy, uint8_t* scratch, int64_t lo, int64_t hi) {
-  const int64_t ks = W.cols / 32, half = W.cols / 2;
+               float* y, int64_t ldy, uint8_t* scratch, int64_t lo, int64_t hi, const uint8_t* pk) {
+  const int64_t ks = W.cols / 32, nbt = (n + 15) / 16;
   const size_t rb = W.row_bytes;
   const int nsub = static_cast<int>((nrows + 31) / 32);
   const int64_t npair = (b1 - b0 + 1) / 2;
   uint8_t* panel = scratch;
   float* cbuf = reinterpret_cast<float*>(scratch + static_cast<size_t>(kAmxRowBlock) * kAmxKSteps * 64);
   auto sub_nr = [&](int j) { return nrows - 32 * j > 16 ? 2 : 1; };
+  const uint64_t gb = static_cast<uint64_t>(W.cols) * 64;  // packed bytes per 32-row group
+  auto packed_slice = [&](int j, int64_t s0) { return pk + (static_cast<uint64_t>(r0 / 32 + j)) * gb + s0 * 2048; };
   for (int64_t s0 = 0; s0 < ks; s0 += kAmxKSteps) {
     const int ns = static_cast<int>(ks - s0 < kAmxKSteps ? ks - s0 : kAmxKSteps);
-    for (int j = 0; j < nsub; ++j) {  // copy the K block's slice of sub-block j
+    for (int j = 0; j < nsub && !pk; ++j) {  // copy the K block's slice of sub-block j
       const int rows_j = 16 * sub_nr(j);
       uint8_t* aj = panel + static_cast<size_t>(j) * ns * 2048;
       for (int i = 0; i < rows_j; ++i) {
@@ -258,23 +283,35 @@ void run_block(const MatView& W, const uint32_t* bt, int64_t n, int64_t r0, int6
                              have ? _mm512_loadu_si512(src + s * 64) : _mm512_setzero_si512());
       }
     }
-    // the next K block's weight lines (row-major), a share before each token pair: from memory the rows
-    // come in runs of 512 bytes, too short for the hardware prefetchers (measured on k3-layers pp512: the
-    // copy's loads 53 % -> 19 % of this function; with the weights in L3 it is a wash)
+    // unpacked: the next K block's weight lines (row-major), a share before each token pair: from memory
+    // the rows come in runs of 512 bytes, too short for the hardware prefetchers (measured on k3-layers
+    // pp512: the copy's loads 53 % -> 19 % of this function; with the weights in L3 it is a wash)
     const int64_t s1 = s0 + ns, ns1 = ks - s1 < kAmxKSteps ? ks - s1 : kAmxKSteps;
     const int64_t prow = std::min<int64_t>(32 * nsub, W.rows - r0), nline = prow * ns1;
     const int64_t per = (nline + nsub * npair - 1) / (nsub * npair);
     for (int j = 0; j < nsub; ++j) {
-      const uint8_t* aj = panel + static_cast<size_t>(j) * ns * 2048;
+      const uint8_t* aj = pk ? packed_slice(j, s0) : panel + static_cast<size_t>(j) * ns * 2048;
       float* cj = cbuf + static_cast<size_t>(j) * npair * 1024;
+      // packed: the slice that comes next (sub-block j + 1 of this K block, or sub-block 0 of the next),
+      // a share of its lines before each token pair, into L2
+      const bool last = j + 1 == nsub;
+      const uint8_t* next = !pk || (last && ns1 <= 0) ? nullptr : last ? packed_slice(0, s1) : packed_slice(j + 1, s0);
+      const int64_t nl_next = (last ? ns1 : ns) * 32, per_next = (nl_next + npair - 1) / npair;
       auto pf = [&](int64_t p) {
+        if (pk) {
+          if (next)
+            for (int64_t l = p * per_next, l1 = std::min(nl_next, l + per_next); l < l1; ++l)
+              _mm_prefetch(reinterpret_cast<const char*>(next + l * 64), _MM_HINT_T1);
+          return;
+        }
         const int64_t l1 = std::min(nline, (j * npair + p + 1) * per);
         for (int64_t l = (j * npair + p) * per; l < l1; ++l)
           _mm_prefetch(reinterpret_cast<const char*>(W.data + static_cast<uint64_t>(r0 + l / ns1) * rb + (s1 + l % ns1) * 64),
                        _MM_HINT_T2);
       };
-      if (sub_nr(j) == 2) kblock<2>(aj, bt, half, b0, b1, s0, ns, cj, s0 == 0, pf);
-      else kblock<1>(aj, bt, half, b0, b1, s0, ns, cj, s0 == 0, pf);
+      const int64_t astep = pk ? 2048 : 1024 * sub_nr(j);
+      if (sub_nr(j) == 2) kblock<2>(aj, astep, bt, nbt, b0, b1, s0, ns, cj, s0 == 0, pf);
+      else kblock<1>(aj, astep, bt, nbt, b0, b1, s0, ns, cj, s0 == 0, pf);
     }
   }
   for (int j = 0; j < nsub; ++j)
@@ -382,19 +419,21 @@ double amx_bf16_peak_loop(int64_t iters) {
   return buf[0];
 }
 
-void amx_bf16_prep(const float* x, int64_t n, int64_t cols, int64_t b, uint32_t* out) { prep_block(x, n, cols, b, out); }
+void amx_bf16_prep(const float* x, int64_t n, int64_t cols, int64_t b, uint32_t* bt) {
+  prep_block(x, n, cols, b, (n + 15) / 16, bt);
+}
 
 void amx_bf16_rows(const MatView& W, const uint32_t* bt, int64_t n, int64_t r0, int nr, float* y, int64_t ldy,
-                   uint8_t* panel, int64_t lo, int64_t hi) {
+                   uint8_t* panel, int64_t lo, int64_t hi, const uint8_t* pk) {
   configure_tiles();
-  if (nr == 32) run_item<2>(W, bt, n, r0, y, ldy, panel, lo, hi);
-  else run_item<1>(W, bt, n, r0, y, ldy, panel, lo, hi);
+  if (nr == 32) run_item<2>(W, bt, n, r0, y, ldy, panel, lo, hi, pk);
+  else run_item<1>(W, bt, n, r0, y, ldy, panel, lo, hi, pk);
 }
 
 void amx_bf16_block(const MatView& W, const uint32_t* bt, int64_t n, int64_t r0, int64_t nrows, int64_t b0, int64_t b1,
-                    float* y, int64_t ldy, uint8_t* scratch, int64_t lo, int64_t hi) {
+                    float* y, int64_t ldy, uint8_t* scratch, int64_t lo, int64_t hi, const uint8_t* pk) {
   configure_tiles();
-  run_block(W, bt, n, r0, nrows, b0, b1, y, ldy, scratch, lo, hi);
+  run_block(W, bt, n, r0, nrows, b0, b1, y, ldy, scratch, lo, hi, pk);
 }
 
 }  // namespace kimi::kern
@@ -404,9 +443,10 @@ void amx_bf16_block(const MatView& W, const uint32_t* bt, int64_t n, int64_t r0,
 namespace kimi::kern {
 double amx_bf16_peak_loop(int64_t) { return 0; }
 void amx_bf16_prep(const float*, int64_t, int64_t, int64_t, uint32_t*) {}
-void amx_bf16_rows(const MatView&, const uint32_t*, int64_t, int64_t, int, float*, int64_t, uint8_t*, int64_t, int64_t) {}
+void amx_bf16_rows(const MatView&, const uint32_t*, int64_t, int64_t, int, float*, int64_t, uint8_t*, int64_t, int64_t,
+                   const uint8_t*) {}
 void amx_bf16_block(const MatView&, const uint32_t*, int64_t, int64_t, int64_t, int64_t, int64_t, float*, int64_t, uint8_t*,
-                    int64_t, int64_t) {}
+                    int64_t, int64_t, const uint8_t*) {}
 void amx_nib_rows(const int8_t*, const float*, int, int64_t, const uint8_t*, size_t, int64_t, int64_t, int64_t, float*, int64_t,
                   int64_t, int64_t, int64_t) {}
 void amx_tiles_int8() {}

@@ -43,25 +43,29 @@ constexpr int64_t kAmxPeakProductsPerIter = 4 * 16 * 16 * 32;
 double amx_bf16_peak_loop(int64_t iters);
 
 // The kernels (matmul_amx.cpp). Token block b (tokens 16b .. 16b + 15 of x, ld = cols, zeros past n) in the
-// B operand's pair order: cols / 2 rows of 16 dwords at out.
-void amx_bf16_prep(const float* x, int64_t n, int64_t cols, int64_t b, uint32_t* out);
+// B operand's pair order (per column step of 32, 16 rows of 16 dwords) into bt, which holds the (n + 15) / 16
+// token blocks K-block major: [K block of kAmxKSteps steps][token block][step] (n * cols * 2 bytes, rounded up
+// to token blocks; with one token block, step s at bt + 256 s).
+void amx_bf16_prep(const float* x, int64_t n, int64_t cols, int64_t b, uint32_t* bt);
 // Weight rows [r0, r0 + nr) (nr = 16 or 32; rows past W.rows count as zero) x the first token block of
 // the prepared activations bt (n <= 16 tokens: decode, short prompts): y[t * ldy + r] for t < n and the rows
-// r in [lo, hi). The rows are tile-loaded in place; a block past the weight's last row goes through panel
-// (64-byte aligned scratch of nr * cols * 2 bytes).
+// r in [lo, hi). pk: W's packed copy in the tile order (repack.h, PackedWeight::data; r0 a multiple of 32)
+// or nullptr: then the rows are tile-loaded in place, and a block past the weight's last row goes through
+// panel (64-byte aligned scratch of nr * cols * 2 bytes). The same results either way.
 void amx_bf16_rows(const MatView& W, const uint32_t* bt, int64_t n, int64_t r0, int nr, float* y, int64_t ldy,
-                   uint8_t* panel, int64_t lo, int64_t hi);
+                   uint8_t* panel, int64_t lo, int64_t hi, const uint8_t* pk);
 
 // Prefill (>= 2 token blocks): items of up to kAmxRowBlock weight rows x up to kAmxTokenGroup token blocks,
 // K-blocked by kAmxKSteps column steps of 32 (matmul_amx.cpp: run_block). Rows [r0, r0 + nrows) (rows past
 // W.rows count as zero) x token blocks [b0, b1) into y as amx_bf16_rows does; scratch: 64-byte aligned,
-// kAmxBlockScratch bytes. A C element gets the same tile products in the same order as
+// kAmxBlockScratch bytes; pk as in amx_bf16_rows (r0 a multiple of 32). A C element gets the same tile
+// products in the same order as
 // in amx_bf16_rows: a token's result does not depend on the batch it came in.
 constexpr int kAmxRowBlock = 256, kAmxKSteps = 8, kAmxTokenGroup = 32;
 constexpr size_t kAmxBlockScratch =
     static_cast<size_t>(kAmxRowBlock) * kAmxKSteps * 64 + static_cast<size_t>(kAmxRowBlock) * kAmxTokenGroup * 16 * 4;
 void amx_bf16_block(const MatView& W, const uint32_t* bt, int64_t n, int64_t r0, int64_t nrows, int64_t b0, int64_t b1,
-                    float* y, int64_t ldy, uint8_t* scratch, int64_t lo, int64_t hi);
+                    float* y, int64_t ldy, uint8_t* scratch, int64_t lo, int64_t hi, const uint8_t* pk);
 
 // ---- AMX-INT8: MXFP4 and Q4_0 weights, prefill (>= 16 tokens) ----
 // The AVX-512 path for >= 16 tokens (matmul_avx512.cpp, run_lanes) sums each 32-value block exactly in

@@ -4,15 +4,17 @@
 #include <cstdlib>
 #include <cstring>
 #include <new>
+#include <sys/mman.h>
 
 #include "backend/cpu/dispatch.h"
+#include "backend/cpu/matmul_amx.h"
 #include "tensor/quants.h"
 #include "util/error.h"
 
 namespace kimi {
 
 PackedWeight::~PackedWeight() {
-  if (data) ::operator delete(data, std::align_val_t(64));
+  if (data) ::operator delete(data, std::align_val_t(kern::kPackedAlign));
 }
 
 }  // namespace kimi
@@ -27,6 +29,18 @@ constexpr int kQ6Main = 3328;  // Q6_K packed block without its 16 f16 d (kept a
 inline void lane4(uint8_t* dst, int i, const uint8_t* blk, int src_off) { std::memcpy(dst + 4 * i, blk + src_off, 4); }
 
 }  // namespace
+
+uint8_t* alloc_packed(uint64_t bytes) {
+  auto* p = static_cast<uint8_t*>(::operator new(bytes, std::align_val_t(kPackedAlign)));
+#ifdef MADV_HUGEPAGE
+  // transparent huge pages where the system allows them on request (the Debian default): fewer TLB misses
+  // for kernels that stream a copy front to back (measured, small preset decode: BF16 tile-order copies
+  // +0.5-7.6 %, the K-quant copies no change)
+  static const bool thp = !(std::getenv("KIMI_THP") && std::getenv("KIMI_THP")[0] == '0');
+  if (thp) (void)::madvise(p, bytes, MADV_HUGEPAGE);
+#endif
+  return p;
+}
 
 int packed_block_bytes(GgmlType t) {
   switch (t) {
@@ -93,9 +107,43 @@ bool packed_kernel_available(GgmlType t) {
   return pick_packed_kernel(t, &k);
 }
 
+void pack_group_bf16_amx(const MatView& W, int64_t g, uint8_t* out) {
+  const int64_t ks = W.cols / 32;
+  for (int i = 0; i < kAmxPackRows; ++i) {
+    const int64_t row = g * kAmxPackRows + i;
+    const uint8_t* src = W.data + static_cast<uint64_t>(row) * W.row_bytes;
+    for (int64_t s = 0; s < ks; ++s) {
+      uint8_t* dst = out + static_cast<uint64_t>(s) * (kAmxPackRows * 64) + static_cast<uint64_t>(i) * 64;
+      if (row < W.rows) std::memcpy(dst, src + s * 64, 64);
+      else std::memset(dst, 0, 64);
+    }
+  }
+}
+
+namespace {
+std::unique_ptr<PackedWeight> pack_bf16_amx(const MatView& W, ThreadPool* pool) {
+  if (W.cols % 32 != 0 || W.rows < 1 || W.row_bytes != static_cast<size_t>(W.cols) * 2 || !amx_bf16_usable())
+    return nullptr;
+  auto P = std::make_unique<PackedWeight>();
+  P->type = W.type;
+  P->src = W.data;
+  P->groups = (W.rows + kAmxPackRows - 1) / kAmxPackRows;
+  P->cols = W.cols;
+  P->group_bytes = static_cast<uint64_t>(W.cols) * 2 * kAmxPackRows;
+  P->data = alloc_packed(P->group_bytes * static_cast<uint64_t>(P->groups));
+  auto one = [&](int64_t g, int) { pack_group_bf16_amx(W, g, P->data + static_cast<uint64_t>(g) * P->group_bytes); };
+  if (pool && pool->size() > 1)
+    pool->parallel_for(P->groups, one);
+  else
+    for (int64_t g = 0; g < P->groups; ++g) one(g, 0);
+  return P;
+}
+}  // namespace
+
 std::unique_ptr<PackedWeight> pack_weight(const MatView& W, ThreadPool* pool) {
   const char* env = std::getenv("KIMI_REPACK");
   if (env && env[0] == '0') return nullptr;
+  if (W.data != nullptr && W.type == GgmlType::BF16) return pack_bf16_amx(W, pool);
   if (W.data == nullptr || W.rows < kPackRows || !packed_kernel_available(W.type)) return nullptr;
   const uint64_t gb = packed_group_bytes(W.type, W.cols);
   if (gb == 0 || W.row_bytes != row_bytes(W.type, static_cast<uint64_t>(W.cols))) return nullptr;
@@ -105,7 +153,7 @@ std::unique_ptr<PackedWeight> pack_weight(const MatView& W, ThreadPool* pool) {
   P->groups = W.rows / kPackRows;
   P->cols = W.cols;
   P->group_bytes = gb;
-  P->data = static_cast<uint8_t*>(::operator new(gb * static_cast<uint64_t>(P->groups), std::align_val_t(64)));
+  P->data = alloc_packed(gb * static_cast<uint64_t>(P->groups));
   auto one = [&](int64_t g, int) { pack_group(W, g, P->data + static_cast<uint64_t>(g) * gb); };
   if (pool && pool->size() > 1)
     pool->parallel_for(P->groups, one);

@@ -20,6 +20,13 @@
 //     (pair p: row i's sc[2p], sc[2p+1] at bytes 2i, 2i+1) | ql: 32 vectors, vector 8(2h+k)+s =
 //     ql[64h + 32k + 4s ..] | qh: 16 vectors, vector 8h+s = qh[32h + 4s ..].
 // Every value is the original bits moved: the packed kernels compute what the reference does.
+//
+// BF16 weights on CPUs whose AMX-BF16 tiles are usable (matmul_amx.h) get the tiles' own order instead:
+// groups of kAmxPackRows = 32 rows (the last zero-padded; groups = ceil(rows / 32)), a group being
+// cols / 32 column steps of 32 rows x 64 bytes (row i's bf16 columns 32s .. 32s + 31 at 64 i), i.e. the two
+// 16-row A tiles of a step one after the other. The AMX kernels load their tiles straight from it and a
+// weight is read front to back; reading the rows in place meant 32 streams 14 KiB apart for decode and, for
+// prefill, a copy of each K block's 512-byte row pieces to a panel (~30 % of the GEMM's time).
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -32,10 +39,10 @@ namespace kimi {
 // (declared opaque in backend/mat_view.h)
 struct PackedWeight {
   GgmlType type = GgmlType::F32;
-  int64_t groups = 0;           // packed groups of 16 rows (rows 0 .. 16*groups-1)
+  int64_t groups = 0;           // packed groups of 16 rows (rows 0 .. 16*groups-1); BF16 (AMX order): of 32
   int64_t cols = 0;
   uint64_t group_bytes = 0;     // bytes per group (a multiple of 64)
-  uint8_t* data = nullptr;      // 64-byte aligned, groups * group_bytes
+  uint8_t* data = nullptr;      // kPackedAlign aligned (alloc_packed), groups * group_bytes
   const uint8_t* src = nullptr; // the view's data it was made from: a view whose data moved since
                                 // (a slice, a rank's narrowed rows) does not use it
   PackedWeight() = default;
@@ -50,6 +57,9 @@ struct PackedWeight {
 namespace kimi::kern {
 
 constexpr int kPackRows = 16;
+// Packed copies are allocated 2 MiB aligned (and advised as transparent huge pages: env KIMI_THP=0 does not).
+constexpr size_t kPackedAlign = size_t{1} << 21;
+uint8_t* alloc_packed(uint64_t bytes);
 
 // Bytes of one packed super-block / of one group of 16 rows with `cols` columns; 0 for a type
 // without a packed layout.
@@ -58,12 +68,16 @@ uint64_t packed_group_bytes(GgmlType t, int64_t cols);
 
 // Pack group g of W (rows 16g .. 16g+15, all present) into out (packed_group_bytes bytes).
 void pack_group(const MatView& W, int64_t g, uint8_t* out);
+// Group g of a BF16 W in the AMX tile order (rows 32g .. 32g + 31; rows past W.rows zero): cols * 64 bytes.
+constexpr int kAmxPackRows = 32;
+void pack_group_bf16_amx(const MatView& W, int64_t g, uint8_t* out);
 
 // Whether the running ISA level has packed kernels for type t.
 bool packed_kernel_available(GgmlType t);
 
 // The packed copy of W; nullptr when the running ISA has no packed kernel for W's type, W has
-// fewer than 16 rows, or env KIMI_REPACK=0. Groups are packed in parallel on `pool` (if given).
+// fewer than 16 rows (K-quants), or env KIMI_REPACK=0. BF16: the AMX tile order, only where
+// amx_bf16_usable() and cols % 32 == 0. Groups are packed in parallel on `pool` (if given).
 std::unique_ptr<PackedWeight> pack_weight(const MatView& W, ThreadPool* pool = nullptr);
 
 }  // namespace kimi::kern

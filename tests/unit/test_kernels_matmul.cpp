@@ -609,7 +609,8 @@ TEST(Matmul, AmxBf16TilesMatchReference) {
 // 16-row groups. (Against the float64 reference: MatmulTypes, which on an AMX machine runs this path for
 // its 33- and 70-token cases.) Shapes: 32 / 96 columns = tail blocks only, 288 = 2 groups of 4 blocks + 1,
 // 4160 = 32 groups + 2; 83 / 130 rows: several 64-row items with a ragged last one; 150 tokens: two token
-// groups, the last vector with 6 tokens.
+// groups, the last vector with 6 tokens. MXFP4 rows with the scale's special exponents: row 2 all e = 0
+// (2^-127: tiny but not zero, so a decode that gave 0 fails), one block of row 4 e = 255 (NaN).
 TEST(Matmul, AmxInt8NibbleTilesEqualTheLaneKernel) {
   if (!amx_int8_usable()) GTEST_SKIP() << "no AMX-INT8 on this CPU (or the OS did not grant the tile state)";
   IsaRestore restore;
@@ -622,7 +623,11 @@ TEST(Matmul, AmxInt8NibbleTilesEqualTheLaneKernel) {
     ASSERT_TRUE(avx512_kernel(type, Precision::Fast, &k));
     for (int64_t cols : {32, 96, 288, 4160}) {
       for (int64_t rows : {5, 16, 83, 130}) {
-        const auto w = random_weights(type, rows, cols, rng);
+        auto w = random_weights(type, rows, cols, rng);
+        if (type == GgmlType::MXFP4 && cols >= 96) {  // the scale's special exponents: 2^-127 and NaN
+          for (int64_t b = 0; b < cols / 32; ++b) w[2 * row_bytes(type, cols) + b * 17] = 0;  // all of row 2: tiny
+          w[4 * row_bytes(type, cols) + 2 * 17] = 255;
+        }
         const MatView W{type, w.data(), rows, cols, row_bytes(type, cols)};
         for (int64_t nt : {16, 37, 150}) {
           if (cols == 4160 && rows > 16 && nt > 37) continue;

@@ -257,7 +257,7 @@ void kblock(const uint8_t* a, int64_t astep, const uint32_t* bt, int64_t nbt, in
 // slice in L2), the C tiles parked in cbuf between K blocks. The slices are read from the packed copy pk
 // (repack.h: already in tile order, one contiguous 16 KiB run per sub-block and K block; the next one is
 // prefetched while the tiles work) or, without one, copied from the rows to the panel first. At the end the
-// C tiles are transposed into y (rows in [lo, hi) only).
+// C tiles are transposed into y token by token (rows in [lo, hi) only).
 void run_block(const MatView& W, const uint32_t* bt, int64_t n, int64_t r0, int64_t nrows, int64_t b0, int64_t b1,
                float* y, int64_t ldy, uint8_t* scratch, int64_t lo, int64_t hi, const uint8_t* pk) {
   const int64_t ks = W.cols / 32, nbt = (n + 15) / 16;
@@ -314,18 +314,31 @@ void run_block(const MatView& W, const uint32_t* bt, int64_t n, int64_t r0, int6
       else kblock<1>(aj, astep, bt, nbt, b0, b1, s0, ns, cj, s0 == 0, pf);
     }
   }
-  for (int j = 0; j < nsub; ++j)
-    for (int64_t p = 0; p < npair; ++p) {
-      const float* c = cbuf + (static_cast<size_t>(j) * npair + p) * 1024;
-      for (int h = 0; h < 2; ++h) {  // token block b0 + 2p + h
-        const int64_t t0 = 16 * (b0 + 2 * p + h);
-        if (t0 >= 16 * b1) break;
-        const int64_t nv = n - t0 < 16 ? n - t0 : 16;
+  // the C tiles out: per token block, every tile of the item transposed into tb (16 tokens x the item's
+  // rows, 16 KiB), then each token's row of y written front to back (was: tile by tile, 16 pieces of 64
+  // bytes 4 * ldy apart each). Measured on a Xeon VM: the GEMM +1-11 % (one thread) / -1..+7 % (two) in
+  // bench_matmul, k3-layers pp512 within the noise (-1..+4 %)
+  alignas(64) float tb[16 * kAmxRowBlock];
+  const int ng16 = static_cast<int>((nrows + 15) / 16);
+  __mmask16 keep[kAmxRowBlock / 16];
+  for (int q = 0; q < ng16; ++q) keep[q] = keep_rows(r0 + 16 * q, lo, hi);
+  for (int64_t p = 0; p < npair; ++p)
+    for (int h = 0; h < 2; ++h) {  // token block b0 + 2p + h
+      const int64_t t0 = 16 * (b0 + 2 * p + h);
+      if (t0 >= 16 * b1) break;
+      const int64_t nv = n - t0 < 16 ? n - t0 : 16;
+      for (int j = 0; j < nsub; ++j) {
+        const float* c = cbuf + (static_cast<size_t>(j) * npair + p) * 1024;
         for (int g = 0; g < sub_nr(j); ++g) {
-          const int64_t row = r0 + 32 * j + 16 * g;
-          store_c(c + 256 * (2 * g + h), y, ldy, t0, nv, row, keep_rows(row, lo, hi));
+          __m512i r[16];
+          for (int i = 0; i < 16; ++i) r[i] = _mm512_load_si512(c + 256 * (2 * g + h) + 16 * i);
+          transpose16(r);
+          for (int m = 0; m < 16; ++m) _mm512_store_si512(tb + m * kAmxRowBlock + 32 * j + 16 * g, r[m]);
         }
       }
+      for (int64_t m = 0; m < nv; ++m)
+        for (int q = 0; q < ng16; ++q)
+          _mm512_mask_storeu_epi32(y + (t0 + m) * ldy + r0 + 16 * q, keep[q], _mm512_load_si512(tb + m * kAmxRowBlock + 16 * q));
     }
 }
 

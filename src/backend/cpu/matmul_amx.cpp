@@ -141,11 +141,12 @@ inline __mmask16 keep_rows(int64_t g, int64_t lo, int64_t hi) {
   return static_cast<__mmask16>(m);
 }
 
-// Weight rows [r0, r0 + 16 * NR) x one token block (the first n <= 16 tokens of bt): decode and short
-// prompts. Each weight line is used once, so the tiles load the rows in place; a block that runs past
-// the weight's last row goes through panel ([column step][16 * NR rows][64 bytes]), zero-padded.
 constexpr int64_t kDecodeAhead = 4;
 
+// Weight rows [r0, r0 + 16 * NR) x one token block (the first n <= 16 tokens of bt): decode and short
+// prompts. Each weight line is used once, so the tiles load it where it is: from the packed copy pk
+// (r0 / 32's group) or, without one, from the rows in place; a block that runs past the weight's last
+// row then goes through panel ([column step][16 * NR rows][64 bytes]), zero-padded.
 template <int NR>
 void run_item(const MatView& W, const uint32_t* bt, int64_t n, int64_t r0, float* y, int64_t ldy, uint8_t* panel,
               int64_t lo, int64_t hi, const uint8_t* pk) {
@@ -192,7 +193,8 @@ void run_item(const MatView& W, const uint32_t* bt, int64_t n, int64_t r0, float
 }
 
 // One K block (column steps [s0, s0 + ns)) of one sub-block of 16 * NR weight rows, whose slice a holds as
-// [step][16 * NR rows][64 bytes], for every token pair of [b0, b1): the C tiles of each pair are zeroed
+// [step, astep bytes apart][16 * NR rows][64 bytes], for every token pair of [b0, b1) (bt: nbt token blocks
+// in bt_step's order): the C tiles of each pair are zeroed
 // (first K block) or loaded from c, accumulate over the block, and go back to c (4 KiB per pair). A C
 // element so gets exactly the sequence of tile products of run_item's one pass over all columns.
 // pf(i) runs before token pair i (the next K block's weight lines are prefetched that way).

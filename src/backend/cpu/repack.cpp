@@ -121,21 +121,21 @@ void pack_group_bf16_amx(const MatView& W, int64_t g, uint8_t* out) {
 }
 
 namespace {
-std::unique_ptr<PackedWeight> pack_bf16_amx(const MatView& W, ThreadPool* pool) {
-  if (W.cols % 32 != 0 || W.rows < 1 || W.row_bytes != static_cast<size_t>(W.cols) * 2 || !amx_bf16_usable())
-    return nullptr;
+// A copy of W of `groups` groups of gb bytes, group g filled by fill(W, g, its bytes), in parallel on pool.
+std::unique_ptr<PackedWeight> make_packed(const MatView& W, int64_t groups, uint64_t gb,
+                                          void (*fill)(const MatView&, int64_t, uint8_t*), ThreadPool* pool) {
   auto P = std::make_unique<PackedWeight>();
   P->type = W.type;
   P->src = W.data;
-  P->groups = (W.rows + kAmxPackRows - 1) / kAmxPackRows;
+  P->groups = groups;
   P->cols = W.cols;
-  P->group_bytes = static_cast<uint64_t>(W.cols) * 2 * kAmxPackRows;
-  P->data = alloc_packed(P->group_bytes * static_cast<uint64_t>(P->groups));
-  auto one = [&](int64_t g, int) { pack_group_bf16_amx(W, g, P->data + static_cast<uint64_t>(g) * P->group_bytes); };
+  P->group_bytes = gb;
+  P->data = alloc_packed(gb * static_cast<uint64_t>(groups));
+  auto one = [&](int64_t g, int) { fill(W, g, P->data + static_cast<uint64_t>(g) * gb); };
   if (pool && pool->size() > 1)
-    pool->parallel_for(P->groups, one);
+    pool->parallel_for(groups, one);
   else
-    for (int64_t g = 0; g < P->groups; ++g) one(g, 0);
+    for (int64_t g = 0; g < groups; ++g) one(g, 0);
   return P;
 }
 }  // namespace
@@ -143,23 +143,16 @@ std::unique_ptr<PackedWeight> pack_bf16_amx(const MatView& W, ThreadPool* pool) 
 std::unique_ptr<PackedWeight> pack_weight(const MatView& W, ThreadPool* pool) {
   const char* env = std::getenv("KIMI_REPACK");
   if (env && env[0] == '0') return nullptr;
-  if (W.data != nullptr && W.type == GgmlType::BF16) return pack_bf16_amx(W, pool);
+  if (W.data != nullptr && W.type == GgmlType::BF16) {  // the AMX tile order
+    if (W.cols % 32 != 0 || W.rows < 1 || W.row_bytes != static_cast<size_t>(W.cols) * 2 || !amx_bf16_usable())
+      return nullptr;
+    return make_packed(W, (W.rows + kAmxPackRows - 1) / kAmxPackRows, static_cast<uint64_t>(W.cols) * 2 * kAmxPackRows,
+                       pack_group_bf16_amx, pool);
+  }
   if (W.data == nullptr || W.rows < kPackRows || !packed_kernel_available(W.type)) return nullptr;
   const uint64_t gb = packed_group_bytes(W.type, W.cols);
   if (gb == 0 || W.row_bytes != row_bytes(W.type, static_cast<uint64_t>(W.cols))) return nullptr;
-  auto P = std::make_unique<PackedWeight>();
-  P->type = W.type;
-  P->src = W.data;
-  P->groups = W.rows / kPackRows;
-  P->cols = W.cols;
-  P->group_bytes = gb;
-  P->data = alloc_packed(gb * static_cast<uint64_t>(P->groups));
-  auto one = [&](int64_t g, int) { pack_group(W, g, P->data + static_cast<uint64_t>(g) * gb); };
-  if (pool && pool->size() > 1)
-    pool->parallel_for(P->groups, one);
-  else
-    for (int64_t g = 0; g < P->groups; ++g) one(g, 0);
-  return P;
+  return make_packed(W, W.rows / kPackRows, gb, pack_group, pool);
 }
 
 }  // namespace kimi::kern

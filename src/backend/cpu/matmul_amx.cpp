@@ -141,8 +141,6 @@ inline __mmask16 keep_rows(int64_t g, int64_t lo, int64_t hi) {
   return static_cast<__mmask16>(m);
 }
 
-constexpr int64_t kDecodeAhead = 4;
-
 // Weight rows [r0, r0 + 16 * NR) x one token block (the first n <= 16 tokens of bt): decode and short
 // prompts. Each weight line is used once, so the tiles load it where it is: from the packed copy pk
 // (r0 / 32's group) or, without one, from the rows in place; a block that runs past the weight's last
@@ -169,10 +167,16 @@ void run_item(const MatView& W, const uint32_t* bt, int64_t n, int64_t r0, float
   _tile_zero(0);
   if constexpr (NR == 2) _tile_zero(2);
   for (int64_t s = 0; s < ks; ++s) {
-    // packed: the group's step kDecodeAhead steps on, 8 KiB ahead (small preset BF16 tg64 on a Xeon VM:
-    // 4 steps 27.6-27.8 t/s, 8 steps 27.1-27.3, 16 steps 23.7)
-    if (pk && s + kDecodeAhead < ks)
-      for (int l = 0; l < 32; ++l) _mm_prefetch(reinterpret_cast<const char*>(a0 + (s + kDecodeAhead) * 2048 + 64 * l), _MM_HINT_T0);
+    // packed: before the step's first tile load, a prefetch of its second tile's 16 lines (NR == 2) or of
+    // the next step's tile (NR == 1), so both loads' misses are in flight at once; the hardware
+    // prefetchers read ahead of that (a tile load alone waits for its lines in turn). Small preset BF16
+    // tg64 on a Xeon VM: 33.1-34.1 t/s; 8 KiB ahead (32 lines 4 steps on) 28.7-30.2; 1 / 2 / 4 KiB ahead
+    // in between (docs/performance.md "AMX decode: the step's second tile prefetched").
+    if (pk) {
+      const uint8_t* next = NR == 2 ? a1 + s * kStep : s + 1 < ks ? a0 + (s + 1) * kStep : nullptr;
+      if (next)
+        for (int l = 0; l < 16; ++l) _mm_prefetch(reinterpret_cast<const char*>(next + 64 * l), _MM_HINT_T0);
+    }
     _tile_loadd(4, a0 + s * kStep, ld);
     _tile_loadd(6, bt + s * 256, 64);
     _tile_dpbf16ps(0, 4, 6);

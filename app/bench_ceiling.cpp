@@ -57,6 +57,7 @@ void CeilingReport::to_json(nlohmann::ordered_json& j) const {
   cj["read_non_temporal"] = c.read.non_temporal;
   cj["read_one_stream_gb_s"] = c.read.one_stream_bytes_per_s / 1e9;
   cj["read_buffer_mib"] = double(c.read.buffer_bytes) / 1048576.0;
+  cj["read_llc_mib"] = double(c.read.llc_bytes) / 1048576.0;
   for (int t = 0; t < kern::kActTypes; ++t) {
     const char* name = kern::act_type_name(static_cast<kern::ActType>(t));
     cj["peak_g_ops"][name] = c.compute.total[t] / 1e9;

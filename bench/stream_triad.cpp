@@ -2,7 +2,8 @@
 //   BM_Read   the read ceiling `kimi bench` measures (backend/cpu/ceiling.h): every thread sums its
 //             own first-touched slice as 1, 2, 4 or 8 interleaved streams of the widest loads the
 //             CPU has (plain and non-temporal), the best pass counts; counters: the streams and
-//             load kind of the best pass, and the plain one-stream-per-thread rate
+//             load kind of the best pass, the plain one-stream-per-thread rate and the buffer
+//             size (its default: at least twice the last-level cache)
 //   BM_ReadOneStream  the former BM_Read, for comparison: one stream per thread, summed as floats
 //             in portable code (SSE2 on x86-64) - it reached ~60 % of BM_Read here
 //   BM_Triad  STREAM triad a[i] = b[i] + s*c[i] (bytes = 2 reads + 1 write; the write-allocate read
@@ -32,7 +33,6 @@ void BM_Read(benchmark::State& st) {
   const int nth = static_cast<int>(st.range(0));
   kimi::ThreadPool pool(nth);
   kimi::kern::CeilingOptions o;
-  o.buffer_bytes = size_t{512} << 20;
   o.read_seconds = 0.2;
   kimi::kern::ReadCeiling best;
   for (auto _ : st) {
@@ -45,6 +45,7 @@ void BM_Read(benchmark::State& st) {
   st.counters["streams"] = best.streams;
   st.counters["non_temporal"] = best.non_temporal ? 1 : 0;
   st.counters["one_stream_GB_s"] = best.one_stream_bytes_per_s / 1e9;
+  st.counters["buffer_MiB"] = double(best.buffer_bytes >> 20);
 }
 
 void BM_ReadOneStream(benchmark::State& st) {

@@ -5,12 +5,18 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <new>
 #include <random>
 #include <vector>
 
 #include "backend/cpu/ceiling.h"
 #include "backend/cpu/dispatch.h"
+
+#if defined(__linux__)
+#include <unistd.h>
+#endif
 
 using namespace kimi;
 using namespace kimi::kern;
@@ -82,6 +88,61 @@ TEST(Ceiling, MatmulActivationArithmetic) {
     EXPECT_EQ(matmul_act_type(q, Precision::F32), ActType::F32) << type_name(q);
   }
   EXPECT_STREQ(act_type_name(ActType::Int8), "int8");
+}
+
+// A fake sysfs cpu tree: cpu0-3, each with a per-CPU 48K L1 data, 64K L1 instruction and 2048K L2
+// cache, and an L3 of l3 bytes (sysfs spelling) shared by cpu0-1 and another by cpu2-3.
+void fake_cpu_tree(const std::filesystem::path& root, const std::string& l3) {
+  auto put = [](const std::filesystem::path& dir, const char* level, const char* type, const std::string& size,
+                const std::string& shared) {
+    std::filesystem::create_directories(dir);
+    std::ofstream(dir / "level") << level << "\n";
+    std::ofstream(dir / "type") << type << "\n";
+    std::ofstream(dir / "size") << size << "\n";
+    std::ofstream(dir / "shared_cpu_list") << shared << "\n";
+  };
+  for (int c = 0; c < 4; ++c) {
+    const std::filesystem::path cache = root / ("cpu" + std::to_string(c)) / "cache";
+    put(cache / "index0", "1", "Data", "48K", std::to_string(c));
+    put(cache / "index1", "1", "Instruction", "64K", std::to_string(c));
+    put(cache / "index2", "2", "Unified", "2048K", std::to_string(c));
+    put(cache / "index3", "3", "Unified", l3, c < 2 ? "0-1" : "2-3");
+  }
+  std::filesystem::create_directories(root / "cpufreq");  // not a cpuN directory
+}
+
+TEST(Ceiling, LastLevelCacheSumsTheInstancesOfTheHighestLevel) {
+  const std::filesystem::path root = std::filesystem::path(::testing::TempDir()) / "kimi_fake_cpu_tree";
+  std::filesystem::remove_all(root);
+  fake_cpu_tree(root, "491520K");
+  EXPECT_EQ(last_level_cache_bytes(root.string()), 2 * size_t{491520} * 1024);  // two L3s of 480 MiB
+  std::filesystem::remove_all(root);
+  fake_cpu_tree(root, "32M");
+  EXPECT_EQ(last_level_cache_bytes(root.string()), size_t{64} << 20);
+  std::filesystem::remove_all(root / "cpu0" / "cache" / "index3");
+  std::filesystem::remove_all(root / "cpu1" / "cache" / "index3");
+  std::filesystem::remove_all(root / "cpu2" / "cache" / "index3");
+  std::filesystem::remove_all(root / "cpu3" / "cache" / "index3");
+  EXPECT_EQ(last_level_cache_bytes(root.string()), size_t{4} * 2048 * 1024);  // no L3: the four L2s
+  std::filesystem::remove_all(root);
+  EXPECT_EQ(last_level_cache_bytes(root.string()), 0u);  // nothing readable
+#if defined(__linux__)
+  // this machine: at least one instance of the highest level glibc reports
+  const long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);
+  if (l3 > 0 && std::filesystem::exists("/sys/devices/system/cpu/cpu0/cache/index3")) {
+    EXPECT_GE(last_level_cache_bytes(), size_t(l3));
+  }
+#endif
+}
+
+TEST(Ceiling, DefaultReadBufferIsTwiceTheLastLevelCache) {
+  const size_t MiB = size_t{1} << 20;
+  EXPECT_EQ(default_read_buffer_bytes(2, 0, 0), 256 * MiB);
+  EXPECT_EQ(default_read_buffer_bytes(2, 32 * MiB, size_t{24} << 30), 256 * MiB);    // a 32 MiB L3
+  EXPECT_EQ(default_read_buffer_bytes(2, 480 * MiB, size_t{24} << 30), 960 * MiB);   // a 480 MiB L3
+  EXPECT_EQ(default_read_buffer_bytes(16, 0, 0), 512 * MiB);                          // 32 MiB per thread
+  EXPECT_EQ(default_read_buffer_bytes(2, 480 * MiB, size_t{4} << 30), 512 * MiB);    // at most RAM / 8
+  EXPECT_EQ(default_read_buffer_bytes(2, 480 * MiB, size_t{1} << 30), 256 * MiB);    // but never below 256 MiB
 }
 
 TEST(Ceiling, DriversReportWhatTheyMeasured) {

@@ -6,8 +6,12 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstdint>
+#include <filesystem>
 #include <fmt/format.h>
+#include <fstream>
+#include <map>
 #include <new>
 #include <vector>
 
@@ -15,6 +19,7 @@
 
 #if defined(__linux__)
 #include <sys/mman.h>
+#include <unistd.h>
 #endif
 
 namespace kimi::kern {
@@ -158,11 +163,67 @@ bool ceiling_loops(Isa level, CeilingLoops* out) {
   return false;
 }
 
+size_t last_level_cache_bytes(const std::string& sys_cpu) {
+  namespace fs = std::filesystem;
+  auto first_line = [](const fs::path& p) {
+    std::ifstream f(p);
+    std::string s;
+    std::getline(f, s);
+    return s;
+  };
+  // level -> (shared_cpu_list -> bytes): one entry per cache instance
+  std::map<int, std::map<std::string, size_t>> caches;
+  std::error_code ec;
+  for (const fs::directory_entry& cpu : fs::directory_iterator(sys_cpu, ec)) {
+    const std::string name = cpu.path().filename().string();
+    if (name.size() < 4 || name.compare(0, 3, "cpu") != 0 ||
+        name.find_first_not_of("0123456789", 3) != std::string::npos)
+      continue;
+    std::error_code ec2;
+    for (const fs::directory_entry& idx : fs::directory_iterator(cpu.path() / "cache", ec2)) {
+      if (idx.path().filename().string().compare(0, 5, "index") != 0) continue;
+      const std::string level = first_line(idx.path() / "level"), size = first_line(idx.path() / "size");
+      const std::string type = first_line(idx.path() / "type");
+      if (level.empty() || size.empty() || type == "Instruction") continue;
+      char* end = nullptr;
+      const unsigned long long v = std::strtoull(size.c_str(), &end, 10);
+      const size_t mult = *end == 'K' ? size_t{1} << 10 : *end == 'M' ? size_t{1} << 20 : *end == 'G' ? size_t{1} << 30 : 1;
+      const int lv = std::atoi(level.c_str());
+      if (lv <= 0 || v == 0) continue;
+      std::string shared = first_line(idx.path() / "shared_cpu_list");
+      if (shared.empty()) shared = name;  // unknown sharing: one instance per CPU
+      caches[lv][shared] = size_t(v) * mult;
+    }
+  }
+  if (caches.empty()) return 0;
+  size_t total = 0;
+  for (const auto& [shared, bytes] : caches.rbegin()->second) total += bytes;
+  return total;
+}
+
+size_t default_read_buffer_bytes(int threads, size_t llc_bytes, size_t ram_bytes) {
+  size_t want = std::max<size_t>(size_t{256} << 20, (size_t{32} << 20) * size_t(std::max(threads, 1)));
+  want = std::max(want, 2 * llc_bytes);
+  if (ram_bytes) want = std::min(want, std::max<size_t>(ram_bytes / 8, size_t{256} << 20));
+  return want;
+}
+
+namespace {
+size_t ram_bytes() {
+#if defined(__linux__)
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  if (pages > 0 && page > 0) return size_t(pages) * size_t(page);
+#endif
+  return 0;
+}
+}  // namespace
+
 ReadCeiling measure_read(ThreadPool& pool, const CeilingOptions& o) {
   const CeilingLoops l = loops_for(current_isa());
   const int T = pool.size();
   ReadCeiling r;
-  size_t want = o.buffer_bytes ? o.buffer_bytes : std::max<size_t>(size_t{256} << 20, (size_t{32} << 20) * size_t(T));
+  if (!o.buffer_bytes) r.llc_bytes = last_level_cache_bytes();
+  size_t want = o.buffer_bytes ? o.buffer_bytes : default_read_buffer_bytes(T, r.llc_bytes, ram_bytes());
   const size_t grain = size_t{64} << 10;  // a multiple of 256 x 8 streams, and of the page size
   const size_t slice = std::max(grain, want / size_t(T) / grain * grain);
   r.buffer_bytes = slice * size_t(T);
@@ -261,9 +322,10 @@ Ceiling measure_ceiling(ThreadPool& pool, const CeilingOptions& o) {
 std::string describe(const Ceiling& c) {
   std::string s = fmt::format(
       "ceiling ({}, {} threads, measured in {:.2f} s): read {:.1f} GB/s ({} stream(s)/thread, {} loads; 1 "
-      "stream/thread {:.1f} GB/s, {} MiB buffer)",
+      "stream/thread {:.1f} GB/s, {} MiB buffer{})",
       isa_name(c.isa), c.threads, c.seconds, c.read.bytes_per_s / 1e9, c.read.streams,
-      c.read.non_temporal ? "non-temporal" : "plain", c.read.one_stream_bytes_per_s / 1e9, c.read.buffer_bytes >> 20);
+      c.read.non_temporal ? "non-temporal" : "plain", c.read.one_stream_bytes_per_s / 1e9, c.read.buffer_bytes >> 20,
+      c.read.llc_bytes ? fmt::format(", last-level cache {} MiB", c.read.llc_bytes >> 20) : std::string());
   const char* unit[kActTypes] = {"GFLOP/s", "GFLOP/s", "Gop/s"};
   for (int t = 0; t < kActTypes; ++t)
     s += fmt::format("; {} {:.0f} {} ({:.0f}/thread, {})", act_type_name(static_cast<ActType>(t)),

@@ -2,7 +2,9 @@
 // bandwidth (what decode, a stream of weight bytes, can reach at best) and the compute peak of the
 // inner-product instructions the matmul kernels use (what prefill can reach at best).
 //
-// Read bandwidth: every thread sums its own slice of a buffer much larger than the caches (it
+// Read bandwidth: every thread sums its own slice of a buffer much larger than the caches (at least
+// twice the last-level cache the OS reports: a 256 MiB buffer on a CPU with a 480 MiB L3 measured
+// 36 GB/s where 1-4 GiB buffers measured 32.5-33.8 GB/s, the memory's own rate; it
 // first-touches that slice, so on a NUMA machine the slice is on the thread's node), split into
 // S interleaved streams advanced in lockstep with the widest loads of the level (256 bytes per
 // stream per step), plain or non-temporal loads. One stream per thread leaves bandwidth unused on
@@ -47,6 +49,7 @@ struct ReadCeiling {
   bool non_temporal = false;          // of the best pass
   double one_stream_bytes_per_s = 0;  // best pass with one plain stream per thread
   size_t buffer_bytes = 0;
+  size_t llc_bytes = 0;  // last_level_cache_bytes() when the default size was chosen (0: not known)
   int passes = 0;
 };
 
@@ -65,10 +68,18 @@ struct Ceiling {
 };
 
 struct CeilingOptions {
-  size_t buffer_bytes = 0;      // 0: max(256 MiB, 32 MiB x threads)
+  size_t buffer_bytes = 0;      // 0: max(256 MiB, 32 MiB x threads, 2 x the last-level cache), at most 1/8 of RAM
   double read_seconds = 0.25;   // time budget of the read sweep (at least one pass per configuration)
   double compute_seconds = 0.15;  // time budget of the compute loops (all three types)
 };
+
+// The total size of the machine's last-level caches: for the highest cache level sysfs lists under
+// sys_cpu (cpuN/cache/indexM/{level,size,shared_cpu_list}), the sum over its distinct instances (a
+// 2-socket machine counts both L3s). 0 where that is not readable (not Linux, no sysfs).
+size_t last_level_cache_bytes(const std::string& sys_cpu = "/sys/devices/system/cpu");
+
+// The read buffer measure_read uses when o.buffer_bytes is 0 (see CeilingOptions).
+size_t default_read_buffer_bytes(int threads, size_t llc_bytes, size_t ram_bytes);
 
 // Measures both on pool's threads (a few hundred ms; allocates and frees the buffer).
 Ceiling measure_ceiling(ThreadPool& pool, const CeilingOptions& o = {});

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <fstream>
 #include <random>
 #include <cstdlib>
 #include <string>
@@ -133,6 +134,22 @@ TEST(Dispatch, DetectedLevelIsTheExpectedOne) {
   const char* want = std::getenv("KIMI_EXPECT_ISA");
   if (want == nullptr || *want == '\0') GTEST_SKIP() << "KIMI_EXPECT_ISA not set";
   EXPECT_STREQ(isa_name(best_isa()), want);
+}
+
+// The vendor bit (per-vendor tuning) agrees with the kernel's reading of CPUID.0 in /proc/cpuinfo,
+// and the packed GEMV's prefetch distance follows it.
+TEST(Dispatch, VendorMatchesProcCpuinfo) {
+#if defined(__x86_64__) && defined(__linux__)
+  std::ifstream f("/proc/cpuinfo");
+  std::string line, vendor;
+  while (vendor.empty() && std::getline(f, line))
+    if (line.rfind("vendor_id", 0) == 0) vendor = line.substr(line.find(':') + 2);
+  if (vendor.empty()) GTEST_SKIP() << "no vendor_id in /proc/cpuinfo";
+  EXPECT_EQ(cpu_features().intel, vendor == "GenuineIntel") << vendor;
+#elif !defined(__x86_64__)
+  EXPECT_FALSE(cpu_features().intel);  // not an x86 CPU
+#endif
+  EXPECT_EQ(packed_gemv_prefetch_bytes(), cpu_features().intel ? 1024 : 3072);
 }
 
 // kernel_impl names the level every family runs at: the highest level <= the one in use that the

@@ -14,6 +14,11 @@
 
 namespace kimi::kern {
 
+int packed_gemv_prefetch_bytes() {
+  static const int bytes = cpu_features().intel ? 1024 : 3072;
+  return bytes;
+}
+
 const CpuFeatures& cpu_features() {
   static const CpuFeatures f = [] {
     CpuFeatures c;
@@ -40,6 +45,10 @@ const CpuFeatures& cpu_features() {
         c.amx_tile = d >> 24 & 1u;
         c.amx_int8 = d >> 25 & 1u;
       }
+    }
+    {  // CPUID.0: the vendor string in EBX, EDX, ECX
+      unsigned a = 0, b = 0, cx = 0, d = 0;
+      c.intel = __get_cpuid(0, &a, &b, &cx, &d) && b == 0x756e6547u && d == 0x49656e69u && cx == 0x6c65746eu;
     }
 #elif defined(__aarch64__)
     c.neon = true;  // AdvSIMD is part of every AArch64 CPU

@@ -60,8 +60,13 @@ struct CpuFeatures {
   bool avx512vnni = false, avx512bf16 = false, avx512vbmi = false;  // vbmi: optional kernels (MXFP4 GEMV)
   bool amx_tile = false, amx_bf16 = false, amx_int8 = false;  // CPUID only (the OS grant: amx_bf16_usable)
   bool neon = false, dotprod = false, i8mm = false, bf16 = false;  // aarch64
+  bool intel = false;  // x86 vendor "GenuineIntel" (per-vendor tuning, never a feature test)
 };
 const CpuFeatures& cpu_features();
+// The packed Q4_K GEMV's software prefetch distance, bytes ahead of the block being read: 1 KiB on
+// Intel (a Xeon with AMX, from DRAM: Q4_K 12288 x 7168 22-23 -> 25-27 GB/s against 3 KiB; 256 B to
+// 1 KiB equal), 3 KiB elsewhere (tuned on AMD Zen 5, where it was chosen).
+int packed_gemv_prefetch_bytes();
 // Kernels for an optional extension within the AVX-512 level (AVX512-VBMI: the MXFP4 GEMV; every
 // AVX-512 BF16 CPU but Cooper Lake has it). On where the CPU has it; tests switch it off to compare
 // with the kernels it replaces (bit for bit).

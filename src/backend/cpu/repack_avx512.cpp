@@ -25,12 +25,13 @@ namespace {
 // One group (16 rows) x T tokens over all nb super-blocks; y[t * ldy + i] for row i.
 template <KT K, int T>
 void tile(const uint8_t* grp, int64_t nb, const uint8_t* const* x, float* y, int64_t ldy) {
+  const int pf = T == 1 ? packed_gemv_prefetch_bytes() : 0;
   __m512 acc[T];
   KIMI_UNROLL for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_ps();
   const uint8_t* a[T];
   for (int64_t b = 0; b < nb; ++b) {
     KIMI_UNROLL for (int t = 0; t < T; ++t) a[t] = x[t] + b * kAB;
-    PK<K>::template block<T>(grp + b * PK<K>::kBB, K == KT::Q6 ? grp + nb * PK<K>::kBB + b * 32 : nullptr, a, acc);
+    PK<K>::template block<T>(grp + b * PK<K>::kBB, K == KT::Q6 ? grp + nb * PK<K>::kBB + b * 32 : nullptr, a, acc, pf);
   }
   KIMI_UNROLL for (int t = 0; t < T; ++t) _mm512_storeu_ps(y + t * ldy, acc[t]);
 }

@@ -17,7 +17,6 @@ namespace {
 enum class KT { Q4, Q5, Q6 };
 
 constexpr int kAB = kQ8KxBlockBytes;  // activation bytes per super-block (quantize_act.h "q8 Kx")
-constexpr int kPf = 3072;             // GEMV software prefetch distance (bytes ahead of the read)
 
 inline __m512i bcast_i32(const uint8_t* p) { return _mm512_set1_epi32(rd_i32(p)); }
 // acc + the u8 x s8 dot products of v's dwords with the 4 bytes at p broadcast (vpdpbusd with an
@@ -119,10 +118,11 @@ struct PK {
   // token's activation block): acc[t] += the 16 rows' block dot products. T <= 4: all value
   // vectors of a load decoded together (independent chains: one per sub-block in flight);
   // T > 4: one sub-block at a time (T chains), the loads repeated per sub-block (registers).
+  // GEMV (T == 1): the block's lines pf bytes on are prefetched first (packed_gemv_prefetch_bytes()).
   template <int T>
-  static inline void block(const uint8_t* blk, const uint8_t* d16, const uint8_t* const* a, __m512* acc) {
+  static inline void block(const uint8_t* blk, const uint8_t* d16, const uint8_t* const* a, __m512* acc, int pf) {
     if constexpr (T == 1) {
-      for (int l = 0; l < kBB; l += 64) prefetch(blk + kPf + l);
+      for (int l = 0; l < kBB; l += 64) prefetch(blk + pf + l);
     }
     constexpr bool kNarrow = T <= 4;
     __m512i isb[T];

@@ -168,10 +168,10 @@ void run_item(const MatView& W, const uint32_t* bt, int64_t n, int64_t r0, float
   if constexpr (NR == 2) _tile_zero(2);
   for (int64_t s = 0; s < ks; ++s) {
     // packed: before the step's first tile load, a prefetch of its second tile's 16 lines (NR == 2) or of
-    // the next step's tile (NR == 1), so both loads' misses are in flight at once; the hardware
-    // prefetchers read ahead of that (a tile load alone waits for its lines in turn). Small preset BF16
-    // tg64 on a Xeon VM: 33.1-34.1 t/s; 8 KiB ahead (32 lines 4 steps on) 28.7-30.2; 1 / 2 / 4 KiB ahead
-    // in between (docs/performance.md "AMX decode: the step's second tile prefetched").
+    // the next step's tile (NR == 1), so both loads' misses are in flight at once (a tile load waits for
+    // its lines in turn); the hardware prefetchers read ahead of that. On a Xeon VM, 2 threads: k3-layers
+    // BF16 tg16 1.11-1.16x against 32 lines 8 KiB ahead; the next step's first lines (2 / 4 KiB ahead)
+    // or none at all slower (docs/performance.md "Decode: the AMX tile loads' misses overlapped").
     if (pk) {
       const uint8_t* next = NR == 2 ? a1 + s * kStep : s + 1 < ks ? a0 + (s + 1) * kStep : nullptr;
       if (next)

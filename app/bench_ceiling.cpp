@@ -17,7 +17,11 @@ PrefillWork prefill_work(const Model& m, int n_prompt, Precision prec) {
     const bool experts = t.name.size() > 12 && t.name.compare(t.name.size() - 12, 12, "_exps.weight") == 0;
     if (experts && hp.n_expert > 0) macs = macs / double(hp.file_experts()) * std::min(hp.n_expert_used, hp.n_expert);
     const double tokens = t.name == "output.weight" ? 1.0 : double(n_prompt);
-    w.ops[static_cast<int>(kern::matmul_act_type(t.type, prec))] += 2.0 * macs * tokens;
+    // the arithmetic of this weight's product with that many tokens; a routed expert sees k / E of them
+    // on average, which decides whether its products are long enough for the int8 tiles
+    const double per_product = experts && hp.n_expert > 0 ? macs / double(t.nelements()) * tokens : tokens;
+    const kern::ActType a = kern::matmul_act_type(t.type, prec, static_cast<int64_t>(per_product), t.n_dims > 2);
+    w.ops[static_cast<int>(a)] += 2.0 * macs * tokens;
   }
   return w;
 }
@@ -59,6 +63,7 @@ void CeilingReport::to_json(nlohmann::ordered_json& j) const {
   cj["read_buffer_mib"] = double(c.read.buffer_bytes) / 1048576.0;
   cj["read_llc_mib"] = double(c.read.llc_bytes) / 1048576.0;
   for (int t = 0; t < kern::kActTypes; ++t) {
+    if (c.compute.instr[t] == nullptr) continue;  // not measured (int8 tiles without AMX-INT8)
     const char* name = kern::act_type_name(static_cast<kern::ActType>(t));
     cj["peak_g_ops"][name] = c.compute.total[t] / 1e9;
     cj["peak_g_ops_per_thread"][name] = c.compute.per_thread[t] / 1e9;
@@ -71,7 +76,7 @@ void CeilingReport::to_json(nlohmann::ordered_json& j) const {
   }
   if (pp_best > 0 && work.total() > 0) {
     for (int t = 0; t < kern::kActTypes; ++t)
-      j["pp_matmul_g_ops"][kern::act_type_name(static_cast<kern::ActType>(t))] = work.ops[t] / 1e9;
+      if (work.ops[t] > 0 || t < kern::kLoopTypes) j["pp_matmul_g_ops"][kern::act_type_name(static_cast<kern::ActType>(t))] = work.ops[t] / 1e9;
     j["pp_ideal_s"] = pp_ideal_s();
     j["pp_pct_of_compute_peak"] = pp_pct(pp_best);
     j["pp_mean_pct_of_compute_peak"] = pp_pct(pp_mean);

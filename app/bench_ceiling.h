@@ -18,7 +18,7 @@ namespace kimi::app {
 // attention scores and the KDA recurrence are not counted.
 struct PrefillWork {
   double ops[kern::kActTypes] = {};
-  double total() const { return ops[0] + ops[1] + ops[2]; }
+  double total() const { return ops[0] + ops[1] + ops[2] + ops[3]; }
 };
 PrefillWork prefill_work(const Model& m, int n_prompt, Precision prec);
 

@@ -38,7 +38,7 @@ int cmd_version(int argc, char** argv) {
     const bool bf16 = kimi::kern::amx_bf16_usable(), int8 = kimi::kern::amx_int8_usable();
     if (bf16 || int8)
       std::printf("intel amx: in use for %s%s%s (KIMI_AMX=0 turns it off)\n", bf16 ? "BF16 weights" : "",
-                  bf16 && int8 ? " and " : "", int8 ? "MXFP4 / Q4_0 / Q4_K / Q5_K weights with >= 16 tokens" : "");
+                  bf16 && int8 ? " and " : "", int8 ? "MXFP4 / Q4_0 / Q8_0 / Q4_K / Q5_K weights with >= 16 tokens" : "");
     else
       std::printf("intel amx: %s\n", f.amx_tile && (f.amx_bf16 || f.amx_int8)
                                          ? "present, not in use (KIMI_AMX=0, KIMI_ISA or the OS)"

@@ -13,6 +13,7 @@
 
 #include "backend/cpu/ceiling.h"
 #include "backend/cpu/dispatch.h"
+#include "backend/cpu/matmul_amx.h"
 
 #if defined(__linux__)
 #include <unistd.h>
@@ -34,7 +35,7 @@ TEST(Ceiling, EveryLevelOfThisCpuHasLoops) {
     EXPECT_TRUE(ceiling_loops(isa, &l)) << isa_name(isa);
     EXPECT_NE(l.read, nullptr);
     EXPECT_NE(l.peak, nullptr);
-    for (int t = 0; t < kActTypes; ++t) {
+    for (int t = 0; t < kLoopTypes; ++t) {
       EXPECT_GT(l.products_per_iter[t], 0);
       EXPECT_NE(l.instr[t], nullptr);
     }
@@ -68,7 +69,7 @@ TEST(Ceiling, PeakLoopsDoTheProductsTheyCount) {
   for (Isa isa : supported_isas()) {
     CeilingLoops l;
     ASSERT_TRUE(ceiling_loops(isa, &l));
-    for (int t = 0; t < kActTypes; ++t)
+    for (int t = 0; t < kLoopTypes; ++t)
       for (int64_t iters : {1, 37, 1000}) {
         // unit inputs: every product is 1, every accumulator lane counts them (exact below 2^24)
         EXPECT_EQ(l.peak(static_cast<ActType>(t), iters, 1), double(l.products_per_iter[t]) * double(iters))
@@ -83,11 +84,19 @@ TEST(Ceiling, MatmulActivationArithmetic) {
   EXPECT_EQ(matmul_act_type(GgmlType::F16, Precision::Fast), ActType::F32);
   EXPECT_EQ(matmul_act_type(GgmlType::BF16, Precision::Fast), ActType::Bf16);
   EXPECT_EQ(matmul_act_type(GgmlType::BF16, Precision::F32), ActType::F32);
-  for (GgmlType q : {GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::MXFP4, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K}) {
-    EXPECT_EQ(matmul_act_type(q, Precision::Fast), ActType::Int8) << type_name(q);
+  // with >= 16 tokens AMX-INT8 takes MXFP4 / Q4_0 / Q8_0 and the packed (2-D) Q4_K / Q5_K where it is usable
+  const ActType tiles = amx_int8_usable() ? ActType::Int8Tiles : ActType::Int8;
+  for (GgmlType q : {GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::MXFP4, GgmlType::Q4_K, GgmlType::Q5_K}) {
+    EXPECT_EQ(matmul_act_type(q, Precision::Fast), tiles) << type_name(q);
+    EXPECT_EQ(matmul_act_type(q, Precision::Fast, 15), ActType::Int8) << type_name(q);
     EXPECT_EQ(matmul_act_type(q, Precision::F32), ActType::F32) << type_name(q);
   }
+  EXPECT_EQ(matmul_act_type(GgmlType::MXFP4, Precision::Fast, 512, true), tiles);  // expert stacks
+  EXPECT_EQ(matmul_act_type(GgmlType::Q4_K, Precision::Fast, 512, true), ActType::Int8);  // not packed
+  EXPECT_EQ(matmul_act_type(GgmlType::Q6_K, Precision::Fast, 512), ActType::Int8);
+  EXPECT_EQ(matmul_act_type(GgmlType::Q6_K, Precision::F32), ActType::F32);
   EXPECT_STREQ(act_type_name(ActType::Int8), "int8");
+  EXPECT_STREQ(act_type_name(ActType::Int8Tiles), "int8_tiles");
 }
 
 // A fake sysfs cpu tree: cpu0-3, each with a per-CPU 48K L1 data, 64K L1 instruction and 2048K L2
@@ -163,9 +172,15 @@ TEST(Ceiling, DriversReportWhatTheyMeasured) {
     EXPECT_TRUE(c.read.streams == 1 || c.read.streams == 2 || c.read.streams == 4 || c.read.streams == 8);
     EXPECT_GE(c.read.passes, 4);  // 1, 2, 4, 8 streams (and non-temporal where the level has them)
     for (int t = 0; t < kActTypes; ++t) {
+      if (static_cast<ActType>(t) == ActType::Int8Tiles && !(isa == Isa::Avx512 && amx_int8_usable())) {
+        EXPECT_EQ(c.compute.per_thread[t], 0.0);  // measured only where AMX-INT8 runs
+        EXPECT_EQ(c.compute.instr[t], nullptr);
+        continue;
+      }
       EXPECT_GT(c.compute.per_thread[t], 0.0);
       EXPECT_DOUBLE_EQ(c.compute.total[t], 2 * c.compute.per_thread[t]);
     }
+    EXPECT_EQ(describe(c).find("tdpbssd") != std::string::npos, isa == Isa::Avx512 && amx_int8_usable());
     const std::string d = describe(c);
     EXPECT_NE(d.find(isa_name(isa)), std::string::npos) << d;
     EXPECT_NE(d.find("GB/s"), std::string::npos) << d;

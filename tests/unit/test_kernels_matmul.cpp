@@ -603,7 +603,7 @@ TEST(Matmul, AmxBf16TilesMatchReference) {
   EXPECT_EQ(std::memcmp(yb.data(), yr.data(), 16 * 4), 0);
 }
 
-// AMX-INT8 for MXFP4 / Q4_0 with >= 16 tokens (matmul_amx.h): bit-identical to the AVX-512 kernel's
+// AMX-INT8 for MXFP4 / Q4_0 / Q8_0 with >= 16 tokens (matmul_amx.h): bit-identical to the AVX-512 kernel's
 // 16-token-lane path (run_lanes, which the AVX-512 kernel uses for every token tile of >= 16 tokens and
 // matmul_rows for >= 16 tokens), through matmul on 1 and 3 threads and matmul_rows over ranges that cut
 // 16-row groups. (Against the float64 reference: MatmulTypes, which on an AMX machine runs this path for
@@ -618,7 +618,7 @@ TEST(Matmul, AmxInt8NibbleTilesEqualTheLaneKernel) {
   ThreadPool one(1), three(3);
   std::mt19937 rng(777);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  for (GgmlType type : {GgmlType::MXFP4, GgmlType::Q4_0}) {
+  for (GgmlType type : {GgmlType::MXFP4, GgmlType::Q4_0, GgmlType::Q8_0}) {
     MatKernel k;
     ASSERT_TRUE(avx512_kernel(type, Precision::Fast, &k));
     for (int64_t cols : {32, 96, 288, 4160}) {
@@ -653,7 +653,7 @@ TEST(Matmul, AmxInt8NibbleTilesEqualTheLaneKernel) {
   // fewer than 16 tokens and other types are not its work
   const auto w = random_weights(GgmlType::MXFP4, 16, 64, rng);
   EXPECT_FALSE(amx_nib_takes(MatView{GgmlType::MXFP4, w.data(), 16, 64, row_bytes(GgmlType::MXFP4, 64)}, 15));
-  EXPECT_FALSE(amx_nib_takes(MatView{GgmlType::Q8_0, w.data(), 16, 32, row_bytes(GgmlType::Q8_0, 32)}, 16));
+  EXPECT_FALSE(amx_nib_takes(MatView{GgmlType::Q5_0, w.data(), 16, 32, row_bytes(GgmlType::Q5_0, 32)}, 16));
 }
 
 // AMX-INT8 for the packed Q4_K / Q5_K weights with >= 16 tokens (matmul_amx.h): bit-identical to the

@@ -29,16 +29,21 @@ const char* act_type_name(ActType t) {
     case ActType::F32: return "f32";
     case ActType::Bf16: return "bf16";
     case ActType::Int8: return "int8";
+    case ActType::Int8Tiles: return "int8_tiles";
   }
   return "?";
 }
 
-ActType matmul_act_type(GgmlType type, Precision prec) {
+ActType matmul_act_type(GgmlType type, Precision prec, int64_t tokens, bool stacked) {
   // the kernel tables of matmul_<level>.cpp: Precision::F32 and f32/f16 weights run f32 FMAs, bf16
   // weights bf16 dots (widened to f32 FMAs where the level has no bf16 dot: its bf16 peak is the f32
   // one), every quantized type an int8 dot against the quantized activation
   if (prec == Precision::F32 || type == GgmlType::F32 || type == GgmlType::F16) return ActType::F32;
   if (type == GgmlType::BF16) return ActType::Bf16;
+  // AMX-INT8 (matmul_amx.h: amx_nib_takes, and matmul_packed for the packed K-quants)
+  const bool nib = type == GgmlType::MXFP4 || type == GgmlType::Q4_0 || type == GgmlType::Q8_0;
+  const bool packed = !stacked && (type == GgmlType::Q4_K || type == GgmlType::Q5_K);
+  if (tokens >= 16 && (nib || packed) && amx_int8_usable()) return ActType::Int8Tiles;
   return ActType::Int8;
 }
 
@@ -102,7 +107,7 @@ double scalar_peak(ActType type, int64_t iters, int one) {
 bool scalar_loops(CeilingLoops* out) {
   out->read = scalar_read;
   out->peak = scalar_peak;
-  for (int t = 0; t < kActTypes; ++t) out->products_per_iter[t] = kScalarAcc;
+  for (int t = 0; t < kLoopTypes; ++t) out->products_per_iter[t] = kScalarAcc;
   out->instr[0] = "C++ f32 multiply-add";
   out->instr[1] = "C++ f32 multiply-add (bf16 widened)";
   out->instr[2] = "C++ int32 multiply-add";
@@ -280,11 +285,13 @@ ComputeCeiling measure_compute(int threads, const CeilingOptions& o) {
   volatile int one_v = 1;
   const int one = one_v;
   volatile double sink = 0;
+  const bool tiles8 = amx_int8_usable();
   for (int t = 0; t < kActTypes; ++t) {
     const ActType type = static_cast<ActType>(t);
+    if (type == ActType::Int8Tiles && !tiles8) continue;  // nothing runs it here
     // bf16 prefill GEMMs run on AMX tiles where the CPU has them (matmul_amx.h): that is its peak
-    const bool amx = type == ActType::Bf16 && amx_bf16_usable();
-    const double budget = o.compute_seconds / kActTypes;
+    const bool amx = (type == ActType::Bf16 && amx_bf16_usable()) || type == ActType::Int8Tiles;
+    const double budget = o.compute_seconds / (tiles8 ? kActTypes : kLoopTypes);
     int64_t iters = 256;
     const auto t_start = clk::now();
     double best = 0;
@@ -292,18 +299,23 @@ ComputeCeiling measure_compute(int threads, const CeilingOptions& o) {
     // are rarely interrupted, so on a busy machine the best of many is still the core's own rate
     for (;;) {
       const auto t0 = clk::now();
-      sink = sink + (amx ? amx_bf16_peak_loop(iters) : l.peak(type, iters, one));
+      sink = sink + (type == ActType::Int8Tiles ? amx_int8_peak_loop(iters)
+                     : amx                        ? amx_bf16_peak_loop(iters)
+                                                  : l.peak(type, iters, one));
       const double dt = since(t0);
       if (dt < 5e-4 && iters < (int64_t{1} << 40)) {
         iters *= 2;
         continue;
       }
-      best = std::max(best, double(amx ? kAmxPeakProductsPerIter : l.products_per_iter[t]) * 2.0 * double(iters) / dt);
+      const double per_iter = type == ActType::Int8Tiles ? kAmxInt8PeakProductsPerIter
+                              : amx                        ? kAmxPeakProductsPerIter
+                                                           : l.products_per_iter[t];
+      best = std::max(best, per_iter * 2.0 * double(iters) / dt);
       if (since(t_start) >= budget) break;
     }
     c.per_thread[t] = best;
     c.total[t] = best * std::max(threads, 1);
-    c.instr[t] = amx ? "tdpbf16ps (AMX tiles)" : l.instr[t];
+    c.instr[t] = type == ActType::Int8Tiles ? "tdpbssd (AMX tiles)" : amx ? "tdpbf16ps (AMX tiles)" : l.instr[t];
   }
   return c;
 }
@@ -326,9 +338,10 @@ std::string describe(const Ceiling& c) {
       isa_name(c.isa), c.threads, c.seconds, c.read.bytes_per_s / 1e9, c.read.streams,
       c.read.non_temporal ? "non-temporal" : "plain", c.read.one_stream_bytes_per_s / 1e9, c.read.buffer_bytes >> 20,
       c.read.llc_bytes ? fmt::format(", last-level cache {} MiB", c.read.llc_bytes >> 20) : std::string());
-  const char* unit[kActTypes] = {"GFLOP/s", "GFLOP/s", "Gop/s"};
+  const char* unit[kActTypes] = {"GFLOP/s", "GFLOP/s", "Gop/s", "Gop/s"};
   for (int t = 0; t < kActTypes; ++t)
-    s += fmt::format("; {} {:.0f} {} ({:.0f}/thread, {})", act_type_name(static_cast<ActType>(t)),
+    if (c.compute.instr[t] != nullptr)
+      s += fmt::format("; {} {:.0f} {} ({:.0f}/thread, {})", act_type_name(static_cast<ActType>(t)),
                      c.compute.total[t] / 1e9, unit[t], c.compute.per_thread[t] / 1e9,
                      c.compute.instr[t] ? c.compute.instr[t] : "?");
   return s;

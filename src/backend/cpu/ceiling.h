@@ -23,6 +23,9 @@
 //                                (those levels widen bf16 to f32)
 //   INT8  u8·s8 / s8·s8 dot → i32 vpdpbusd zmm (avx512), vpmaddubsw+vpmaddwd+vpaddd (avx2),
 //                                smmla (neon_i8mm), sdot (neon_dot), smull+sadalp (neon)
+//   INT8 TILES  s8·s8 → i32      tdpbssd (AMX-INT8, matmul_amx.h): the products with >= 16 tokens of
+//                                MXFP4 / Q4_0 / Q8_0 and of the packed 2-D Q4_K / Q5_K weights where
+//                                the CPU has AMX-INT8 (measured only there; elsewhere nothing runs it)
 // An "op" is a multiply or an add: a multiply-add counts 2 (FLOPs for the float types).
 #pragma once
 #include <cstddef>
@@ -35,13 +38,16 @@
 
 namespace kimi::kern {
 
-enum class ActType : int { F32 = 0, Bf16 = 1, Int8 = 2 };
-constexpr int kActTypes = 3;
-const char* act_type_name(ActType t);  // "f32", "bf16", "int8"
+enum class ActType : int { F32 = 0, Bf16 = 1, Int8 = 2, Int8Tiles = 3 };
+constexpr int kActTypes = 4;
+constexpr int kLoopTypes = 3;  // the per-level loops (CeilingLoops): F32, Bf16, Int8
+const char* act_type_name(ActType t);  // "f32", "bf16", "int8", "int8_tiles"
 
-// The arithmetic the matmul kernel of (weight type, precision) runs at the level in use:
-// F32 for f32/f16 weights and for Precision::F32, BF16 for bf16 weights, INT8 for the quantized types.
-ActType matmul_act_type(GgmlType type, Precision prec);
+// The arithmetic the matmul kernel of (weight type, precision) runs at the level in use for a product
+// with `tokens` tokens: F32 for f32/f16 weights and for Precision::F32, BF16 for bf16 weights, INT8 for
+// the quantized types, INT8 TILES for those of them that AMX-INT8 computes (matmul_amx.h; stacked = a
+// 3-D expert stack, whose K-quants are not packed and so not on the tiles).
+ActType matmul_act_type(GgmlType type, Precision prec, int64_t tokens = 16, bool stacked = false);
 
 struct ReadCeiling {
   double bytes_per_s = 0;             // best pass over all configurations (bytes / wall second)
@@ -54,9 +60,9 @@ struct ReadCeiling {
 };
 
 struct ComputeCeiling {
-  double per_thread[kActTypes] = {};  // ops/s of one thread
+  double per_thread[kActTypes] = {};  // ops/s of one thread (Int8Tiles: 0 where AMX-INT8 is not used)
   double total[kActTypes] = {};       // per_thread x threads
-  const char* instr[kActTypes] = {};  // the instruction measured
+  const char* instr[kActTypes] = {};  // the instruction measured (nullptr where not measured)
 };
 
 struct Ceiling {
@@ -96,9 +102,9 @@ struct CeilingLoops {
   uint64_t (*read)(const uint8_t* p, size_t bytes, int streams, bool nt) = nullptr;
   // iters steps of type t's instruction on every accumulator, inputs all `one` (1.0 or 1): returns
   // the sum of all accumulator lanes, = products_per_iter[t] * iters while that is exact.
-  double (*peak)(ActType t, int64_t iters, int one) = nullptr;
-  int products_per_iter[kActTypes] = {};  // multiplies per step (ops = 2 x products)
-  const char* instr[kActTypes] = {};
+  double (*peak)(ActType t, int64_t iters, int one) = nullptr;  // t < kLoopTypes
+  int products_per_iter[kLoopTypes] = {};  // multiplies per step (ops = 2 x products)
+  const char* instr[kLoopTypes] = {};
   bool has_non_temporal = false;
 };
 // The loops of that level (false when the build has none for it: another architecture).

@@ -234,13 +234,14 @@ int64_t matmul_amx_bf16(const MatView& W, const float* x, int64_t n, float* y, T
 }
 
 bool amx_nib_takes(const MatView& W, int64_t n) {
-  return (W.type == GgmlType::MXFP4 || W.type == GgmlType::Q4_0) && n >= 16 && W.rows > 0 && amx_int8_usable();
+  return (W.type == GgmlType::MXFP4 || W.type == GgmlType::Q4_0 || W.type == GgmlType::Q8_0) && n >= 16 &&
+         W.rows > 0 && amx_int8_usable();
 }
 
 int64_t matmul_amx_nib(const MatView& W, const float* x, int64_t n, float* y, ThreadPool* pool, int64_t r0, int64_t r1) {
   if (!amx_nib_takes(W, n) || r0 >= r1) return r0;
   const int nth = pool ? pool->size() : 1;
-  // the AVX-512 kernel's q8-nibble activations, then run_lanes' tiles of them (matmul_amx.h)
+  // the AVX-512 kernel's q8-nibble (Q8_0: q8-byte) activations, then run_lanes' tiles of them (matmul_amx.h)
   const MatKernel k = pick_matmul_kernel(W.type, Precision::Fast);
   const Prepared a = prepare(k, x, n, W.cols, pool);
   const int64_t nb = W.cols / 32, ntv = (n + 15) / 16;
@@ -253,7 +254,7 @@ int64_t matmul_amx_nib(const MatView& W, const float* x, int64_t n, float* y, Th
   auto align = [](uint8_t* p) { return p + (64 - reinterpret_cast<uintptr_t>(p) % 64) % 64; };
   uint8_t* tiles = align(t_tiles.data());
   uint8_t* panels = align(t_panels.data());
-  each_item(pool, ntv, [&](int64_t v, int) { amx_nib_act_tiles(a.act, a.stride, n, W.cols, v, tiles + v * ts); });
+  each_item(pool, ntv, [&](int64_t v, int) { amx_nib_act_tiles(W.type, a.act, a.stride, n, W.cols, v, tiles + v * ts); });
   const int64_t base = r0 / 16 * 16, n_rb = (r1 - base + kRows - 1) / kRows, n_tg = (ntv + kVecs - 1) / kVecs;
   each_item(pool, n_rb * n_tg, [&](int64_t it, int th) {
     const int64_t row = base + kRows * (it % n_rb), tg = it / n_rb;

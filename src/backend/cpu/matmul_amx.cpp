@@ -438,6 +438,28 @@ double amx_bf16_peak_loop(int64_t iters) {
   return buf[0];
 }
 
+double amx_int8_peak_loop(int64_t iters) {
+  configure_tiles();  // every tile 16 rows x 64 bytes: K = 64 int8 per product
+  alignas(64) static const int8_t kZeros[1024] = {};
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  _tile_loadd(4, kZeros, 64);
+  _tile_loadd(5, kZeros, 64);
+  _tile_loadd(6, kZeros, 64);
+  _tile_loadd(7, kZeros, 64);
+  for (int64_t i = 0; i < iters; ++i) {
+    _tile_dpbssd(0, 4, 6);
+    _tile_dpbssd(1, 4, 7);
+    _tile_dpbssd(2, 5, 6);
+    _tile_dpbssd(3, 5, 7);
+  }
+  alignas(64) int32_t buf[256];
+  _tile_stored(0, buf, 64);
+  return buf[0];
+}
+
 void amx_bf16_prep(const float* x, int64_t n, int64_t cols, int64_t b, uint32_t* bt) {
   prep_block(x, n, cols, b, (n + 15) / 16, bt);
 }
@@ -461,6 +483,7 @@ void amx_bf16_block(const MatView& W, const uint32_t* bt, int64_t n, int64_t r0,
 
 namespace kimi::kern {
 double amx_bf16_peak_loop(int64_t) { return 0; }
+double amx_int8_peak_loop(int64_t) { return 0; }
 void amx_bf16_prep(const float*, int64_t, int64_t, int64_t, uint32_t*) {}
 void amx_bf16_rows(const MatView&, const uint32_t*, int64_t, int64_t, int, float*, int64_t, uint8_t*, int64_t, int64_t,
                    const uint8_t*) {}

@@ -9,7 +9,7 @@
 // AMX-TILE + AMX-BF16, Linux granted the process the tile state (arch_prctl ARCH_REQ_XCOMP_PERM, kernel
 // >= 5.16), the matmul level is AVX-512 (so KIMI_ISA=avx2 turns it off too) and KIMI_AMX is not 0.
 // Elsewhere (other OSes, other CPUs) the AVX-512 / AVX2 kernels run as before.
-// The int8 tiles (TDPBSSD) serve MXFP4 / Q4_0 and the packed Q4_K / Q5_K products with >= 16 tokens,
+// The int8 tiles (TDPBSSD) serve MXFP4 / Q4_0 / Q8_0 and the packed Q4_K / Q5_K products with >= 16 tokens,
 // bit-identical to the AVX-512 kernels they replace (the sections at the end of this header).
 #pragma once
 
@@ -41,6 +41,10 @@ int64_t matmul_amx_bf16(const MatView& W, const float* x, int64_t n_tokens, floa
 // compute peak `kimi bench` states for bf16 when AMX is used (ceiling.cpp).
 constexpr int64_t kAmxPeakProductsPerIter = 4 * 16 * 16 * 32;
 double amx_bf16_peak_loop(int64_t iters);
+// The same for the int8 tiles: iters x 4 independent 16 x 16 x 64 TDPBSSD products (65536 int8
+// multiply-adds per iteration): the INT8 TILES peak (ceiling.h).
+constexpr int64_t kAmxInt8PeakProductsPerIter = 4 * 16 * 16 * 64;
+double amx_int8_peak_loop(int64_t iters);
 
 // The kernels (matmul_amx.cpp). Token block b (tokens 16b .. 16b + 15 of x, ld = cols, zeros past n) in the
 // B operand's pair order (per column step of 32, 16 rows of 16 dwords) into bt, which holds the (n + 15) / 16
@@ -67,13 +71,13 @@ constexpr size_t kAmxBlockScratch =
 void amx_bf16_block(const MatView& W, const uint32_t* bt, int64_t n, int64_t r0, int64_t nrows, int64_t b0, int64_t b1,
                     float* y, int64_t ldy, uint8_t* scratch, int64_t lo, int64_t hi, const uint8_t* pk);
 
-// ---- AMX-INT8: MXFP4 and Q4_0 weights, prefill (>= 16 tokens) ----
+// ---- AMX-INT8: MXFP4, Q4_0 and Q8_0 weights, prefill (>= 16 tokens) ----
 // The AVX-512 path for >= 16 tokens (matmul_avx512.cpp, run_lanes) sums each 32-value block exactly in
 // int32 (vpdpbusd) and then adds y += float(block sum) * (dx * dw) block by block. Here a tile product
 // (TDPBSSD, signed weights x signed Q8_0 activations, K = 32 = one block) gives the same 16 rows x 16 tokens
 // of exact block sums, and the same f32 update follows in the same order: the results are bit-identical to
 // those of run_lanes, i.e. to the AVX-512 kernels wherever they use it (token tiles of >= 16 tokens).
-// Used by matmul() and matmul_rows() for Precision::Fast MXFP4 / Q4_0 weights with >= 16 tokens when the CPU
+// Used by matmul() and matmul_rows() for Precision::Fast MXFP4 / Q4_0 / Q8_0 weights with >= 16 tokens when the CPU
 // has AMX-INT8 and the tile state (as amx_bf16_usable), at the AVX-512 matmul level.
 bool amx_int8_usable();
 bool amx_nib_takes(const MatView& W, int64_t n_tokens);
@@ -83,14 +87,15 @@ int64_t matmul_amx_nib(const MatView& W, const float* x, int64_t n_tokens, float
                        int64_t r1);
 
 // Helpers (matmul_avx512.cpp: the layouts of run_lanes). The activation tiles of token vector v (tokens
-// 16v .. 16v + 15 of the n prepared q8-nibble rows at act, stride bytes apart; lanes past n repeat the last
-// token): per 32-column block kAmxNibTileBlock bytes = 8 x 64 bytes (row s: token j's q[4s .. 4s + 3] as s8 in
-// dword j: the B operand of a K = 32 tile product) + dx[16] f32.
+// 16v .. 16v + 15 of the n rows at act, stride bytes apart, prepared by type's AVX-512 kernel: q8-nibble, or
+// q8-byte for Q8_0; lanes past n repeat the last token): per 32-column block kAmxNibTileBlock bytes = 8 x 64
+// bytes (row s: token j's q[4s .. 4s + 3] as s8 in dword j: the B operand of a K = 32 tile product) + dx[16] f32.
 constexpr int kAmxNibTileBlock = 8 * 64 + 64;
-void amx_nib_act_tiles(const uint8_t* act, size_t stride, int64_t n, int64_t cols, int64_t v, uint8_t* out);
-// Rows [0, nr) of a MXFP4 / Q4_0 weight starting at src (rows >= nvalid: zero) as the A operand: w[(b * nr + i)
-// * 32 + k] = the signed value of element k of block b of row i (MXFP4: 2 x E2M1), dw[b * nr + i] = its scale
-// (MXFP4: 2^(e - 127), the 1/2 is in dx; Q4_0: d).
+void amx_nib_act_tiles(GgmlType type, const uint8_t* act, size_t stride, int64_t n, int64_t cols, int64_t v,
+                       uint8_t* out);
+// Rows [0, nr) of a MXFP4 / Q4_0 / Q8_0 weight starting at src (rows >= nvalid: zero) as the A operand:
+// w[(b * nr + i) * 32 + k] = the signed value of element k of block b of row i (MXFP4: 2 x E2M1),
+// dw[b * nr + i] = its scale (MXFP4: 2^(e - 127), the 1/2 is in dx; Q4_0, Q8_0: d).
 void amx_nib_weights(GgmlType type, const uint8_t* src, uint64_t row_bytes, int64_t nvalid, int nr, int64_t cols,
                      int8_t* w, float* dw);
 // The tile kernel (matmul_amx.cpp): rows [0, nr) of a panel (nr = 16 or 32) x token vectors [v0, v1) of the

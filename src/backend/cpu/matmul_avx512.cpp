@@ -573,7 +573,7 @@ struct DecodedP {  // P's blocks, already decoded (see above); the Q8Tiles of De
 };
 
 // ------------------------------------------------------------------------------------------------
-// GEMM with tokens in lanes (MXFP4 / Q4_0, >= 16 tokens): 16 tokens' activations per zmm, one dword
+// GEMM with tokens in lanes (MXFP4 / Q4_0 / Q8_0, >= 16 tokens): 16 tokens' activations per zmm, one dword
 // (4 elements) per token, as u8 q + 128; each weight dword (4 signed values of one row) is an
 // embedded-broadcast vpdpbusd operand, so one instruction does 4 multiply-adds for 16 tokens and
 // nothing is decoded per token. Per row and block: the int32 sum starts at -128 * sum(w) (the
@@ -590,28 +590,39 @@ constexpr int kLaneRows = 8;  // rows per register tile (8 accumulators + 8 acti
 // decoded panel of run_q8_nib (2 rows)
 constexpr int kLaneScratchRows = 21;
 
-// The q (32 s8) and dx of block b in a prepared q8-nibble activation row.
-inline void nib_act_block(const uint8_t* row, int64_t b, int64_t ng, const uint8_t** lo, const uint8_t** hi,
-                          const uint8_t** dx) {
-  if (b < 4 * ng) {
-    const uint8_t* g = row + (b / 4) * kNibGroupBytes;
-    const int k = static_cast<int>(b % 4);
-    *lo = g + 16 * k, *hi = g + 64 + 16 * k, *dx = g + 128 + 16 * k;
+// The q (32 s8: lo = q[0..15], hi = q[16..31]) and dx of block b in a prepared activation row: the
+// q8-nibble layout (Byte false: Q4_0 / MXFP4 weights, ng = nb / 4 groups of 4 blocks) or the q8-byte
+// layout (Byte true: Q8_0 weights, ng = nb / 2 groups of 2 blocks; quantize_act.h).
+template <bool Byte>
+inline void act_block(const uint8_t* row, int64_t b, int64_t ng, const uint8_t** lo, const uint8_t** hi,
+                      const uint8_t** dx) {
+  constexpr int kG = Byte ? 2 : 4;
+  if (b < kG * ng) {
+    const int k = static_cast<int>(b % kG);
+    if constexpr (Byte) {
+      const uint8_t* g = row + (b / 2) * kByteGroupBytes;
+      *lo = g + 32 * k, *hi = g + 32 * k + 16, *dx = g + 64 + 32 * k;
+    } else {
+      const uint8_t* g = row + (b / 4) * kNibGroupBytes;
+      *lo = g + 16 * k, *hi = g + 64 + 16 * k, *dx = g + 128 + 16 * k;
+    }
   } else {
-    const uint8_t* t = row + ng * kNibGroupBytes + (b - 4 * ng) * kTailBlockBytes;
+    const uint8_t* t = row + ng * (Byte ? kByteGroupBytes : kNibGroupBytes) + (b - kG * ng) * kTailBlockBytes;
     *lo = t, *hi = t + 16, *dx = t + 32;
   }
 }
 
-// 16 activation rows (tokens; x[j]) -> the tile of block b (out): a 16 x 8 dword transpose in
-// three rounds of two-source permutes, q + 128 as u8 (flip; the AMX path: q as s8).
+// 16 activation rows (tokens; x[j], laid out as act_block<Byte> reads them) -> the tile of block b (out):
+// a 16 x 8 dword transpose in three rounds of two-source permutes, q + 128 as u8 (flip; the AMX path: q
+// as s8).
+template <bool Byte = false>
 inline void act_tile_block(const uint8_t* const* x, int64_t b, int64_t ng, uint8_t* out, bool flip = true) {
   __m512i z[8];
   alignas(64) float dx[16];
   for (int p = 0; p < 8; ++p) {
     const uint8_t *lo0, *hi0, *d0, *lo1, *hi1, *d1;
-    nib_act_block(x[2 * p], b, ng, &lo0, &hi0, &d0);
-    nib_act_block(x[2 * p + 1], b, ng, &lo1, &hi1, &d1);
+    act_block<Byte>(x[2 * p], b, ng, &lo0, &hi0, &d0);
+    act_block<Byte>(x[2 * p + 1], b, ng, &lo1, &hi1, &d1);
     const __m256i a0 = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(lo0))),
                                                _mm_loadu_si128(reinterpret_cast<const __m128i*>(hi0)), 1);
     const __m256i a1 = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(lo1))),
@@ -662,6 +673,25 @@ inline int8_t nib_value(int v) {
 template <class P>
 inline float nib_scale(const uint8_t* blk) {
   return P::kOff == 12 ? e8m0_scale(blk[0]) : _cvtsh_ss(rd16(blk));
+}
+
+// Row r of a Q8_0 weight, all nb blocks, as weight records: the blocks' q as they are, d as f32.
+void q8_weight_records(const uint8_t* src, int64_t nb, uint8_t* out) {
+  const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* blk = src + b * ByteP::kBB;
+    uint8_t* rec = out + b * kWRec;
+    const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(rec), q);
+    // sum(q) = sum(q + 128) - 32 * 128, the u8 sums by vpsadbw
+    const __m256i sad = _mm256_sad_epu8(_mm256_xor_si256(q, flip), _mm256_setzero_si256());
+    const __m128i s2 = _mm_add_epi64(_mm256_castsi256_si128(sad), _mm256_extracti128_si256(sad, 1));
+    const int32_t sum = static_cast<int32_t>(_mm_cvtsi128_si64(_mm_add_epi64(s2, _mm_unpackhi_epi64(s2, s2)))) - 32 * 128;
+    const float dw = _cvtsh_ss(rd16(blk));
+    const int32_t nc = -128 * sum;
+    std::memcpy(rec + 32, &dw, 4);
+    std::memcpy(rec + 36, &nc, 4);
+  }
 }
 
 // Row r of W (a nibble type P), all nb blocks, as weight records.
@@ -748,7 +778,8 @@ void run_lanes(const MatView& W, const uint8_t* act, size_t stride, int64_t nt, 
       run_lanes<P>(W, act + static_cast<size_t>(t0) * stride, stride, std::min(kChunk, nt - t0), r0, r1, y + t0 * ldy, ldy);
     return;
   }
-  const int64_t nb = W.cols / 32, ng = nb / 4;
+  constexpr bool kByte = std::is_same_v<P, ByteP>;  // Q8_0: q8-byte activations
+  const int64_t nb = W.cols / 32, ng = nb / (kByte ? 2 : 4);
   const int64_t ntv = (nt + kTokLanes - 1) / kTokLanes;
   // scratch (f32_scratch slot 1, MatKernel::scratch_rows covers it): the activation tiles, then
   // kLaneRows rows of weight records
@@ -763,11 +794,15 @@ void run_lanes(const MatView& W, const uint8_t* act, size_t stride, int64_t nt, 
       const int64_t t = std::min<int64_t>(v * kTokLanes + j, nt - 1);
       xp[j] = act + static_cast<size_t>(t) * stride;
     }
-    for (int64_t b = 0; b < nb; ++b) act_tile_block(xp, b, ng, buf + v * tile_bytes + b * kActTileBlock);
+    for (int64_t b = 0; b < nb; ++b) act_tile_block<kByte>(xp, b, ng, buf + v * tile_bytes + b * kActTileBlock);
   }
   for (int64_t r = r0; r < r1; r += kLaneRows) {
     const int rr = static_cast<int>(std::min<int64_t>(kLaneRows, r1 - r));
-    for (int i = 0; i < rr; ++i) weight_records<P>(W.data + static_cast<uint64_t>(r + i) * W.row_bytes, nb, recs + i * rec_row);
+    for (int i = 0; i < rr; ++i) {
+      const uint8_t* src = W.data + static_cast<uint64_t>(r + i) * W.row_bytes;
+      if constexpr (kByte) q8_weight_records(src, nb, recs + i * rec_row);
+      else weight_records<P>(src, nb, recs + i * rec_row);
+    }
     for (int64_t v = 0; v < ntv; ++v) {
       const int tt = static_cast<int>(std::min<int64_t>(kTokLanes, nt - v * kTokLanes));
       float* yo = y + v * kTokLanes * ldy + r;
@@ -825,6 +860,9 @@ template <class P>
 void run_q8(const MatView& W, const uint8_t* act, size_t stride, int64_t nt, int64_t r0, int64_t r1, float* y,
             int64_t ldy) {
   if (nt == 1) return gemv_q8<P>(W, act, r0, r1, y);
+  if constexpr (std::is_same_v<P, ByteP>) {  // Q8_0 with >= 16 tokens: tokens in lanes, as MXFP4 / Q4_0
+    if (nt >= kTokLanes) return run_lanes<P>(W, act, stride, nt, r0, r1, y, ldy);
+  }
   drive<Q8Tiles<P>, 4, 4>(W.data, W.row_bytes, act, stride, nt, r0, r1, y, ldy, W.cols / 32);
 }
 
@@ -978,7 +1016,7 @@ const KernelRow kAvx512Kernels[] = {
     {GgmlType::Q6_K, true, {nullptr, nullptr, run_deq, 4}},
     {GgmlType::F16, false, {f16r_act_bytes, prep_f16r_avx512, run_f32act<WK::F16>}},
     {GgmlType::BF16, false, {bf16_act_bytes, prep_bf16_avx512, run_bf16}},
-    {GgmlType::Q8_0, false, {q8_byte_act_bytes, prep_act_q8_0_avx512, run_q8<ByteP>}},
+    {GgmlType::Q8_0, false, {q8_byte_act_bytes, prep_act_q8_0_avx512, run_q8<ByteP>, kLaneScratchRows}},
     {GgmlType::Q4_0, false, {q8_nib_act_bytes, prep_act_q4_0_avx512, run_q8_nib<NibP<false>>, kLaneScratchRows}},
     {GgmlType::Q5_0, false, {q8_nib_act_bytes, prep_act_q5_0_avx512, run_q8_nib<Q5P>, 2}},
     {GgmlType::Q5_1, false, {q8_nib_act_bytes, prep_act_q5_1_avx512, run_q8<Q51P>}},
@@ -1037,18 +1075,38 @@ void amx_nib_panel(const uint8_t* src, uint64_t row_bytes, int64_t nvalid, int n
 
 static_assert(kActTileBlock == kAmxNibTileBlock, "the AMX int8 path reads run_lanes' activation tiles");
 
-void amx_nib_act_tiles(const uint8_t* act, size_t stride, int64_t n, int64_t cols, int64_t v, uint8_t* out) {
-  const int64_t nb = cols / 32, ng = nb / 4;
+void amx_nib_act_tiles(GgmlType type, const uint8_t* act, size_t stride, int64_t n, int64_t cols, int64_t v,
+                       uint8_t* out) {
+  const bool byte = type == GgmlType::Q8_0;
+  const int64_t nb = cols / 32, ng = nb / (byte ? 2 : 4);
   const uint8_t* xp[kTokLanes];
   for (int j = 0; j < kTokLanes; ++j)  // lanes past the last token repeat it (not stored)
     xp[j] = act + static_cast<size_t>(std::min<int64_t>(v * kTokLanes + j, n - 1)) * stride;
-  for (int64_t b = 0; b < nb; ++b) act_tile_block(xp, b, ng, out + b * kActTileBlock, false);
+  for (int64_t b = 0; b < nb; ++b) {
+    if (byte) act_tile_block<true>(xp, b, ng, out + b * kActTileBlock, false);
+    else act_tile_block<false>(xp, b, ng, out + b * kActTileBlock, false);
+  }
 }
 
 void amx_nib_weights(GgmlType type, const uint8_t* src, uint64_t row_bytes, int64_t nvalid, int nr, int64_t cols,
                      int8_t* w, float* dw) {
-  if (type == GgmlType::MXFP4) amx_nib_panel<NibP<true>>(src, row_bytes, nvalid, nr, cols / 32, w, dw);
-  else amx_nib_panel<NibP<false>>(src, row_bytes, nvalid, nr, cols / 32, w, dw);
+  const int64_t nb = cols / 32;
+  if (type == GgmlType::MXFP4) return amx_nib_panel<NibP<true>>(src, row_bytes, nvalid, nr, nb, w, dw);
+  if (type == GgmlType::Q4_0) return amx_nib_panel<NibP<false>>(src, row_bytes, nvalid, nr, nb, w, dw);
+  // Q8_0: each block's 32 q as they are, d as f32 (the weight records' values); rows past the weight zero
+  const int64_t nv = nvalid < nr ? nvalid : nr, bs = static_cast<int64_t>(nr) * 32;
+  for (int64_t b = 0; b < nb; ++b) {
+    for (int64_t i = 0; i < nv; ++i) {
+      const uint8_t* blk = src + static_cast<uint64_t>(i) * row_bytes + b * ByteP::kBB;
+      _mm256_store_si256(reinterpret_cast<__m256i*>(w + b * bs + i * 32),
+                         _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2)));
+      dw[b * nr + i] = _cvtsh_ss(rd16(blk));
+    }
+    for (int64_t i = nv; i < nr; ++i) {
+      std::memset(w + b * bs + i * 32, 0, 32);
+      dw[b * nr + i] = 0.0f;
+    }
+  }
 }
 
 bool avx512_kernel(GgmlType type, Precision prec, MatKernel* k) {
@@ -1062,7 +1120,7 @@ bool avx512_kernel(GgmlType type, Precision prec, MatKernel* k) {
 
 namespace kimi::kern {
 bool avx512_kernel(GgmlType, Precision, MatKernel*) { return false; }
-void amx_nib_act_tiles(const uint8_t*, size_t, int64_t, int64_t, int64_t, uint8_t*) {}
+void amx_nib_act_tiles(GgmlType, const uint8_t*, size_t, int64_t, int64_t, int64_t, uint8_t*) {}
 void amx_nib_weights(GgmlType, const uint8_t*, uint64_t, int64_t, int, int64_t, int8_t*, float*) {}
 }  // namespace kimi::kern
 

@@ -256,15 +256,20 @@ int64_t matmul_amx_nib(const MatView& W, const float* x, int64_t n, float* y, Th
   uint8_t* panels = align(t_panels.data());
   each_item(pool, ntv, [&](int64_t v, int) { amx_nib_act_tiles(W.type, a.act, a.stride, n, W.cols, v, tiles + v * ts); });
   const int64_t base = r0 / 16 * 16, n_rb = (r1 - base + kRows - 1) / kRows, n_tg = (ntv + kVecs - 1) / kVecs;
-  each_item(pool, n_rb * n_tg, [&](int64_t it, int th) {
-    const int64_t row = base + kRows * (it % n_rb), tg = it / n_rb;
+  // An item decodes its rows once and runs them over its token groups: every group when there are enough
+  // row items for the threads (a panel used for every token of the product), else one group each (more
+  // items, each decoding the panel again). The same products either way.
+  const int64_t tg_per_item = n_rb >= 2 * nth ? n_tg : 1, n_ti = (n_tg + tg_per_item - 1) / tg_per_item;
+  each_item(pool, n_rb * n_ti, [&](int64_t it, int th) {
+    const int64_t row = base + kRows * (it % n_rb), tg0 = (it / n_rb) * tg_per_item;
     const int nr = static_cast<int>(std::min<int64_t>(kRows, (r1 - row + 15) / 16 * 16));
     uint8_t* p = panels + panel * static_cast<size_t>(std::min(th, nth - 1));
     int8_t* w = reinterpret_cast<int8_t*>(p);
     float* dw = reinterpret_cast<float*>(p + wbytes);
     amx_nib_weights(W.type, W.data + static_cast<uint64_t>(row) * W.row_bytes, W.row_bytes,
                     std::min<int64_t>(nr, W.rows - row), nr, W.cols, w, dw);
-    amx_nib_rows(w, dw, nr, nb, tiles, ts, tg * kVecs, std::min(ntv, tg * kVecs + kVecs), n, y, W.rows, row, r0, r1);
+    for (int64_t tg = tg0; tg < std::min(n_tg, tg0 + tg_per_item); ++tg)
+      amx_nib_rows(w, dw, nr, nb, tiles, ts, tg * kVecs, std::min(ntv, tg * kVecs + kVecs), n, y, W.rows, row, r0, r1);
   });
   return r1;
 }

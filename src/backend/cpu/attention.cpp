@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "backend/key_quant.h"
 #include "util/error.h"
@@ -14,8 +15,40 @@ namespace kimi::kern {
 
 static inline const SimdOps* simd() { return simd_ops(KernelFamily::Attention); }
 
+size_t idx_query_f32_floats(int64_t H, int64_t D) {
+  const int64_t G = (H + 15) / 16;
+  return static_cast<size_t>(G * D * 16 + G * 16);
+}
+
+bool prep_idx_query_f32(const float* q, const float* w, int64_t H, int64_t D, float* out) {
+  const SimdOps* s = simd();
+  if (!s || !s->indexer_scores_prepared || H > 64 || D % 16 != 0 || D > 256) return false;
+  const int64_t G = (H + 15) / 16;
+  for (int64_t g = 0; g < G; ++g)
+    for (int64_t d = 0; d < D; ++d)
+      for (int64_t lane = 0; lane < 16; ++lane) {
+        const int64_t h = 16 * g + lane;
+        out[(g * D + d) * 16 + lane] = h < H ? q[h * D + d] : 0.0f;
+      }
+  for (int64_t h = 0; h < G * 16; ++h) out[G * D * 16 + h] = h < H ? w[h] : 0.0f;
+  return true;
+}
+
+void indexer_scores_prepared(const float* qp, int64_t H, const void* keys, bool f16, int64_t D, int64_t n,
+                             float* scores) {
+  simd()->indexer_scores_prepared(qp, H, keys, f16, D, n, scores);
+}
+
 void indexer_scores(const float* q, const float* w, int64_t H, const void* keys, bool f16, int64_t D, int64_t n,
                     float* scores) {
+  if (const SimdOps* s = simd(); s && s->indexer_scores_prepared && H <= 64 && D % 16 == 0 && D <= 256) {
+    thread_local std::vector<float> t_qp;  // grows once
+    const size_t need = idx_query_f32_floats(H, D) + 16;
+    if (t_qp.size() < need) t_qp.resize(need);
+    float* qp = t_qp.data() + (64 - reinterpret_cast<uintptr_t>(t_qp.data()) % 64) % 64 / 4;
+    prep_idx_query_f32(q, w, H, D, qp);
+    return s->indexer_scores_prepared(qp, H, keys, f16, D, n, scores);
+  }
   if (const SimdOps* s = simd(); s && D % 16 == 0 && D <= 256 && H <= 256)
     return s->indexer_scores(q, w, H, keys, f16, D, n, scores);
   for (int64_t s = 0; s < n; ++s) {

@@ -33,6 +33,18 @@ void mla_attend_dense(const float* q, int64_t nh, const LatentRows& rows, int64_
 void indexer_scores(const float* q, const float* w, int64_t H, const void* keys, bool f16, int64_t D, int64_t n,
                     float* scores);
 
+// The same scores from a query prepared once (decode: once per token; prefill: once per query, not per
+// key block). prep_idx_query_f32 returns false where the prepared scan does not exist (a level without it,
+// H > 64, D % 16 != 0, D > 256): then call indexer_scores. Otherwise out (idx_query_f32_floats(H, D) floats,
+// 64-byte aligned) holds the G = ceil(H / 16) head groups transposed (dimension d of group g = 16 floats,
+// the heads' q[d], zero past H), then the G x 16 head weights; indexer_scores_prepared scans with heads in
+// the lanes of a vector (no horizontal sums; each head's dot summed in order in runs of 32 dimensions).
+// indexer_scores uses the same scan wherever it exists, so both give the same bits.
+size_t idx_query_f32_floats(int64_t H, int64_t D);
+bool prep_idx_query_f32(const float* q, const float* w, int64_t H, int64_t D, float* out);
+void indexer_scores_prepared(const float* qp, int64_t H, const void* keys, bool f16, int64_t D, int64_t n,
+                             float* scores);
+
 // The same with int8 keys and queries (--indexer-int8). Keys: n rows of D + 8 bytes (backend/
 // key_quant.h: int8 q[D] | f32 scale | int32 sum(q)). The query is prepared once (prep_idx_query_i8,
 // idx_query_i8_bytes(H, D) bytes): each head quantized to int8 with scale max|q_h| / 127 (the key

@@ -1,8 +1,9 @@
 #if defined(__x86_64__)  // x86 only; ops_simd_tables.cpp takes these into kAvx512
 // AVX-512 DSA indexer scan (compiled with AVX-512 flags; entered only after a CPU check).
-// Keys outer: each key row is converted once per 16-head group and dotted with the 16 query
-// heads (L1-resident) into 16 accumulators, which a transpose-add reduces to one vector of 16
-// head dots; ReLU, times the (identically permuted) head weights, summed into the score.
+// indexer_scores_prepared (H <= 64): heads in lanes against a query prepared once (lane_keys below).
+// indexer_scores (any H <= 256): keys outer, each key row converted once per 16-head group and dotted
+// with the 16 query heads (L1-resident) into 16 accumulators, which a transpose-add reduces to one
+// vector of 16 head dots; ReLU, times the (identically permuted) head weights, summed into the score.
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
@@ -66,7 +67,82 @@ void scan(const float* const* qg, const __m512* wv, int64_t G, const void* keys,
   }
 }
 
+// Heads in lanes (attention.h, prep_idx_query_f32): KB keys against the G head groups of the prepared
+// query qt (dimension d of group g = the vector qt + (g * D + d) * 16, the 16 heads' q[d]); key element d
+// broadcast over the lanes, one FMA per key, group and dimension (no horizontal sums); each head's dot is
+// summed in order within runs of 32 dimensions, the runs added in order. Then ReLU, times the head
+// weights (wv, natural lane order), summed over the lanes: the score.
+template <int G, int KB, bool F16>
+inline void lane_keys(const float* qt, const __m512* wv, const void* keys, int64_t s0, int64_t D, float* out) {
+  alignas(64) float kf[KB][256];
+  const float* kp[KB];
+#pragma GCC unroll 8
+  for (int j = 0; j < KB; ++j) {
+    if constexpr (F16) {
+      for (int64_t c = 0; c < D; c += 16) _mm512_store_ps(kf[j] + c, load_key<true>(keys, (s0 + j) * D + c));
+      kp[j] = kf[j];
+    } else {
+      kp[j] = static_cast<const float*>(keys) + (s0 + j) * D;
+    }
+  }
+  __m512 tot[KB][G];
+#pragma GCC unroll 8
+  for (int j = 0; j < KB; ++j)
+#pragma GCC unroll 4
+    for (int g = 0; g < G; ++g) tot[j][g] = _mm512_setzero_ps();
+  for (int64_t d0 = 0; d0 < D; d0 += 32) {
+    __m512 acc[KB][G];
+#pragma GCC unroll 8
+    for (int j = 0; j < KB; ++j)
+#pragma GCC unroll 4
+      for (int g = 0; g < G; ++g) acc[j][g] = _mm512_setzero_ps();
+    const int64_t d1 = d0 + 32 < D ? d0 + 32 : D;
+    for (int64_t d = d0; d < d1; ++d) {
+      __m512 qv[G];
+#pragma GCC unroll 4
+      for (int g = 0; g < G; ++g) qv[g] = _mm512_loadu_ps(qt + (g * D + d) * 16);
+#pragma GCC unroll 8
+      for (int j = 0; j < KB; ++j) {
+        const __m512 k = _mm512_set1_ps(kp[j][d]);
+#pragma GCC unroll 4
+        for (int g = 0; g < G; ++g) acc[j][g] = _mm512_fmadd_ps(qv[g], k, acc[j][g]);
+      }
+    }
+#pragma GCC unroll 8
+    for (int j = 0; j < KB; ++j)
+#pragma GCC unroll 4
+      for (int g = 0; g < G; ++g) tot[j][g] = _mm512_add_ps(tot[j][g], acc[j][g]);
+  }
+#pragma GCC unroll 8
+  for (int j = 0; j < KB; ++j) {
+    __m512 t = _mm512_setzero_ps();
+#pragma GCC unroll 4
+    for (int g = 0; g < G; ++g) t = _mm512_fmadd_ps(_mm512_max_ps(tot[j][g], _mm512_setzero_ps()), wv[g], t);
+    out[j] = _mm512_reduce_add_ps(t);
+  }
+}
+
+template <int G, bool F16>
+void lane_scan(const float* qp, const void* keys, int64_t D, int64_t n, float* scores) {
+  constexpr int KB = G == 1 ? 8 : G == 2 ? 4 : G == 3 ? 3 : 2;  // ~8 accumulators (+ their run totals)
+  __m512 wv[G];
+  for (int g = 0; g < G; ++g) wv[g] = _mm512_loadu_ps(qp + G * D * 16 + g * 16);
+  int64_t s = 0;
+  for (; s + KB <= n; s += KB) lane_keys<G, KB, F16>(qp, wv, keys, s, D, scores + s);
+  for (; s < n; ++s) lane_keys<G, 1, F16>(qp, wv, keys, s, D, scores + s);
+}
+
 }  // namespace
+
+void indexer_scores_prepared(const float* qp, int64_t H, const void* keys, bool f16, int64_t D, int64_t n,
+                             float* scores) {
+  switch ((H + 15) / 16) {
+    case 1: return f16 ? lane_scan<1, true>(qp, keys, D, n, scores) : lane_scan<1, false>(qp, keys, D, n, scores);
+    case 2: return f16 ? lane_scan<2, true>(qp, keys, D, n, scores) : lane_scan<2, false>(qp, keys, D, n, scores);
+    case 3: return f16 ? lane_scan<3, true>(qp, keys, D, n, scores) : lane_scan<3, false>(qp, keys, D, n, scores);
+    default: return f16 ? lane_scan<4, true>(qp, keys, D, n, scores) : lane_scan<4, false>(qp, keys, D, n, scores);
+  }
+}
 
 void indexer_scores(const float* q, const float* w, int64_t H, const void* keys, bool f16, int64_t D, int64_t n,
                     float* scores) {

@@ -328,12 +328,16 @@ void CpuBackend::indexer_scores(const CacheRows& keys, int32_t seq, const float*
   const uint8_t* k0 = keys.row(seq, 0);
   const size_t row_bytes = keys.row_bytes();
   const uint8_t* qp = keys.i8 ? prep_idx_queries(q, w, 1, HI, DI) : nullptr;
+  const float* qf = keys.i8 ? nullptr : prep_idx_queries_f32(q, w, 1, HI, DI);
   par(nch, kChunk * HI * DI * (keys.i8 ? 1 : 2), [&](int64_t ch, int) {
     const int64_t s0 = ch * kChunk, s1 = std::min(nvis, s0 + kChunk);
+    const uint8_t* kb = k0 + static_cast<size_t>(s0) * row_bytes;
     if (qp)
-      kern::indexer_scores_i8(qp, HI, k0 + static_cast<size_t>(s0) * row_bytes, DI, s1 - s0, scores + s0);
+      kern::indexer_scores_i8(qp, HI, kb, DI, s1 - s0, scores + s0);
+    else if (qf)
+      kern::indexer_scores_prepared(qf, HI, kb, keys.f16, DI, s1 - s0, scores + s0);
     else
-      kern::indexer_scores(q, w, HI, k0 + static_cast<size_t>(s0) * row_bytes, keys.f16, DI, s1 - s0, scores + s0);
+      kern::indexer_scores(q, w, HI, kb, keys.f16, DI, s1 - s0, scores + s0);
   });
 }
 
@@ -344,6 +348,15 @@ const uint8_t* CpuBackend::prep_idx_queries(const float* q, const float* w, int6
   if (idx_q8_.size() < b * static_cast<size_t>(n)) idx_q8_.resize(b * static_cast<size_t>(n));
   for (int64_t j = 0; j < n; ++j) kern::prep_idx_query_i8(q + j * HI * DI, w + j * HI, HI, DI, idx_q8_.data() + j * b);
   return idx_q8_.data();
+}
+
+const float* CpuBackend::prep_idx_queries_f32(const float* q, const float* w, int64_t n, int64_t HI, int64_t DI) {
+  const size_t b = (kern::idx_query_f32_floats(HI, DI) + 15) / 16 * 16;  // each query 64-byte aligned
+  if (idx_qf_.size() < b * static_cast<size_t>(n) + 16) idx_qf_.resize(b * static_cast<size_t>(n) + 16);
+  float* base = idx_qf_.data() + (64 - reinterpret_cast<uintptr_t>(idx_qf_.data()) % 64) % 64 / 4;
+  for (int64_t j = 0; j < n; ++j)
+    if (!kern::prep_idx_query_f32(q + j * HI * DI, w + j * HI, HI, DI, base + j * b)) return nullptr;
+  return base;
 }
 
 void CpuBackend::indexer_topk(const float* scores, int64_t n, int64_t k, int32_t* sel, int32_t* sel_n, float* tmp) {
@@ -375,6 +388,8 @@ void CpuBackend::indexer_select(const CacheRows& keys, const BatchEntry* e, int6
     const uint8_t* k0 = keys.row(e[t].seq_id, 0);
     const uint8_t* qp = keys.i8 ? prep_idx_queries(q + t * qw, w + t * HI, m, HI, DI) : nullptr;
     const size_t qpb = kern::idx_query_i8_bytes(HI, DI);
+    const float* qf = keys.i8 ? nullptr : prep_idx_queries_f32(q + t * qw, w + t * HI, m, HI, DI);
+    const size_t qfb = (kern::idx_query_f32_floats(HI, DI) + 15) / 16 * 16;
     constexpr int64_t kItem = 512, kBlk = 64;  // keys per work item / per L1 block
     par((nmax + kItem - 1) / kItem, kItem * m * HI * DI * 2, [&](int64_t item, int) {
       const int64_t i1 = std::min(nmax, (item + 1) * kItem);
@@ -386,6 +401,9 @@ void CpuBackend::indexer_select(const CacheRows& keys, const BatchEntry* e, int6
           if (qp)
             kern::indexer_scores_i8(qp + j * qpb, HI, k0 + static_cast<size_t>(s0) * row_bytes, DI,
                                     std::min(s1, nv) - s0, idx_scores_.data() + j * nctx + s0);
+          else if (qf)
+            kern::indexer_scores_prepared(qf + j * qfb, HI, k0 + static_cast<size_t>(s0) * row_bytes, keys.f16, DI,
+                                          std::min(s1, nv) - s0, idx_scores_.data() + j * nctx + s0);
           else
             kern::indexer_scores(q + (t + j) * qw, w + (t + j) * HI, HI, k0 + static_cast<size_t>(s0) * row_bytes,
                                  keys.f16, DI, std::min(s1, nv) - s0, idx_scores_.data() + j * nctx + s0);

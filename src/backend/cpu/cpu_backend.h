@@ -115,7 +115,10 @@ class CpuBackend : public Backend {
   static constexpr int64_t kIdxGroup = 16;
   std::vector<float> idx_scores_, th_idx_tmp_;
   std::vector<uint8_t> idx_q8_;  // --indexer-int8: prepared queries (prep_idx_queries)
+  std::vector<float> idx_qf_;    // f32 scores: prepared queries (prep_idx_queries_f32)
   const uint8_t* prep_idx_queries(const float* q, const float* w, int64_t n, int64_t HI, int64_t DI);
+  // The same for the f32 scan (kern::prep_idx_query_f32): nullptr where that scan does not exist here.
+  const float* prep_idx_queries_f32(const float* q, const float* w, int64_t n, int64_t HI, int64_t DI);
   std::vector<float> th_kda_;  // chunked KDA scan scratch (kern::kda_chunk_work_floats)
   int64_t th_kda_stride_ = 0;
   // chunked KDA scan on prefill runs of at least kMinKdaChunk tokens (opt-in, see the constructor)

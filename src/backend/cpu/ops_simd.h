@@ -25,6 +25,9 @@ void indexer_scores(const float* q, const float* w, int64_t H, const void* keys,
                     float* scores);
 // attention_avx512.cpp: attention.h's indexer_scores_i8 (H <= 64, D % 4 == 0)
 void indexer_scores_i8(const uint8_t* qp, int64_t H, const uint8_t* keys, int64_t D, int64_t n, float* scores);
+// attention_avx512.cpp: attention.h's indexer_scores_prepared (H <= 64, D % 16 == 0, D <= 256)
+void indexer_scores_prepared(const float* qp, int64_t H, const void* keys, bool f16, int64_t D, int64_t n,
+                             float* scores);
 // out[j] = q . rows[j][:W] for j < nb <= 16 (W % 16 == 0)
 void block_scores(const float* q, const float* const* rows, int64_t nb, int64_t W, float* out);
 // z[h][:r] += sum_j p[h * p_stride + j] * rows[j][:r]  (r % 16 == 0)
@@ -92,6 +95,8 @@ struct SimdOps {
   bool (*kda_chunk)(float* S, const float* q, const float* k, const float* v, const float* g, bool g_is_decay,
                     const float* beta, int64_t ld, int64_t ldb, int64_t L, float scale, float* o, int64_t D,
                     float* work);
+  void (*indexer_scores_prepared)(const float* qp, int64_t H, const void* keys, bool f16, int64_t D, int64_t n,
+                                  float* scores);
 };
 // The table of the level family f runs at now (family_isa), null for the portable code
 // (ops_simd_tables.cpp).

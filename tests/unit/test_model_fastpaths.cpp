@@ -1,6 +1,6 @@
 // The engine's fast paths against double-precision loops written here: the polynomial
-// exp/sigmoid/SiLU/SiTU used in Precision::Fast, the DSA indexer scan (AVX-512 transpose-add
-// kernel and the portable loop), the KDA step with precomputed decay factors and the threshold
+// exp/sigmoid/SiLU/SiTU used in Precision::Fast, the DSA indexer scan (AVX-512 heads-in-lanes kernel
+// for H <= 64, the transpose-add kernel above, and the portable loop), the KDA step with precomputed decay factors and the threshold
 // top-k selection (tie rule).
 #include <gtest/gtest.h>
 
@@ -105,8 +105,10 @@ TEST(ModelFastPaths, SituFastAgreesWithDouble) {
 }
 
 TEST(ModelFastPaths, IndexerScoresMatchTheDefinition) {
-  // H: full 16-head groups, a partial group, a single head; D: AVX-512 sizes and a portable one
-  for (int64_t H : {1, 16, 20, 32}) {
+  // H: full 16-head groups, a partial group, a single head, 3 and 4 groups (the heads-in-lanes scan's
+  // widest), 5 groups (the transpose-add kernel); D: AVX-512 sizes and a portable one; 37 keys: blocks of
+  // keys with a ragged rest
+  for (int64_t H : {1, 16, 20, 32, 48, 64, 80}) {
     for (int64_t D : {16, 24, 128}) {
       for (bool f16 : {true, false}) {
         const int64_t n = 37;
@@ -119,8 +121,15 @@ TEST(ModelFastPaths, IndexerScoresMatchTheDefinition) {
           if (f16) kf[i] = f16_to_f32(kh[i]);  // the reference sees exactly the stored keys
         }
         std::vector<float> sc(static_cast<size_t>(n));
-        kern::indexer_scores(q.data(), w.data(), H, f16 ? static_cast<const void*>(kh.data()) : kf.data(), f16, D, n,
-                             sc.data());
+        const void* keys = f16 ? static_cast<const void*>(kh.data()) : kf.data();
+        kern::indexer_scores(q.data(), w.data(), H, keys, f16, D, n, sc.data());
+        // the prepared query (decode, batched prefill) gives the same bits where it exists
+        std::vector<float> qp(kern::idx_query_f32_floats(H, D)), sp(static_cast<size_t>(n));
+        if (kern::prep_idx_query_f32(q.data(), w.data(), H, D, qp.data())) {
+          EXPECT_TRUE(H <= 64 && D % 16 == 0) << H << " " << D;
+          kern::indexer_scores_prepared(qp.data(), H, keys, f16, D, n, sp.data());
+          EXPECT_EQ(std::memcmp(sp.data(), sc.data(), sp.size() * 4), 0) << "H " << H << " D " << D;
+        }
         for (int64_t s = 0; s < n; ++s) {
           double ref = 0, mag = 0;
           for (int64_t h = 0; h < H; ++h) {

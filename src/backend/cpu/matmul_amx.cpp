@@ -416,9 +416,12 @@ void amx_nib_rows(const int8_t* w, const float* dw, int nr, int64_t nb, const ui
   }
 }
 
-double amx_bf16_peak_loop(int64_t iters) {
+// iters x 4 independent tile products into C tiles 0-3 from zero operands (the rate does not depend on the
+// values): TDPBSSD (Int8) or TDPBF16PS, every tile 16 rows x 64 bytes. Returns a C element (0).
+template <bool Int8>
+double amx_peak_loop(int64_t iters) {
   configure_tiles();
-  alignas(64) static const uint16_t kZeros[512] = {};  // zero operands: the rate does not depend on the values
+  alignas(64) static const uint8_t kZeros[1024] = {};
   _tile_zero(0);
   _tile_zero(1);
   _tile_zero(2);
@@ -428,37 +431,25 @@ double amx_bf16_peak_loop(int64_t iters) {
   _tile_loadd(6, kZeros, 64);
   _tile_loadd(7, kZeros, 64);
   for (int64_t i = 0; i < iters; ++i) {
-    _tile_dpbf16ps(0, 4, 6);
-    _tile_dpbf16ps(1, 4, 7);
-    _tile_dpbf16ps(2, 5, 6);
-    _tile_dpbf16ps(3, 5, 7);
+    if constexpr (Int8) {
+      _tile_dpbssd(0, 4, 6);
+      _tile_dpbssd(1, 4, 7);
+      _tile_dpbssd(2, 5, 6);
+      _tile_dpbssd(3, 5, 7);
+    } else {
+      _tile_dpbf16ps(0, 4, 6);
+      _tile_dpbf16ps(1, 4, 7);
+      _tile_dpbf16ps(2, 5, 6);
+      _tile_dpbf16ps(3, 5, 7);
+    }
   }
-  alignas(64) float buf[256];
+  alignas(64) int32_t buf[256];  // f32 or int32 sums: zero either way
   _tile_stored(0, buf, 64);
   return buf[0];
 }
 
-double amx_int8_peak_loop(int64_t iters) {
-  configure_tiles();  // every tile 16 rows x 64 bytes: K = 64 int8 per product
-  alignas(64) static const int8_t kZeros[1024] = {};
-  _tile_zero(0);
-  _tile_zero(1);
-  _tile_zero(2);
-  _tile_zero(3);
-  _tile_loadd(4, kZeros, 64);
-  _tile_loadd(5, kZeros, 64);
-  _tile_loadd(6, kZeros, 64);
-  _tile_loadd(7, kZeros, 64);
-  for (int64_t i = 0; i < iters; ++i) {
-    _tile_dpbssd(0, 4, 6);
-    _tile_dpbssd(1, 4, 7);
-    _tile_dpbssd(2, 5, 6);
-    _tile_dpbssd(3, 5, 7);
-  }
-  alignas(64) int32_t buf[256];
-  _tile_stored(0, buf, 64);
-  return buf[0];
-}
+double amx_bf16_peak_loop(int64_t iters) { return amx_peak_loop<false>(iters); }
+double amx_int8_peak_loop(int64_t iters) { return amx_peak_loop<true>(iters); }
 
 void amx_bf16_prep(const float* x, int64_t n, int64_t cols, int64_t b, uint32_t* bt) {
   prep_block(x, n, cols, b, (n + 15) / 16, bt);

@@ -41,13 +41,10 @@ void indexer_scores_prepared(const float* qp, int64_t H, const void* keys, bool 
 
 void indexer_scores(const float* q, const float* w, int64_t H, const void* keys, bool f16, int64_t D, int64_t n,
                     float* scores) {
-  if (const SimdOps* s = simd(); s && s->indexer_scores_prepared && H <= 64 && D % 16 == 0 && D <= 256) {
+  {
     thread_local std::vector<float> t_qp;  // grows once
-    const size_t need = idx_query_f32_floats(H, D) + 16;
-    if (t_qp.size() < need) t_qp.resize(need);
-    float* qp = t_qp.data() + (64 - reinterpret_cast<uintptr_t>(t_qp.data()) % 64) % 64 / 4;
-    prep_idx_query_f32(q, w, H, D, qp);
-    return s->indexer_scores_prepared(qp, H, keys, f16, D, n, scores);
+    if (t_qp.size() < idx_query_f32_floats(H, D)) t_qp.resize(idx_query_f32_floats(H, D));
+    if (prep_idx_query_f32(q, w, H, D, t_qp.data())) return indexer_scores_prepared(t_qp.data(), H, keys, f16, D, n, scores);
   }
   if (const SimdOps* s = simd(); s && D % 16 == 0 && D <= 256 && H <= 256)
     return s->indexer_scores(q, w, H, keys, f16, D, n, scores);

@@ -35,8 +35,8 @@ void indexer_scores(const float* q, const float* w, int64_t H, const void* keys,
 
 // The same scores from a query prepared once (decode: once per token; prefill: once per query, not per
 // key block). prep_idx_query_f32 returns false where the prepared scan does not exist (a level without it,
-// H > 64, D % 16 != 0, D > 256): then call indexer_scores. Otherwise out (idx_query_f32_floats(H, D) floats,
-// 64-byte aligned) holds the G = ceil(H / 16) head groups transposed (dimension d of group g = 16 floats,
+// H > 64, D % 16 != 0, D > 256): then call indexer_scores. Otherwise out (idx_query_f32_floats(H, D) floats)
+// holds the G = ceil(H / 16) head groups transposed (dimension d of group g = 16 floats,
 // the heads' q[d], zero past H), then the G x 16 head weights; indexer_scores_prepared scans with heads in
 // the lanes of a vector (no horizontal sums; each head's dot summed in order in runs of 32 dimensions).
 // indexer_scores uses the same scan wherever it exists, so both give the same bits.

@@ -351,12 +351,11 @@ const uint8_t* CpuBackend::prep_idx_queries(const float* q, const float* w, int6
 }
 
 const float* CpuBackend::prep_idx_queries_f32(const float* q, const float* w, int64_t n, int64_t HI, int64_t DI) {
-  const size_t b = (kern::idx_query_f32_floats(HI, DI) + 15) / 16 * 16;  // each query 64-byte aligned
-  if (idx_qf_.size() < b * static_cast<size_t>(n) + 16) idx_qf_.resize(b * static_cast<size_t>(n) + 16);
-  float* base = idx_qf_.data() + (64 - reinterpret_cast<uintptr_t>(idx_qf_.data()) % 64) % 64 / 4;
+  const size_t b = kern::idx_query_f32_floats(HI, DI);
+  if (idx_qf_.size() < b * static_cast<size_t>(n)) idx_qf_.resize(b * static_cast<size_t>(n));
   for (int64_t j = 0; j < n; ++j)
-    if (!kern::prep_idx_query_f32(q + j * HI * DI, w + j * HI, HI, DI, base + j * b)) return nullptr;
-  return base;
+    if (!kern::prep_idx_query_f32(q + j * HI * DI, w + j * HI, HI, DI, idx_qf_.data() + j * b)) return nullptr;
+  return idx_qf_.data();
 }
 
 void CpuBackend::indexer_topk(const float* scores, int64_t n, int64_t k, int32_t* sel, int32_t* sel_n, float* tmp) {
@@ -389,7 +388,7 @@ void CpuBackend::indexer_select(const CacheRows& keys, const BatchEntry* e, int6
     const uint8_t* qp = keys.i8 ? prep_idx_queries(q + t * qw, w + t * HI, m, HI, DI) : nullptr;
     const size_t qpb = kern::idx_query_i8_bytes(HI, DI);
     const float* qf = keys.i8 ? nullptr : prep_idx_queries_f32(q + t * qw, w + t * HI, m, HI, DI);
-    const size_t qfb = (kern::idx_query_f32_floats(HI, DI) + 15) / 16 * 16;
+    const size_t qfb = kern::idx_query_f32_floats(HI, DI);
     constexpr int64_t kItem = 512, kBlk = 64;  // keys per work item / per L1 block
     par((nmax + kItem - 1) / kItem, kItem * m * HI * DI * 2, [&](int64_t item, int) {
       const int64_t i1 = std::min(nmax, (item + 1) * kItem);

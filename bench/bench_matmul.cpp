@@ -221,28 +221,33 @@ __attribute__((target("avx512f"), noinline)) float peak_fma_loop(int64_t n) {
 
 // kind 0: vpdpbusd (64 u8 x s8 MACs per chain), 1: vdpbf16ps (32 bf16), 2: vfmadd231ps (16 f32), each over
 // kAcc chains; 3: AMX tdpbf16ps, 4 independent C tiles (kAmxPeakProductsPerIter per iteration): the bf16 peak
-// `kimi bench` states on AMX machines
+// `kimi bench` states on AMX machines; 4: AMX tdpbssd likewise (kAmxInt8PeakProductsPerIter): its int8 tile peak
 void peak(benchmark::State& st, int kind) {
   const CpuFeatures& f = cpu_features();
+  const bool tiles = kind >= 3;
   if (kind == 3 ? !amx_bf16_usable()
-                : !(f.avx512f && f.avx512bw && (kind != 0 || f.avx512vnni) && (kind != 1 || f.avx512bf16))) {
-    st.SkipWithError(kind == 3 ? "no AMX-BF16 on this CPU (or not granted by the OS)" : "no AVX-512 VNNI/BF16 on this CPU");
+      : kind == 4 ? !amx_int8_usable()
+                  : !(f.avx512f && f.avx512bw && (kind != 0 || f.avx512vnni) && (kind != 1 || f.avx512bf16))) {
+    st.SkipWithError(tiles ? "no AMX on this CPU (or not granted by the OS)" : "no AVX-512 VNNI/BF16 on this CPU");
     return;
   }
   const int nth = static_cast<int>(st.range(0));
   ThreadPool tp(nth);
-  const int64_t iters = kind == 3 ? 200000 : 2000000;
+  const int64_t iters = tiles ? 200000 : 2000000;
   std::vector<double> sink(static_cast<size_t>(nth));
   for (auto _ : st) {
     tp.run_on_all([&](int ti, int) {
       sink[static_cast<size_t>(ti)] = kind == 0   ? static_cast<double>(peak_vnni_loop(iters))
                                       : kind == 1 ? peak_bf16_loop(iters)
                                       : kind == 2 ? peak_fma_loop(iters)
-                                                  : amx_bf16_peak_loop(iters);
+                                      : kind == 3 ? amx_bf16_peak_loop(iters)
+                                                  : amx_int8_peak_loop(iters);
     });
     benchmark::DoNotOptimize(sink.data());
   }
-  const int64_t per_iter = kind == 3 ? kAmxPeakProductsPerIter : kAcc * (kind == 0 ? 64 : kind == 1 ? 32 : 16);
+  const int64_t per_iter = kind == 3   ? kAmxPeakProductsPerIter
+                           : kind == 4 ? kAmxInt8PeakProductsPerIter
+                                       : kAcc * (kind == 0 ? 64 : kind == 1 ? 32 : 16);
   st.SetItemsProcessed(static_cast<int64_t>(st.iterations()) * nth * iters * per_iter);
 }
 #endif
@@ -251,6 +256,7 @@ void peak(benchmark::State& st, int kind) {
 
 #if defined(__x86_64__)
 BENCHMARK_CAPTURE(peak, amx_bf16_mac, 3)->Arg(1)->Arg(2)->UseRealTime();
+BENCHMARK_CAPTURE(peak, amx_s8s8_mac, 4)->Arg(1)->Arg(2)->UseRealTime();
 BENCHMARK_CAPTURE(peak, vnni_u8s8_mac, 0)->Arg(1)->Arg(2)->UseRealTime();
 BENCHMARK_CAPTURE(peak, bf16_mac, 1)->Arg(1)->Arg(2)->UseRealTime();
 BENCHMARK_CAPTURE(peak, f32_fma_mac, 2)->Arg(1)->Arg(2)->UseRealTime();

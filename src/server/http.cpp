@@ -496,6 +496,7 @@ void Server::Impl::generate(const httpd::Request& req, httpd::Responder& res, bo
   std::vector<Job::Result> results;
   if (pr.stream) {
     results = stream(jobs, res, chat, pr.include_usage, id, pr.gen.logprobs >= 0);
+    log_generation(req, id, results, std::chrono::duration<double>(Clock::now() - t0).count());
   } else {
     std::vector<Choice> cs(jobs.size());
     int polls = 0;
@@ -518,9 +519,11 @@ void Server::Impl::generate(const httpd::Request& req, httpd::Responder& res, bo
     const tok::Tokenizer* lp_tok = pr.gen.logprobs >= 0 ? &*tok : nullptr;
     const ojson j = chat ? chat_response(id, o.model_id, created, cs, lp_tok)
                          : completion_response(id, o.model_id, created, cs, lp_tok);
+    // logged before the answer goes out, so a client that has the answer also finds the line (a test
+    // reading stderr right after its request raced the line when it came after the send)
+    log_generation(req, id, results, std::chrono::duration<double>(Clock::now() - t0).count());
     res.send(json_reply(j));
   }
-  log_generation(req, id, results, std::chrono::duration<double>(Clock::now() - t0).count());
 }
 
 // One line per generation request on stderr: prompt and generation speed (as llama-server logs).

@@ -40,10 +40,10 @@ ActType matmul_act_type(GgmlType type, Precision prec, int64_t tokens, bool stac
   // one), every quantized type an int8 dot against the quantized activation
   if (prec == Precision::F32 || type == GgmlType::F32 || type == GgmlType::F16) return ActType::F32;
   if (type == GgmlType::BF16) return ActType::Bf16;
-  // AMX-INT8 (matmul_amx.h: amx_nib_takes, and matmul_packed for the packed K-quants)
-  const bool nib = type == GgmlType::MXFP4 || type == GgmlType::Q4_0 || type == GgmlType::Q8_0;
-  const bool packed = !stacked && (type == GgmlType::Q4_K || type == GgmlType::Q5_K);
-  if (tokens >= 16 && (nib || packed) && amx_int8_usable()) return ActType::Int8Tiles;
+  // AMX-INT8 (matmul_amx.h: amx_nib_takes, and matmul_packed for the packed 2-D K-quants)
+  AmxPackedRun run = nullptr;
+  const bool packed = !stacked && amx_packed_run(type, &run);
+  if (tokens >= 16 && (amx_nib_type(type) || packed) && amx_int8_usable()) return ActType::Int8Tiles;
   return ActType::Int8;
 }
 

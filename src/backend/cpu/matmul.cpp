@@ -233,10 +233,11 @@ int64_t matmul_amx_bf16(const MatView& W, const float* x, int64_t n, float* y, T
   return end;
 }
 
-bool amx_nib_takes(const MatView& W, int64_t n) {
-  return (W.type == GgmlType::MXFP4 || W.type == GgmlType::Q4_0 || W.type == GgmlType::Q8_0) && n >= 16 &&
-         W.rows > 0 && amx_int8_usable();
+bool amx_nib_type(GgmlType type) {
+  return type == GgmlType::MXFP4 || type == GgmlType::Q4_0 || type == GgmlType::Q8_0;
 }
+
+bool amx_nib_takes(const MatView& W, int64_t n) { return amx_nib_type(W.type) && n >= 16 && W.rows > 0 && amx_int8_usable(); }
 
 int64_t matmul_amx_nib(const MatView& W, const float* x, int64_t n, float* y, ThreadPool* pool, int64_t r0, int64_t r1) {
   if (!amx_nib_takes(W, n) || r0 >= r1) return r0;

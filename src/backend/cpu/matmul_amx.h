@@ -80,6 +80,8 @@ void amx_bf16_block(const MatView& W, const uint32_t* bt, int64_t n, int64_t r0,
 // Used by matmul() and matmul_rows() for Precision::Fast MXFP4 / Q4_0 / Q8_0 weights with >= 16 tokens when the CPU
 // has AMX-INT8 and the tile state (as amx_bf16_usable), at the AVX-512 matmul level.
 bool amx_int8_usable();
+// The weight types amx_nib_takes serves (MXFP4, Q4_0, Q8_0), whatever the CPU.
+bool amx_nib_type(GgmlType type);
 bool amx_nib_takes(const MatView& W, int64_t n_tokens);
 // Rows [r0, r1) of the product, threaded on pool when given; returns r1, or r0 having done nothing when
 // !amx_nib_takes(W, n_tokens).

@@ -24,6 +24,18 @@ std::string sse(const ojson& j) { return "data: " + j.dump(-1, ' ', false, ojson
 
 std::string dump(const ojson& j) { return j.dump(-1, ' ', false, ojson::error_handler_t::replace); }
 
+// llama-server's `timings` of a streamed choice's last chunk (the web page shows them): prompt_n tokens
+// evaluated (not cached) in prompt_ms, cache_n reused, predicted_n generated in predicted_ms (first
+// token -> end); the speeds are the log line's (generation: the tokens after the first).
+ojson timings_json(const Job::Result& r) {
+  const int prompt_n = r.n_prompt - r.n_cached;
+  return ojson{{"prompt_n", prompt_n}, {"prompt_ms", r.prefill_s * 1e3},
+               {"prompt_per_second", r.prefill_s > 0 ? prompt_n / r.prefill_s : 0.0},
+               {"predicted_n", r.n_generated}, {"predicted_ms", r.gen_s * 1e3},
+               {"predicted_per_second", r.gen_s > 0 && r.n_generated > 1 ? (r.n_generated - 1) / r.gen_s : 0.0},
+               {"cache_n", r.n_cached}};
+}
+
 httpd::Reply json_reply(const ojson& j, int status = 200) {
   httpd::Reply r;
   r.status = status;
@@ -627,8 +639,10 @@ std::vector<Job::Result> Server::Impl::stream(const std::vector<std::shared_ptr<
                                     "server_unavailable_error", "", "cancelled"));
         } else {
           const std::string fr = openai_finish_reason(r.finish_reason);
-          buf += sse(chat ? chat_chunk(id, model_id, created, ojson::object(), fr, idx)
-                          : completion_chunk(id, model_id, created, "", fr, idx));
+          ojson last = chat ? chat_chunk(id, model_id, created, ojson::object(), fr, idx)
+                            : completion_chunk(id, model_id, created, "", fr, idx);
+          last["timings"] = timings_json(r);
+          buf += sse(last);
         }
       }
       if (!tail_err.empty()) {  // one choice failed: the whole stream ends with the error

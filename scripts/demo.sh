@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Set up, build, and run the main job on the built-in default: synthesize the small K3.1
-# checkpoint, convert it to GGUF, inspect and verify it, generate text and measure speed.
+# Set up (the packages to build and run kimi only: scripts/setup.sh), build the `kimi` program only,
+# and run the main job on the built-in default: synthesize the small K3.1 checkpoint, convert it to
+# GGUF, inspect and verify it, generate text and measure speed. (scripts/test.sh builds everything.)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-bash scripts/build.sh
-KIMI=./build/kimi
+bash scripts/build.sh kimi
+KIMI=${BUILD_DIR:-build}/kimi
 OUT=${OUT:-models}
 PRESET=${PRESET:-small}
 mkdir -p "$OUT"

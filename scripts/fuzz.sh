@@ -14,7 +14,7 @@ WORK=${FUZZ_WORK:-fuzz/corpus-work}
 TARGETS=(${FUZZ_TARGETS:-gguf safetensors hf_config model tiktoken tokenizer_config chat api})
 t0=$(date +%s)
 
-command -v clang++ >/dev/null || { echo "fuzz: clang++ not found (bash scripts/setup.sh installs it)" >&2; exit 1; }
+command -v clang++ >/dev/null || { echo "fuzz: clang++ not found (bash scripts/setup.sh --test installs it)" >&2; exit 1; }
 CC=clang CXX=clang++ cmake -S fuzz -B "$BUILD" -G Ninja >/dev/null
 mkdir -p "$BUILD"
 if ! cmake --build "$BUILD" -j "$(nproc)" >"$BUILD/build.log" 2>&1; then

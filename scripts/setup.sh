@@ -1,25 +1,46 @@
 #!/usr/bin/env bash
-# Install the Debian 12 packages kimi.cpp needs to build and test (idempotent).
+# Install the Debian 12 packages kimi.cpp needs (idempotent: only what is missing is installed).
+#   scripts/setup.sh          what building and running `kimi` needs, with the build dependencies of
+#                             every backend (Vulkan headers + glslc, Open MPI) — scripts/demo.sh
+#   scripts/setup.sh --test   adds what the tests, the fuzzers and the cross builds need, and the npm
+#                             packages of the tests — scripts/test.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
+TEST=0
+for arg in "$@"; do
+  case $arg in
+    --test) TEST=1 ;;
+    -h|--help) sed -n '2,6p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "setup: unknown option '$arg' (expected --test)" >&2; exit 2 ;;
+  esac
+done
+
+# ---- build and run kimi ----
 PKGS=(build-essential cmake ninja-build ccache pkg-config git
-      nlohmann-json3-dev libfmt-dev libcli11-dev libpcre2-dev libcpp-httplib-dev
+      nlohmann-json3-dev libfmt-dev libcli11-dev libpcre2-dev
       libnuma-dev  # --numa distribute|isolate|numactl (optional at build time: src/util/numa.cpp)
-      libgtest-dev libgmock-dev googletest time
       libedit-dev  # line editing + history in `kimi chat` (optional: found by CMake, native Linux only)
-      libopenmpi-dev openmpi-bin  # MPI: the -DKIMI_MPI=ON build (docs/distributed.md)
+      libvulkan-dev glslc  # the Vulkan GPU backend (docs/gpu.md)
+      libopenmpi-dev openmpi-bin)  # MPI: several processes or machines (docs/distributed.md)
+
+# ---- tests, fuzzing, cross builds (--test) ----
+TEST_PKGS=(libgtest-dev libgmock-dev googletest time libcpp-httplib-dev  # tests/ (httplib: HTTP client side)
+      mesa-vulkan-drivers vulkan-tools  # lavapipe, Mesa's software GPU: the GPU tests (KIMI_REQUIRE_VULKAN=1)
       g++-aarch64-linux-gnu qemu-user g++-mingw-w64-x86-64 wine wine64 unzip curl  # cross builds + emulation: scripts/cross-test.sh (curl: kimi serve under Wine)
       clang libclang-rt-dev llvm  # clang + its sanitizer/libFuzzer runtimes + llvm-symbolizer: scripts/fuzz.sh
-      libvulkan-dev glslc mesa-vulkan-drivers vulkan-tools
-      chromium)  # the web chat page's browser test (tests/web, with playwright-core from npm)  # Vulkan backend + lavapipe (Mesa's software GPU) for its tests
+      chromium)  # the web chat page's browser test (tests/web, with playwright-core from npm)
+((TEST)) && PKGS+=("${TEST_PKGS[@]}")
+
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
-# Node.js + npm (for the real tiktoken used by the tokenizer's golden tests): Debian's packages,
-# unless a node/npm is already installed (e.g. a nodejs build that bundles npm).
-command -v node >/dev/null || missing+=(nodejs)
-command -v npm >/dev/null || missing+=(npm)
+if ((TEST)); then
+  # Node.js + npm (the npm packages below): Debian's packages, unless a node/npm is already
+  # installed (e.g. a nodejs build that bundles npm).
+  command -v node >/dev/null || missing+=(nodejs)
+  command -v npm >/dev/null || missing+=(npm)
+fi
 if ((${#missing[@]})); then
   SUDO=""; [[ $(id -u) -ne 0 ]] && SUDO="sudo"
   echo "setup: installing ${missing[*]}"
@@ -27,7 +48,10 @@ if ((${#missing[@]})); then
   $SUDO apt-get update -qq
   $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
-echo "setup: all packages present"
+echo "setup: all packages present$( ((TEST)) && echo ' (with the test packages)')"
+((TEST)) || exit 0
+
+# ---- npm packages of the tests (--test): one `npm ci` per folder with a package-lock.json ----
 # the real tiktoken (npm) for the tokenizer's golden tests and benchmark
 if [[ ! -d tools/tiktoken/node_modules/tiktoken ]]; then
   npm ci --prefix tools/tiktoken --no-audit --no-fund --loglevel=error

@@ -2,8 +2,8 @@
 # Set up, build and run every test (README: "run all tests").
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
-bash scripts/build.sh
+bash scripts/setup.sh --test   # adds the test, fuzzing and cross-build packages
+bash scripts/build.sh -DKIMI_TESTS=ON   # everything, tests included (fails if GoogleTest is missing)
 # the GPU tests must find a Vulkan device here (setup installs lavapipe): no silent skip
 export KIMI_REQUIRE_VULKAN=${KIMI_REQUIRE_VULKAN:-1}
 (cd "${BUILD_DIR:-build}" && ctest --output-on-failure -j "$(nproc)" --timeout 900)

@@ -3,9 +3,12 @@
 #pragma once
 #include <nlohmann/json.hpp>
 #include <stdexcept>
+#include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
+#include "server/grammar.h"
 #include "server/scheduler.h"
 #include "tokenizer/chat.h"
 #include "tokenizer/tokenizer.h"
@@ -40,6 +43,9 @@ struct Limits {
   // temperature 1 by default). The seed: a random one per request unless fixed_seed.
   SamplerParams sampling = {.temp = 1.0f};
   bool fixed_seed = false;
+  // The compile budget of grammars, schemas and tool parameter schemas (grammar.h); its
+  // `cancelled` is set per request (the client has gone).
+  grammar::Budget budget;
 };
 
 // The prompt token limit these limits give (max_prompt_tokens or n_ctx - 1, whichever is smaller).
@@ -103,5 +109,46 @@ ojson completion_chunk(const std::string& id, const std::string& model, int64_t 
 std::string openai_finish_reason(const std::string& r);
 
 bool constant_time_equal(const std::string& a, const std::string& b);
+
+// ---------------------------------------------------------------------------------------------
+// Checks shared by every API that takes tools, tool results and user text (chat completions and
+// the translation layers of other APIs). Each throws ApiError 400 whose `param` names the field
+// (prefixed with the `param` given) and whose message names the rule.
+
+// OpenAI's tool name rule: ^[a-zA-Z0-9_-]{1,64}$.
+bool valid_tool_name(std::string_view name);
+void check_tool_name(const ojson& name, const std::string& param);  // a string that passes valid_tool_name
+// A tool's `parameters`: an object that is a JSON schema of the subset the grammar compiler takes
+// (grammar.h schema_to_gbnf, within the compile budget): {"type":"bogus"} is refused.
+void check_tool_parameters(const ojson& parameters, const std::string& param);
+// OpenAI `tools`: [{"type":"function","function":{"name","description"?,"parameters"?,"strict"?}}];
+// every name valid and unique, description a string, parameters as above. Returns the names in order.
+std::vector<std::string> check_tools(const ojson& tools, const std::string& param = "tools");
+// `tool_choice`: "none" | "auto" | "required" | {"type":"function","function":{"name"}} whose name is
+// one of `tool_names`; "required" and a named function need at least one tool.
+void check_tool_choice(const ojson& tool_choice, const std::vector<std::string>& tool_names,
+                       const std::string& param = "tool_choice");
+// OpenAI-shaped messages: every {"role":"tool"} message carries a `tool_call_id` that an earlier
+// assistant message issued (tool_calls[].id) and that no earlier tool message answered; an
+// assistant's call ids are unique within the conversation.
+void check_tool_call_ids(const ojson& messages, const std::string& param = "messages");
+
+// Renders the chat template for `template_request` (what tok::render_chat_request takes) and
+// tokenizes it so that no text taken from the request can become a special token: the template's
+// own tags are special tokens, every user-supplied string (contents, names, tool definitions, tool
+// results, arguments, schemas) is tokenized as plain text, whatever it contains ("<|open|>" stays
+// 8 characters). Outside user text the tokens are exactly those of tok.encode(rendered, true).
+// `rendered` (optional) receives the plain prompt text. Throws ApiError 400
+// (context_length_exceeded) as the prompt limit of `lim` requires; template errors propagate.
+std::vector<int32_t> render_chat_tokens(const ojson& template_request, const tok::Tokenizer& tok, const Limits& lim,
+                                        std::string* rendered = nullptr);
+
+// The output constraint compilers (GBNF text, JSON schema) under the one compile budget
+// (grammar::Budget: nesting depth, expanded size, time, cancellation): ApiError 400 naming `param`
+// and the limit (code invalid_grammar, unsupported_schema, or grammar_too_complex), never a library
+// error. The grammar's language must not be empty.
+std::shared_ptr<const grammar::Grammar> compile_gbnf(const std::string& gbnf, const std::string& param,
+                                                     const grammar::Budget& budget);
+std::string compile_schema(const ojson& schema, const std::string& param, const grammar::Budget& budget);
 
 }  // namespace kimi::server

@@ -14,7 +14,9 @@
 // character classes, `.` (any character), ( groups ), and the postfixes * + ? {m} {m,} {m,n};
 // escapes \n \r \t \\ \" \] \[ \- \xHH \uHHHH \UHHHHHHHH; # comments. Left recursion is refused.
 #pragma once
+#include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
@@ -34,6 +36,23 @@ struct SchemaError : std::runtime_error {
   SchemaError(const std::string& feature, const std::string& where, const std::string& msg)
       : std::runtime_error(msg), feature(feature), where(where) {}
   std::string feature, where;
+};
+
+// The one budget of every compiler of user-supplied structure (GBNF text, JSON schema and its
+// $ref chains, the matcher's first state): what a request may make the server build before a
+// token is generated. Exceeding it is a LimitError naming the limit.
+struct Budget {
+  int max_depth = 64;                // nesting: GBNF groups, schema levels, $ref chains
+  uint64_t max_size = 1u << 20;      // expanded size in symbols: repeats multiplied before expansion
+  double max_seconds = 2.0;          // wall time of one compilation
+  std::function<bool()> cancelled;   // polled while compiling: true when the client has gone
+  std::chrono::steady_clock::time_point deadline() const;  // now + max_seconds
+};
+// A limit of the Budget was exceeded (or the compile was cancelled): `limit` names it
+// ("max_depth", "max_size", "max_seconds", "max_states", "cancelled").
+struct LimitError : std::runtime_error {
+  LimitError(std::string limit, const std::string& msg) : std::runtime_error(msg), limit(std::move(limit)) {}
+  std::string limit;
 };
 
 struct Range {

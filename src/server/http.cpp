@@ -26,13 +26,15 @@ std::string dump(const ojson& j) { return j.dump(-1, ' ', false, ojson::error_ha
 
 // llama-server's `timings` of a streamed choice's last chunk (the web page shows them): prompt_n tokens
 // evaluated (not cached) in prompt_ms, cache_n reused, predicted_n generated in predicted_ms (first
-// token -> end); the speeds are the log line's (generation: the tokens after the first).
+// token -> end: total_s - ttft_s, the interval the log line takes); the speeds are the log line's
+// (generation: the tokens after the first).
 ojson timings_json(const Job::Result& r) {
   const int prompt_n = r.n_prompt - r.n_cached;
+  const double gen_s = r.n_generated > 0 && r.ttft_s >= 0 ? std::max(0.0, r.total_s - r.ttft_s) : 0.0;
   return ojson{{"prompt_n", prompt_n}, {"prompt_ms", r.prefill_s * 1e3},
                {"prompt_per_second", r.prefill_s > 0 ? prompt_n / r.prefill_s : 0.0},
-               {"predicted_n", r.n_generated}, {"predicted_ms", r.gen_s * 1e3},
-               {"predicted_per_second", r.gen_s > 0 && r.n_generated > 1 ? (r.n_generated - 1) / r.gen_s : 0.0},
+               {"predicted_n", r.n_generated}, {"predicted_ms", gen_s * 1e3},
+               {"predicted_per_second", gen_s > 0 && r.n_generated > 1 ? (r.n_generated - 1) / gen_s : 0.0},
                {"cache_n", r.n_cached}};
 }
 

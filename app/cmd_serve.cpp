@@ -38,6 +38,14 @@ int cmd_serve(int argc, char** argv) {
       ->check(CLI::Range(-1, 256));
   bool no_cache = false;
   app.add_flag("--no-prompt-cache", no_cache, "disable the prompt cache (every request prefills its whole prompt)");
+  int64_t cache_ram_mib = -1, cache_disk_mib = 10240;
+  app.add_option("--cache-ram", cache_ram_mib,
+                 "memory of the prompt-cache store in MiB (-1 = min(25% of RAM, 8 GiB); 0 = no store)")
+      ->check(CLI::Range(int64_t{-1}, int64_t{1} << 30));
+  app.add_option("--cache-dir", o.sched.cache_dir,
+                 "write prompt-cache entries to DIR (created) and read them back after a restart");
+  app.add_option("--cache-disk", cache_disk_mib, "disk budget of --cache-dir in MiB (oldest files removed first)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
   app.add_option("--chunk,-b,--batch-size,--ubatch-size", o.sched.chunk,
                  "prefill chunk size (tokens); llama-server's -b / -ub are taken as this")
       ->check(CLI::Range(1, 65536));
@@ -63,6 +71,10 @@ int cmd_serve(int argc, char** argv) {
   app.add_option("--grace", o.grace_s, "shutdown grace period in seconds")->check(CLI::NonNegativeNumber);
   if (int rc = kimi::app::parse_engine_cli(app, argc, argv); rc >= 0) return rc;
   o.sched.prompt_cache = !no_cache;
+  o.sched.cache_ram = cache_ram_mib < 0 ? kimi::server::default_prompt_cache_ram() : uint64_t(cache_ram_mib) << 20;
+  o.sched.cache_disk = uint64_t(cache_disk_mib) << 20;
+  if (!o.sched.cache_dir.empty() && (no_cache || o.sched.cache_ram == 0))
+    throw kimi::Error("--cache-dir needs the prompt-cache store (drop --no-prompt-cache / --cache-ram 0)");
   o.model_path = ea.model;
   o.threads = ea.threads;
   o.attn = ea.attn;

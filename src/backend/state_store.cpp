@@ -109,6 +109,69 @@ void StateStore::write_row(const CacheRows& rows, int32_t seq, int32_t pos, cons
   be_.upload(rows.row(seq, pos), host_row_.data(), bytes);
 }
 
+std::vector<uint64_t> StateStore::row_parts() const {
+  std::vector<uint64_t> r;
+  for (size_t i = 0; i < latent_.size(); ++i) {
+    r.push_back(latent(static_cast<int>(i)).row_bytes());
+    const CacheRows k = index_keys(static_cast<int>(i));
+    if (k.data) r.push_back(k.row_bytes());
+  }
+  return r;
+}
+
+uint64_t StateStore::kda_state_bytes() const {
+  return static_cast<uint64_t>(conv_.size()) * static_cast<uint64_t>(s_.conv_floats + s_.rec_floats) * 4;
+}
+
+void StateStore::save_rows(int32_t seq, int32_t from, int32_t to, uint8_t* host) const {
+  check(from >= 0 && from <= to && to <= s_.n_ctx, "state store: rows {}..{} out of range 0..{}", from, to, s_.n_ctx);
+  const uint64_t n = static_cast<uint64_t>(to - from);
+  for (size_t i = 0; i < latent_.size(); ++i) {
+    for (const CacheRows& c : {latent(static_cast<int>(i)), index_keys(static_cast<int>(i))}) {
+      if (!c.data) continue;
+      be_.download(host, c.row(seq, from), n * c.row_bytes());
+      host += n * c.row_bytes();
+    }
+  }
+}
+
+void StateStore::load_rows(int32_t seq, int32_t from, int32_t to, const uint8_t* host) {
+  check(from >= 0 && from <= to && to <= s_.n_ctx, "state store: rows {}..{} out of range 0..{}", from, to, s_.n_ctx);
+  const uint64_t n = static_cast<uint64_t>(to - from);
+  for (size_t i = 0; i < latent_.size(); ++i) {
+    for (const CacheRows& c : {latent(static_cast<int>(i)), index_keys(static_cast<int>(i))}) {
+      if (!c.data) continue;
+      be_.upload(c.row(seq, from), host, n * c.row_bytes());
+      host += n * c.row_bytes();
+    }
+  }
+}
+
+void StateStore::save_state(int32_t seq, int32_t slot, uint8_t* host) const {
+  if (conv_.empty()) return;
+  const uint64_t cb = static_cast<uint64_t>(s_.conv_floats) * 4, rb = static_cast<uint64_t>(s_.rec_floats) * 4;
+  if (slot >= 0) {  // a snapshot holds every layer's conv then rec, as this layout
+    const float* p = const_cast<StateStore*>(this)->snap(seq, slot, false);
+    check(p != nullptr, "state store: snapshot slot {} of sequence {} was never saved", slot, seq);
+    be_.download(host, p, kda_state_bytes());
+    return;
+  }
+  for (size_t i = 0; i < conv_.size(); ++i) {
+    be_.download(host, conv(static_cast<int>(i)).of(seq), cb);
+    be_.download(host + cb, rec(static_cast<int>(i)).of(seq), rb);
+    host += cb + rb;
+  }
+}
+
+void StateStore::load_state(int32_t seq, const uint8_t* host) {
+  const uint64_t cb = static_cast<uint64_t>(s_.conv_floats) * 4, rb = static_cast<uint64_t>(s_.rec_floats) * 4;
+  for (size_t i = 0; i < conv_.size(); ++i) {
+    be_.upload(conv(static_cast<int>(i)).of(seq), host, cb);
+    be_.upload(rec(static_cast<int>(i)).of(seq), host + cb, rb);
+    host += cb + rb;
+  }
+}
+
 uint64_t StateStore::cache_bytes() const {
   uint64_t b = 0;
   for (auto& v : latent_) b += v->bytes();

@@ -46,6 +46,17 @@ class StateStore {
   // host row (f32, width of the cache) into row (seq, pos), converted to the cache type
   void write_row(const CacheRows& rows, int32_t seq, int32_t pos, const float* host_row);
 
+  // Host copies for the prompt cache (runtime/Context::seq_save_rows ...). Rows [from, to) of seq
+  // are laid out part by part: for each MLA slot its latent rows, then its indexer keys (if kept),
+  // (to - from) rows each; row_parts() gives the bytes per position of each part in that order.
+  // A state is, for each KDA slot, its conv then its recurrent state (kda_state_bytes() in all).
+  std::vector<uint64_t> row_parts() const;
+  uint64_t kda_state_bytes() const;
+  void save_rows(int32_t seq, int32_t from, int32_t to, uint8_t* host) const;
+  void load_rows(int32_t seq, int32_t from, int32_t to, const uint8_t* host);
+  void save_state(int32_t seq, int32_t slot, uint8_t* host) const;  // slot -1: the current states
+  void load_state(int32_t seq, const uint8_t* host);                // the current states of seq
+
   uint64_t cache_bytes() const;  // latent rows + indexer keys
   uint64_t state_bytes() const;  // current KDA states (snapshots not counted)
   int n_mla() const { return static_cast<int>(latent_.size()); }

@@ -417,6 +417,48 @@ void Forward::fill_synthetic_local(int32_t seq, int32_t n_tokens, uint64_t seed)
   }
 }
 
+// ---- host copies for the prompt cache (one process: the ranks' stores are not reachable here) ----
+
+std::vector<uint64_t> Forward::row_parts() const {
+  std::vector<uint64_t> r;
+  for (auto& v : devs_)
+    for (uint64_t b : v->store->row_parts()) r.push_back(b);
+  return r;
+}
+uint64_t Forward::kda_state_bytes() const {
+  uint64_t b = 0;
+  for (auto& v : devs_) b += v->store->kda_state_bytes();
+  return b;
+}
+void Forward::save_rows(int32_t seq, int32_t from, int32_t to, uint8_t* host) const {
+  check(!dist_, "prompt cache: saving a sequence is not supported with several ranks");
+  for (auto& v : devs_) {
+    v->store->save_rows(seq, from, to, host);
+    for (uint64_t b : v->store->row_parts()) host += b * static_cast<uint64_t>(to - from);
+  }
+}
+void Forward::load_rows(int32_t seq, int32_t from, int32_t to, const uint8_t* host) {
+  check(!dist_, "prompt cache: loading a sequence is not supported with several ranks");
+  for (auto& v : devs_) {
+    v->store->load_rows(seq, from, to, host);
+    for (uint64_t b : v->store->row_parts()) host += b * static_cast<uint64_t>(to - from);
+  }
+}
+void Forward::save_state(int32_t seq, int32_t slot, uint8_t* host) const {
+  check(!dist_, "prompt cache: saving a sequence is not supported with several ranks");
+  for (auto& v : devs_) {
+    v->store->save_state(seq, slot, host);
+    host += v->store->kda_state_bytes();
+  }
+}
+void Forward::load_state(int32_t seq, const uint8_t* host) {
+  check(!dist_, "prompt cache: loading a sequence is not supported with several ranks");
+  for (auto& v : devs_) {
+    v->store->load_state(seq, host);
+    host += v->store->kda_state_bytes();
+  }
+}
+
 uint64_t Forward::cache_bytes() const {
   uint64_t b = 0;
   for (auto& v : devs_) b += v->store->cache_bytes();

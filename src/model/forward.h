@@ -65,6 +65,14 @@ class Forward {
   void snapshot_copy(int32_t src, int32_t dst, int32_t slot);
   // benchmark fill: pseudo-random cache rows 0..n-1 of seq (see Context::seq_fill_synthetic)
   void fill_synthetic(int32_t seq, int32_t n, uint64_t seed);
+  // host copies of a sequence for the prompt cache (Context::seq_save_rows ...; one process only):
+  // every backend's store in turn, in StateStore's layout
+  std::vector<uint64_t> row_parts() const;
+  uint64_t kda_state_bytes() const;
+  void save_rows(int32_t seq, int32_t from, int32_t to, uint8_t* host) const;
+  void load_rows(int32_t seq, int32_t from, int32_t to, const uint8_t* host);
+  void save_state(int32_t seq, int32_t slot, uint8_t* host) const;  // slot -1: current states
+  void load_state(int32_t seq, const uint8_t* host);
 
   // Ranks > 0: replay rank 0's calls until rank 0's Forward is destroyed.
   void serve_worker();

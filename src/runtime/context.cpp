@@ -12,6 +12,9 @@
 #include <unistd.h>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/dispatch.h"
+#include "backend/cpu/matmul.h"
+#include "backend/cpu/matmul_amx.h"
 #include "model/forward.h"
 #include "util/error.h"
 
@@ -333,6 +336,87 @@ void Context::seq_fill_synthetic(int32_t seq, int32_t n_tokens, uint64_t seed) {
   Impl::Seq& s = c.seqs[static_cast<size_t>(seq)];
   s.len = n_tokens;
   s.snaps.clear();
+}
+
+// ---- host copies for the prompt cache ----
+
+std::vector<uint64_t> Context::seq_row_parts() const { return impl_->fwd->row_parts(); }
+
+uint64_t Context::seq_row_bytes() const {
+  uint64_t b = 0;
+  for (uint64_t p : impl_->fwd->row_parts()) b += p;
+  return b;
+}
+
+uint64_t Context::seq_state_bytes() const { return impl_->fwd->kda_state_bytes(); }
+
+void Context::seq_save_rows(int32_t seq, int32_t from, int32_t to, uint8_t* host) const {
+  check_seq(*impl_, seq, "seq_save_rows");
+  const Impl::Seq& s = impl_->seqs[static_cast<size_t>(seq)];
+  check(from >= 0 && from <= to && to <= s.len, "seq_save_rows: rows {}..{} out of range 0..{} (sequence {})", from,
+        to, s.len, seq);
+  impl_->fwd->save_rows(seq, from, to, host);
+}
+
+void Context::seq_save_state(int32_t seq, int32_t at, uint8_t* host) const {
+  check_seq(*impl_, seq, "seq_save_state");
+  const Impl::Seq& s = impl_->seqs[static_cast<size_t>(seq)];
+  check(at >= 0 && at <= s.len, "seq_save_state: position {} out of range 0..{} (sequence {})", at, s.len, seq);
+  if (at == s.len || impl_->hp.n_kda_layers() == 0) return impl_->fwd->save_state(seq, -1, host);
+  const Impl::Snap* sn = find_snap(s, at);
+  check(sn != nullptr,
+        "seq_save_state: sequence {} has no KDA states at position {}: only at its length {} and its snapshots (at: {})",
+        seq, at, s.len, snap_list(s));
+  impl_->fwd->save_state(seq, sn->slot, host);
+}
+
+void Context::seq_load_rows(int32_t seq, int32_t from, int32_t to, const uint8_t* host) {
+  check_seq(*impl_, seq, "seq_load_rows");
+  check(from >= 0 && from <= to && to <= opts_.n_ctx_max, "seq_load_rows: rows {}..{} out of range 0..{}", from, to,
+        opts_.n_ctx_max);
+  Impl::Seq& s = impl_->seqs[static_cast<size_t>(seq)];
+  s.len = 0;
+  s.snaps.clear();
+  impl_->fwd->load_rows(seq, from, to, host);
+}
+
+void Context::seq_load_state(int32_t seq, int32_t n, const uint8_t* host) {
+  check_seq(*impl_, seq, "seq_load_state");
+  check(n >= 0 && n <= opts_.n_ctx_max, "seq_load_state: length {} out of range 0..{}", n, opts_.n_ctx_max);
+  Impl::Seq& s = impl_->seqs[static_cast<size_t>(seq)];
+  impl_->fwd->load_state(seq, host);
+  s.len = n;
+  s.snaps.clear();
+}
+
+std::string Context::state_identity() const {
+  const Impl& c = *impl_;
+  uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a over everything the saved bytes depend on
+  auto mix = [&](const void* p, size_t n) {
+    const auto* b = static_cast<const uint8_t*>(p);
+    for (size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 0x100000001b3ull;
+  };
+  auto mix_str = [&](const std::string& x) { mix(x.data(), x.size()); mix("\0", 1); };
+  const auto& rd = model_.reader();
+  for (const auto& kv : rd.kvs()) {
+    mix_str(kv.key);
+    mix_str(kv.value.to_string(64));
+  }
+  for (const auto& t : rd.tensors()) {
+    mix_str(fmt::format("{} {} {} {} {}", t.name, static_cast<int>(t.type), t.shape_string(), t.offset, t.nbytes));
+    if (t.data && t.nbytes > 0) {  // a sample of the weights: their first and last 4 KiB
+      const uint64_t k = std::min<uint64_t>(t.nbytes, 4096);
+      mix(t.data, k);
+      mix(t.data + (t.nbytes - k), k);
+    }
+  }
+  mix_str(fmt::format("prec {} cache {} i8 {} topk {} attn {} isa {} amx {}{}", c.prec == Precision::Fast ? "fast" : "f32",
+                      c.cache_f16 ? "f16" : "f32", opts_.indexer_int8 && c.prec == Precision::Fast ? 1 : 0, c.top_k,
+                      opts_.attn == AttnPath::Sparse ? "sparse" : "dense", kern::active_isa(),
+                      kern::amx_bf16_usable() ? 1 : 0, kern::amx_int8_usable() ? 1 : 0));
+  for (int f = 0; f < kern::kKernelFamilies; ++f) mix_str(kern::kernel_impl(static_cast<kern::KernelFamily>(f)));
+  if (!c.placement.single_device()) mix_str(c.placement.summary());
+  return fmt::format("{:016x}", h);
 }
 
 uint64_t Context::memory_bytes() const {

@@ -114,6 +114,32 @@ class Context {
   // decode speed at a depth can be timed without prefilling it. Not a model state.
   void seq_fill_synthetic(int32_t seq, int32_t n_tokens, uint64_t seed = 1);
 
+  // ---- host copies of a sequence, for the server's prompt cache (server/prompt_cache.h) ----
+  // Saving a sequence's first n positions takes its cache rows [0, n) (in any split of ranges) and
+  // its KDA states at n; loading them into any sequence makes it that sequence at length n, bit
+  // for bit, so continuing it gives the logits a full prefill gives. One process only (several
+  // ranks: kimi::Error).
+  // Rows [from, to) are laid out part by part (each backend's MLA layers in order: latent rows,
+  // then indexer keys if kept), (to - from) rows of each; seq_row_parts() gives the bytes per
+  // position of each part in that order, seq_row_bytes() their sum.
+  std::vector<uint64_t> seq_row_parts() const;
+  uint64_t seq_row_bytes() const;
+  uint64_t seq_state_bytes() const;  // KDA conv + recurrent states of one sequence (every layer)
+  // rows [from, to) of seq, to <= seq_len(seq), into host (seq_row_bytes() * (to - from) bytes)
+  void seq_save_rows(int32_t seq, int32_t from, int32_t to, uint8_t* host) const;
+  // the KDA states of seq at position at: at == seq_len(seq), or a snapshot position (else error)
+  void seq_save_state(int32_t seq, int32_t at, uint8_t* host) const;
+  // Loading: seq_load_rows empties seq (length 0, snapshots dropped) and writes rows [from, to);
+  // once rows [0, n) are written, seq_load_state(seq, n, host) sets its KDA states and its length
+  // n. Positions >= n hold whatever they held (unused until written again).
+  void seq_load_rows(int32_t seq, int32_t from, int32_t to, const uint8_t* host);
+  void seq_load_state(int32_t seq, int32_t n, const uint8_t* host);
+  // What saved bytes depend on besides the tokens: the model file (metadata, tensor layout and a
+  // sample of every tensor's bytes), precision, cache type, indexer options, attention path and
+  // top_k, the kernels in use (ISA, AMX) and the backends. Equal identities: saved bytes can be
+  // loaded and give the same logits.
+  std::string state_identity() const;
+
   const Model& model() const { return model_; }
   const ContextOptions& options() const { return opts_; }
   int n_vocab() const { return static_cast<int>(model_.hparams().n_vocab); }

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 
 #include "util/error.h"
@@ -78,6 +79,8 @@ Scheduler::Scheduler(const Model& model, const tok::Tokenizer& tok, const Contex
   ctx_ = std::make_unique<Context>(model_, o);
   n_ctx_ = o.n_ctx_max;
   any_prefix_ = model_.hparams().n_kda_layers() == 0;
+  if (so_.prompt_cache && so_.cache_ram > 0 && ctx_->n_ranks() <= 1)
+    cache_ = std::make_unique<PromptCache>(*ctx_, PromptCacheOptions{so_.cache_ram, so_.cache_dir, so_.cache_disk});
   seqs_.resize(static_cast<size_t>(o.n_seq_max));
   // chat output keeps only the structural special tokens (the parser needs them as text)
   drop_special_.assign(static_cast<size_t>(ctx_->n_vocab()), 0);
@@ -86,6 +89,7 @@ Scheduler::Scheduler(const Model& model, const tok::Tokenizer& tok, const Contex
     const std::string& p = tok_.token_to_piece(id);
     drop_special_[static_cast<size_t>(id)] = p != "<|open|>" && p != "<|close|>" && p != "<|sep|>" && p != "<|end_of_msg|>";
     if (p == "<|close|>") close_id_ = id;
+    if (p == "<|end_of_msg|>") eom_id_ = id;
   }
   if (const char* e = std::getenv("KIMI_GRAMMAR_FULL_SCAN")) grammar_full_scan_ = std::string(e) == "1";
   st_.slots = so_.parallel;
@@ -154,6 +158,7 @@ void Scheduler::update_slots() {
 SchedulerStats Scheduler::stats() const {
   std::lock_guard<std::mutex> lk(mu_);
   SchedulerStats s = st_;
+  if (cache_) s.cache = cache_->stats();
   if (rate_.size() >= 2) {
     const double span = std::chrono::duration<double>(rate_.back().first - rate_.front().first).count();
     uint64_t n = 0;
@@ -290,8 +295,11 @@ void Scheduler::start(Active& a) {
     const bool better = r > best_r || (r == best_r && src >= 0 && seqs_[static_cast<size_t>(src)].busy && !s.busy);
     if (better) { best_r = r; src = i; }
   }
-  int target;
-  if (src >= 0 && !seqs_[static_cast<size_t>(src)].busy && !seqs_[static_cast<size_t>(src)].prefix) {
+  int target = cache_ ? restore_from_store(P, cap, best_r, L, src) : -1;
+  const bool from_store = target >= 0;
+  if (from_store) {
+    // loaded from the prompt-cache store
+  } else if (src >= 0 && !seqs_[static_cast<size_t>(src)].busy && !seqs_[static_cast<size_t>(src)].prefix) {
     target = src;
   } else {
     target = pick_victim(src);
@@ -299,7 +307,9 @@ void Scheduler::start(Active& a) {
     check(target >= 0, "internal: no free sequence for a new request");
   }
   SeqRec& t = seqs_[static_cast<size_t>(target)];
-  if (best_r == 0) {
+  if (from_store) {
+    // loaded: the sequence holds exactly P[0, best_r)
+  } else if (best_r == 0) {
     ctx_->seq_clear(target);
     t.toks.clear();
   } else {
@@ -322,7 +332,13 @@ void Scheduler::start(Active& a) {
   a.seq = target;
   a.pos = best_r;
   a.t_admit = Clock::now();
-  a.split_at = (so_.prompt_cache && so_.cache_slots > 0 && L >= best_r + static_cast<size_t>(so_.min_prefix_entry)) ? static_cast<int>(L) : -1;
+  a.split_at = (so_.prompt_cache && (so_.cache_slots > 0 || cache_) && L >= best_r + static_cast<size_t>(so_.min_prefix_entry)) ? static_cast<int>(L) : -1;
+  if (cache_ && eom_id_ >= 0 && cap > 0)  // the last message boundary inside the prompt: a store entry there
+    for (size_t b = cap - 1; b > best_r; --b)
+      if (P[b - 1] == eom_id_) {
+        a.save_at = static_cast<int>(b);
+        break;
+      }
   const GenParams& gp = a.job->params();
   a.sampler.emplace(gp.sampler, ctx_->n_vocab());
   if (gp.sampler.repeat_penalty != 1.0f)
@@ -347,7 +363,44 @@ void Scheduler::start(Active& a) {
   st_.cached_tokens += best_r;
 }
 
+int Scheduler::restore_from_store(const std::vector<int32_t>& P, size_t cap, size_t& best_r, size_t& L, int& src) {
+  L = std::max(L, std::min(cache_->longest_common(P), cap));
+  const PromptCache::Hit h = cache_->find(P, cap);
+  if (h.n <= best_r) return -1;
+  const int target = pick_victim(-1);
+  if (target < 0) return -1;
+  SeqRec& t = seqs_[static_cast<size_t>(target)];
+  bool ok = false;
+  try {
+    ok = cache_->load(h, target);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "kimi serve: prompt cache: loading an entry failed: %s\n", e.what());
+  }
+  if (!ok) {  // the sequence was emptied: prefill from the start (or from another live sequence)
+    ctx_->seq_clear(target);
+    t.toks.clear();
+    if (target == src) {
+      src = -1;
+      best_r = 0;
+    }
+    return -1;
+  }
+  t.toks.assign(P.begin(), P.begin() + static_cast<std::ptrdiff_t>(h.n));
+  best_r = h.n;
+  return target;
+}
+
+void Scheduler::store_save(Active& a, size_t n) {
+  if (!cache_ || a.seq < 0) return;
+  try {
+    cache_->save(a.seq, seqs_[static_cast<size_t>(a.seq)].toks, n);
+  } catch (const std::exception& e) {  // never fails the request: the entry is just not kept
+    std::fprintf(stderr, "kimi serve: prompt cache: saving %zu tokens failed: %s\n", n, e.what());
+  }
+}
+
 void Scheduler::make_prefix_entry(Active& a) {
+  if (cache_) return store_save(a, a.pos);  // an entry of the store instead of a spare sequence
   const int v = pick_victim(a.seq);
   if (v < 0) return;
   ctx_->seq_copy(a.seq, v);
@@ -381,6 +434,7 @@ void Scheduler::step() {
     const size_t snap_at = P.size() - 1;
     if (snap_at > 0 && a.pos < snap_at) n = std::min(n, snap_at - a.pos);
     if (a.split_at > static_cast<int>(a.pos)) n = std::min(n, static_cast<size_t>(a.split_at) - a.pos);
+    if (a.save_at > static_cast<int>(a.pos)) n = std::min(n, static_cast<size_t>(a.save_at) - a.pos);
     // stop at multiples of snapshot_every too: a later prompt diverging mid-way resumes there
     if (chunk_snaps()) {
       const size_t E = static_cast<size_t>(so_.snapshot_every);
@@ -430,8 +484,13 @@ void Scheduler::step() {
       a.split_at = -1;
       if (a.pos < P.size()) make_prefix_entry(a);
     }
+    if (a.save_at >= 0 && a.pos == static_cast<size_t>(a.save_at)) {
+      a.save_at = -1;
+      store_save(a, a.pos);  // the last message boundary of the prompt
+    }
     if (a.pos + 1 == P.size() && a.pos > 0) {
       ctx_->seq_snapshot(a.seq);  // turn boundary: later turns (or the same prompt) resume here
+      store_save(a, a.pos);
     } else if (chunk_snaps() && a.pos < P.size() && a.pos % static_cast<size_t>(so_.snapshot_every) == 0) {
       ctx_->seq_snapshot(a.seq);  // chunk boundary of a long prompt
     }
@@ -638,6 +697,8 @@ void Scheduler::finish(Active& a, const std::string& reason, int status, const s
     r.prefill_s = std::chrono::duration<double>(a.t_first - a.t_admit).count();
     r.gen_s = std::chrono::duration<double>(Clock::now() - a.t_first).count();
   }
+  if (ok && a.seq >= 0 && a.n_gen > 0)  // end of the generation: the next turn may continue it
+    store_save(a, seqs_[static_cast<size_t>(a.seq)].toks.size());
   if (a.seq >= 0) {
     SeqRec& s = seqs_[static_cast<size_t>(a.seq)];
     s.busy = false;

@@ -32,6 +32,7 @@
 #include "runtime/context.h"
 #include "runtime/sampling.h"
 #include "server/grammar.h"
+#include "server/prompt_cache.h"
 #include "tokenizer/chat.h"
 #include "tokenizer/tokenizer.h"
 
@@ -129,6 +130,13 @@ struct SchedulerOptions {
   int snapshot_every = 256;   // KDA snapshot every this many prompt tokens (0: only at turn ends);
                               // the engine keeps ContextOptions::n_snapshots_max per sequence
   bool prompt_cache = true;   // false: every request prefills its whole prompt
+  // The prompt-cache store (server/prompt_cache.h): host copies of sequences at the end of each
+  // prompt, its last message boundary (after the last <|end_of_msg|>), the end of each generation
+  // and divergence points, LRU under cache_ram bytes (0: no store; prefix entries then take spare
+  // sequences as before), written to cache_dir (if set) under cache_disk bytes.
+  uint64_t cache_ram = 0;
+  std::string cache_dir;
+  uint64_t cache_disk = uint64_t{10} << 30;
 };
 
 // One sequence of the context, for /slots: a slot running a request, or one that keeps a prompt.
@@ -148,6 +156,7 @@ struct SchedulerStats {
   int queue_depth = 0, active = 0, slots = 0, sequences = 0;
   double tokens_per_s = 0;      // generated tokens/s over the last ~10 s
   double busy_s = 0;            // time spent in decode
+  PromptCacheStats cache;       // the prompt-cache store (SchedulerOptions::cache_ram)
 };
 
 class Scheduler {
@@ -183,6 +192,7 @@ class Scheduler {
     int seq = -1;
     size_t pos = 0;             // next prompt index to feed
     int split_at = -1;          // make a prefix entry when the sequence reaches this length
+    int save_at = -1;           // store the sequence in the prompt cache at this length (message boundary)
     bool generating = false;
     int32_t pending = -1;       // sampled, not yet decoded
     int n_gen = 0;
@@ -213,6 +223,12 @@ class Scheduler {
   int pick_victim(int exclude) const;
   bool chunk_snaps() const { return so_.prompt_cache && so_.snapshot_every > 0 && !any_prefix_; }
   void make_prefix_entry(Active& a);
+  // the prompt-cache store (cache_ != nullptr): restore / save points of a request
+  // a store entry longer than best_r (from the live sequence src): loaded into an idle sequence
+  // (returned; -1: none), best_r and L (the longest common prefix) updated; a failed load that
+  // emptied src resets src and best_r
+  int restore_from_store(const std::vector<int32_t>& P, size_t cap, size_t& best_r, size_t& L, int& src);
+  void store_save(Active& a, size_t n);  // the first n positions of a's sequence into the store
 
   const Model& model_;
   const tok::Tokenizer& tok_;
@@ -220,6 +236,8 @@ class Scheduler {
   std::unique_ptr<Context> ctx_;
   int n_ctx_ = 0;
   bool any_prefix_ = false;
+  std::unique_ptr<PromptCache> cache_;  // the prompt-cache store (nullptr: none)
+  int32_t eom_id_ = -1;                 // <|end_of_msg|>: message boundaries are right after it
   int32_t close_id_ = -1;              // <|close|>: ends the constrained response channel
   std::vector<uint8_t> drop_special_;  // per token id: special, not structural (chat output skips it)
   // constrained sampling (sample_constrained): the text tokens as a trie, built at the first use;

@@ -167,3 +167,51 @@ TEST_F(Snapshots, EvictionKeepsTheNewestAndSpreadsTheRest) {
   ContextOptions bad = opts(0);
   EXPECT_THROW(Context(*m, bad), Error);
 }
+
+// The prompt cache's host copies: rows [0, q) saved in two ranges and the KDA states at a snapshot
+// q, loaded into another sequence of ANOTHER context, then continued, give bit for bit the logits
+// of a cold context that prefills everything in one batch (Fast and F32).
+TEST_F(Snapshots, SaveLoadToHostThenContinueEqualsColdPrefill) {
+  auto m = Model::load(path);
+  const auto toks = random_tokens(50, 31);
+  for (Precision prec : {Precision::F32, Precision::Fast}) {
+    SCOPED_TRACE(prec == Precision::F32 ? "f32" : "fast");
+    ContextOptions o = opts();
+    o.precision = prec;
+    Context a(*m, o);
+    run(a, toks, 0, 10, 0);
+    run(a, toks, 10, 23, 0);
+    a.seq_snapshot(0);  // at 23
+    run(a, toks, 23, 40, 0);
+    const size_t q = 23;
+    ASSERT_GT(a.seq_state_bytes(), 0u);
+    const uint64_t rb = a.seq_row_bytes();
+    uint64_t parts = 0;
+    for (uint64_t p : a.seq_row_parts()) parts += p;
+    EXPECT_EQ(parts, rb);
+    std::vector<uint8_t> r1(rb * 9), r2(rb * (q - 9)), st(a.seq_state_bytes()), st_now(a.seq_state_bytes());
+    a.seq_save_rows(0, 0, 9, r1.data());
+    a.seq_save_rows(0, 9, static_cast<int32_t>(q), r2.data());
+    a.seq_save_state(0, static_cast<int32_t>(q), st.data());
+    a.seq_save_state(0, 40, st_now.data());
+    EXPECT_NE(st, st_now);  // the states moved on after the snapshot
+    EXPECT_THROW(a.seq_save_state(0, 30, st.data()), Error);          // no states there
+    EXPECT_THROW(a.seq_save_rows(0, 0, 41, r1.data()), Error);        // beyond the length
+    // cold: all 50 tokens in one batch
+    Context cold(*m, o);
+    const Rows want = run(cold, toks, 0, toks.size(), 0);
+    Context b(*m, o);
+    run(b, toks, 0, 5, 1);  // seq 1 holds something else first
+    b.seq_load_rows(1, 0, 9, r1.data());
+    b.seq_load_rows(1, 9, static_cast<int32_t>(q), r2.data());
+    b.seq_load_state(1, static_cast<int32_t>(q), st.data());
+    EXPECT_EQ(b.seq_len(1), static_cast<int32_t>(q));
+    EXPECT_TRUE(b.seq_snapshot_positions(1).empty());
+    const Rows got = run(b, toks, q, toks.size(), 1);
+    EXPECT_TRUE(bit_equal(got, Rows(want.begin() + static_cast<std::ptrdiff_t>(q), want.end())));
+    EXPECT_EQ(a.state_identity(), b.state_identity());
+    ContextOptions other = o;
+    other.cache_type = CacheType::F32;
+    if (prec == Precision::Fast) EXPECT_NE(Context(*m, other).state_identity(), a.state_identity());
+  }
+}

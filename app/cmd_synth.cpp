@@ -23,6 +23,14 @@ int cmd_synth(int argc, char** argv) {
   app.add_option("--seed", seed, "random seed (weights depend only on seed and tensor name)")->capture_default_str();
   app.add_option("--layers", layers, "number of layers (default: the preset's); keeps the first N layers");
   app.add_option("--experts", experts, "number of routed experts (default: the preset's)");
+  int64_t experts_used = 0;
+  app.add_option("--experts-used", experts_used, "routed experts per token (default: the preset's, at most --experts)");
+  std::string router = "spread";
+  app.add_option("--router", router,
+                 "the router's selection bias: spread (default: nearly every token picks the same experts) or "
+                 "zipf[:S] (expert popularity per layer Zipf-like with exponent S, default 1, in a random order "
+                 "per layer; the choices vary from token to token)")
+      ->capture_default_str();
   app.add_flag("--no-indexer", no_indexer, "no DSA indexer (a plain K3 checkpoint)");
   app.add_flag("--bf16-experts", bf16_experts, "routed experts as BF16 instead of MXFP4 (no quantization_config)");
   std::string outliers;
@@ -39,6 +47,8 @@ int cmd_synth(int argc, char** argv) {
   cfg.seed = seed;
   if (layers) kimi::synth::set_layers(cfg, layers);
   if (app.count("--experts")) kimi::synth::set_experts(cfg, experts);
+  if (app.count("--experts-used")) kimi::synth::set_experts_used(cfg, experts_used);
+  kimi::synth::set_router(cfg, router);
   cfg.indexer = !no_indexer;
   cfg.mxfp4_experts = !bf16_experts;
   if (!outliers.empty()) kimi::synth::set_outlier_channels(cfg, outliers);
@@ -50,6 +60,9 @@ int cmd_synth(int argc, char** argv) {
   std::printf("synth: wrote %s (preset %s, seed %llu%s%s)\n", out.c_str(), preset_name.c_str(),
               static_cast<unsigned long long>(seed), cfg.indexer ? "" : ", no indexer",
               cfg.mxfp4_experts ? ", MXFP4 experts" : ", BF16 experts");
+  if (cfg.router_zipf >= 0)
+    std::printf("  router: Zipf expert popularity, exponent %g, a random order per layer (--router zipf)\n",
+                cfg.router_zipf);
   if (cfg.outlier_channels > 0)
     std::printf("  outlier channels: %lld per norm, scale %g (experimental, --outlier-channels)\n",
                 static_cast<long long>(cfg.outlier_channels), double(cfg.outlier_scale));

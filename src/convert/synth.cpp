@@ -101,6 +101,7 @@ enum class Init {
   NormWeight,    // 1 + a * N(0,1)
   Uniform,       // U(a, b)
   BiasSpread,    // spread-out router bias: gap a between consecutive (permuted) experts
+  BiasZipf,      // router bias for Zipf popularity of exponent a, top-b experts per token (Config::router_zipf)
   CenteredRows,  // a * N(0,1) with every column centred over the rows (weights sum to ~0)
   Correlated,    // a * (sqrt(1 - b^2) * shared base + b * own), base keyed by `base`
   ConvTaps,      // depthwise conv [C, 1, K]: last tap (current token) 1 + a * N(0,1), others a * N(0,1)
@@ -242,7 +243,11 @@ struct Planner {
       std::string m = p + "block_sparse_moe.";
       const int64_t sw = c.shared_experts * c.moe_inter;
       mat(m + "gate.weight", c.experts, d);
-      add(m + "gate.e_score_correction_bias", st::Dtype::F32, {c.experts}, Init::BiasSpread, 0.1f);
+      if (c.router_zipf >= 0)
+        add(m + "gate.e_score_correction_bias", st::Dtype::F32, {c.experts}, Init::BiasZipf, float(c.router_zipf),
+            float(c.top_k));
+      else
+        add(m + "gate.e_score_correction_bias", st::Dtype::F32, {c.experts}, Init::BiasSpread, 0.1f);
       mat(m + "routed_expert_down_proj.weight", c.latent, d);
       normw_outliers(m + "routed_expert_norm.weight", c.latent);
       mat(m + "routed_expert_up_proj.weight", d, c.latent);
@@ -320,20 +325,70 @@ void fill_range(const Item& it, uint64_t key, uint64_t base_key, int64_t i0, int
   }
 }
 
-bool elementwise(const Item& it) { return it.init != Init::BiasSpread && it.init != Init::CenteredRows; }
+bool elementwise(const Item& it) {
+  return it.init != Init::BiasSpread && it.init != Init::BiasZipf && it.init != Init::CenteredRows;
+}
+
+// experts in a random order keyed by the tensor (position r = popularity rank r + 1)
+std::vector<int64_t> hash_order(uint64_t key, int64_t n) {
+  std::vector<int64_t> order(static_cast<size_t>(n));
+  std::iota(order.begin(), order.end(), 0);
+  std::sort(order.begin(), order.end(), [&](int64_t x, int64_t y) {
+    uint64_t hx = elem_hash(key, x), hy = elem_hash(key, y);
+    return hx != hy ? hx < hy : x < y;
+  });
+  return order;
+}
+
+// Config::router_zipf: the share of tokens picking each expert (by id): p_r = min(1, c / r^s) for the expert of
+// rank r (1-based) in the order keyed by `key`, with c found by bisection so that the shares sum to k.
+std::vector<double> zipf_share(uint64_t key, int64_t n, int64_t k, double s) {
+  const std::vector<int64_t> order = hash_order(key, n);
+  std::vector<double> w(static_cast<size_t>(n));
+  for (int64_t r = 0; r < n; ++r) w[size_t(r)] = std::pow(double(r + 1), -s);
+  auto total = [&](double c) {
+    double t = 0;
+    for (double x : w) t += std::min(1.0, c * x);
+    return t;
+  };
+  double lo = 0, hi = 1;
+  while (total(hi) < double(k) && hi < 1e300) hi *= 2;
+  for (int it = 0; it < 200; ++it) {
+    const double mid = 0.5 * (lo + hi);
+    (total(mid) < double(k) ? lo : hi) = mid;
+  }
+  std::vector<double> p(static_cast<size_t>(n));
+  for (int64_t r = 0; r < n; ++r) p[size_t(order[size_t(r)])] = std::min(1.0, hi * w[size_t(r)]);
+  return p;
+}
+
+// z with P(N(0,1) > z) = p, 0 < p < 1 (bisection on erfc: exact to double rounding, deterministic)
+double normal_upper_quantile(double p) {
+  double lo = -40, hi = 40;
+  for (int it = 0; it < 200; ++it) {
+    const double mid = 0.5 * (lo + hi);
+    (0.5 * std::erfc(mid / std::sqrt(2.0)) > p ? lo : hi) = mid;
+  }
+  return 0.5 * (lo + hi);
+}
 
 std::vector<float> whole_values(const Item& it, uint64_t seed) {
   const uint64_t key = name_key(seed, it.value_name);
   const int64_t n = it.rows * it.cols;
   std::vector<float> v(static_cast<size_t>(n));
-  if (it.init == Init::BiasSpread) {
+  if (it.init == Init::BiasZipf) {
+    // expert e is picked when sigmoid(l) + b_e is among the top k of its token; with l ~ N(0, 1) independent
+    // over the experts and many experts, the k-th score stays near a threshold, here 0: b_e = -sigmoid(z_e)
+    // with P(l > z_e) = p_e picks e with probability p_e; an expert every token picks (p_e = 1) gets +1,
+    // above every other score (mean-field calibration: the measured shares are in docs/performance.md)
+    const std::vector<double> p = zipf_share(key, n, int64_t(it.b), double(it.a));
+    for (int64_t e = 0; e < n; ++e) {
+      const double pe = p[size_t(e)];
+      v[size_t(e)] = pe >= 1.0 - 1e-12 ? 1.0f : float(-1.0 / (1.0 + std::exp(-normal_upper_quantile(pe))));
+    }
+  } else if (it.init == Init::BiasSpread) {
     // a random permutation of evenly spaced values (gap a) plus a little jitter
-    std::vector<int64_t> order(n);
-    std::iota(order.begin(), order.end(), 0);
-    std::sort(order.begin(), order.end(), [&](int64_t x, int64_t y) {
-      uint64_t hx = elem_hash(key, x), hy = elem_hash(key, y);
-      return hx != hy ? hx < hy : x < y;
-    });
+    const std::vector<int64_t> order = hash_order(key, n);
     for (int64_t r = 0; r < n; ++r) {
       int64_t e = order[r];
       v[e] = it.a * (float(r) - 0.5f * float(n - 1)) + 0.1f * it.a * (uniform01(key ^ 0xB1A5ull, e) - 0.5f);
@@ -428,6 +483,41 @@ std::vector<int64_t> outlier_channel_indices(const Config& c, int64_t n) {
   order.resize(static_cast<size_t>(std::min(c.outlier_channels, n)));
   std::sort(order.begin(), order.end());
   return order;
+}
+
+void set_experts_used(Config& c, int64_t n) {
+  check(n >= 1 && n <= c.experts, "--experts-used {}: expected 1..{} (the number of routed experts)", n, c.experts);
+  c.top_k = n;
+}
+
+void set_router(Config& c, const std::string& spec) {
+  if (spec == "spread") {
+    c.router_zipf = -1;
+    return;
+  }
+  auto bad = [&]() {
+    fail("--router '{}': expected spread, zipf or zipf:S (S a number from 0 to 4, e.g. zipf:1.2)", spec);
+  };
+  if (spec.rfind("zipf", 0) != 0) bad();
+  double s = 1.0;
+  if (spec.size() > 4) {
+    if (spec[4] != ':' || spec.size() == 5) bad();
+    const std::string num = spec.substr(5);
+    size_t used = 0;
+    try {
+      s = std::stod(num, &used);
+    } catch (const std::exception&) {
+      bad();
+    }
+    if (used != num.size() || !std::isfinite(s) || s < 0 || s > 4) bad();
+  }
+  c.router_zipf = s;
+}
+
+std::vector<double> router_pick_share(const Config& c, int64_t layer0) {
+  if (c.router_zipf < 0 || layer0 < 1 || layer0 >= c.layers) return {};
+  const std::string name = fmt::format("{}model.layers.{}.block_sparse_moe.gate.e_score_correction_bias", kP, layer0);
+  return zipf_share(name_key(c.seed, name), c.experts, c.top_k, c.router_zipf);
 }
 
 std::vector<TensorInfo> tensor_list(const Config& c) {

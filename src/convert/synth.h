@@ -40,6 +40,14 @@ struct Config {
   // activations have a few outlier input channels as trained LLMs do. 0 = off (the default output).
   int64_t outlier_channels = 0;
   float outlier_scale = 1.0f;
+  // The router's selection bias (e_score_correction_bias), --router: < 0 = "spread" (the default: evenly
+  // spaced values 0.1 apart in a random order, which dominate the sigmoid scores, so nearly every token picks
+  // the same experts); >= 0 = "zipf:S": expert popularity of Zipf exponent S per MoE layer (the expert of
+  // popularity rank r, 1-based, in a per-layer random order, is picked by a share of the tokens
+  // p_r = min(1, c / r^S), c such that the p_r sum to top_k), realised as a bias under which a router logit
+  // of N(0, 1) per token and expert (what the synthetic router gives for RMS-normed inputs) picks expert e
+  // with probability p_e; the choices then vary from token to token. Only the bias tensors change.
+  double router_zipf = -1;
 
   bool is_mla(int64_t layer0) const;  // 0-based layer index
   int64_t conv_kernel() const { return 4; }
@@ -58,6 +66,13 @@ void set_experts(Config& c, int64_t n);
 void set_outlier_channels(Config& c, const std::string& spec);
 // The outlier channel indices (ascending) for a norm of width n, as chosen for this config (empty when off).
 std::vector<int64_t> outlier_channel_indices(const Config& c, int64_t n);
+// --router spread|zipf|zipf:S (S a number in [0, 4], default 1); throws kimi::Error for anything else.
+void set_router(Config& c, const std::string& spec);
+// --experts-used N: N experts per token (1 <= N <= experts).
+void set_experts_used(Config& c, int64_t n);
+// With --router zipf: the share of tokens that picks each expert of MoE layer `layer0` (0-based), by expert
+// id (sums to top_k), as the bias is designed for; empty with the spread router or for a dense layer.
+std::vector<double> router_pick_share(const Config& c, int64_t layer0);
 
 struct TensorInfo {
   std::string name;

@@ -5,7 +5,9 @@
 #include <cmath>
 #include <random>
 
+#include "server/api_responses.h"
 #include "server/grammar.h"
+#include "server/tool_grammar.h"
 #include "util/error.h"
 #include "util/json.h"
 
@@ -448,12 +450,19 @@ ParsedRequest parse_chat_request(const std::string& body_text, const tok::Tokeni
   }
   // the effort goes to the template, which refuses what the K3 template refuses, with its message
   const char* effort_key = nullptr;
-  for (const char* k : {"thinking_effort", "reasoning_effort"}) {
-    const ojson* e = field(b, k);
-    if (!e) continue;
+  if (const ojson* e = field(b, "thinking_effort")) {
     req["thinking_effort"] = *e;
-    effort_key = k;
-    break;
+    effort_key = "thinking_effort";
+  } else if (const ojson* oe = field(b, "reasoning_effort")) {
+    // OpenAI's efforts through the map of api_responses.h (none: thinking off; xhigh: max)
+    ojson m = ojson::object();
+    const bool known = oe->is_string() && (*oe == "max" || map_reasoning_effort(oe->get<std::string>(), m));
+    if (!known)
+      bad("reasoning_effort", fmt::format("'reasoning_effort' is {}; expected one of none, minimal, low, medium, high, "
+                                          "xhigh (or thinking_effort: low, medium, high, max)", oe->dump()));
+    if (*oe == "max") m["thinking_effort"] = "max";
+    if (m.contains("thinking_effort")) req["thinking_effort"] = m["thinking_effort"];
+    if (m.contains("thinking") && !m["thinking"].get<bool>()) req["thinking"] = thinking = false;
   }
   try {
     r.rendered = tok::render_chat_request(req);
@@ -466,6 +475,9 @@ ParsedRequest parse_chat_request(const std::string& body_text, const tok::Tokeni
   r.gen.chat = true;
   r.gen.start_in_think = thinking;
   common_params(b, r, lim, true);
+  // tool calls held to the tools' grammar (tool_grammar.h): required / named / auto / none
+  set_tool_constraint(r.gen, req.contains("tools") ? req["tools"] : ojson(),
+                      field(b, "tool_choice") ? *field(b, "tool_choice") : ojson(), thinking);
   return r;
 }
 

@@ -9,6 +9,8 @@
 #include <thread>
 
 #include "server/api.h"
+#include "server/api_anthropic.h"
+#include "server/api_responses.h"
 #include "server/httpd.h"
 #include "server/server.h"
 #include "server/web_ui.h"
@@ -65,7 +67,8 @@ std::string bearer_token(const std::string* h) {
 }
 
 const char* const kKnownPaths[] = {"/health", "/metrics", "/v1/models", "/v1/chat/completions", "/v1/completions",
-                                   "/tokenize", "/detokenize", "/props", "/slots"};
+                                   "/tokenize", "/detokenize", "/props", "/slots", "/v1/messages",
+                                   "/v1/messages/count_tokens", "/v1/responses"};
 
 bool is_embeddings(const std::string& p) {
   return p == "/v1/embeddings" || p == "/embeddings" || p == "/embedding" || p == "/v1/embedding";
@@ -108,6 +111,7 @@ struct Server::Impl {
   httpd::Reply tokenize(const httpd::Request& req) const;
   httpd::Reply detokenize(const httpd::Request& req) const;
   void generate(const httpd::Request& req, httpd::Responder& res, bool chat);
+  Endpoint endpoint(const httpd::Request& req);  // for the agent APIs (api_anthropic, api_responses)
   std::vector<Job::Result> stream(const std::vector<std::shared_ptr<Job>>& jobs, httpd::Responder& res, bool chat,
                                   bool include_usage, const std::string& id, bool logprobs);
   void log_generation(const httpd::Request& req, const std::string& id, const std::vector<Job::Result>& rs,
@@ -147,7 +151,11 @@ Server::Server(const ServerOptions& opts) : impl_(std::make_unique<Impl>()) {
   h.error_reply = [](int status, const std::string& msg) { return error_reply(status, msg); };
   I.http = std::make_unique<httpd::HttpServer>(
       h, [&I](const httpd::Request& rq, httpd::Responder& rs) { I.handle(rq, rs); },
-      [&I](const httpd::Request& rq, bool free, bool draining, httpd::Reply& out) { return I.quick(rq, free, draining, out); },
+      [&I](const httpd::Request& rq, bool free, bool draining, httpd::Reply& out) {
+        const bool answered = I.quick(rq, free, draining, out);
+        if (answered) anthropic_reshape_error(rq, out);  // /v1/messages: errors in Anthropic's shape
+        return answered;
+      },
       [&I](const httpd::Request& rq, int status) { I.log(rq, status); });
   if (!opts.load_in_background) I.load();
 }
@@ -260,10 +268,13 @@ bool Server::Impl::quick(const httpd::Request& req, bool workers_free, bool drai
     out.headers.emplace_back("Cache-Control", "no-cache");
     return true;
   }
+  // the key as `Authorization: Bearer KEY` or as Anthropic's `x-api-key: KEY`
+  const std::string* x_api_key = req.header("x-api-key");
   if (!o.api_key.empty() && req.path != "/health" &&
-      !constant_time_equal(bearer_token(req.header("authorization")), o.api_key)) {
-    out = error_reply(401, "invalid or missing API key (Authorization: Bearer KEY)", "authentication_error", "",
-                      "invalid_api_key");
+      !constant_time_equal(bearer_token(req.header("authorization")), o.api_key) &&
+      !(x_api_key && constant_time_equal(*x_api_key, o.api_key))) {
+    out = error_reply(401, "invalid or missing API key (Authorization: Bearer KEY or x-api-key: KEY)",
+                      "authentication_error", "", "invalid_api_key");
     return true;
   }
   const bool get = req.method == "GET";
@@ -308,7 +319,8 @@ bool Server::Impl::quick(const httpd::Request& req, bool workers_free, bool drai
     return true;
   }
   if (req.path == "/v1/chat/completions" || req.path == "/v1/completions" || req.path == "/tokenize" ||
-      req.path == "/detokenize") {
+      req.path == "/detokenize" || req.path == "/v1/messages" || req.path == "/v1/messages/count_tokens" ||
+      req.path == "/v1/responses") {
     if (!post) return wrong_method("POST");
     if (draining || stopping.load()) {
       out = error_reply(503, "server is shutting down", "server_unavailable_error");
@@ -410,6 +422,9 @@ void Server::Impl::handle(const httpd::Request& req, httpd::Responder& res) {
     if (req.path == "/v1/chat/completions") return generate(req, res, true);
     if (req.path == "/v1/completions") return generate(req, res, false);
     if (req.path == "/tokenize") return void(res.send(tokenize(req)));
+    if (req.path == "/v1/messages") return anthropic_messages(endpoint(req), req, res);
+    if (req.path == "/v1/messages/count_tokens") return anthropic_count_tokens(endpoint(req), req, res);
+    if (req.path == "/v1/responses") return openai_responses(endpoint(req), req, res);
     if (req.path == "/detokenize") return void(res.send(detokenize(req)));
     res.send(error_reply(404, "no such endpoint: " + req.method + " " + req.path));
   } catch (const ApiError& e) {
@@ -538,6 +553,27 @@ void Server::Impl::generate(const httpd::Request& req, httpd::Responder& res, bo
     log_generation(req, id, results, std::chrono::duration<double>(Clock::now() - t0).count());
     res.send(json_reply(j));
   }
+}
+
+Endpoint Server::Impl::endpoint(const httpd::Request& req) {
+  const auto t0 = Clock::now();
+  return Endpoint{*tok, lim, o.model_id,
+                  [this](ParsedRequest& pr) {
+                    if (stopping.load()) throw ApiError(503, "server is shutting down", "server_unavailable_error");
+                    auto job = std::make_shared<Job>(std::move(pr.prompt), pr.gen);
+                    if (!sched->submit(job)) {
+                      if (sched->shutting_down()) throw ApiError(503, "server is shutting down", "server_unavailable_error");
+                      throw ApiError(503, fmt::format("server is busy: the request queue is full ({} waiting)",
+                                                      sched->options().queue_limit),
+                                     "server_unavailable_error", "", "queue_full");
+                    }
+                    return job;
+                  },
+                  [this](const char* prefix) { return new_id(prefix); },
+                  [this, &req, t0](const std::string& id, const Job::Result& r) {
+                    record_ttft(r);
+                    log_generation(req, id, {r}, std::chrono::duration<double>(Clock::now() - t0).count());
+                  }};
 }
 
 // One line per generation request on stderr: prompt and generation speed (as llama-server logs).

@@ -1,6 +1,7 @@
 #include "server/scheduler.h"
 
 #include "server/api.h"
+#include "server/tool_grammar.h"
 
 #include <algorithm>
 #include <cmath>
@@ -89,6 +90,8 @@ Scheduler::Scheduler(const Model& model, const tok::Tokenizer& tok, const Contex
     const std::string& p = tok_.token_to_piece(id);
     drop_special_[static_cast<size_t>(id)] = p != "<|open|>" && p != "<|close|>" && p != "<|sep|>" && p != "<|end_of_msg|>";
     if (p == "<|close|>") close_id_ = id;
+    if (p == "<|open|>") open_id_ = id;
+    if (p == "<|sep|>") sep_id_ = id;
     if (p == "<|end_of_msg|>") eom_id_ = id;
   }
   if (const char* e = std::getenv("KIMI_GRAMMAR_FULL_SCAN")) grammar_full_scan_ = std::string(e) == "1";
@@ -350,6 +353,11 @@ void Scheduler::start(Active& a) {
     a.constrained = !gp.chat || !gp.start_in_think;  // thinking: once the response channel opens
     a.masked.assign(static_cast<size_t>(ctx_->n_vocab()), 0.0f);
   }
+  if (gp.tool_grammar) {
+    a.tool_matcher.emplace(gp.tool_grammar);
+    a.tool_on = gp.tool_trigger.empty();
+    a.masked.assign(static_cast<size_t>(ctx_->n_vocab()), 0.0f);
+  }
   {
     Job::Result r;  // record prompt/cached counts early (visible in the final result)
     std::lock_guard<std::mutex> lk(a.job->mu_);
@@ -502,7 +510,7 @@ void Scheduler::step() {
   for (Active* a : gen_now) {
     if (a->done) continue;
     const float* lg = ctx_->logits(static_cast<size_t>(a->logit_idx));
-    const int32_t t = a->constrained ? sample_constrained(*a, lg) : a->sampler->sample(lg);
+    const int32_t t = a->constrained || tool_active(*a) ? sample_constrained(*a, lg) : a->sampler->sample(lg);
     a->sampler->accept(t);
     ++generated;
     {
@@ -541,11 +549,29 @@ void Scheduler::emit(Active& a, const std::string& text) {
 // the end of the answer (an end-of-generation token, or <|close|> in chat) only when the sentence
 // is complete; other special tokens never.
 bool Scheduler::grammar_allows(const Active& a, int32_t t) const {
+  if (tool_active(a)) return tool_allows(a, t);
   const bool end = tok_.is_eog(t) || t == model_.hparams().eos_id || (a.job->params().chat && t == close_id_);
   if (end) return a.matcher->can_end();
   if (t < 0 || t >= tok_.n_vocab() || tok_.is_special(t)) return false;
   const std::string& piece = tok_.token_to_piece(t);
   return !piece.empty() && a.matcher->accepts_bytes(piece);
+}
+
+// Could the bytes of a text token make (part of) the code points that stand for the structural
+// tokens in a tool grammar (U+E000.., UTF-8 EE 80 xx, also split over two tokens)?
+static bool marker_bytes(const std::string& piece) {
+  return piece.find("\xEE\x80") != std::string::npos || (!piece.empty() && piece.back() == '\xEE');
+}
+
+// The tool grammar: the structural tokens as their code points, the end of the answer where the
+// grammar is complete, no other special token, and text tokens by their bytes.
+bool Scheduler::tool_allows(const Active& a, int32_t t) const {
+  if (tok_.is_eog(t) || t == model_.hparams().eos_id) return a.tool_matcher->can_end();
+  if (t >= 0 && (t == open_id_ || t == close_id_ || t == sep_id_))
+    return a.tool_matcher->accepts_bytes(t == open_id_ ? kToolOpen : t == close_id_ ? kToolClose : kToolSep);
+  if (t < 0 || t >= tok_.n_vocab() || tok_.is_special(t)) return false;
+  const std::string& piece = tok_.token_to_piece(t);
+  return !piece.empty() && !marker_bytes(piece) && a.tool_matcher->accepts_bytes(piece);
 }
 
 void Scheduler::build_trie() {
@@ -556,6 +582,7 @@ void Scheduler::build_trie() {
                       t != close_id_ && !tok_.token_to_piece(t).empty();
     if (text) pieces[static_cast<size_t>(t)] = tok_.token_to_piece(t);
     else trie_others_.push_back(t);
+    if (text && marker_bytes(pieces[static_cast<size_t>(t)])) marker_text_.push_back(t);
   }
   trie_ = std::make_unique<grammar::TokenTrie>(pieces);
 }
@@ -572,7 +599,12 @@ int32_t Scheduler::sample_constrained(Active& a, const float* logits) {
     for (int32_t i = 0; i < nv; ++i) allowed_[static_cast<size_t>(i)] = grammar_allows(a, i);
   } else {
     if (!trie_) build_trie();
-    a.matcher->allowed_tokens(*trie_, allowed_);
+    if (tool_active(a)) {
+      a.tool_matcher->allowed_tokens(*trie_, allowed_);
+      for (int32_t t : marker_text_) allowed_[static_cast<size_t>(t)] = 0;  // bytes of a structural code point
+    } else {
+      a.matcher->allowed_tokens(*trie_, allowed_);
+    }
     for (int32_t t : trie_others_) allowed_[static_cast<size_t>(t)] = grammar_allows(a, t);
   }
   int32_t best = -1;
@@ -617,6 +649,21 @@ void Scheduler::on_token(Active& a, int32_t t, const float* logits) {
     a.job->result_.ttft_s = std::chrono::duration<double>(a.t_first - a.job->t_submit_).count();
   }
   const GenParams& gp = a.job->params();
+  if (a.tool_matcher && !a.constrained) {
+    if (a.tool_on) {
+      if (t < 0) return finish(a, "stop");  // the tool grammar allows nothing more
+      if (t == open_id_ || t == close_id_ || t == sep_id_)
+        a.tool_matcher->advance_bytes(t == open_id_ ? kToolOpen : t == close_id_ ? kToolClose : kToolSep);
+      else if (t < tok_.n_vocab() && !tok_.is_special(t))
+        a.tool_matcher->advance_bytes(tok_.token_to_piece(t));
+    } else if (t >= 0 && t < tok_.n_vocab()) {  // auto: watch for the tools section
+      a.tool_tail += tok_.token_to_piece(t);
+      const std::string& trig = gp.tool_trigger;
+      if (a.tool_tail.size() >= trig.size() && a.tool_tail.compare(a.tool_tail.size() - trig.size(), trig.size(), trig) == 0)
+        a.tool_on = true;
+      if (a.tool_tail.size() > 64) a.tool_tail.erase(0, a.tool_tail.size() - 32);
+    }
+  }
   if (a.matcher) {
     if (t < 0) return finish(a, "stop");  // the grammar allows nothing more
     if (a.constrained) {
@@ -641,7 +688,10 @@ void Scheduler::on_token(Active& a, int32_t t, const float* logits) {
   const auto& stops = gp.stop;
   if (!stops.empty()) {
     size_t cut = std::string::npos;
-    for (const auto& s : stops) cut = std::min(cut, a.hold.find(s));
+    for (const auto& s : stops) {
+      const size_t at = a.hold.find(s);
+      if (at < cut) cut = at, a.stop_hit = s;
+    }
     if (cut != std::string::npos) {
       a.hold.resize(cut);
       emit(a, a.hold);
@@ -661,6 +711,7 @@ void Scheduler::on_token(Active& a, int32_t t, const float* logits) {
   }
   if (a.parser && a.parser->message().done) return finish(a, "stop");
   if (a.constrained && !a.matcher->can_continue()) return finish(a, "stop");  // the sentence is complete
+  if (tool_active(a) && !a.tool_matcher->can_continue()) return finish(a, "stop");
   if (a.n_gen >= gp.max_tokens) return finish(a, "length");
   if (static_cast<int>(seqs_[static_cast<size_t>(a.seq)].toks.size()) + 1 >= n_ctx_) return finish(a, "length");
   a.pending = t;
@@ -687,6 +738,7 @@ void Scheduler::finish(Active& a, const std::string& reason, int status, const s
   if (reason == "stop" && a.parser && !a.parser->message().tool_calls.empty()) r.finish_reason = "tool_calls";
   r.http_status = status;
   r.error = err;
+  r.stop_string = a.stop_hit;
   r.n_prompt = static_cast<int>(a.job->prompt().size());
   {
     std::lock_guard<std::mutex> lk(a.job->mu_);

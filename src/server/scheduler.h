@@ -52,6 +52,13 @@ struct GenParams {
   // whole output of a completion; in chat the response channel only (thinking and tool calls are
   // free), which ends as soon as the grammar is complete and the model closes it.
   std::shared_ptr<const grammar::Grammar> grammar;
+  // Enforced tool calls (tool_grammar.h): the output is held to this grammar, in which the
+  // structural special tokens <|open|>, <|close|>, <|sep|> are the code points U+E000..U+E002; from
+  // the first token when tool_trigger is empty, else once the raw output ends with tool_trigger
+  // (the lazy constraint of tool_choice auto). While `grammar` constrains the response channel,
+  // it has precedence (that answer ends with the response).
+  std::shared_ptr<const grammar::Grammar> tool_grammar;
+  std::string tool_trigger;
   Clock::time_point deadline = Clock::time_point::max();
 };
 
@@ -95,6 +102,7 @@ class Job {
     std::string finish_reason;  // stop | length | tool_calls | cancelled | timeout | error
     int http_status = 200;      // for errors
     std::string error;
+    std::string stop_string;    // the stop string that ended the output ("": none)
     int n_prompt = 0, n_cached = 0, n_generated = 0;
     double ttft_s = -1;         // enqueue -> first generated token
     double total_s = 0;
@@ -201,6 +209,7 @@ class Scheduler {
     std::optional<tok::Detokenizer> detok;
     std::optional<tok::ChatParser> parser;
     std::string hold;           // text held back while it may start a stop string
+    std::string stop_hit;       // the stop string that was found (Result::stop_string)
     bool done = false;
     Clock::time_point t_admit, t_first;
     std::vector<TokenLogprob> lp_pending;  // records of tokens whose text is held back
@@ -208,6 +217,9 @@ class Scheduler {
     bool constrained = false;   // the grammar applies to the next token (chat: in the response)
     std::string raw_tail;       // chat + grammar: the end of the raw output (finds the response tag)
     std::vector<float> masked;  // logits with the tokens the grammar forbids at -inf (n_vocab)
+    std::optional<grammar::Matcher> tool_matcher;  // GenParams::tool_grammar
+    bool tool_on = false;       // the tool grammar applies to the next token
+    std::string tool_tail;      // the end of the raw output (finds GenParams::tool_trigger)
   };
 
   void loop();
@@ -216,6 +228,8 @@ class Scheduler {
   void on_token(Active& a, int32_t t, const float* logits);
   int32_t sample_constrained(Active& a, const float* logits);
   bool grammar_allows(const Active& a, int32_t t) const;
+  bool tool_allows(const Active& a, int32_t t) const;  // GenParams::tool_grammar
+  bool tool_active(const Active& a) const { return a.tool_on && !a.constrained; }
   void build_trie();
   void emit(Active& a, const std::string& text);
   void update_slots();  // slot_info_ from seqs_ / active_ (under mu_)
@@ -239,6 +253,8 @@ class Scheduler {
   std::unique_ptr<PromptCache> cache_;  // the prompt-cache store (nullptr: none)
   int32_t eom_id_ = -1;                 // <|end_of_msg|>: message boundaries are right after it
   int32_t close_id_ = -1;              // <|close|>: ends the constrained response channel
+  int32_t open_id_ = -1, sep_id_ = -1;  // <|open|>, <|sep|> (tool grammars: U+E000, U+E002)
+  std::vector<int32_t> marker_text_;   // text tokens whose bytes hold U+E000..U+E003 (never in a tool call)
   std::vector<uint8_t> drop_special_;  // per token id: special, not structural (chat output skips it)
   // constrained sampling (sample_constrained): the text tokens as a trie, built at the first use;
   // the other ids (special, end of the answer, no text) are checked one by one

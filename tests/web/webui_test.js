@@ -421,6 +421,50 @@ async function main() {
                       "<script>window.__pwned=2</script> and a bad link.", "recorded: raw HTML shown as text");
   console.log("recorded stream: thinking block, code block, list, link, table, tool call and speed line render as such");
 
+  // the renderer on its own: CommonMark cases as outlines written by hand, and for every prefix of
+  // each text the incremental rendering equals a whole rendering (so a stream may stop anywhere)
+  const MD_CASES = [
+    ["1. one\n2. two\n\n3. three loose\n\nafter list\n\n- a\n  - b\n\n    more b\n- c\n\n> quote\ncontinued\n\n> second\n\n" +
+     "Title\n=====\n\nSub\n---\n\n***\n\n```js\nconst x = `a\n\nb`;\n```\n\n~~~\nnot closed",
+     "ol(li(p) li(p) li(p)) p ul(li(ul(li(p p))) li) blockquote(p(br)) blockquote(p) h1 h2 hr code:js code:text!"],
+    ["text with *em and **strong** inside* and __under__ and a_b_c and ***both*** here\n\n| a | b |\n|:-:|--|\n| `x|y` | \\| |\n\n" +
+     "- [ ] todo\n- [x] done\n\n  ```py\n  print(1)\n  ```\n\nhttps://example.com/a_(b). and <https://x.y/z> and [t](</a b>) and " +
+     "![i](https://x/i.png)\n",
+     "p(em(strong) strong strong(em)) table(thead(tr(th th)) tbody(tr(td(code) td))) ul(li(input p) li(input p code:py)) p(a a a)"],
+    ["# H\n\n    indented\n\n1) paren\n2) list\n\n10. ten\n11. eleven\n\n* star\n+ plus\n\n&amp; &lt;tag&gt; \\*not em\\*\nline two  \nline three",
+     "h1 p ol(li li) ol[10](li li) ul(li) ul(li) p(br br)"],
+  ];
+  const mdResults = await page.evaluate((cases) => {
+    const outline = (e) => Array.from(e.children).map((c) => {
+      if (c.classList.contains("code-block")) return "code:" + c.querySelector(".code-lang").textContent + (c.dataset.open ? "!" : "");
+      if (c.classList.contains("table-wrap")) return outline(c);
+      const name = c.tagName.toLowerCase() + (c.getAttribute("start") ? `[${c.getAttribute("start")}]` : "");
+      const inner = outline(c);
+      return inner ? `${name}(${inner})` : name;
+    }).join(" ");
+    return cases.map(([text]) => {
+      const full = document.createElement("div");
+      MD.render(text, full);
+      const inc = document.createElement("div");
+      const st = new MD.Stream(inc);
+      let prefixesDiffer = 0;
+      for (let i = 1; i <= text.length; i++) {
+        st.update(text.slice(0, i));
+        const ref = document.createElement("div");
+        MD.render(text.slice(0, i), ref);
+        if (ref.innerHTML !== inc.innerHTML) prefixesDiffer++;
+      }
+      return { outline: outline(full), prefixesDiffer, links: Array.from(full.querySelectorAll("a")).map((a) => a.getAttribute("href")),
+               text: full.textContent };
+    });
+  }, MD_CASES);
+  MD_CASES.forEach(([, want], k) => {
+    eq(mdResults[k].outline, want, `Markdown case ${k + 1}`);
+    eq(mdResults[k].prefixesDiffer, 0, `Markdown case ${k + 1}: prefixes where incremental != whole rendering`);
+  });
+  eq(mdResults[1].links, ["https://example.com/a_(b)", "https://x.y/z", "https://x/i.png"], "Markdown case 2: links");
+  check(mdResults[2].text.endsWith("& <tag> *not em*line twoline three"), "Markdown case 3: entities and escapes: " + mdResults[2].text);
+
   // 4) Stop: a long real generation in a new chat, stopped after the first streamed text; the
   //    request must end (the page says stopped, the server's slot is idle again, Send is back)
   //    (the tiny model may sample an end of turn at any point: the request gets a GBNF grammar added
@@ -485,6 +529,16 @@ async function main() {
   eq((await page.$$eval("#log .thinking-text", (l) => l.map((e) => e.textContent)))[0], refReasoning, "switched: reasoning");
   const c1After = await lastAssistant();
   eq(c1After.stats, shown2.stats, "switched: speed line kept");
+
+  // Retry: the last reply again, from the same history
+  const nReq = chatBodies.length;
+  await page.click("#log .msg.assistant:last-of-type .msg-regen");
+  await waitState("done");
+  check(chatBodies.length === nReq + 1, "Retry sends one request");
+  eq(chatBodies[nReq].messages, sent2.messages, "Retry: the same history as the reply it replaces");
+  const afterRetry = (await stored()).convs.find((c) => c.id === c1Id).messages;
+  eq([afterRetry.length, await page.$$eval("#log .msg", (l) => l.length)], [4, 4], "Retry replaces the last reply");
+  check(afterRetry[3].id !== conv2.messages[3].id, "Retry: a new reply");
 
   // rename (inline) and delete (two clicks) in the list
   await page.hover(`#conv-list .conv[data-id="${recId}"]`);  // the buttons show on hover (always at a phone's width)

@@ -1,0 +1,40 @@
+#include "server/api_endpoint.h"
+
+#include <chrono>
+
+#include "util/json.h"
+
+namespace kimi::server {
+
+int64_t unix_seconds() {
+  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+std::string wire_json(const ojson& j) { return j.dump(-1, ' ', false, ojson::error_handler_t::replace); }
+
+std::string sse_event(const std::string& type, const ojson& data) {
+  return "event: " + type + "\ndata: " + wire_json(data) + "\n\n";
+}
+
+int64_t clamp_output_tokens(int64_t asked, const Limits& lim) {
+  const int64_t cap = lim.max_tokens > 0 ? lim.max_tokens : lim.n_ctx;
+  return std::max<int64_t>(1, std::min(asked, cap));
+}
+
+JobOutput wait_whole(Job& job, httpd::Responder& res) {
+  JobOutput out;
+  int polls = 0;
+  while (!job.wait(out, std::chrono::milliseconds(50)))
+    if (++polls % 2 == 0 && res.peer_closed()) job.cancel();
+  return out;
+}
+
+ojson tool_call_input(const tok::ParsedToolCall& c) {
+  if (!c.raw_json.empty()) {
+    const ojson v = try_parse_json<ojson>(c.raw_json);
+    if (!v.is_discarded() && v.is_object()) return v;
+  }
+  return c.arguments.is_object() ? c.arguments : ojson::object();
+}
+
+}  // namespace kimi::server

@@ -1,0 +1,567 @@
+// `kimi serve`: the APIs coding agents speak — Anthropic Messages (/v1/messages, count_tokens) and
+// OpenAI Responses (/v1/responses) — checked against the chat endpoint (the same request in chat
+// form must give the same prompt tokens and, greedy, the same text), their streams against their
+// whole answers, bad input against 400s that name the field, and enforced tool calls (a required or
+// named tool on the random-weight model: a call of that tool whose arguments fit the schema).
+// The official SDKs and the agent CLIs are tested by tests/agents/ (node).
+#include <gtest/gtest.h>
+
+#include "server_fixture.h"
+#include "server/tool_grammar.h"
+#include "tokenizer/chat.h"
+#include "util/json.h"
+
+using namespace kimi;
+using namespace kimi::test;
+
+namespace {
+
+server::ServerOptions agent_opts() {
+  server::ServerOptions o = server_opts();
+  o.sched.parallel = 2;
+  return o;
+}
+
+RunningServer& srv() {
+  static RunningServer s(agent_opts());
+  return s;
+}
+
+const ojson kUser = ojson::array({{{"role", "user"}, {"content", "Hello, who are you?"}}});
+
+// The events of a named-event SSE body: (event name, data JSON).
+std::vector<std::pair<std::string, ojson>> named_events(const std::string& body) {
+  std::vector<std::pair<std::string, ojson>> ev;
+  std::string name;
+  size_t p = 0;
+  while (p < body.size()) {
+    size_t e = body.find('\n', p);
+    if (e == std::string::npos) e = body.size();
+    const std::string line = body.substr(p, e - p);
+    p = e + 1;
+    if (line.rfind("event: ", 0) == 0) name = line.substr(7);
+    if (line.rfind("data: ", 0) == 0) ev.emplace_back(name, ojson::parse(line.substr(6)));
+  }
+  return ev;
+}
+
+// Greedy chat completion of the same conversation (the reference of the other APIs).
+ojson chat_greedy(const ojson& messages, int max_tokens, bool thinking, const ojson& extra = ojson::object()) {
+  ojson body = {{"messages", messages}, {"max_tokens", max_tokens}, {"temperature", 0}, {"thinking", thinking}};
+  for (auto it = extra.begin(); it != extra.end(); ++it) body[it.key()] = it.value();
+  int st = 0;
+  ojson r = srv().post("/v1/chat/completions", body, &st);
+  EXPECT_EQ(st, 200) << r.dump();
+  return r;
+}
+
+void expect_anthropic_error(const ojson& r, int status, int want_status, const std::string& names) {
+  EXPECT_EQ(status, want_status) << r.dump();
+  ASSERT_TRUE(r.is_object()) << r.dump();
+  EXPECT_EQ(r.value("type", ""), "error") << r.dump();
+  ASSERT_TRUE(r.contains("error")) << r.dump();
+  EXPECT_EQ(r["error"]["type"], want_status == 400 ? "invalid_request_error" : r["error"]["type"]);
+  EXPECT_NE(r["error"]["message"].get<std::string>().find(names), std::string::npos) << r.dump();
+}
+
+}  // namespace
+
+// ------------------------------------------------------------------------------------------------
+// Anthropic Messages
+
+TEST(ServerAgents, AnthropicMessageEqualsChatGreedy) {
+  const ojson ref = chat_greedy(kUser, 12, false);
+  int st = 0;
+  const ojson r = srv().post("/v1/messages?beta=true",
+                             ojson{{"model", "m"}, {"max_tokens", 12}, {"temperature", 0}, {"messages", kUser},
+                                   {"metadata", {{"user_id", "u1"}}}, {"context_management", {{"edits", ojson::array()}}}},
+                             &st);
+  ASSERT_EQ(st, 200) << r.dump();
+  EXPECT_EQ(r["type"], "message");
+  EXPECT_EQ(r["role"], "assistant");
+  EXPECT_EQ(r["id"].get<std::string>().rfind("msg_", 0), 0u);
+  std::string text;
+  for (const auto& b : r["content"])
+    if (b["type"] == "text") text += b["text"].get<std::string>();
+  EXPECT_EQ(text, ref["choices"][0]["message"]["content"].get<std::string>());
+  const std::string fr = ref["choices"][0]["finish_reason"];
+  EXPECT_EQ(r["stop_reason"], fr == "length" ? "max_tokens" : "end_turn");
+  // usage: input = prompt - cache reads, the same prompt tokens as the chat request's
+  const int prompt = ref["usage"]["prompt_tokens"];
+  EXPECT_EQ(r["usage"]["input_tokens"].get<int>() + r["usage"]["cache_read_input_tokens"].get<int>(), prompt);
+  EXPECT_EQ(r["usage"]["output_tokens"], ref["usage"]["completion_tokens"]);
+  // count_tokens: the same prompt size
+  const ojson ct = srv().post("/v1/messages/count_tokens", ojson{{"model", "m"}, {"messages", kUser}}, &st);
+  ASSERT_EQ(st, 200) << ct.dump();
+  EXPECT_EQ(ct["input_tokens"], prompt);
+}
+
+TEST(ServerAgents, AnthropicSystemThinkingAndHistoryRenderAsChat) {
+  // system blocks, thinking on, an earlier turn with thinking + a tool call and its result
+  const ojson tools = ojson::array({{{"name", "get_weather"}, {"description", "weather"},
+                                     {"input_schema", {{"type", "object"}, {"properties", {{"city", {{"type", "string"}}}}}}}}});
+  const ojson amsgs = ojson::array(
+      {{{"role", "user"}, {"content", "Weather in Paris?"}},
+       {{"role", "assistant"},
+        {"content", ojson::array({{{"type", "thinking"}, {"thinking", "Call the tool."}, {"signature", "x"}},
+                                  {{"type", "text"}, {"text", "Let me check."}},
+                                  {{"type", "tool_use"}, {"id", "toolu_1"}, {"name", "get_weather"}, {"input", {{"city", "Paris"}}}}})}},
+       {{"role", "user"},
+        {"content", ojson::array({{{"type", "tool_result"}, {"tool_use_id", "toolu_1"}, {"content", "sunny"}},
+                                  {{"type", "text"}, {"text", "Thanks"}}})}}});
+  const ojson system = ojson::array({{{"type", "text"}, {"text", "You are K."}, {"cache_control", {{"type", "ephemeral"}}}},
+                                     {{"type", "text"}, {"text", "Be brief."}}});
+  int st = 0;
+  const ojson ct = srv().post("/v1/messages/count_tokens",
+                              ojson{{"model", "m"}, {"system", system}, {"messages", amsgs}, {"tools", tools},
+                                    {"thinking", {{"type", "enabled"}, {"budget_tokens", 4096}}}},
+                              &st);
+  ASSERT_EQ(st, 200) << ct.dump();
+  // the same conversation in chat form
+  const ojson cmsgs = ojson::array(
+      {{{"role", "system"}, {"content", "You are K.\nBe brief."}},
+       {{"role", "user"}, {"content", "Weather in Paris?"}},
+       {{"role", "assistant"}, {"content", "Let me check."}, {"reasoning_content", "Call the tool."},
+        {"tool_calls", ojson::array({{{"id", "toolu_1"}, {"type", "function"},
+                                      {"function", {{"name", "get_weather"}, {"arguments", {{"city", "Paris"}}}}}}})}},
+       {{"role", "tool"}, {"tool_call_id", "toolu_1"}, {"content", "sunny"}},
+       {{"role", "user"}, {"content", "Thanks"}}});
+  const ojson ctools = ojson::array({{{"type", "function"}, {"function", {{"name", "get_weather"}, {"description", "weather"},
+                                      {"parameters", tools[0]["input_schema"]}}}}});
+  const ojson ref = chat_greedy(cmsgs, 1, true, {{"tools", ctools}, {"thinking_effort", "medium"}});
+  EXPECT_EQ(ct["input_tokens"], ref["usage"]["prompt_tokens"]);
+}
+
+TEST(ServerAgents, AnthropicStreamEqualsWhole) {
+  const ojson body = {{"model", "m"}, {"max_tokens", 16}, {"temperature", 0}, {"messages", kUser},
+                      {"thinking", {{"type", "adaptive"}}}, {"output_config", {{"effort", "low"}}}};
+  int st = 0;
+  const ojson whole = srv().post("/v1/messages", body, &st);
+  ASSERT_EQ(st, 200) << whole.dump();
+  ojson sb = body;
+  sb["stream"] = true;
+  const auto ev = named_events(srv().post_stream("/v1/messages", sb));
+  ASSERT_GE(ev.size(), 3u);
+  EXPECT_EQ(ev.front().first, "message_start");
+  EXPECT_EQ(ev.back().first, "message_stop");
+  std::string thinking, text;
+  int open = -1;
+  ojson delta;
+  for (const auto& [name, d] : ev) {
+    EXPECT_EQ(d["type"], name);  // the event line names the data's type
+    if (name == "content_block_start") {
+      EXPECT_EQ(open, -1);
+      open = d["index"];
+    } else if (name == "content_block_stop") {
+      EXPECT_EQ(d["index"], open);
+      open = -1;
+    } else if (name == "content_block_delta") {
+      EXPECT_EQ(d["index"], open);
+      if (d["delta"]["type"] == "thinking_delta") thinking += d["delta"]["thinking"].get<std::string>();
+      if (d["delta"]["type"] == "text_delta") text += d["delta"]["text"].get<std::string>();
+    } else if (name == "message_delta") {
+      delta = d;
+    }
+  }
+  std::string w_thinking, w_text;
+  for (const auto& b : whole["content"]) {
+    if (b["type"] == "thinking") w_thinking += b["thinking"].get<std::string>();
+    if (b["type"] == "text") w_text += b["text"].get<std::string>();
+  }
+  EXPECT_EQ(thinking, w_thinking);
+  EXPECT_EQ(text, w_text);
+  EXPECT_FALSE(thinking.empty());  // thinking on: the prompt ends in the think channel
+  EXPECT_EQ(delta["delta"]["stop_reason"], whole["stop_reason"]);
+  EXPECT_EQ(delta["usage"]["output_tokens"], whole["usage"]["output_tokens"]);
+}
+
+TEST(ServerAgents, AnthropicStopSequence) {
+  const ojson body = {{"model", "m"}, {"max_tokens", 24}, {"temperature", 0}, {"messages", kUser}};
+  int st = 0;
+  const ojson whole = srv().post("/v1/messages", body, &st);
+  ASSERT_EQ(st, 200);
+  const std::string text = whole["content"][0]["text"];
+  ASSERT_GE(text.size(), 6u) << "the greedy answer is too short to cut: " << text;
+  // a stop string from the middle of the greedy answer (ASCII-safe cut: bytes 3..5)
+  const std::string stop = text.substr(3, 3);
+  ojson sb = body;
+  sb["stop_sequences"] = ojson::array({"zzzz-never", stop});
+  const ojson cut = srv().post("/v1/messages", sb, &st);
+  ASSERT_EQ(st, 200) << cut.dump();
+  EXPECT_EQ(cut["stop_reason"], "stop_sequence");
+  EXPECT_EQ(cut["stop_sequence"], stop);
+  const std::string got = cut["content"].empty() ? "" : cut["content"][0]["text"].get<std::string>();
+  EXPECT_EQ(got, text.substr(0, text.find(stop)));
+}
+
+TEST(ServerAgents, AnthropicBadInputIs400NamingTheField) {
+  auto msgs_with = [](const ojson& content) {
+    return ojson::array({{{"role", "user"}, {"content", "hi"}},
+                         {{"role", "assistant"}, {"content", ojson::array({{{"type", "tool_use"}, {"id", "t1"}, {"name", "f"}, {"input", ojson::object()}}})}},
+                         {{"role", "user"}, {"content", content}}});
+  };
+  struct Case {
+    ojson body;
+    std::string names;
+  };
+  const std::vector<Case> cases = {
+      {{{"messages", kUser}}, "max_tokens"},
+      {{{"max_tokens", 4}, {"messages", msgs_with(ojson::array({{{"type", "tool_result"}, {"tool_use_id", "nope"}, {"content", "x"}}}))}},
+       "messages[2].content[0].tool_use_id"},
+      {{{"max_tokens", 4}, {"messages", msgs_with(ojson::array({{{"type", "text"}, {"text", "no result"}}}))}},
+       "tool_use 't1' has no tool_result"},
+      {{{"max_tokens", 4},
+        {"messages", ojson::array({{{"role", "user"}, {"content", "hi"}},
+                                   {{"role", "assistant"}, {"content", ojson::array({{{"type", "tool_use"}, {"id", "t1"}, {"name", "f"}, {"input", "{not json"}}})}},
+                                   {{"role", "user"}, {"content", "x"}}})}},
+       "messages[1].content[0].input"},
+      {{{"max_tokens", 4}, {"messages", ojson::array({{{"role", "user"}, {"content", ojson::array({{{"type", "hologram"}}})}}})}},
+       "messages[0].content[0].type"},
+      {{{"max_tokens", 4}, {"messages", ojson::array({{{"role", "user"}, {"content", ojson::array({{{"type", "image"}, {"source", ojson::object()}}})}}})}},
+       "text-only"},
+      {{{"max_tokens", 4}, {"messages", kUser}, {"tools", ojson::array({{{"name", "f"}}})}}, "tools[0].input_schema"},
+      {{{"max_tokens", 4}, {"messages", kUser}, {"tools", ojson::array({{{"name", "f"}, {"input_schema", "x"}}})}}, "tools[0].input_schema"},
+      {{{"max_tokens", 4}, {"messages", kUser}, {"tool_choice", {{"type", "tool"}, {"name", "f"}}}}, "tool_choice.type"},
+      {{{"max_tokens", 4}, {"messages", kUser}, {"thinking", {{"type", "sometimes"}}}}, "thinking.type"},
+      {{{"max_tokens", 4}, {"messages", kUser}, {"output_config", {{"effort", "extreme"}}}}, "output_config.effort"},
+      {{{"max_tokens", 4}, {"messages", kUser}, {"temperature", 1.5}}, "temperature"},
+      {{{"max_tokens", 4}, {"messages", ojson::array({{{"role", "user"}, {"content", std::string(200000, 'x')}}})}}, "context"},
+      {{{"max_tokens", 4}, {"messages", ojson::array({{{"role", "user"}, {"content", "a"}}, {{"role", "assistant"}, {"content", "b"}}})}}, "prefill"},
+  };
+  for (const Case& c : cases) {
+    int st = 0;
+    const ojson r = srv().post("/v1/messages", c.body, &st);
+    SCOPED_TRACE(c.body.dump().substr(0, 300));
+    expect_anthropic_error(r, st, 400, c.names);
+  }
+  int st = 0;
+  const ojson r = srv().post("/v1/messages", std::string("{\"max_tokens\": 4, \"messages\": ["), &st);
+  expect_anthropic_error(r, st, 400, "not valid JSON");
+}
+
+TEST(ServerAgents, AnthropicApiKeyHeaderAndErrorShape) {
+  server::ServerOptions o = agent_opts();
+  o.api_key = "sekret";
+  RunningServer s(o);
+  auto c = s.client();
+  const std::string body = ojson{{"max_tokens", 2}, {"messages", kUser}}.dump();
+  auto r = c.Post("/v1/messages", httplib::Headers{{"x-api-key", "sekret"}, {"anthropic-version", "2023-06-01"}}, body,
+                  "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200) << r->body;
+  r = c.Post("/v1/messages", httplib::Headers{{"x-api-key", "wrong"}}, body, "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 401);
+  const ojson e = ojson::parse(r->body);
+  EXPECT_EQ(e["type"], "error");
+  EXPECT_EQ(e["error"]["type"], "authentication_error");
+  // the chat endpoint takes the same header; its errors keep OpenAI's shape
+  r = c.Post("/v1/chat/completions", httplib::Headers{{"x-api-key", "wrong"}}, "{}", "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 401);
+  EXPECT_TRUE(ojson::parse(r->body).contains("error"));
+  EXPECT_FALSE(ojson::parse(r->body).contains("type"));
+}
+
+// ------------------------------------------------------------------------------------------------
+// OpenAI Responses
+
+TEST(ServerAgents, ResponsesEqualsChatGreedy) {
+  const ojson ref = chat_greedy(ojson::array({{{"role", "system"}, {"content", "Be brief."}}, kUser[0]}), 12, false);
+  int st = 0;
+  const ojson r = srv().post("/v1/responses",
+                             ojson{{"model", "m"}, {"instructions", "Be brief."}, {"input", "Hello, who are you?"},
+                                   {"max_output_tokens", 12}, {"temperature", 0}, {"reasoning", {{"effort", "none"}}},
+                                   {"store", false}, {"include", ojson::array({"reasoning.encrypted_content"})},
+                                   {"prompt_cache_key", "abc"}},
+                             &st);
+  ASSERT_EQ(st, 200) << r.dump();
+  EXPECT_EQ(r["object"], "response");
+  std::string text;
+  for (const auto& it : r["output"])
+    if (it["type"] == "message")
+      for (const auto& p : it["content"]) text += p["text"].get<std::string>();
+  EXPECT_EQ(text, ref["choices"][0]["message"]["content"].get<std::string>());
+  EXPECT_EQ(r["usage"]["input_tokens"], ref["usage"]["prompt_tokens"]);
+  EXPECT_EQ(r["usage"]["output_tokens"], ref["usage"]["completion_tokens"]);
+  const bool cut = ref["choices"][0]["finish_reason"] == "length";
+  EXPECT_EQ(r["status"], cut ? "incomplete" : "completed");
+}
+
+TEST(ServerAgents, ResponsesStreamEqualsWhole) {
+  const ojson body = {{"model", "m"}, {"input", ojson::array({{{"type", "message"}, {"role", "user"},
+                                                               {"content", ojson::array({{{"type", "input_text"}, {"text", "Hi"}}})}}})},
+                      {"max_output_tokens", 16}, {"temperature", 0}, {"reasoning", {{"effort", "low"}}}};
+  int st = 0;
+  const ojson whole = srv().post("/v1/responses", body, &st);
+  ASSERT_EQ(st, 200) << whole.dump();
+  ojson sb = body;
+  sb["stream"] = true;
+  const auto ev = named_events(srv().post_stream("/v1/responses", sb));
+  ASSERT_GE(ev.size(), 3u);
+  EXPECT_EQ(ev[0].first, "response.created");
+  EXPECT_EQ(ev[1].first, "response.in_progress");
+  std::string reasoning, text;
+  for (size_t i = 0; i < ev.size(); ++i) {
+    EXPECT_EQ(ev[i].second["sequence_number"], i);
+    EXPECT_EQ(ev[i].second["type"], ev[i].first);
+    if (ev[i].first == "response.reasoning_text.delta") reasoning += ev[i].second["delta"].get<std::string>();
+    if (ev[i].first == "response.output_text.delta") text += ev[i].second["delta"].get<std::string>();
+  }
+  const ojson& fin = ev.back().second["response"];
+  EXPECT_TRUE(ev.back().first == "response.completed" || ev.back().first == "response.incomplete");
+  std::string w_reasoning, w_text;
+  for (const auto& it : whole["output"]) {
+    if (it["type"] == "reasoning") w_reasoning += it["content"][0]["text"].get<std::string>();
+    if (it["type"] == "message") w_text += it["content"][0]["text"].get<std::string>();
+  }
+  EXPECT_FALSE(reasoning.empty());
+  EXPECT_EQ(reasoning, w_reasoning);
+  EXPECT_EQ(text, w_text);
+  ASSERT_EQ(fin["output"].size(), whole["output"].size());
+  for (size_t i = 0; i < fin["output"].size(); ++i) {  // the same items (their ids differ: another response)
+    EXPECT_EQ(fin["output"][i]["type"], whole["output"][i]["type"]);
+    EXPECT_EQ(fin["output"][i]["content"], whole["output"][i]["content"]);
+  }
+  for (const char* k : {"input_tokens", "output_tokens", "output_tokens_details", "total_tokens"})
+    EXPECT_EQ(fin["usage"][k], whole["usage"][k]) << k;
+}
+
+TEST(ServerAgents, ResponsesBadInputIs400NamingTheField) {
+  struct Case {
+    ojson body;
+    std::string param;
+  };
+  const ojson call = {{"type", "function_call"}, {"call_id", "c1"}, {"name", "f"}, {"arguments", "{}"}};
+  const std::vector<Case> cases = {
+      {{{"input", "hi"}, {"previous_response_id", "resp_1"}}, "previous_response_id"},
+      {{{"input", ojson::array({{{"role", "user"}, {"content", "hi"}},
+                                {{"type", "function_call"}, {"call_id", "c1"}, {"name", "f"}, {"arguments", "{oops"}}})}},
+       "input[1].arguments"},
+      {{{"input", ojson::array({{{"role", "user"}, {"content", "hi"}}, call,
+                                {{"type", "function_call_output"}, {"call_id", "c2"}, {"output", "x"}}})}},
+       "input[2].call_id"},
+      {{{"input", ojson::array({{{"type", "item_reference"}, {"id", "x"}}})}}, "input[0].type"},
+      {{{"input", ojson::array({{{"role", "user"}, {"content", ojson::array({{{"type", "input_image"}}})}}})}}, "input[0].content[0].type"},
+      {{{"input", "hi"}, {"reasoning", {{"effort", "extreme"}}}}, "reasoning.effort"},
+      {{{"input", "hi"}, {"tools", ojson::array({{{"type", "function"}}})}}, "tools[0].name"},
+      {{{"input", "hi"}, {"tool_choice", {{"type", "function"}, {"name", "nope"}}}}, "tool_choice.name"},
+      {{{"input", std::string(200000, 'x')}}, "messages"},
+      {{{"input", ojson::array()}}, "input"},
+  };
+  for (const Case& c : cases) {
+    int st = 0;
+    const ojson r = srv().post("/v1/responses", c.body, &st);
+    SCOPED_TRACE(c.body.dump().substr(0, 300));
+    EXPECT_EQ(st, 400) << r.dump();
+    ASSERT_TRUE(r.contains("error")) << r.dump();
+    EXPECT_EQ(r["error"]["param"], c.param) << r.dump();
+  }
+}
+
+TEST(ServerAgents, ChatReasoningEffortMapAndThinkingEffortCheck) {
+  int st = 0;
+  // thinking_effort: K3's own values
+  for (const char* e : {"low", "medium", "high", "max"}) {
+    const ojson r = srv().post("/v1/chat/completions",
+                               ojson{{"messages", kUser}, {"max_tokens", 1}, {"thinking_effort", e}}, &st);
+    EXPECT_EQ(st, 200) << e << ": " << r.dump();
+  }
+  ojson r = srv().post("/v1/chat/completions", ojson{{"messages", kUser}, {"max_tokens", 1}, {"thinking_effort", "extreme"}}, &st);
+  EXPECT_EQ(st, 400);
+  EXPECT_EQ(r["error"]["param"], "thinking_effort");
+  EXPECT_NE(r["error"]["message"].get<std::string>().find("low, medium, high"), std::string::npos) << r.dump();
+  // reasoning_effort: OpenAI's values through the map (none: no thinking -> the prompt of thinking off)
+  const ojson off = chat_greedy(kUser, 1, false);
+  r = srv().post("/v1/chat/completions", ojson{{"messages", kUser}, {"max_tokens", 1}, {"reasoning_effort", "none"}}, &st);
+  ASSERT_EQ(st, 200) << r.dump();
+  EXPECT_EQ(r["usage"]["prompt_tokens"], off["usage"]["prompt_tokens"]);
+  const ojson hi = srv().post("/v1/chat/completions", ojson{{"messages", kUser}, {"max_tokens", 1}, {"thinking_effort", "max"}}, &st);
+  r = srv().post("/v1/chat/completions", ojson{{"messages", kUser}, {"max_tokens", 1}, {"reasoning_effort", "xhigh"}}, &st);
+  ASSERT_EQ(st, 200) << r.dump();
+  EXPECT_EQ(r["usage"]["prompt_tokens"], hi["usage"]["prompt_tokens"]);
+  for (const char* e : {"minimal", "low", "medium", "high"}) {
+    r = srv().post("/v1/chat/completions", ojson{{"messages", kUser}, {"max_tokens", 1}, {"reasoning_effort", e}}, &st);
+    EXPECT_EQ(st, 200) << e << ": " << r.dump();
+  }
+  r = srv().post("/v1/chat/completions", ojson{{"messages", kUser}, {"max_tokens", 1}, {"reasoning_effort", "extreme"}}, &st);
+  EXPECT_EQ(st, 400) << r.dump();
+  EXPECT_NE(r["error"]["message"].get<std::string>().find("none, minimal, low, medium, high, xhigh"), std::string::npos);
+  EXPECT_EQ(r["error"]["param"], "reasoning_effort");
+}
+
+// ------------------------------------------------------------------------------------------------
+// Enforced tool calls
+
+namespace {
+
+// Independent check of a call's arguments against the test schema (written out here, not the
+// server's grammar): city a string, days an integer 1..16 digits, units "c" or "f", metric a
+// boolean; city and days required, nothing else.
+void expect_args_fit(const ojson& a) {
+  ASSERT_TRUE(a.is_object()) << a.dump();
+  for (auto it = a.begin(); it != a.end(); ++it)
+    EXPECT_TRUE(it.key() == "city" || it.key() == "days" || it.key() == "units" || it.key() == "metric") << a.dump();
+  ASSERT_TRUE(a.contains("days")) << a.dump();
+  EXPECT_TRUE(a["days"].is_number_integer()) << a.dump();
+  ASSERT_TRUE(a.contains("city")) << a.dump();
+  EXPECT_TRUE(a["city"].is_string()) << a.dump();
+  if (a.contains("units")) EXPECT_TRUE(a["units"] == "c" || a["units"] == "f") << a.dump();
+  if (a.contains("metric")) EXPECT_TRUE(a["metric"].is_boolean()) << a.dump();
+}
+
+const ojson kWeatherSchema = ojson::parse(R"({"type":"object","properties":{
+  "city":{"enum":["Paris","Oslo"]},"days":{"type":"integer","minimum":1},"units":{"type":"string","enum":["c","f"]},
+  "metric":{"type":"boolean"}},"required":["city","days"],"additionalProperties":false})");
+
+ojson chat_tools() {
+  return ojson::array({{{"type", "function"}, {"function", {{"name", "get_weather"}, {"parameters", kWeatherSchema}}}},
+                       {{"type", "function"}, {"function", {{"name", "get_time"}, {"parameters", {{"type", "object"},
+                          {"properties", {{"zone", {{"enum", ojson::array({"UTC", "CET"})}}}}}, {"required", ojson::array({"zone"})}}}}}}});
+}
+
+// K3 text with the structural tokens as the tool grammar's code points.
+std::string as_markers(std::string s) {
+  for (const auto& [tag, cp] : {std::pair<std::string, std::string>{"<|open|>", server::kToolOpen},
+                                {"<|close|>", server::kToolClose}, {"<|sep|>", server::kToolSep}})
+    for (size_t p = 0; (p = s.find(tag, p)) != std::string::npos;) s.replace(p, tag.size(), cp);
+  return s;
+}
+
+}  // namespace
+
+TEST(ServerAgents, ToolGrammarAcceptsTheTemplatesOwnCalls) {
+  // the reference: what the K3 template renders for an assistant turn with calls, in both argument
+  // forms (an object: one tag per argument; a string: a json block)
+  for (const bool tags : {true, false}) {
+    const ojson args = {{"city", "Oslo"}, {"days", 3}, {"metric", true}};
+    const ojson calls = ojson::array(
+        {{{"id", "a"}, {"type", "function"}, {"function", {{"name", "get_weather"}, {"arguments", tags ? args : ojson(args.dump())}}}},
+         {{"id", "b"}, {"type", "function"}, {"function", {{"name", "get_time"}, {"arguments", tags ? ojson{{"zone", "UTC"}} : ojson("{\"zone\": \"CET\"}")}}}}});
+    const ojson req = {{"messages", ojson::array({{{"role", "user"}, {"content", "x"}},
+                                                  {{"role", "assistant"}, {"content", ""}, {"tool_calls", calls}}})},
+                       {"thinking", false}, {"add_generation_prompt", false}};
+    const std::string r = tok::render_chat_request(req);
+    const std::string open_resp = "<|open|>message role=\"assistant\"<|sep|><|open|>response<|sep|>";
+    const size_t a = r.find(open_resp);
+    ASSERT_NE(a, std::string::npos) << r;
+    const size_t b = r.find("<|end_of_msg|>", a);
+    const std::string out = as_markers(r.substr(a + open_resp.size(), b - a - open_resp.size()));
+    std::vector<server::ToolSpec> specs;
+    for (const auto& t : chat_tools()) specs.push_back({t["function"]["name"], t["function"]["parameters"]});
+    for (const std::string forced : {"", "get_weather"}) {
+      server::grammar::Matcher m(server::grammar::Grammar::parse(server::tool_gbnf(specs, server::ToolMode::Required, forced, false)));
+      const bool ok = m.advance_bytes(out) && m.can_end();
+      EXPECT_EQ(ok, forced.empty()) << "tags " << tags << " forced '" << forced << "': " << r.substr(a);
+    }
+    // auto: the same calls after the trigger
+    const size_t t = out.find(std::string(server::kToolOpen) + "tools" + server::kToolSep);
+    ASSERT_NE(t, std::string::npos);
+    server::grammar::Matcher m(server::grammar::Grammar::parse(server::tool_gbnf(specs, server::ToolMode::Auto, "", false)));
+    const size_t t_end = t + std::string(server::kToolOpen).size() + 5 + std::string(server::kToolSep).size();
+    EXPECT_TRUE(m.advance_bytes(out.substr(t_end)) && m.can_end()) << out.substr(t_end);
+    // arguments that break the schema are refused: a day count as a string, an unknown city
+    std::string wrong = out;
+    const std::string bad_val = tags ? std::string("type=\"number\"") + server::kToolSep + "3" : "\"days\":3";
+    const size_t at = wrong.find(bad_val);
+    ASSERT_NE(at, std::string::npos) << out;
+    wrong.replace(at, bad_val.size(), tags ? std::string("type=\"string\"") + server::kToolSep + "3" : "\"days\":\"3\"");
+    server::grammar::Matcher w(server::grammar::Grammar::parse(server::tool_gbnf(specs, server::ToolMode::Required, "", false)));
+    EXPECT_FALSE(w.advance_bytes(wrong) && w.can_end());
+  }
+}
+
+TEST(ServerAgents, ChatForcedToolCallsFitTheSchema) {
+  for (const ojson& choice : {ojson("required"), ojson{{"type", "function"}, {"function", {{"name", "get_weather"}}}}}) {
+    for (uint64_t seed : {1, 2, 3}) {
+      int st = 0;
+      const ojson r = srv().post("/v1/chat/completions",
+                                 ojson{{"messages", kUser}, {"tools", chat_tools()}, {"tool_choice", choice}, {"thinking", false},
+                                       {"max_tokens", 200}, {"seed", seed}},
+                                 &st);
+      ASSERT_EQ(st, 200) << r.dump();
+      SCOPED_TRACE(r.dump());
+      const ojson& c = r["choices"][0];
+      EXPECT_EQ(c["finish_reason"], "tool_calls");
+      ASSERT_TRUE(c["message"].contains("tool_calls"));
+      for (const auto& call : c["message"]["tool_calls"]) {
+        const std::string name = call["function"]["name"];
+        if (choice.is_object()) EXPECT_EQ(name, "get_weather");
+        const ojson args = ojson::parse(call["function"]["arguments"].get<std::string>());
+        if (name == "get_weather") {
+          expect_args_fit(args);
+        } else {
+          EXPECT_EQ(name, "get_time");
+          EXPECT_TRUE((args == ojson{{"zone", "UTC"}}) || (args == ojson{{"zone", "CET"}}));
+        }
+      }
+    }
+  }
+  // thinking on: the reasoning is free, then the call
+  int st = 0;
+  const ojson r = srv().post("/v1/chat/completions",
+                             ojson{{"messages", kUser}, {"tools", chat_tools()}, {"tool_choice", "required"},
+                                   {"max_tokens", 64}, {"seed", 5}},
+                             &st);
+  ASSERT_EQ(st, 200) << r.dump();
+  const std::string fr = r["choices"][0]["finish_reason"];
+  EXPECT_TRUE(fr == "tool_calls" || fr == "length") << r.dump();  // the reasoning may use up max_tokens
+}
+
+TEST(ServerAgents, ToolChoiceNoneAndAutoNeverGiveBrokenCalls) {
+  for (uint64_t seed = 1; seed <= 4; ++seed) {
+    int st = 0;
+    ojson r = srv().post("/v1/chat/completions",
+                         ojson{{"messages", kUser}, {"tools", chat_tools()}, {"tool_choice", "none"}, {"thinking", false},
+                               {"max_tokens", 48}, {"seed", seed}},
+                         &st);
+    ASSERT_EQ(st, 200) << r.dump();
+    EXPECT_FALSE(r["choices"][0]["message"].contains("tool_calls")) << r.dump();
+    EXPECT_NE(r["choices"][0]["finish_reason"], "tool_calls");
+    r = srv().post("/v1/chat/completions",
+                   ojson{{"messages", kUser}, {"tools", chat_tools()}, {"thinking", false}, {"max_tokens", 48}, {"seed", seed}}, &st);
+    ASSERT_EQ(st, 200) << r.dump();
+    if (r["choices"][0]["message"].contains("tool_calls"))
+      for (const auto& call : r["choices"][0]["message"]["tool_calls"])
+        if (call["function"]["name"] == "get_weather") expect_args_fit(ojson::parse(call["function"]["arguments"].get<std::string>()));
+  }
+}
+
+TEST(ServerAgents, AnthropicAndResponsesForcedToolRoundTrip) {
+  const ojson atools = ojson::array({{{"name", "get_weather"}, {"input_schema", kWeatherSchema}}});
+  int st = 0;
+  ojson msgs = kUser;
+  const ojson r = srv().post("/v1/messages", ojson{{"max_tokens", 200}, {"messages", msgs}, {"tools", atools},
+                                                   {"tool_choice", {{"type", "tool"}, {"name", "get_weather"}}}}, &st);
+  ASSERT_EQ(st, 200) << r.dump();
+  EXPECT_EQ(r["stop_reason"], "tool_use") << r.dump();
+  ojson use;
+  for (const auto& b : r["content"])
+    if (b["type"] == "tool_use") use = b;
+  ASSERT_TRUE(use.is_object()) << r.dump();
+  EXPECT_EQ(use["name"], "get_weather");
+  expect_args_fit(use["input"]);
+  msgs.push_back({{"role", "assistant"}, {"content", r["content"]}});
+  msgs.push_back({{"role", "user"}, {"content", ojson::array({{{"type", "tool_result"}, {"tool_use_id", use["id"]}, {"content", "12 C"}}})}});
+  const ojson fin = srv().post("/v1/messages", ojson{{"max_tokens", 16}, {"messages", msgs}, {"tools", atools},
+                                                     {"tool_choice", {{"type", "none"}}}}, &st);
+  ASSERT_EQ(st, 200) << fin.dump();
+  EXPECT_NE(fin["stop_reason"], "tool_use") << fin.dump();
+
+  const ojson rtools = ojson::array({{{"type", "function"}, {"name", "get_weather"}, {"parameters", kWeatherSchema}}});
+  ojson input = ojson::array({{{"role", "user"}, {"content", "Weather?"}}});
+  const ojson rr = srv().post("/v1/responses", ojson{{"input", input}, {"tools", rtools}, {"tool_choice", "required"},
+                                                     {"reasoning", {{"effort", "none"}}}, {"max_output_tokens", 200}}, &st);
+  ASSERT_EQ(st, 200) << rr.dump();
+  ojson call;
+  for (const auto& it : rr["output"])
+    if (it["type"] == "function_call") call = it;
+  ASSERT_TRUE(call.is_object()) << rr.dump();
+  expect_args_fit(ojson::parse(call["arguments"].get<std::string>()));
+  input.push_back(call);
+  input.push_back({{"type", "function_call_output"}, {"call_id", call["call_id"]}, {"output", "12 C"}});
+  const ojson rf = srv().post("/v1/responses", ojson{{"input", input}, {"tools", rtools}, {"tool_choice", "none"},
+                                                     {"reasoning", {{"effort", "none"}}}, {"max_output_tokens", 16}}, &st);
+  ASSERT_EQ(st, 200) << rf.dump();
+  for (const auto& it : rf["output"]) EXPECT_NE(it["type"], "function_call") << rf.dump();
+}

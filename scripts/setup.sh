@@ -60,3 +60,7 @@ fi
 if [[ ! -d tests/web/node_modules/playwright-core ]]; then
   npm ci --prefix tests/web --no-audit --no-fund --loglevel=error
 fi
+# the official Anthropic and OpenAI SDKs against kimi serve's /v1/messages and /v1/responses (tests/agents/sdk_test.js)
+if [[ ! -d tests/agents/node_modules/@anthropic-ai/sdk ]]; then
+  npm ci --prefix tests/agents --no-audit --no-fund --loglevel=error
+fi

@@ -347,7 +347,9 @@ std::string tool_gbnf(const std::vector<ToolSpec>& tools, ToolMode mode, const s
     }
     if (calls.empty()) calls = "\"\\uE003\"";  // (no tool to call: nothing can follow)
   }
-  const std::string tools_section = std::string("t-call+ ") + C + " " + lit("tools") + " " + S;
+  // one call of a named tool; else up to kMaxToolCalls in one message
+  const std::string tools_section = fmt::format("t-call{{1,{}}} ", forced.empty() ? kMaxToolCalls : 1) + C + " " +
+                                    lit("tools") + " " + S;
   const std::string think_end = std::string("t-txt ") + C + " " + lit("think") + " " + S + " " + O + " " + lit("response") + " " + S;
   std::string root;
   switch (mode) {

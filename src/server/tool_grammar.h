@@ -13,7 +13,7 @@
 //
 // Modes (tool_choice): required / a named tool — from the first generated token: the think channel
 // (thinking on) is free text, the response is empty, then one or more calls (of that tool);
-// auto — lazy: free until the output ends with "<|open|>tools<|sep|>", then the calls; none — from
+// (one call when a tool is named, else 1..kMaxToolCalls); auto — lazy: free until the output ends with "<|open|>tools<|sep|>", then the calls; none — from
 // the first token: think and response free, no tools section.
 #pragma once
 #include <memory>
@@ -32,6 +32,8 @@ inline constexpr const char* kToolSep = "\xEE\x80\x82";    // U+E002 stands for 
 inline constexpr const char* kToolTrigger = "<|open|>tools<|sep|>";
 
 enum class ToolMode { Auto, Required, None };
+// Calls in one message at most (a named tool: exactly one).
+inline constexpr int kMaxToolCalls = 8;
 
 // One declared tool: its name and parameter schema (null: any object).
 struct ToolSpec {

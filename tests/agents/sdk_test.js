@@ -1,0 +1,206 @@
+#!/usr/bin/env node
+// The official SDKs against `kimi serve` on a tiny random-weight model (loopback, offline):
+// @anthropic-ai/sdk (Messages: plain, streamed, count_tokens, a forced tool call -> tool result ->
+// final answer, streamed tool call, a 400) and openai (Responses: the same). The SDKs parse the
+// server's wire format themselves; the tool arguments are checked against the schema here, by an
+// independent validator.
+// usage: node sdk_test.js <kimi binary>
+// Without the npm packages (npm ci --prefix tests/agents) the test skips (exit 77), unless
+// KIMI_REQUIRE_AGENTS=1 or CI=true, where it fails.
+"use strict";
+const fs = require("fs");
+const os = require("os");
+const path = require("path");
+const { spawn, execFileSync } = require("child_process");
+
+const KIMI = process.argv[2];
+const STEP_MS = 60000;
+
+function skipOrFail(why) {
+  if (process.env.KIMI_REQUIRE_AGENTS === "1" || process.env.CI === "true") {
+    console.error(`FAIL: ${why} (scripts/setup.sh --test installs it)`);
+    process.exit(1);
+  }
+  console.log(`SKIP: ${why} (npm ci --prefix tests/agents)`);
+  process.exit(77);
+}
+if (!KIMI || !fs.existsSync(KIMI)) { console.error("usage: node sdk_test.js <kimi binary>"); process.exit(2); }
+let Anthropic, OpenAI;
+try {
+  Anthropic = require("@anthropic-ai/sdk").default;
+  OpenAI = require("openai").default;
+} catch (e) {
+  skipOrFail("@anthropic-ai/sdk or openai is not installed");
+}
+
+let failures = 0;
+function check(cond, msg) {
+  if (!cond) { console.error("FAIL: " + msg); failures++; }
+}
+
+const tmp = fs.mkdtempSync(path.join(os.tmpdir(), "kimi-agents-"));
+let server = null;
+
+function startServer(model, key) {
+  return new Promise((resolve, reject) => {
+    server = spawn(KIMI, ["serve", "-m", model, "--host", "127.0.0.1", "--port", "0", "-c", "4096", "--parallel", "2",
+                          "--api-key", key, "-q"], { stdio: ["ignore", "pipe", "pipe"] });
+    let out = "", err = "";
+    const timer = setTimeout(() => reject(new Error("kimi serve did not start in time:\n" + err)), STEP_MS);
+    server.stdout.on("data", (d) => {
+      out += d;
+      const m = out.match(/listening on http:\/\/[^:]+:(\d+)/);
+      if (m) { clearTimeout(timer); resolve(`http://127.0.0.1:${m[1]}`); }
+    });
+    server.stderr.on("data", (d) => { err += d; });
+    server.on("exit", (code) => { clearTimeout(timer); reject(new Error(`kimi serve exited (${code}):\n${err}`)); });
+  });
+}
+
+// The schema of the test tool, and an independent check of arguments against it.
+const SCHEMA = {
+  type: "object",
+  properties: {
+    city: { type: "string", enum: ["Paris", "Oslo", "Lima"] },
+    days: { type: "integer", minimum: 1 },
+    units: { enum: ["c", "f"] },
+    hourly: { type: "boolean" },
+  },
+  required: ["city", "days"],
+  additionalProperties: false,
+};
+function fitsSchema(a) {
+  if (typeof a !== "object" || a === null || Array.isArray(a)) return "not an object";
+  for (const k of Object.keys(a)) if (!(k in SCHEMA.properties)) return `unknown key ${k}`;
+  if (!SCHEMA.properties.city.enum.includes(a.city)) return `city ${JSON.stringify(a.city)}`;
+  if (!Number.isInteger(a.days)) return `days ${JSON.stringify(a.days)}`;
+  if ("units" in a && !SCHEMA.properties.units.enum.includes(a.units)) return `units ${JSON.stringify(a.units)}`;
+  if ("hourly" in a && typeof a.hourly !== "boolean") return `hourly ${JSON.stringify(a.hourly)}`;
+  return "";
+}
+
+async function anthropicTests(base, key) {
+  const client = new Anthropic({ baseURL: base, apiKey: key, maxRetries: 0, timeout: STEP_MS });
+  const user = [{ role: "user", content: "Hello there" }];
+  // plain
+  const m = await client.messages.create({ model: "kimi", max_tokens: 16, temperature: 0, messages: user });
+  check(m.type === "message" && m.role === "assistant", "anthropic: a message");
+  const text = m.content.filter((b) => b.type === "text").map((b) => b.text).join("");
+  check(["end_turn", "max_tokens"].includes(m.stop_reason), `anthropic: stop_reason ${m.stop_reason}`);
+  // count_tokens: the prompt the answer counted
+  const ct = await client.messages.countTokens({ model: "kimi", messages: user });
+  check(ct.input_tokens === m.usage.input_tokens + m.usage.cache_read_input_tokens,
+        `anthropic: count_tokens ${ct.input_tokens} vs usage ${JSON.stringify(m.usage)}`);
+  // streamed: the SDK's accumulated message equals the whole one (greedy)
+  const stream = client.messages.stream({ model: "kimi", max_tokens: 16, temperature: 0, messages: user });
+  let deltas = "";
+  stream.on("text", (t) => { deltas += t; });
+  const sm = await stream.finalMessage();
+  const stext = sm.content.filter((b) => b.type === "text").map((b) => b.text).join("");
+  check(stext === text && deltas === text, `anthropic: streamed ${JSON.stringify(stext)} vs ${JSON.stringify(text)}`);
+  check(sm.stop_reason === m.stop_reason && sm.usage.output_tokens === m.usage.output_tokens, "anthropic: streamed stop/usage");
+  // forced tool call -> tool result -> final answer, with thinking on (adaptive, as Claude Code sends)
+  const tools = [{ name: "get_weather", description: "Weather forecast", input_schema: SCHEMA }];
+  for (const streamed of [false, true]) {
+    const req = { model: "kimi", max_tokens: 300, messages: user, tools, tool_choice: { type: "tool", name: "get_weather" } };
+    const t = streamed ? await client.messages.stream(req).finalMessage() : await client.messages.create(req);
+    check(t.stop_reason === "tool_use", `anthropic: forced call stop_reason ${t.stop_reason}`);
+    const uses = t.content.filter((b) => b.type === "tool_use");
+    check(uses.length === 1 && uses[0].name === "get_weather", `anthropic: one get_weather tool_use (${uses.length})`);
+    if (!uses.length) continue;
+    const why = fitsSchema(uses[0].input);
+    check(why === "", `anthropic: tool input ${JSON.stringify(uses[0].input)}: ${why}`);
+    const fin = await client.messages.create({
+      model: "kimi", max_tokens: 16, tools,
+      messages: [...user, { role: "assistant", content: t.content },
+                 { role: "user", content: uses.map((u) => ({ type: "tool_result", tool_use_id: u.id, content: "12 C, sunny" })) }],
+      thinking: { type: "adaptive" }, output_config: { effort: "low" }, tool_choice: { type: "none" },
+    });
+    check(fin.type === "message" && fin.stop_reason !== "tool_use", `anthropic: final answer ${fin.stop_reason}`);
+  }
+  // a tool_result for an id no tool_use has: 400 in Anthropic's shape, which the SDK reads
+  try {
+    await client.messages.create({ model: "kimi", max_tokens: 4,
+      messages: [{ role: "user", content: [{ type: "tool_result", tool_use_id: "toolu_x", content: "x" }] }] });
+    check(false, "anthropic: an unknown tool_use_id was accepted");
+  } catch (e) {
+    check(e.status === 400 && e.error && e.error.error && e.error.error.type === "invalid_request_error" &&
+          /tool_use_id/.test(e.message), `anthropic: 400 for an unknown tool_use_id (${e.message})`);
+  }
+  console.log(`anthropic sdk: ok (${JSON.stringify(text).slice(0, 40)})`);
+}
+
+async function responsesTests(base, key) {
+  const client = new OpenAI({ baseURL: base + "/v1", apiKey: key, maxRetries: 0, timeout: STEP_MS });
+  const r = await client.responses.create({ model: "kimi", input: "Hello there", instructions: "Be brief.",
+                                            max_output_tokens: 16, temperature: 0, reasoning: { effort: "none" }, store: false });
+  check(r.object === "response", "responses: a response");
+  const text = r.output_text;
+  check(typeof text === "string", "responses: output_text");
+  // streamed: the events' text equals the whole response's
+  const s = client.responses.stream({ model: "kimi", input: "Hello there", instructions: "Be brief.",
+                                      max_output_tokens: 16, temperature: 0, reasoning: { effort: "none" }, store: false });
+  let deltas = "", last = null;
+  s.on("response.output_text.delta", (e) => { deltas += e.delta; });
+  // the last event: response.completed, or response.incomplete when max_output_tokens cut the answer
+  for (const t of ["response.completed", "response.incomplete"]) s.on(t, (e) => { last = e; });
+  await s.done();
+  check(deltas === text, `responses: streamed ${JSON.stringify(deltas)} vs ${JSON.stringify(text)}`);
+  check(last && last.type === (r.status === "completed" ? "response.completed" : "response.incomplete") &&
+        last.response.status === r.status, `responses: the stream ends with the status (${last && last.type}, ${r.status})`);
+  check(last && last.response.usage.output_tokens === r.usage.output_tokens, "responses: streamed usage");
+  // reasoning on: a reasoning item with text, streamed as reasoning deltas
+  const rs = client.responses.stream({ model: "kimi", input: "Hi", max_output_tokens: 8, temperature: 0, reasoning: { effort: "low" } });
+  let rdeltas = "", ritem = null;
+  rs.on("response.reasoning_text.delta", (e) => { rdeltas += e.delta; });
+  rs.on("response.output_item.done", (e) => { if (e.item.type === "reasoning") ritem = e.item; });
+  await rs.done();
+  check(ritem && rdeltas.length > 0 && ritem.content[0].text === rdeltas, "responses: reasoning deltas == the reasoning item");
+  // forced function call -> output -> final answer
+  const tools = [{ type: "function", name: "get_weather", description: "Weather forecast", parameters: SCHEMA, strict: false }];
+  for (const streamed of [false, true]) {
+    const req = { model: "kimi", input: [{ role: "user", content: "Weather in Oslo?" }], tools,
+                  tool_choice: { type: "function", name: "get_weather" }, max_output_tokens: 300, reasoning: { effort: "none" } };
+    const t = streamed ? await client.responses.stream(req).finalResponse() : await client.responses.create(req);
+    const calls = t.output.filter((o) => o.type === "function_call");
+    const call = calls[0];
+    check(calls.length === 1 && call.name === "get_weather", `responses: one get_weather function_call (${calls.length})`);
+    if (!call) continue;
+    let args = null;
+    try { args = JSON.parse(call.arguments); } catch (e) { check(false, `responses: arguments not JSON: ${call.arguments}`); }
+    const why = fitsSchema(args);
+    check(why === "", `responses: arguments ${call.arguments}: ${why}`);
+    const fin = await client.responses.create({
+      model: "kimi", tools, max_output_tokens: 16, reasoning: { effort: "none" }, tool_choice: "none",
+      input: [...req.input, call, { type: "function_call_output", call_id: call.call_id, output: "12 C" }],
+    });
+    check(fin.object === "response" && !fin.output.some((o) => o.type === "function_call"), "responses: final answer");
+  }
+  try {
+    await client.responses.create({ model: "kimi", input: "x", previous_response_id: r.id });
+    check(false, "responses: previous_response_id was accepted");
+  } catch (e) {
+    check(e.status === 400 && /previous_response_id/.test(e.message), `responses: 400 for previous_response_id (${e.message})`);
+  }
+  console.log(`openai responses sdk: ok (${JSON.stringify(text).slice(0, 40)})`);
+}
+
+(async () => {
+  try {
+    const hf = path.join(tmp, "hf"), gguf = path.join(tmp, "tiny.gguf");
+    execFileSync(KIMI, ["synth", "--preset", "tiny", "--seed", "3", "-o", hf], { stdio: "ignore", timeout: 120000 });
+    execFileSync(KIMI, ["convert", hf, "-o", gguf, "--quiet"], { stdio: "ignore", timeout: 120000 });
+    const key = "test-key-" + process.pid;
+    const base = await startServer(gguf, key);
+    await anthropicTests(base, key);
+    await responsesTests(base, key);
+  } catch (e) {
+    console.error("FAIL: " + (e && e.stack ? e.stack : e));
+    failures++;
+  } finally {
+    if (server) server.kill("SIGTERM");
+    fs.rmSync(tmp, { recursive: true, force: true });
+  }
+  if (failures) { console.error(`${failures} check(s) failed`); process.exit(1); }
+  console.log("PASS");
+})();

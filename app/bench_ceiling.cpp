@@ -26,6 +26,27 @@ PrefillWork prefill_work(const Model& m, int n_prompt, Precision prec) {
   return w;
 }
 
+DeviceShare device_share(const Model& m, const Placement& p, int device, int n_prompt) {
+  DeviceShare d;
+  const HParams& hp = m.hparams();
+  for (const auto& t : m.reader().tensors()) {
+    if (p.device_of(t.name) != device) continue;
+    const bool experts = t.name.size() > 12 && t.name.compare(t.name.size() - 12, 12, "_exps.weight") == 0;
+    const double used = experts && hp.n_expert > 0
+                            ? double(std::min(hp.n_expert_used, hp.n_expert)) / double(hp.file_experts())
+                            : 1.0;
+    if (t.name == "token_embd.weight") {
+      if (t.ne[1] > 0) d.tg_bytes_per_token += double(t.nbytes) / double(t.ne[1]);
+      continue;
+    }
+    d.tg_bytes_per_token += double(t.nbytes) * used;
+    if (t.n_dims < 2 || t.ne[1] <= 1) continue;
+    const double tokens = t.name == "output.weight" ? 1.0 : double(n_prompt);
+    d.pp_flops += 2.0 * double(t.nelements()) * used * tokens;
+  }
+  return d;
+}
+
 double CeilingReport::pp_ideal_s() const {
   double s = 0;
   for (int t = 0; t < kern::kActTypes; ++t)

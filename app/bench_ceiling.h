@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "backend/cpu/ceiling.h"
+#include "backend/placement.h"
 #include "model/model.h"
 
 namespace kimi::app {
@@ -21,6 +22,15 @@ struct PrefillWork {
   double total() const { return ops[0] + ops[1] + ops[2] + ops[3]; }
 };
 PrefillWork prefill_work(const Model& m, int n_prompt, Precision prec);
+
+// The share of a run that one accelerator of the placement does: the bytes of its weights a decoded token
+// reads (routed experts: k of E) and the multiply-add work of its weights in one prefill pass (counted as
+// prefill_work does, 2 flops per multiply-add).
+struct DeviceShare {
+  double tg_bytes_per_token = 0;
+  double pp_flops = 0;
+};
+DeviceShare device_share(const Model& m, const Placement& p, int device, int n_prompt);
 
 struct CeilingReport {
   kern::Ceiling c;

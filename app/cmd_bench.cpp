@@ -15,6 +15,9 @@
 #include "engine_args.h"
 #include "model/model.h"
 #include "runtime/context.h"
+#ifdef KIMI_HAVE_VULKAN
+#include "backend/vulkan/vulkan_backend.h"
+#endif
 #include "util/error.h"
 
 namespace {
@@ -54,7 +57,8 @@ int cmd_bench(int argc, char** argv) {
   app.add_option("--seed", seed, "seed of the random tokens");
   app.add_flag("--no-ceiling", no_ceiling,
                "skip measuring the machine's read bandwidth and compute peak after the runs (~0.5 s; the "
-               "report gives decode as % of the read ceiling and prefill as % of the compute peak)");
+               "report gives decode as % of the read ceiling and prefill as % of the compute peak; with "
+               "--device vulkan the device's read bandwidth and f32 FMA rate instead, and the device's share)");
   app.add_flag("--no-warmup", no_warmup,
                "time the first pass too (by default one untimed pass of the prompt and one generated token runs "
                "first, as llama-bench does: a process's first pass pays the page faults of the mapped weights)");
@@ -194,6 +198,30 @@ int cmd_bench(int argc, char** argv) {
     ceiling.n_prompt = n_prompt;
     ceiling.work = kimi::app::prefill_work(*model, n_prompt, ea.precision == "f32" ? kimi::Precision::F32 : kimi::Precision::Fast);
   }
+  // accelerators: their own ceilings, measured now, and the share of the run their weights are
+  struct DevReport {
+    std::string name;
+    kimi::DeviceCeiling c;
+    kimi::app::DeviceShare share;
+  };
+  std::vector<DevReport> dev_reports;
+#ifdef KIMI_HAVE_VULKAN
+  if (!no_ceiling)
+    for (size_t i = 0; i < accels.size(); ++i) {
+      DevReport r;
+      r.name = accels[i]->name();
+      r.c = kimi::measure_vulkan_ceiling(*accels[i]);
+      if (r.c.read_bytes_per_s <= 0) continue;
+      r.share = kimi::app::device_share(*model, ctx.placement(), static_cast<int>(i) + 1, n_prompt);
+      dev_reports.push_back(r);
+    }
+#endif
+  auto dev_tg_pct = [&](const DevReport& r) {
+    return r.c.read_bytes_per_s > 0 ? 100.0 * best_tg * r.share.tg_bytes_per_token / r.c.read_bytes_per_s : 0.0;
+  };
+  auto dev_pp_pct = [&](const DevReport& r) {
+    return r.c.fma_flops > 0 && best_pp > 0 ? 100.0 * r.share.pp_flops / n_prompt * best_pp / r.c.fma_flops : 0.0;
+  };
   rusage ru{};
   getrusage(RUSAGE_SELF, &ru);
   const double rss_mib = double(ru.ru_maxrss) / 1024.0;  // ru_maxrss is KiB on Linux
@@ -243,6 +271,19 @@ int cmd_bench(int argc, char** argv) {
     }
     rank_traffic.to_json(j, double(n_gen) * reps);
     if (with_ceiling) ceiling.to_json(j);
+    for (const DevReport& r : dev_reports) {
+      nlohmann::ordered_json d{{"device", r.name},
+                               {"name", r.c.device},
+                               {"read_gb_s", r.c.read_bytes_per_s / 1e9},
+                               {"read_buffer_mib", double(r.c.read_buffer_bytes) / 1048576.0},
+                               {"f32_fma_tflop_s", r.c.fma_flops / 1e12},
+                               {"seconds", r.c.seconds},
+                               {"tg_device_bytes_per_token", r.share.tg_bytes_per_token},
+                               {"pp_device_flops_per_token", n_prompt > 0 ? r.share.pp_flops / n_prompt : 0.0}};
+      if (n_gen > 0) d["tg_pct_of_device_read"] = dev_tg_pct(r);
+      if (n_prompt > 0) d["pp_pct_of_device_fma"] = dev_pp_pct(r);
+      j["device_ceilings"].push_back(d);
+    }
     std::printf("%s\n", j.dump(output == "json" ? 2 : -1).c_str());
     return 0;
   }
@@ -288,6 +329,21 @@ int cmd_bench(int argc, char** argv) {
                 s.weight_bytes / 1048576.0, static_cast<unsigned long long>(s.submits));
   }
   if (with_ceiling) ceiling.print(stdout);
+  for (const DevReport& r : dev_reports) {
+    std::printf("device %s ceiling (%s, measured now in %.2f s): read %.4g GB/s (%.0f MiB buffer), f32 FMA %.3g TFLOP/s\n",
+                r.name.c_str(), r.c.device.c_str(), r.c.seconds, r.c.read_bytes_per_s / 1e9,
+                double(r.c.read_buffer_bytes) / 1048576.0, r.c.fma_flops / 1e12);
+    if (n_gen > 0)
+      std::printf("tg on %s: its weights %.2f MiB per token, %.3g GB/s at the best rep = %.2f %% of the device's read "
+                  "bandwidth\n",
+                  r.name.c_str(), r.share.tg_bytes_per_token / 1048576.0, best_tg * r.share.tg_bytes_per_token / 1e9,
+                  dev_tg_pct(r));
+    if (n_prompt > 0)
+      std::printf("pp on %s: its matmul work %.3g GFLOP per token, %.3g TFLOP/s at the best rep = %.2f %% of the device's "
+                  "f32 FMA peak\n",
+                  r.name.c_str(), r.share.pp_flops / n_prompt / 1e9, r.share.pp_flops / n_prompt * best_pp / 1e12,
+                  dev_pp_pct(r));
+  }
   if (!accels.empty())
     std::printf("host<->device traffic: %.1f KiB per prompt token, %.1f KiB per generated token\n",
                 n_prompt > 0 ? pp_moved / 1024.0 / (double(n_prompt) * reps) : 0.0,

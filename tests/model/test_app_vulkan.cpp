@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cmath>
 #include <fstream>
+#include <sstream>
 #include <random>
 #include <string>
 #include <thread>
@@ -171,4 +172,69 @@ TEST(AppVulkan, ServeAnswersAsTheCpuServer) {
   EXPECT_FALSE(a.empty());
   EXPECT_EQ(a, b);
   EXPECT_EQ(chat(gpu.port), b) << "a second request (prompt cache hit) answers the same";
+}
+
+// bench/gpu/device-pack.sh packs this build's kimi with its libraries (the Vulkan loader among them) into a
+// folder that runs on its own, and the device check runs from that folder on the tiny preset (lavapipe in
+// CI): every bench run ends well and reports the device's measured ceilings with decode and prefill as a
+// share of them, consistent with the run's own figures.
+TEST(AppVulkan, DevicePackCheck) {
+  if (!have_vulkan()) GTEST_SKIP() << "no Vulkan device on this machine: Vulkan CLI tests skipped";
+  test::TempDir d;
+  const std::string pack = d.file("device"), out = d.file("out");
+  auto sh = [](const std::string& cmd) {
+    test::RunResult r;
+    FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
+    if (!p) return r;
+    char buf[4096];
+    size_t n;
+    while ((n = std::fread(buf, 1, sizeof(buf), p)) > 0) r.out.append(buf, n);
+    const int st = ::pclose(p);
+    r.exit_code = WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+    return r;
+  };
+  const std::string src = KIMI_SOURCE_DIR;
+  auto r = sh("bash " + src + "/bench/gpu/device-pack.sh " + KIMI_BIN + " " + pack);
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  // what travels: the program (the same bytes), the Vulkan loader, the check; within the 64 MiB limit
+  EXPECT_EQ(test::read_file(pack + "/bin/kimi"), test::read_file(KIMI_BIN));
+  EXPECT_FALSE(test::read_file(pack + "/lib/libvulkan.so.1").empty());
+  EXPECT_FALSE(test::read_file(pack + "/glibc/ld-linux-x86-64.so.2").empty());
+  auto du = sh("du -sb " + pack);
+  ASSERT_EQ(du.exit_code, 0);
+  EXPECT_LT(std::stoll(du.out), 64ll << 20) << du.out;
+  // a packed folder that does not find its libraries fails: the launcher must supply them
+  auto bare = sh("env -u LD_LIBRARY_PATH " + pack + "/kimi version");
+  EXPECT_EQ(bare.exit_code, 0) << bare.out;
+
+  r = sh("KIMI_CHECK_BUDGET_S=240 bash " + pack + "/device-check.sh " + out + " --tiny");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const std::string s = test::read_file(out + "/summary.md");
+  for (const char* want : {"## bench-gpu-pp8-tg4", "## bench-gpu-pp16", "## bench-hybrid-pp8-tg4", "## bench-hybrid-pp16"})
+    EXPECT_NE(s.find(want), std::string::npos) << want << "\n" << s;
+  EXPECT_EQ(s.find("skipped"), std::string::npos) << s;
+  // per run: the ceiling line, and tg's share of the bandwidth = its GB/s over the measured GB/s
+  int ceilings = 0, tg_checked = 0;
+  std::istringstream in(s);
+  std::string line;
+  double read_gb_s = 0;
+  while (std::getline(in, line)) {
+    double a = 0, b = 0, c = 0;
+    if (const auto at = line.find(": read "); line.rfind("device vulkan:", 0) == 0 && at != std::string::npos) {
+      read_gb_s = std::stod(line.substr(at + 7));
+      const auto f = line.find("f32 FMA ");
+      ASSERT_NE(f, std::string::npos) << line;
+      EXPECT_GT(read_gb_s, 0.01) << line;
+      EXPECT_GT(std::stod(line.substr(f + 8)), 0.0) << line;
+      ++ceilings;
+    } else if (line.rfind("tg on vulkan:", 0) == 0 &&
+               std::sscanf(line.c_str() + line.find(": its weights"), ": its weights %lf MiB per token, %lf GB/s at the best rep = %lf",
+                           &a, &b, &c) == 3) {
+      EXPECT_GT(a, 0.0) << line;
+      EXPECT_NEAR(c, 100.0 * b / read_gb_s, 0.01 + 0.02 * c) << line;
+      ++tg_checked;
+    }
+  }
+  EXPECT_EQ(ceilings, 4) << s;
+  EXPECT_EQ(tg_checked, 2) << s;
 }

@@ -15,6 +15,7 @@
 
 #include "backend/backend.h"
 #include "backend/vulkan/vk_runtime.h"
+#include "backend/vulkan/vulkan_backend.h"
 #include "util/error.h"
 
 namespace kimi {
@@ -41,6 +42,7 @@ class VulkanBackend final : public Backend {
   BackendStats stats() const override;
   uint64_t memory_capacity() const override { return rt_.info().device_local; }
   vk::Runtime& runtime() { return rt_; }
+  DeviceCeiling measure_ceiling();  // vk_ceiling.cpp
 
   std::unique_ptr<Buffer> alloc(uint64_t bytes, const char* what) override;
   const uint8_t* place_weight(const std::string& name, const uint8_t* host, uint64_t bytes) override;

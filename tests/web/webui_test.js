@@ -458,6 +458,10 @@ async function main() {
                text: full.textContent };
     });
   }, MD_CASES);
+  // nesting 20000 deep (quotes, lists, emphasis) renders (as text below 48 levels) instead of overflowing the stack
+  const deep = await page.evaluate(() => ["> ".repeat(20000) + "x", "- ".repeat(20000) + "x", "*a ".repeat(9000) + "x" + " a*".repeat(9000)]
+    .map((t) => { const d = document.createElement("div"); try { MD.render(t, d); } catch (e) { return e.message; } return d.textContent.endsWith("x") || d.textContent.endsWith("a*") ? "ok" : d.textContent.slice(-20); }));
+  eq(deep, ["ok", "ok", "ok"], "deeply nested Markdown");
   MD_CASES.forEach(([, want], k) => {
     eq(mdResults[k].outline, want, `Markdown case ${k + 1}`);
     eq(mdResults[k].prefixesDiffer, 0, `Markdown case ${k + 1}: prefixes where incremental != whole rendering`);

@@ -489,6 +489,7 @@ async function main() {
   }).catch(async (e) => fail(`no streamed text: ${e.message}; state ${await state()}; JS errors: ${jsErrors.join("; ")}; ` +
                              `server: ${serverLog.slice(-3).join("\n")}`));
   check(await state() === "generating" && await page.isVisible("#stop"), "Stop is shown while generating");
+  await shot("desktop-streaming-light");
   await page.click("#stop");
   await waitState("stopped");
   check(await page.isVisible("#send") && !(await page.isVisible("#stop")), "after Stop: Send is back");

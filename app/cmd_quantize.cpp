@@ -12,19 +12,21 @@
 namespace {
 
 int cmd_quantize(int argc, char** argv) {
-  CLI::App app{"Quantize a kimi-k3 GGUF. Norms, 1-D tensors, router, conv, ssm_a/dt stay F32; MXFP4 routed experts "
-               "are copied byte for byte (unless --requantize-experts or a MoE mix preset: Q2_K_M, Q3_K_M, IQ2_XS_M, IQ4_XS); the DSA indexer matrices (indexer.attn_q_b, "
-               "indexer.attn_k, indexer.proj) always keep their source type. See docs/quantize.md.",
+  CLI::App app{"Quantize a kimi-k3 GGUF with llama-quantize's type names and per-tensor rules. Norms, 1-D tensors, "
+               "router, conv, ssm_a/dt stay F32; MXFP4 routed experts are copied byte for byte (unless "
+               "--requantize-experts or one of kimi's MoE mixes: Q2_K_MOE, Q3_K_MOE, IQ2_XS_MOE, IQ4_XS_MOE); the DSA "
+               "indexer matrices (indexer.attn_q_b, indexer.attn_k, indexer.proj) always keep their source type. "
+               "See docs/quantize.md.",
                "kimi quantize"};
+  app.footer(kimi::quant::targets_help());
   std::string in, out, type, requant_experts, out_type, embd_type, split;
   std::vector<std::string> overrides;
   kimi::quant::QuantizeOptions o;
   bool verbose = false;
-  std::string types;
-  for (const auto& n : kimi::quant::target_names()) types += (types.empty() ? "" : ", ") + n;
   app.add_option("IN", in, "input GGUF (any shard of a split file)")->required();
   app.add_option("OUT", out, "output GGUF")->required();
-  app.add_option("TYPE", type, "target: " + types + " (or its general.file_type number)")->required();
+  app.add_option("TYPE", type, "target: a llama-quantize type name or its number, or a MoE mix (list below)")
+      ->required();
   app.add_option("--requantize-experts", requant_experts,
                  "re-quantize the routed experts (*_exps) to this tensor type (e.g. Q2_K, IQ2_XS, IQ4_XS, Q4_K, Q8_0; "
                  "overrides a preset's expert types)");
@@ -34,7 +36,8 @@ int cmd_quantize(int argc, char** argv) {
   app.add_option("--error-imatrix", o.error_imatrix_path,
                  "measure each converted tensor's error weighted by this importance matrix (e.g. one from held-out "
                  "text: the relative expected matmul output error); per tensor with --verbose, per type in the summary");
-  app.add_flag("--allow-no-imatrix", o.rules.allow_no_imatrix, "quantize to IQ2_XS without an importance matrix");
+  app.add_flag("--allow-no-imatrix", o.rules.allow_no_imatrix,
+               "quantize to IQ2_XS (or Q2_K_S) without an importance matrix");
   app.add_option("--imatrix-prior", o.imatrix_prior,
                  "tokens' worth of the layer's mean importance blended into each expert's (default 16; 0 = none)")
       ->check(CLI::Range(0.0, 1e9));
@@ -75,7 +78,7 @@ int cmd_quantize(int argc, char** argv) {
   return 0;
 }
 
-kimi::app::Registrar reg("quantize", "quantize a GGUF (Q8_0, Q6_K, Q4_K_M, ..., MoE mixes Q2_K_M, IQ2_XS_M, ...; --imatrix; indexer exempt)",
+kimi::app::Registrar reg("quantize", "quantize a GGUF (llama-quantize's names: Q4_K_M, Q2_K, IQ4_XS, ...; MoE mixes Q2_K_MOE, ...; --imatrix; indexer exempt)",
                          cmd_quantize);
 
 }  // namespace

@@ -30,102 +30,207 @@ std::string lower(std::string s) {
   return s;
 }
 
-struct TargetRow {
-  const char* name;
-  FileType ftype;
-  GgmlType type;
-};
-// MoE mix presets: name, file type, routed gate/up, routed down, every other quantizable tensor
+// kimi's MoE mixes: name, file type, routed gate/up, routed down, every other quantizable tensor
 struct MixRow {
   const char* name;
   FileType ftype;
   GgmlType gate_up, down, always_read;
 };
 constexpr MixRow kMixes[] = {
-    {"IQ2_XS_M", FileType::MOSTLY_IQ2_XS, GgmlType::IQ2_XS, GgmlType::Q2_K, GgmlType::Q4_K},
-    {"Q2_K_M", FileType::MOSTLY_Q2_K, GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K},
-    {"Q3_K_M", FileType::MOSTLY_Q3_K_M, GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K},
-    {"IQ4_XS", FileType::MOSTLY_IQ4_XS, GgmlType::IQ4_XS, GgmlType::IQ4_XS, GgmlType::Q6_K},
+    {"IQ2_XS_MOE", FileType::MOSTLY_IQ2_XS, GgmlType::IQ2_XS, GgmlType::Q2_K, GgmlType::Q4_K},
+    {"Q2_K_MOE", FileType::MOSTLY_Q2_K, GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K},
+    {"Q3_K_MOE", FileType::MOSTLY_Q3_K_M, GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K},
+    {"IQ4_XS_MOE", FileType::MOSTLY_IQ4_XS, GgmlType::IQ4_XS, GgmlType::IQ4_XS, GgmlType::Q6_K},
 };
-constexpr TargetRow kTargets[] = {
-    {"Q8_0", FileType::MOSTLY_Q8_0, GgmlType::Q8_0},     {"Q6_K", FileType::MOSTLY_Q6_K, GgmlType::Q6_K},
-    {"Q5_K_M", FileType::MOSTLY_Q5_K_M, GgmlType::Q5_K}, {"Q5_K_S", FileType::MOSTLY_Q5_K_S, GgmlType::Q5_K},
-    {"Q4_K_M", FileType::MOSTLY_Q4_K_M, GgmlType::Q4_K}, {"Q4_K_S", FileType::MOSTLY_Q4_K_S, GgmlType::Q4_K},
-    {"Q4_0", FileType::MOSTLY_Q4_0, GgmlType::Q4_0},     {"BF16", FileType::MOSTLY_BF16, GgmlType::BF16},
-    {"F16", FileType::MOSTLY_F16, GgmlType::F16},        {"F32", FileType::ALL_F32, GgmlType::F32},
+
+// llama-quantize's names (tools/quantize/quantize.cpp QUANT_OPTIONS of llama.cpp v0.5.0, same order),
+// the default tensor type of each (llama_ftype_get_default_type), what its rules do in K3 files, and
+// the types its recipe needs that kimi cannot make (nullptr: none).
+struct LlamaRow {
+  const char* name;
+  FileType ftype;
+  const char* main_type;  // by name: Q1_0 / Q2_0 are not in kimi's type table
+  const char* recipe;
+  const char* cannot;     // the missing types
+  const char* alias_of;
 };
+using F = FileType;
+constexpr LlamaRow kLlama[] = {
+    {"Q1_0", F::MOSTLY_Q1_0, "Q1_0", " 1.12 bpw Q1_0", "Q1_0", nullptr},
+    {"Q2_0", F::MOSTLY_Q2_0, "Q2_0", " 2.25 bpw Q2_0", "Q2_0", nullptr},
+    {"Q4_0", F::MOSTLY_Q4_0, "Q4_0", "output Q6_K (with --imatrix llama.cpp wants Q4_1 for ffn_down of layers < n/8: refused)", nullptr, nullptr},
+    {"Q4_1", F::MOSTLY_Q4_1, "Q4_1", "", "Q4_1", nullptr},
+    {"MXFP4_MOE", F::MOSTLY_MXFP4_MOE, "MXFP4", "3-D tensors (experts, attn_k_b, attn_v_b) MXFP4, the rest Q8_0", nullptr, nullptr},
+    {"Q5_0", F::MOSTLY_Q5_0, "Q5_0", "output Q6_K; with --imatrix ffn_down of layers < n/8 Q5_1", nullptr, nullptr},
+    {"Q5_1", F::MOSTLY_Q5_1, "Q5_1", "output Q6_K", nullptr, nullptr},
+    {"IQ2_XXS", F::MOSTLY_IQ2_XXS, "IQ2_XXS", "", "IQ2_XXS", nullptr},
+    {"IQ2_XS", F::MOSTLY_IQ2_XS, "IQ2_XS", "needs --imatrix; output Q5_K, token_embd Q2_K, attn_v Q4_K (MoE), first n/8 ffn_down Q2_K", nullptr, nullptr},
+    {"IQ2_S", F::MOSTLY_IQ2_S, "IQ2_XS", "", "IQ3_S (token_embd, attn_output, first ffn_down)", nullptr},
+    {"IQ2_M", F::MOSTLY_IQ2_M, "IQ2_S", "", "IQ2_S, IQ3_S", nullptr},
+    {"IQ1_S", F::MOSTLY_IQ1_S, "IQ1_S", "", "IQ1_S, IQ2_XXS", nullptr},
+    {"IQ1_M", F::MOSTLY_IQ1_M, "IQ1_M", "", "IQ1_M, IQ2_XXS", nullptr},
+    {"TQ1_0", F::MOSTLY_TQ1_0, "TQ1_0", "", "TQ1_0", nullptr},
+    {"TQ2_0", F::MOSTLY_TQ2_0, "TQ2_0", "", "TQ2_0", nullptr},
+    {"Q2_K", F::MOSTLY_Q2_K, "Q2_K", "output Q6_K; attn_v Q3_K (Q4_K with GQA >= 4), ffn_down Q3_K, attn_output Q3_K", nullptr, nullptr},
+    {"Q2_K_S", F::MOSTLY_Q2_K_S, "Q2_K", "needs --imatrix; output Q6_K; ffn_down of layers < n/8 Q4_K", nullptr, nullptr},
+    {"IQ3_XXS", F::MOSTLY_IQ3_XXS, "IQ3_XXS", "", "IQ3_XXS, IQ3_S, IQ2_S", nullptr},
+    {"IQ3_S", F::MOSTLY_IQ3_S, "IQ3_S", "", "IQ3_S", nullptr},
+    {"IQ3_M", F::MOSTLY_IQ3_M, "IQ3_S", "", "IQ3_S", nullptr},
+    {"Q3_K", F::MOSTLY_Q3_K_M, "Q3_K", "", nullptr, "Q3_K_M"},
+    {"IQ3_XS", F::MOSTLY_IQ3_XS, "IQ3_S", "", "IQ3_S, IQ3_XXS", nullptr},
+    {"Q3_K_S", F::MOSTLY_Q3_K_S, "Q3_K", "output Q6_K", nullptr, nullptr},
+    {"Q3_K_M", F::MOSTLY_Q3_K_M, "Q3_K", "output Q6_K; attn_v Q5_K (first 2) else Q4_K; ffn_down Q5_K (layers < n/16) else Q4_K; attn_output Q4_K", nullptr, nullptr},
+    {"Q3_K_L", F::MOSTLY_Q3_K_L, "Q3_K", "output Q6_K; attn_v, ffn_down, attn_output Q5_K", nullptr, nullptr},
+    {"IQ4_NL", F::MOSTLY_IQ4_NL, "IQ4_NL", "", "IQ4_NL", nullptr},
+    {"IQ4_XS", F::MOSTLY_IQ4_XS, "IQ4_XS", "output Q6_K; without --imatrix ffn_down of layers < n/8 Q5_K", nullptr, nullptr},
+    {"Q4_K", F::MOSTLY_Q4_K_M, "Q4_K", "", nullptr, "Q4_K_M"},
+    {"Q4_K_S", F::MOSTLY_Q4_K_S, "Q4_K", "output Q6_K; first 4 attn_v and ffn_down of layers < n/8 Q5_K", nullptr, nullptr},
+    {"Q4_K_M", F::MOSTLY_Q4_K_M, "Q4_K", "output Q6_K; attn_v and ffn_down Q6_K in more_bits layers", nullptr, nullptr},
+    {"Q5_K", F::MOSTLY_Q5_K_M, "Q5_K", "", nullptr, "Q5_K_M"},
+    {"Q5_K_S", F::MOSTLY_Q5_K_S, "Q5_K", "output Q6_K", nullptr, nullptr},
+    {"Q5_K_M", F::MOSTLY_Q5_K_M, "Q5_K", "output Q6_K; attn_v and ffn_down Q6_K in more_bits layers", nullptr, nullptr},
+    {"Q6_K", F::MOSTLY_Q6_K, "Q6_K", "output Q6_K", nullptr, nullptr},
+    {"Q8_0", F::MOSTLY_Q8_0, "Q8_0", "everything Q8_0", nullptr, nullptr},
+    {"F16", F::MOSTLY_F16, "F16", "no mixture", nullptr, nullptr},
+    {"BF16", F::MOSTLY_BF16, "BF16", "no mixture", nullptr, nullptr},
+    {"F32", F::ALL_F32, "F32", "no mixture", nullptr, nullptr},
+};
+constexpr const char* kMixAliases[][2] = {{"Q2_K_M", "Q2_K_MOE"}, {"IQ2_XS_M", "IQ2_XS_MOE"}};
 
 bool writable(GgmlType t) { return t != GgmlType::Q8_K && can_quantize(t); }
 
 uint32_t block_of(GgmlType t) { return traits(t).block; }
 
-// The §5.3 mixture for one tensor: returns the type and sets `note` when a rule fired.
-GgmlType mix_type(const TensorDesc& t, Category cat, GgmlType ty, FileType ft, const ModelFacts& facts, bool has_output,
-                  int i_attn_v, int n_attn_v, int i_ffn_down, std::string& note) {
-  using F = FileType;
-  const bool tied_embd = !has_output && t.name == "token_embd.weight";
-  if (cat == Category::Output || tied_embd) {
-    const char* what = tied_embd ? "tied token_embd" : "output";
-    if (t.ne[0] % block_of(ty) != 0) {
-      note = fmt::format("{}: ne[0] = {} not a multiple of {} -> Q8_0", what, t.ne[0], block_of(ty));
-      return GgmlType::Q8_0;
+double bits_per_weight(GgmlType t) { return 8.0 * traits(t).bytes / traits(t).block; }
+
+// llama.cpp's quantize_state_impl counters (running positions in file order).
+struct MixState {
+  bool has_output = false;
+  int n_attn_v = 0, i_attn_v = 0, i_ffn_down = 0, i_ffn_gate = 0, i_ffn_up = 0;
+};
+
+// llama.cpp v0.5.0 `llama_tensor_get_type_impl` (src/llama-quant.cpp; formats-quant.md §5.3) for
+// the ftype `ft`, transcribed branch by branch; kimi-k3 is neither Falcon nor a 70B Llama, and the
+// attn_qkv branch is unreachable there (attn_qkv is attn_v-like). `ty` is the ftype's default type.
+// Sets `note` when a rule changed the type. The counters advance as llama.cpp's do.
+GgmlType llama_rules(const TensorDesc& t, Category cat, GgmlType ty, FileType ft, const ModelFacts& facts,
+                     bool has_imatrix, MixState& st, std::string& note) {
+  using G = GgmlType;
+  const int n_expert = facts.n_expert, n_gqa = facts.n_gqa;
+  auto is = [ft](std::initializer_list<FileType> l) { return std::find(l.begin(), l.end(), ft) != l.end(); };
+  GgmlType r = ty;
+  auto set = [&](GgmlType to, const std::string& why) {
+    if (to != r) note = fmt::format("{} -> {}", why, type_name(to));
+    r = to;
+  };
+  // FFN layer position: the layer from `blk.N.` in MoE models, else the running counter
+  auto layer_of = [&](int running) {
+    int i = running;
+    if (std::max(1, n_expert) > 1) {
+      auto li = layer_index(t.name);
+      check(li.has_value(), "tensor '{}': cannot determine its layer (expected a 'blk.N.' name)", t.name);
+      i = *li;
+      check(i < facts.n_layer, "tensor '{}': layer {} is outside [0, {}) (block_count)", t.name, i, facts.n_layer);
     }
-    if (ty != GgmlType::Q8_0) {
-      note = fmt::format("{} -> Q6_K", what);
-      return GgmlType::Q6_K;
+    return i;
+  };
+  const int n = facts.n_layer;
+  const bool tied = !st.has_output && cat == Category::TokenEmbd;
+  const bool attn_v = cat == Category::AttnV;
+  const bool iq2_family = is({F::MOSTLY_IQ2_XXS, F::MOSTLY_IQ2_XS, F::MOSTLY_IQ1_S, F::MOSTLY_IQ2_S, F::MOSTLY_IQ2_M,
+                              F::MOSTLY_IQ1_M});
+  const bool iq2_s_m = is({F::MOSTLY_IQ2_S, F::MOSTLY_IQ2_M});
+  if (cat == Category::Output || tied) {
+    const char* what = tied ? "tied token_embd" : "output";
+    if (ft == F::MOSTLY_MXFP4_MOE) set(G::Q8_0, fmt::format("{} in MXFP4_MOE", what));
+    else if (t.ne[0] % block_of(ty) != 0)
+      set(G::Q8_0, fmt::format("{}: ne[0] = {} not a multiple of {}", what, t.ne[0], block_of(ty)));
+    else if (is({F::MOSTLY_IQ2_XXS, F::MOSTLY_IQ2_XS, F::MOSTLY_IQ3_XXS, F::MOSTLY_IQ1_S, F::MOSTLY_IQ2_S,
+                 F::MOSTLY_IQ2_M, F::MOSTLY_IQ1_M}))
+      set(G::Q5_K, what);
+    else if (ty != G::Q8_0) set(G::Q6_K, what);
+  } else if (ft == F::MOSTLY_MXFP4_MOE) {
+    if (t.ne[2] > 1) set(G::MXFP4, "3-D tensor in MXFP4_MOE");
+    else set(G::Q8_0, "2-D tensor in MXFP4_MOE");
+  } else if (cat == Category::TokenEmbd) {
+    if (is({F::MOSTLY_IQ2_XXS, F::MOSTLY_IQ2_XS, F::MOSTLY_IQ1_S, F::MOSTLY_IQ1_M})) set(G::Q2_K, "token_embd");
+    else if (is({F::MOSTLY_IQ2_S, F::MOSTLY_IQ2_M, F::MOSTLY_IQ3_XXS})) set(G::IQ3_S, "token_embd");
+    else if (is({F::MOSTLY_TQ1_0, F::MOSTLY_TQ2_0, F::MOSTLY_Q2_0})) set(G::Q4_K, "token_embd");
+  } else if (iq2_family) {
+    if (attn_v) {
+      if (n_gqa >= 4 || n_expert >= 4) set(G::Q4_K, fmt::format("attn_v-like with GQA {} / {} experts", n_gqa, n_expert));
+      else set(iq2_s_m ? G::IQ3_S : G::Q2_K, "attn_v-like");
+      ++st.i_attn_v;
+    } else if (n_expert == 8 && cat == Category::AttnK) {
+      set(G::Q4_K, "attn_k in an 8-expert model");
+    } else if (cat == Category::FfnDown) {
+      if (st.i_ffn_down < n / 8)
+        set(iq2_s_m ? G::IQ3_S : G::Q2_K, fmt::format("ffn_down #{} of the first n/8 = {}", st.i_ffn_down, n / 8));
+      ++st.i_ffn_down;
+    } else if (cat == Category::AttnOut) {
+      if (n_expert == 8) set(G::Q5_K, "attn_output in an 8-expert model");
+      else if (is({F::MOSTLY_IQ1_S, F::MOSTLY_IQ1_M})) set(G::IQ2_XXS, "attn_output");
+      else if (iq2_s_m) set(G::IQ3_S, "attn_output");
     }
-    return ty;
+  } else if (attn_v) {
+    const int i = st.i_attn_v;
+    if (ft == F::MOSTLY_Q2_K) set(n_gqa >= 4 ? G::Q4_K : G::Q3_K, fmt::format("attn_v-like (GQA {})", n_gqa));
+    else if (ft == F::MOSTLY_Q2_K_S && n_gqa >= 4) set(G::Q4_K, fmt::format("attn_v-like (GQA {})", n_gqa));
+    else if (ft == F::MOSTLY_IQ3_XXS)
+      set(n_gqa >= 4 ? G::Q4_K : !has_imatrix ? G::IQ3_S : G::IQ3_XXS, "attn_v-like");
+    else if (is({F::MOSTLY_IQ3_XS, F::MOSTLY_IQ3_S}) && n_gqa >= 4) set(G::Q4_K, "attn_v-like (GQA >= 4)");
+    else if (ft == F::MOSTLY_IQ3_M) set(G::Q4_K, "attn_v-like");
+    else if (ft == F::MOSTLY_Q3_K_M) set(i < 2 ? G::Q5_K : G::Q4_K, fmt::format("attn_v-like #{}", i));
+    else if (ft == F::MOSTLY_Q3_K_L) set(G::Q5_K, "attn_v-like");
+    else if (is({F::MOSTLY_IQ4_NL, F::MOSTLY_IQ4_XS}) && n_gqa >= 4) set(G::Q5_K, "attn_v-like (GQA >= 4)");
+    else if (is({F::MOSTLY_Q4_K_M, F::MOSTLY_Q5_K_M}) && more_bits(i, st.n_attn_v))
+      set(G::Q6_K, fmt::format("attn_v-like {}/{} is a more_bits one", i, st.n_attn_v));
+    else if (ft == F::MOSTLY_Q4_K_S && i < 4) set(G::Q5_K, fmt::format("attn_v-like {} of the first 4", i));
+    if (n_expert == 8) set(G::Q8_0, "attn_v-like in an 8-expert model");
+    ++st.i_attn_v;
+  } else if (cat == Category::AttnK) {
+    if (n_expert == 8) set(G::Q8_0, "attn_k in an 8-expert model");
+    else if (ft == F::MOSTLY_IQ3_XS) set(G::IQ3_XXS, "attn_k");
+    else if (ft == F::MOSTLY_IQ3_XXS) set(G::IQ2_S, "attn_k");
+  } else if (cat == Category::AttnQ) {
+    if (ft == F::MOSTLY_IQ3_XS) set(G::IQ3_XXS, "attn_q");
+    else if (ft == F::MOSTLY_IQ3_XXS) set(G::IQ2_S, "attn_q");
+  } else if (cat == Category::FfnDown) {
+    const int i = layer_of(st.i_ffn_down);
+    const std::string at = fmt::format("ffn_down in layer {}/{}", i, n);
+    if (ft == F::MOSTLY_Q2_K) set(G::Q3_K, "ffn_down");
+    else if (ft == F::MOSTLY_Q2_K_S) {
+      if (i < n / 8) set(G::Q4_K, at + " < n/8");
+    } else if (ft == F::MOSTLY_IQ3_XXS && !has_imatrix) set(i < n / 8 ? G::Q4_K : G::Q3_K, at);
+    else if (ft == F::MOSTLY_Q3_K_M) set(i < n / 16 ? G::Q5_K : G::Q4_K, at + (i < n / 16 ? " < n/16" : ""));
+    else if (ft == F::MOSTLY_IQ3_M && (i < n / 8 || (n_expert == 8 && more_bits(i, n)))) set(G::Q4_K, at);
+    else if (ft == F::MOSTLY_Q3_K_L) set(G::Q5_K, "ffn_down");
+    else if (ft == F::MOSTLY_Q4_K_M) {
+      if (more_bits(i, n)) set(G::Q6_K, "ffn_down in more_bits layer " + std::to_string(i) + "/" + std::to_string(n));
+    } else if (i < n / 8 && is({F::MOSTLY_IQ4_NL, F::MOSTLY_IQ4_XS}) && !has_imatrix) set(G::Q5_K, at + " < n/8, no imatrix");
+    else if (ft == F::MOSTLY_Q5_K_M && more_bits(i, n))
+      set(G::Q6_K, "ffn_down in more_bits layer " + std::to_string(i) + "/" + std::to_string(n));
+    else if (ft == F::MOSTLY_Q4_K_S && i < n / 8) set(G::Q5_K, fmt::format("ffn_down in layer {} < n/8 = {}", i, n / 8));
+    else if (is({F::MOSTLY_Q4_0, F::MOSTLY_Q5_0}) && has_imatrix && i < n / 8)
+      set(ft == F::MOSTLY_Q4_0 ? G::Q4_1 : G::Q5_1, at + " < n/8 with an imatrix");
+    ++st.i_ffn_down;
+  } else if (cat == Category::AttnOut) {
+    if (n_expert == 8) {
+      if (is({F::MOSTLY_Q2_K, F::MOSTLY_IQ3_XS, F::MOSTLY_IQ3_XXS, F::MOSTLY_Q3_K_S, F::MOSTLY_Q3_K_M, F::MOSTLY_IQ4_NL,
+              F::MOSTLY_Q4_K_S, F::MOSTLY_Q4_K_M, F::MOSTLY_IQ3_S, F::MOSTLY_IQ3_M, F::MOSTLY_IQ4_XS}))
+        set(G::Q5_K, "attn_output in an 8-expert model");
+    } else if (ft == F::MOSTLY_Q2_K) set(G::Q3_K, "attn_output");
+    else if (ft == F::MOSTLY_IQ3_XXS) set(G::IQ3_S, "attn_output");
+    else if (ft == F::MOSTLY_Q3_K_M) set(G::Q4_K, "attn_output");
+    else if (ft == F::MOSTLY_Q3_K_L) set(G::Q5_K, "attn_output");
+    else if (ft == F::MOSTLY_IQ3_M) set(G::Q4_K, "attn_output");
+  } else if (cat == Category::FfnGate || cat == Category::FfnUp) {
+    int& counter = cat == Category::FfnGate ? st.i_ffn_gate : st.i_ffn_up;
+    const int i = layer_of(counter);
+    if (ft == F::MOSTLY_IQ3_XS && i >= n / 8 && i < 7 * n / 8) set(G::IQ3_XXS, "ffn_gate/up in the middle layers");
+    ++counter;
   }
-  switch (cat) {
-    case Category::AttnV: {
-      GgmlType r = ty;
-      if ((ft == F::MOSTLY_Q4_K_M || ft == F::MOSTLY_Q5_K_M) && more_bits(i_attn_v, n_attn_v)) {
-        r = GgmlType::Q6_K;
-        note = fmt::format("attn_v-like {}/{} is a more_bits one -> Q6_K", i_attn_v, n_attn_v);
-      } else if (ft == F::MOSTLY_Q4_K_S && i_attn_v < 4) {
-        r = GgmlType::Q5_K;
-        note = fmt::format("attn_v-like {} of the first 4 -> Q5_K", i_attn_v);
-      }
-      if (facts.n_expert == 8) {
-        r = GgmlType::Q8_0;
-        note = "attn_v-like in an 8-expert model -> Q8_0";
-      }
-      return r;
-    }
-    case Category::AttnK:
-      if (facts.n_expert == 8) {
-        note = "attn_k in an 8-expert model -> Q8_0";
-        return GgmlType::Q8_0;
-      }
-      return ty;
-    case Category::FfnDown: {
-      int i = i_ffn_down;
-      const int n = facts.n_layer;
-      if (facts.n_expert > 1) {  // MoE: the layer index from the name (experts are not in layer order)
-        auto li = layer_index(t.name);
-        check(li.has_value(), "tensor '{}': cannot determine its layer (expected a 'blk.N.' name)", t.name);
-        i = *li;
-      }
-      check(n > 0 && i >= 0 && i < n, "tensor '{}': layer {} is outside [0, {}) (block_count)", t.name, i, n);
-      if ((ft == F::MOSTLY_Q4_K_M || ft == F::MOSTLY_Q5_K_M) && more_bits(i, n)) {
-        note = fmt::format("ffn_down in more_bits layer {}/{} -> Q6_K", i, n);
-        return GgmlType::Q6_K;
-      }
-      if (ft == F::MOSTLY_Q4_K_S && i < n / 8) {
-        note = fmt::format("ffn_down in layer {} < n/8 = {} -> Q5_K", i, n / 8);
-        return GgmlType::Q5_K;
-      }
-      return ty;
-    }
-    case Category::AttnOut:
-      if (facts.n_expert == 8 && (ft == F::MOSTLY_Q4_K_S || ft == F::MOSTLY_Q4_K_M)) {
-        note = "attn_output in an 8-expert model -> Q5_K";
-        return GgmlType::Q5_K;
-      }
-      return ty;
-    default:  // token_embd (untied), attn_q, ffn_up, ffn_gate, other: no rule for our targets
-      return ty;
-  }
+  return r;
 }
 
 // " (did you mean 'X'?)" for the closest name (edit distance, case-insensitive) when it is close.
@@ -155,32 +260,105 @@ std::string did_you_mean(const std::string& text, const std::vector<std::string>
 }  // namespace
 
 // ------------------------------------------------------------------------------------------------
+const std::vector<TargetInfo>& target_table() {
+  static const std::vector<TargetInfo> table = [] {
+    std::vector<TargetInfo> v;
+    for (const auto& r : kLlama) {
+      TargetInfo i;
+      i.name = r.name;
+      i.ftype = static_cast<int>(r.ftype);
+      i.main_type = r.main_type;
+      if (auto t = type_from_name(r.main_type)) i.bpw = bits_per_weight(*t);
+      i.recipe = r.recipe;
+      if (r.cannot) i.cannot = fmt::format("needs {} (no quantizer in kimi)", r.cannot);
+      if (r.alias_of) i.alias_of = r.alias_of;
+      v.push_back(std::move(i));
+    }
+    TargetInfo copy;
+    copy.name = "COPY";
+    copy.recipe = "only copy tensors, no quantizing";
+    v.push_back(copy);
+    for (const auto& r : kMixes) {
+      TargetInfo i;
+      i.name = r.name;
+      i.main_type = type_name(r.gate_up);
+      i.bpw = bits_per_weight(r.gate_up);
+      i.mix = true;
+      i.recipe = fmt::format("routed experts {} (gate/up) + {} (down), MXFP4 ones re-quantized; every other "
+                             "tensor {}; output and more_bits ffn_down Q6_K{}",
+                             type_name(r.gate_up), type_name(r.down), type_name(r.always_read),
+                             requires_imatrix("", r.gate_up, r.ftype) ? "; needs --imatrix" : "");
+      v.push_back(std::move(i));
+    }
+    for (const auto& a : kMixAliases) {
+      TargetInfo i;
+      i.name = a[0];
+      i.alias_of = a[1];
+      i.mix = true;
+      v.push_back(std::move(i));
+    }
+    return v;
+  }();
+  return table;
+}
+
 const std::vector<std::string>& target_names() {
   static const std::vector<std::string> names = [] {
     std::vector<std::string> v;
-    for (const auto& r : kTargets) v.emplace_back(r.name);
-    for (const auto& r : kMixes) v.emplace_back(r.name);
-    v.emplace_back("Q4_K");
-    v.emplace_back("Q5_K");
-    v.emplace_back("COPY");
+    for (const auto& i : target_table())
+      if (i.cannot.empty()) v.push_back(i.name);
     return v;
   }();
   return names;
 }
 
+std::string targets_help() {
+  std::string out =
+      "Quantization types: llama-quantize's names and numbers (same per-tensor rules as llama.cpp's; bpw = bits per "
+      "weight of the main type; 8-expert models also get llama.cpp's 8-expert bumps). K3's MXFP4 routed experts are "
+      "copied byte for byte under every llama.cpp name (MXFP4_MOE keeps them MXFP4 too) unless --requantize-experts "
+      "TYPE; BF16 experts follow the name's rules. The DSA indexer's three matrices are never changed.\n";
+  bool mixes = false;
+  for (const auto& i : target_table()) {
+    if (i.mix && !mixes) {
+      out += "kimi's MoE mixes (experts at 2-4 bits: what the llama.cpp names leave as MXFP4):\n";
+      mixes = true;
+    }
+    std::string head = i.ftype >= 0 ? fmt::format("  {:2d}  or  ", i.ftype) : std::string(10, ' ');
+    head += fmt::format("{:<10} : ", i.name);
+    if (!i.alias_of.empty()) {
+      out += head + "alias for " + i.alias_of + "\n";
+      continue;
+    }
+    std::string size = i.bpw > 0 ? fmt::format("{:5.2f} bpw {}", i.bpw, i.main_type) : std::string();
+    if (!i.cannot.empty()) {
+      out += head + (size.empty() ? i.recipe : size) + " -- not made by kimi: " + i.cannot + "\n";
+      continue;
+    }
+    out += head + (size.empty() ? "" : size + (i.recipe.empty() ? "" : "; ")) + i.recipe + "\n";
+  }
+  return out;
+}
+
 Target parse_target(const std::string& text) {
   std::string s = upper(text);
-  if (s == "Q4_K") s = "Q4_K_M";
-  if (s == "Q5_K") s = "Q5_K_M";
-  if (s == "COPY") return Target{"COPY", FileType::MOSTLY_BF16, GgmlType::BF16, true};
   unsigned num = 0;
   auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), num);
   const bool is_num = !s.empty() && ec == std::errc() && p == s.data() + s.size();
-  for (const auto& r : kTargets)
-    if ((is_num && num == static_cast<unsigned>(r.ftype)) || (!is_num && s == r.name))
-      return Target{r.name, r.ftype, r.type, false};
-  for (const auto& r : kMixes)
+  for (const auto& a : kMixAliases)
+    if (s == a[0]) s = a[1];
+  if (s == "COPY") return Target{"COPY", FileType::MOSTLY_BF16, GgmlType::BF16, true};
+  for (const auto& r : kLlama)
     if ((is_num && num == static_cast<unsigned>(r.ftype)) || (!is_num && s == r.name)) {
+      if (r.cannot)
+        fail("quantization type '{}' (llama.cpp ftype {}, {}) cannot be made by kimi: its recipe needs {}, which kimi "
+             "has no quantizer for (`kimi quantize --help` lists the types it makes)",
+             text, static_cast<unsigned>(r.ftype), r.name, r.cannot);
+      const std::string name = r.alias_of ? r.alias_of : r.name;
+      return Target{name, r.ftype, *type_from_name(r.main_type), false};
+    }
+  for (const auto& r : kMixes)
+    if (!is_num && s == r.name) {
       Target t{r.name, r.ftype, r.always_read, false};
       t.moe_mix = true;
       t.exp_gate_up = r.gate_up;
@@ -190,7 +368,7 @@ Target parse_target(const std::string& text) {
     }
   std::string list;
   for (const auto& n : target_names()) list += (list.empty() ? "" : ", ") + n;
-  fail("unknown quantization type '{}'{} (expected one of {}, or the file_type number of one of them)", text,
+  fail("unknown quantization type '{}'{} (expected one of {}, or the llama.cpp file_type number of one of them)", text,
        did_you_mean(text, target_names()), list);
 }
 
@@ -315,11 +493,18 @@ const char* not_quantizable_reason(std::string_view name, const std::array<int64
   return nullptr;
 }
 
-bool requires_imatrix(GgmlType t) {
-  return t == GgmlType::IQ2_XXS || t == GgmlType::IQ2_XS || t == GgmlType::IQ2_S || t == GgmlType::IQ1_S ||
-         t == GgmlType::IQ1_M || t == GgmlType::IQ3_XXS;
+bool requires_imatrix(std::string_view name, GgmlType t, FileType ft) {
+  if (name == "token_embd.weight" || name == "per_layer_token_embd.weight" || name == "output.weight") return false;
+  switch (t) {
+    case GgmlType::IQ3_XXS: case GgmlType::IQ2_XXS: case GgmlType::IQ2_XS: case GgmlType::IQ2_S:
+    case GgmlType::IQ1_M: case GgmlType::IQ1_S:
+      return true;
+    case GgmlType::Q2_K:
+      return ft == FileType::MOSTLY_Q2_K_S;
+    default:
+      return false;
+  }
 }
-
 bool is_float_type(GgmlType t) { return t == GgmlType::F32 || t == GgmlType::F16 || t == GgmlType::BF16; }
 
 const char* why_name(Why w) {
@@ -340,29 +525,31 @@ const char* why_name(Why w) {
 
 // ------------------------------------------------------------------------------------------------
 std::vector<Decision> plan(const std::vector<TensorDesc>& tensors, const ModelFacts& facts, const RuleOptions& o) {
-  bool has_output = false;
-  int n_attn_v = 0;
+  MixState st;  // llama.cpp's counters: totals first (init_quantize_state_counters), positions as it goes
   for (const auto& t : tensors) {
-    if (t.name == "output.weight") has_output = true;
-    if (category(t.name) == Category::AttnV) ++n_attn_v;
+    if (t.name == "output.weight") st.has_output = true;
+    if (category(t.name) == Category::AttnV) ++st.n_attn_v;
   }
-  int i_attn_v = 0, i_ffn_down = 0;
-  std::vector<Decision> out;
-  out.reserve(tensors.size());
+  // llama.cpp decides the tensors in its loader's order (weight_name_comparer: by the layer of
+  // `blk.N.`, names without one first, then by name), and its running counters depend on it
+  std::vector<size_t> order(tensors.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    const int la = layer_index(tensors[a].name).value_or(-1), lb = layer_index(tensors[b].name).value_or(-1);
+    if (la != lb) return la < lb;
+    return tensors[a].name < tensors[b].name;
+  });
+  std::vector<Decision> out(tensors.size());
 
-  for (const auto& t : tensors) {
+  for (const size_t ti : order) {
+    const TensorDesc& t = tensors[ti];
     const Category cat = category(t.name);
-    // running positions of §5.3, counted over every tensor of the category (whatever decides it)
-    const int my_attn_v = cat == Category::AttnV ? i_attn_v++ : -1;
-    const int my_ffn_down = cat == Category::FfnDown ? i_ffn_down++ : -1;
-
-    Decision d;
+    Decision& d = out[ti];
     auto keep = [&](Why why, std::string note) {
       d.type = t.type;
       d.copy = true;
       d.why = why;
       d.note = std::move(note);
-      out.push_back(d);
     };
     // 1. the DSA indexer's matrices: exempt from everything (decision 5)
     if (cat == Category::Indexer && n_dims(t.ne) >= 2) {
@@ -381,20 +568,58 @@ std::vector<Decision> plan(const std::vector<TensorDesc>& tensors, const ModelFa
       keep(Why::NotQuantizable, r);
       continue;
     }
+    const Override* ov = nullptr;
+    for (const auto& x : o.overrides)
+      if (std::regex_search(t.name, x.re)) {
+        ov = &x;
+        break;
+      }
+    const bool tied_embd = !st.has_output && cat == Category::TokenEmbd;
     // 4./5. the wanted type
     GgmlType ty = o.target.default_type;
     const bool mix_experts = experts && o.target.moe_mix && !requant_experts;
-    if (mix_experts) {  // preset expert types (MXFP4 experts are re-quantized to them)
+    if (!o.target.moe_mix) {
+      // llama.cpp's llama_tensor_get_type for this name, run for every tensor it would quantize (so its
+      // running counters advance as there, also over the MXFP4 experts that kimi keeps)
+      GgmlType lt = ty;
+      Why why = Why::Default;
+      std::string note;
+      if (cat == Category::TokenEmbd && o.token_embd_type) {
+        lt = *o.token_embd_type;
+        why = Why::TokenEmbdFlag;
+      } else if ((cat == Category::Output || tied_embd) && o.output_type) {
+        lt = *o.output_type;
+        why = Why::OutputFlag;
+      } else if (ov) {
+        lt = ov->type;
+        why = Why::Override;
+        note = fmt::format("'{}'", ov->text);
+      } else if (!o.pure && !is_float_type(lt)) {
+        const GgmlType m = llama_rules(t, cat, lt, o.target.ftype, facts, o.have_imatrix, st, note);
+        if (m != lt) why = Why::Mix;
+        lt = m;
+      }
+      if (requant_experts) {
+        ty = *o.requantize_experts;
+        d.why = Why::ExpertsRequant;
+        d.note = fmt::format("routed experts {} -> {}", type_name(t.type), type_name(ty));
+      } else if (experts && t.type == GgmlType::MXFP4) {
+        keep(Why::ExpertsKept, "MXFP4 routed experts copied byte for byte (--requantize-experts TYPE to change)");
+        continue;
+      } else {
+        ty = lt;
+        d.why = why;
+        d.note = note;
+      }
+    } else if (mix_experts) {  // the mix's expert types (MXFP4 experts are re-quantized to them)
       ty = cat == Category::FfnDown ? o.target.exp_down : o.target.exp_gate_up;
       d.why = Why::Mix;
-      d.note = fmt::format("{} preset: routed experts {} -> {}", o.target.name, type_name(t.type), type_name(ty));
-      for (const auto& x : o.overrides)  // an explicit --tensor-type still wins
-        if (std::regex_search(t.name, x.re)) {
-          ty = x.type;
-          d.why = Why::Override;
-          d.note = fmt::format("'{}'", x.text);
-          break;
-        }
+      d.note = fmt::format("{} mix: routed experts {} -> {}", o.target.name, type_name(t.type), type_name(ty));
+      if (ov) {  // an explicit --tensor-type still wins
+        ty = ov->type;
+        d.why = Why::Override;
+        d.note = fmt::format("'{}'", ov->text);
+      }
     } else if (requant_experts) {
       ty = *o.requantize_experts;
       d.why = Why::ExpertsRequant;
@@ -402,68 +627,48 @@ std::vector<Decision> plan(const std::vector<TensorDesc>& tensors, const ModelFa
     } else if (experts && t.type == GgmlType::MXFP4) {
       keep(Why::ExpertsKept, "MXFP4 routed experts copied byte for byte (--requantize-experts TYPE to change)");
       continue;
+    } else if (cat == Category::TokenEmbd && o.token_embd_type) {  // kimi's MoE mixes, the other tensors
+      ty = *o.token_embd_type;
+      d.why = Why::TokenEmbdFlag;
+    } else if ((cat == Category::Output || tied_embd) && o.output_type) {
+      ty = *o.output_type;
+      d.why = Why::OutputFlag;
+    } else if (ov) {
+      ty = ov->type;
+      d.why = Why::Override;
+      d.note = fmt::format("'{}'", ov->text);
+    } else if (!o.pure && cat == Category::Output) {
+      ty = GgmlType::Q6_K;
+      d.why = Why::Mix;
+      d.note = "output -> Q6_K";
+    } else if (!o.pure && cat == Category::FfnDown && facts.n_layer > 0 && layer_index(t.name) &&
+               more_bits(*layer_index(t.name), facts.n_layer) && ty != GgmlType::Q6_K) {
+      d.why = Why::Mix;
+      d.note = fmt::format("ffn_down in more_bits layer {}/{} -> Q6_K", *layer_index(t.name), facts.n_layer);
+      ty = GgmlType::Q6_K;
     } else {
-      const Override* ov = nullptr;
-      for (const auto& x : o.overrides)
-        if (std::regex_search(t.name, x.re)) {
-          ov = &x;
-          break;
-        }
-      const bool tied_embd = !has_output && t.name == "token_embd.weight";
-      if (t.name == "token_embd.weight" && o.token_embd_type) {
-        ty = *o.token_embd_type;
-        d.why = Why::TokenEmbdFlag;
-      } else if ((t.name == "output.weight" || tied_embd) && o.output_type) {
-        ty = *o.output_type;
-        d.why = Why::OutputFlag;
-      } else if (ov) {
-        ty = ov->type;
-        d.why = Why::Override;
-        d.note = fmt::format("'{}'", ov->text);
-      } else if (o.target.moe_mix && !o.pure) {
-        if (cat == Category::Output) {
-          ty = GgmlType::Q6_K;
-          d.why = Why::Mix;
-          d.note = "output -> Q6_K";
-        } else if (cat == Category::FfnDown && facts.n_layer > 0 && layer_index(t.name) &&
-                   more_bits(*layer_index(t.name), facts.n_layer) && ty != GgmlType::Q6_K) {
-          d.why = Why::Mix;
-          d.note = fmt::format("ffn_down in more_bits layer {}/{} -> Q6_K", *layer_index(t.name), facts.n_layer);
-          ty = GgmlType::Q6_K;
-        } else {
-          d.why = Why::Default;
-          d.note = fmt::format("{} preset: always-read tensor", o.target.name);
-        }
-      } else if (!o.pure && !is_float_type(ty)) {
-        std::string note;
-        GgmlType m = mix_type(t, cat, ty, o.target.ftype, facts, has_output, my_attn_v, n_attn_v, my_ffn_down, note);
-        if (m != ty) {
-          d.why = Why::Mix;
-          d.note = note;
-        }
-        ty = m;
-      } else {
-        d.why = Why::Default;
-      }
+      d.why = Why::Default;
+      if (!o.pure) d.note = fmt::format("{} mix: always-read tensor", o.target.name);
     }
-    // 6. block-size fallback, then types this build cannot write
-    const GgmlType fb = block_fallback(ty, t.ne[0]);
+    // 6. block-size fallback, then a fallback type kimi cannot make
     auto add_note = [&](const std::string& s) { d.note += (d.note.empty() ? "" : "; ") + s; };
+    check(writable(ty), "tensor '{}': {} gives it {} ({}), a type kimi cannot make (choose its type with "
+          "--tensor-type PATTERN=TYPE)", t.name, o.target.name, type_name(ty), d.note.empty() ? why_name(d.why) : d.note);
+    const GgmlType fb = block_fallback(ty, t.ne[0]);
     if (fb != ty) {
       add_note(fmt::format("fallback {} -> {} (ne[0] = {} is not a multiple of {})", type_name(ty), type_name(fb),
                            t.ne[0], block_of(ty)));
       d.fallback = true;
       ty = fb;
     }
-    if (!writable(ty)) {
-      GgmlType sub = t.ne[0] % block_of(GgmlType::Q8_0) == 0 ? GgmlType::Q8_0 : GgmlType::F16;
-      check(writable(sub), "tensor '{}': no quantizer for {} or {} in this build", t.name, type_name(ty), type_name(sub));
-      add_note(fmt::format("{} has no quantizer in this build -> {}", type_name(ty), type_name(sub)));
+    if (!writable(ty)) {  // IQ4_NL, the fallback of the IQ types
+      GgmlType sub = t.ne[0] % block_of(GgmlType::Q5_0) == 0 ? GgmlType::Q5_0 : GgmlType::F16;
+      add_note(fmt::format("kimi cannot make {} -> {}", type_name(ty), type_name(sub)));
       d.fallback = true;
       ty = sub;
     }
     d.type = ty;
-    check(!requires_imatrix(ty) || ty == t.type || o.have_imatrix || o.allow_no_imatrix,
+    check(!requires_imatrix(t.name, ty, o.target.ftype) || ty == t.type || o.have_imatrix || o.allow_no_imatrix,
           "tensor '{}': {} needs an importance matrix (--imatrix FILE from `kimi imatrix`; --allow-no-imatrix to "
           "quantize without one anyway)", t.name, type_name(ty));
     // 7. requantization
@@ -479,7 +684,6 @@ std::vector<Decision> plan(const std::vector<TensorDesc>& tensors, const ModelFa
             "tensor '{}': its type {} cannot be decoded by this build, so it cannot be converted to {}", t.name,
             type_name(t.type), type_name(ty));
     }
-    out.push_back(d);
   }
   return out;
 }

@@ -111,6 +111,20 @@ ModelFacts model_facts(const gguf::Reader& r) {
   if (!arch.empty()) {
     f.n_layer = static_cast<int>(r.get_u32_or(arch + ".block_count", 0));
     f.n_expert = static_cast<int>(r.get_u32_or(arch + ".expert_count", 0));
+    // llama.cpp's n_gqa(): head_count / head_count_kv of layer 0 (either may be a per-layer array)
+    auto layer0 = [&](const std::string& key) -> int64_t {
+      const gguf::Value* v = r.find(key);
+      if (!v) return 0;
+      using VT = gguf::ValueType;
+      if (v->type != VT::ARRAY)
+        return v->type == VT::INT8 || v->type == VT::INT16 || v->type == VT::INT32 || v->type == VT::INT64
+                   ? v->i : static_cast<int64_t>(v->u);
+      if (!v->uints.empty()) return static_cast<int64_t>(v->uints[0]);
+      if (!v->ints.empty()) return v->ints[0];
+      return 0;
+    };
+    const int64_t n_head = layer0(arch + ".attention.head_count"), n_head_kv = layer0(arch + ".attention.head_count_kv");
+    f.n_gqa = n_head_kv > 0 ? static_cast<int>(n_head / n_head_kv) : 0;
   }
   if (f.n_layer == 0)
     for (const auto& t : r.tensors())
@@ -202,7 +216,7 @@ QuantizeResult quantize(const QuantizeOptions& o, const std::function<void(const
         rep.imatrix_used = true;
         res.n_imatrix++;
       } else {
-        check(!requires_imatrix(plan_[i].type) || o.rules.allow_no_imatrix,
+        check(!requires_imatrix(t.name, plan_[i].type, o.rules.target.ftype) || o.rules.allow_no_imatrix,
               "imatrix {}: no entry for '{}', which {} needs (--allow-no-imatrix to quantize it without one)",
               o.imatrix_path, t.name, type_name(plan_[i].type));
       }

@@ -199,10 +199,10 @@ TEST(Imatrix, WidePresetsWithAndWithoutImatrix) {
   wide_imatrix().write_gguf(imat);
   auto in = gguf::Reader::open(src);
   struct Want { const char* preset; GgmlType gate_up, down, rest; };
-  const Want wants[] = {{"Q2_K_M", GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K},
-                        {"IQ2_XS_M", GgmlType::IQ2_XS, GgmlType::Q2_K, GgmlType::Q4_K},
-                        {"Q3_K_M", GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K},
-                        {"IQ4_XS", GgmlType::IQ4_XS, GgmlType::IQ4_XS, GgmlType::Q6_K}};
+  const Want wants[] = {{"Q2_K_MOE", GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K},
+                        {"IQ2_XS_MOE", GgmlType::IQ2_XS, GgmlType::Q2_K, GgmlType::Q4_K},
+                        {"Q3_K_MOE", GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K},
+                        {"IQ4_XS_MOE", GgmlType::IQ4_XS, GgmlType::IQ4_XS, GgmlType::Q6_K}};
   for (const auto& w : wants) {
     SCOPED_TRACE(w.preset);
     std::map<int, std::unique_ptr<gguf::Reader>> outs;

@@ -557,7 +557,8 @@ TEST(Quantize, BadInputsErrorCleanly) {
   const std::string out = td.file("out.gguf");
   struct Case { std::string args; std::string want; };
   const std::vector<Case> cases = {
-      {q(src) + " " + q(out) + " Q3_K_S", "unknown quantization type 'Q3_K_S'"},
+      {q(src) + " " + q(out) + " Q3_K_XL", "unknown quantization type 'Q3_K_XL'"},
+      {q(src) + " " + q(out) + " IQ1_S", "'IQ1_S' (llama.cpp ftype 24, IQ1_S) cannot be made by kimi"},
       {q(td.file("missing.gguf")) + " " + q(out) + " Q4_K_M", "does not exist"},
       {q(std::string(KIMI_SOURCE_DIR) + "/CMakeLists.txt") + " " + q(out) + " Q4_K_M", "not a GGUF file"},
       {q(src) + " " + q(out) + " Q4_K_M --tensor-type 'blk.(3=q4_0'", "bad regular expression"},

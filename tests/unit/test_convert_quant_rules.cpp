@@ -98,7 +98,9 @@ Model k3(int n_layer, int n_expert, int64_t d = 7168, bool tied = false) {
 RuleOptions opts(const std::string& target) {
   RuleOptions o;
   o.target = parse_target(target);
-  o.have_imatrix = true;  // the IQ2_XS presets need one (tested on its own in MoeMixNeedsImatrixForIq2)
+  // the IQ2_XS names need one (tested on their own in MoeMixNeedsImatrixForIq2 / LlamaNamesOnK3); Q4_0 with
+  // one asks for Q4_1, which kimi cannot make (LlamaNamesOnK3)
+  o.have_imatrix = target != "Q4_0";
   return o;
 }
 
@@ -144,6 +146,14 @@ TEST(QuantRules, ParseTargetNamesAliasesNumbers) {
       {"F16", "F16", FileType::MOSTLY_F16, F16},           {"15", "Q4_K_M", FileType::MOSTLY_Q4_K_M, Q4_K},
       {"7", "Q8_0", FileType::MOSTLY_Q8_0, Q8_0},          {"18", "Q6_K", FileType::MOSTLY_Q6_K, Q6_K},
       {"32", "BF16", FileType::MOSTLY_BF16, BF16},
+      // llama-quantize's other names that kimi makes (tools/quantize/quantize.cpp, llama_ftype_get_default_type)
+      {"Q2_K", "Q2_K", FileType::MOSTLY_Q2_K, GgmlType::Q2_K}, {"q2_k_s", "Q2_K_S", FileType::MOSTLY_Q2_K_S, GgmlType::Q2_K},
+      {"Q3_K", "Q3_K_M", FileType::MOSTLY_Q3_K_M, GgmlType::Q3_K}, {"Q3_K_S", "Q3_K_S", FileType::MOSTLY_Q3_K_S, GgmlType::Q3_K},
+      {"Q3_K_M", "Q3_K_M", FileType::MOSTLY_Q3_K_M, GgmlType::Q3_K}, {"13", "Q3_K_L", FileType::MOSTLY_Q3_K_L, GgmlType::Q3_K},
+      {"IQ2_XS", "IQ2_XS", FileType::MOSTLY_IQ2_XS, GgmlType::IQ2_XS}, {"iq4_xs", "IQ4_XS", FileType::MOSTLY_IQ4_XS, GgmlType::IQ4_XS},
+      {"Q5_0", "Q5_0", FileType::MOSTLY_Q5_0, Q5_0},     {"9", "Q5_1", FileType::MOSTLY_Q5_1, Q5_1},
+      {"MXFP4_MOE", "MXFP4_MOE", FileType::MOSTLY_MXFP4_MOE, MXFP4}, {"0", "F32", FileType::ALL_F32, F32},
+      {"12", "Q3_K_M", FileType::MOSTLY_Q3_K_M, GgmlType::Q3_K}, {"21", "Q2_K_S", FileType::MOSTLY_Q2_K_S, GgmlType::Q2_K},
   };
   for (const auto& r : rows) {
     Target t = parse_target(r.in);
@@ -158,7 +168,7 @@ TEST(QuantRules, ParseTargetNamesAliasesNumbers) {
   EXPECT_EQ(static_cast<uint32_t>(parse_target("Q5_K_S").ftype), 16u);
   EXPECT_EQ(static_cast<uint32_t>(parse_target("Q4_0").ftype), 2u);
   EXPECT_TRUE(parse_target("copy").copy);
-  for (const char* bad : {"Q3_K_S", "IQ2_XXS", "Q4", "", "99", "Q4_K_MM", "15x"}) {
+  for (const char* bad : {"Q3_K_XL", "IQ9_XS", "Q4", "", "99", "Q4_K_MM", "15x", "34"}) {
     try {
       parse_target(bad);
       ADD_FAILURE() << "accepted '" << bad << "'";
@@ -167,6 +177,39 @@ TEST(QuantRules, ParseTargetNamesAliasesNumbers) {
       EXPECT_NE(std::string(e.what()).find("Q4_K_M"), std::string::npos) << "lists the choices: " << e.what();
     }
   }
+  // llama-quantize names whose recipe needs a type kimi has no quantizer for: one line saying so
+  struct Cannot { const char* in; const char* needs; };
+  for (const Cannot& c : {Cannot{"IQ1_S", "IQ1_S"}, Cannot{"iq1_m", "IQ1_M"}, Cannot{"IQ2_XXS", "IQ2_XXS"},
+                          Cannot{"IQ2_S", "IQ3_S"}, Cannot{"IQ2_M", "IQ2_S"}, Cannot{"IQ3_XXS", "IQ3_XXS"},
+                          Cannot{"IQ3_XS", "IQ3_S"}, Cannot{"IQ3_S", "IQ3_S"}, Cannot{"IQ3_M", "IQ3_S"},
+                          Cannot{"IQ4_NL", "IQ4_NL"}, Cannot{"Q4_1", "Q4_1"}, Cannot{"TQ1_0", "TQ1_0"},
+                          Cannot{"TQ2_0", "TQ2_0"}, Cannot{"Q1_0", "Q1_0"}, Cannot{"Q2_0", "Q2_0"}, Cannot{"24", "IQ1_S"},
+                          Cannot{"19", "IQ2_XXS"}}) {
+    try {
+      parse_target(c.in);
+      ADD_FAILURE() << "accepted '" << c.in << "'";
+    } catch (const Error& e) {
+      const std::string s = e.what();
+      EXPECT_NE(s.find("cannot be made by kimi"), std::string::npos) << s;
+      EXPECT_NE(s.find(c.needs), std::string::npos) << s;
+      EXPECT_EQ(s.find('\n'), std::string::npos) << "one line: " << s;
+    }
+  }
+  // every name of the help table parses (or says it cannot be made); numbers are unique per name
+  for (const auto& i : target_table()) {
+    if (!i.cannot.empty()) {
+      EXPECT_THROW(parse_target(i.name), Error) << i.name;
+      continue;
+    }
+    const Target t = parse_target(i.name);
+    EXPECT_EQ(t.name, i.alias_of.empty() ? i.name : i.alias_of);
+    if (i.ftype >= 0) {
+      EXPECT_EQ(static_cast<int>(t.ftype), i.ftype) << i.name;
+    }
+    EXPECT_EQ(t.moe_mix, i.mix) << i.name;
+  }
+  EXPECT_NE(targets_help().find("IQ1_S"), std::string::npos);
+  EXPECT_NE(targets_help().find("not made by kimi"), std::string::npos);
 }
 
 TEST(QuantRules, ParseTensorTypeAndOverride) {
@@ -584,16 +627,21 @@ TEST(QuantRules, MoeFfnDownNeedsLayerName) {
 // MoE mix presets (docs/quantize.md): experts at 2-4 bits (MXFP4 experts re-quantized), the
 // always-read tensors at the preset's type, output Q6_K, more_bits non-expert ffn_down Q6_K.
 TEST(QuantRules, MoeMixPresets) {
-  struct Row { const char* name; uint32_t ftype; GgmlType gate_up, down, rest; };
+  struct Row { const char* name; uint32_t ftype; GgmlType gate_up, down, rest; const char* llama_name; };
   const Row rows[] = {
-      {"Q2_K_M", 10, GgmlType::Q2_K, GgmlType::Q3_K, Q4_K},
-      {"Q3_K_M", 12, GgmlType::Q3_K, Q4_K, Q5_K},
-      {"IQ2_XS_M", 20, GgmlType::IQ2_XS, GgmlType::Q2_K, Q4_K},
-      {"IQ4_XS", 30, GgmlType::IQ4_XS, GgmlType::IQ4_XS, Q6_K},
+      {"Q2_K_MOE", 10, GgmlType::Q2_K, GgmlType::Q3_K, Q4_K, "Q2_K"},
+      {"Q3_K_MOE", 12, GgmlType::Q3_K, Q4_K, Q5_K, "Q3_K_M"},
+      {"IQ2_XS_MOE", 20, GgmlType::IQ2_XS, GgmlType::Q2_K, Q4_K, "IQ2_XS"},
+      {"IQ4_XS_MOE", 30, GgmlType::IQ4_XS, GgmlType::IQ4_XS, Q6_K, "IQ4_XS"},
   };
+  EXPECT_EQ(parse_target("Q2_K_M").name, "Q2_K_MOE");  // the mixes' earlier names
+  EXPECT_EQ(parse_target("iq2_xs_m").name, "IQ2_XS_MOE");
   for (const auto& r : rows) {
     EXPECT_EQ(static_cast<uint32_t>(parse_target(r.name).ftype), r.ftype) << r.name;
-    EXPECT_EQ(parse_target(std::to_string(r.ftype)).name, r.name);
+    EXPECT_TRUE(parse_target(r.name).moe_mix);
+    // a number is llama-quantize's name for it, never a mix
+    EXPECT_EQ(parse_target(std::to_string(r.ftype)).name, r.llama_name);
+    EXPECT_FALSE(parse_target(std::to_string(r.ftype)).moe_mix);
     Planned p = run(k3(8, 896), opts(r.name));
     for (int il = 1; il < 8; ++il) {
       const std::string b = "blk." + std::to_string(il) + ".";
@@ -618,12 +666,12 @@ TEST(QuantRules, MoeMixPresets) {
     EXPECT_EQ(p.type("blk.3.indexer.attn_q_b.weight"), BF16);
   }
   // --requantize-experts and --tensor-type still win over the preset's expert types
-  RuleOptions o = opts("Q2_K_M");
+  RuleOptions o = opts("Q2_K_MOE");
   o.requantize_experts = GgmlType::IQ4_XS;
   Planned p = run(k3(8, 896), o);
   EXPECT_EQ(p.type("blk.2.ffn_down_exps.weight"), GgmlType::IQ4_XS);
   EXPECT_EQ(p.type("blk.2.attn_q.weight"), Q4_K);
-  o = opts("Q2_K_M");
+  o = opts("Q2_K_MOE");
   o.overrides = {parse_override("blk\\.2\\.ffn_down_exps=q6_k")};
   p = run(k3(8, 896), o);
   EXPECT_EQ(p.type("blk.2.ffn_down_exps.weight"), Q6_K);
@@ -648,4 +696,141 @@ TEST(QuantRules, MoeMixNeedsImatrixForIq2) {
   RuleOptions q = opts("Q2_K_M");
   q.have_imatrix = false;
   EXPECT_EQ(run(k3(8, 896), q).type("blk.1.ffn_up_exps.weight"), GgmlType::Q2_K);
+}
+
+// llama-quantize's other names on K3 shapes, expected types written from llama.cpp v0.5.0's
+// llama_tensor_get_type_impl (src/llama-quant.cpp) for a model with 896 experts and n_gqa 0 (K3's
+// layer 0 is KDA: head_count_kv 0): every MXFP4 expert stack stays MXFP4.
+TEST(QuantRules, LlamaNamesOnK3) {
+  const GgmlType Q2_K = GgmlType::Q2_K, Q3_K = GgmlType::Q3_K;
+  Planned q2 = run(k3(93, 896), opts("Q2_K"));
+  EXPECT_EQ(q2.type("output.weight"), Q6_K);
+  EXPECT_EQ(q2.type("token_embd.weight"), Q2_K);
+  EXPECT_EQ(q2.type("blk.0.attn_v.weight"), Q3_K) << "n_gqa < 4";
+  EXPECT_EQ(q2.type("blk.0.attn_k.weight"), Q2_K);
+  EXPECT_EQ(q2.type("blk.0.ffn_down.weight"), Q3_K);
+  EXPECT_EQ(q2.type("blk.40.ffn_down_shexp.weight"), Q3_K);
+  EXPECT_EQ(q2.type("blk.40.attn_output.weight"), Q3_K);
+  EXPECT_EQ(q2.type("blk.40.ffn_gate_shexp.weight"), Q2_K);
+  EXPECT_EQ(q2.type("blk.40.ssm_f_b.weight"), Q4_0) << "128 wide: Q2_K -> Q4_0";
+  EXPECT_EQ(q2.type("blk.3.attn_k_b.weight"), Q4_0);
+  EXPECT_EQ(q2.type("blk.3.attn_v_b.weight"), Q2_K);
+  EXPECT_EQ(q2.at("blk.40.ffn_down_exps.weight").why, Why::ExpertsKept);
+  Model g = k3(93, 896);
+  g.facts.n_gqa = 4;
+  EXPECT_EQ(run(g, opts("Q2_K")).type("blk.0.attn_v.weight"), Q4_K) << "n_gqa >= 4";
+  Planned q2e = run(k3(8, 8), opts("Q2_K"));
+  EXPECT_EQ(q2e.type("blk.0.attn_v.weight"), Q8_0) << "8 experts: after the Q2_K rule";
+  EXPECT_EQ(q2e.type("blk.1.attn_k.weight"), Q8_0);
+  EXPECT_EQ(q2e.type("blk.1.attn_output.weight"), Q5_K);
+
+  Planned m = run(k3(93, 896), opts("Q3_K_M"));
+  EXPECT_EQ(m.type("blk.0.attn_v.weight"), Q5_K) << "the first 2 attn_v";
+  EXPECT_EQ(m.type("blk.1.attn_v.weight"), Q5_K);
+  EXPECT_EQ(m.type("blk.2.attn_v.weight"), Q4_K);
+  EXPECT_EQ(m.type("blk.0.ffn_down.weight"), Q5_K) << "layer < 93/16 = 5";
+  EXPECT_EQ(m.type("blk.4.ffn_down_shexp.weight"), Q5_K);
+  EXPECT_EQ(m.type("blk.5.ffn_down_shexp.weight"), Q4_K);
+  EXPECT_EQ(m.type("blk.50.attn_output.weight"), Q4_K);
+  EXPECT_EQ(m.type("blk.50.attn_q.weight"), Q3_K);
+  EXPECT_EQ(m.type("output.weight"), Q6_K);
+  Planned l = run(k3(93, 896), opts("Q3_K_L"));
+  EXPECT_EQ(l.type("blk.50.attn_v.weight"), Q5_K);
+  EXPECT_EQ(l.type("blk.50.ffn_down_shexp.weight"), Q5_K);
+  EXPECT_EQ(l.type("blk.50.attn_output.weight"), Q5_K);
+  EXPECT_EQ(l.type("blk.50.attn_q.weight"), Q3_K);
+  Planned s = run(k3(93, 896), opts("Q3_K_S"));
+  EXPECT_EQ(s.type("blk.0.attn_v.weight"), Q3_K);
+  EXPECT_EQ(s.type("blk.0.ffn_down.weight"), Q3_K);
+  EXPECT_EQ(s.type("blk.50.attn_output.weight"), Q3_K);
+  EXPECT_EQ(s.type("output.weight"), Q6_K);
+
+  Planned ks = run(k3(93, 896), opts("Q2_K_S"));
+  EXPECT_EQ(ks.type("blk.10.ffn_down_shexp.weight"), Q4_K) << "layer < 93/8 = 11";
+  EXPECT_EQ(ks.type("blk.11.ffn_down_shexp.weight"), Q2_K);
+  EXPECT_EQ(ks.type("blk.0.attn_v.weight"), Q2_K) << "n_gqa < 4";
+  RuleOptions no = opts("Q2_K_S");
+  no.have_imatrix = false;  // Q2_K in a Q2_K_S file needs one (not token_embd / output)
+  try {
+    plan(k3(93, 896).t, k3(93, 896).facts, no);
+    ADD_FAILURE() << "Q2_K_S without an imatrix accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--imatrix"), std::string::npos) << e.what();
+    EXPECT_EQ(std::string(e.what()).find("token_embd"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(run(k3(93, 896), opts("Q2_K")).type("blk.1.attn_q.weight"), Q2_K) << "plain Q2_K needs none";
+
+  Planned x = run(k3(93, 896), opts("IQ2_XS"));
+  EXPECT_EQ(x.type("output.weight"), Q5_K);
+  EXPECT_EQ(x.type("token_embd.weight"), Q2_K);
+  EXPECT_EQ(x.type("blk.0.attn_v.weight"), Q4_K) << "n_expert >= 4";
+  EXPECT_EQ(x.type("blk.0.attn_k.weight"), GgmlType::IQ2_XS);
+  EXPECT_EQ(x.type("blk.0.ffn_down.weight"), Q2_K) << "ffn_down #0 of the first 93/8 = 11";
+  EXPECT_EQ(x.type("blk.5.ffn_down_shexp.weight"), Q2_K) << "#10 (layers 1-5: exps + shexp each)";
+  EXPECT_EQ(x.type("blk.6.ffn_down_shexp.weight"), GgmlType::IQ2_XS) << "#12";
+  EXPECT_EQ(x.type("blk.50.attn_output.weight"), GgmlType::IQ2_XS);
+  const Decision& nl = x.at("blk.50.ssm_f_b.weight");  // IQ2_XS -> IQ4_NL (128 wide), which kimi cannot make
+  EXPECT_EQ(nl.type, Q5_0);
+  EXPECT_NE(nl.note.find("IQ4_NL"), std::string::npos) << nl.note;
+
+  Planned iq4 = run(k3(93, 896), opts("IQ4_XS"));  // opts() says an imatrix is given
+  EXPECT_EQ(iq4.type("output.weight"), Q6_K);
+  EXPECT_EQ(iq4.type("blk.0.ffn_down.weight"), GgmlType::IQ4_XS);
+  EXPECT_EQ(iq4.type("blk.0.attn_v.weight"), GgmlType::IQ4_XS);
+  RuleOptions ni = opts("IQ4_XS");
+  ni.have_imatrix = false;
+  Planned iq4n = run(k3(93, 896), ni);
+  EXPECT_EQ(iq4n.type("blk.0.ffn_down.weight"), Q5_K) << "no imatrix: layers < n/8";
+  EXPECT_EQ(iq4n.type("blk.10.ffn_down_shexp.weight"), Q5_K);
+  EXPECT_EQ(iq4n.type("blk.11.ffn_down_shexp.weight"), GgmlType::IQ4_XS);
+
+  Planned mx = run(k3(8, 896), opts("MXFP4_MOE"));
+  EXPECT_EQ(mx.type("output.weight"), Q8_0);
+  EXPECT_EQ(mx.type("token_embd.weight"), Q8_0);
+  EXPECT_EQ(mx.type("blk.3.attn_k_b.weight"), MXFP4) << "3-D";
+  EXPECT_EQ(mx.type("blk.3.attn_v_b.weight"), MXFP4);
+  EXPECT_EQ(mx.type("blk.1.attn_q.weight"), Q8_0);
+  EXPECT_EQ(mx.type("blk.1.ssm_f_b.weight"), Q8_0);
+  EXPECT_TRUE(mx.at("blk.1.ffn_up_exps.weight").copy);
+  EXPECT_EQ(mx.type("blk.3.indexer.proj.weight"), F32);
+
+  Planned q5 = run(k3(93, 896), opts("Q5_0"));  // with an imatrix
+  EXPECT_EQ(q5.type("blk.0.ffn_down.weight"), Q5_1);
+  EXPECT_EQ(q5.type("blk.11.ffn_down_shexp.weight"), Q5_0);
+  EXPECT_EQ(q5.type("output.weight"), Q6_K);
+  RuleOptions q5n = opts("Q5_0");
+  q5n.have_imatrix = false;
+  EXPECT_EQ(run(k3(93, 896), q5n).type("blk.0.ffn_down.weight"), Q5_0);
+  // Q4_0 with an imatrix: llama.cpp gives the first ffn_down Q4_1, which kimi cannot make
+  RuleOptions q4i = opts("Q4_0");
+  q4i.have_imatrix = true;
+  try {
+    plan(k3(93, 896).t, k3(93, 896).facts, q4i);
+    ADD_FAILURE() << "Q4_1 planned";
+  } catch (const Error& e) {
+    const std::string w = e.what();
+    EXPECT_NE(w.find("blk.0.ffn_down.weight"), std::string::npos) << w;
+    EXPECT_NE(w.find("Q4_1"), std::string::npos) << w;
+  }
+  EXPECT_EQ(run(k3(93, 896), opts("Q4_0")).type("blk.0.ffn_down.weight"), Q4_0) << "without an imatrix";
+}
+
+// llama.cpp decides the tensors in its loader's order (per layer, then by name), not the file's:
+// its running ffn_down counter (IQ2_XS: the first n/8 ffn_down tensors get Q2_K) sees a layer's
+// ffn_down_exps before its ffn_down_shexp even where the file has them the other way round.
+TEST(QuantRules, LlamaOrderForRunningCounters) {
+  Model m;
+  m.facts = {16, 896};
+  auto add = [&](int il, const char* n, GgmlType t, std::array<int64_t, 4> ne) {
+    m.add("blk." + std::to_string(il) + "." + n, t, ne);
+  };
+  add(0, "ffn_down.weight", BF16, {2048, 512, 1, 1});
+  for (int il = 1; il < 16; ++il) {
+    add(il, "ffn_down_shexp.weight", BF16, {2048, 512, 1, 1});  // the converter's order: shexp first
+    add(il, "ffn_down_exps.weight", MXFP4, {2048, 512, 4, 1});
+  }
+  Planned p = run(m, opts("IQ2_XS"));
+  EXPECT_EQ(p.type("blk.0.ffn_down.weight"), GgmlType::Q2_K) << "#0 < 16/8";
+  EXPECT_EQ(p.type("blk.1.ffn_down_shexp.weight"), GgmlType::IQ2_XS) << "#2: blk.1.ffn_down_exps was #1";
+  EXPECT_EQ(p.at("blk.1.ffn_down_exps.weight").why, Why::ExpertsKept);
 }

@@ -35,7 +35,7 @@ configure() {  # build-dir target extra-args...
   local dir=$1 target=$2; shift 2
   bash scripts/cross-deps.sh "$target"
   cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_TOOLCHAIN_FILE="$root/cmake/toolchains/$target.cmake" \
-    -DKIMI_CROSS_PREFIX="$root/build-deps/$target" -DKIMI_BENCH=OFF -DKIMI_VULKAN=OFF "$@" >/dev/null
+    -DKIMI_CROSS_PREFIX="$root/build-deps/$target" -DKIMI_BENCH=OFF -DKIMI_VULKAN=OFF -DKIMI_TESTS=ON "$@" >/dev/null
 }
 
 test_targets() {  # build-dir regex -> the test executables the build defines

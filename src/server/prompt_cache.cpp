@@ -97,7 +97,13 @@ PromptCache::PromptCache(Context& ctx, const PromptCacheOptions& o)
     : live_bytes_(std::make_shared<std::atomic<uint64_t>>(0)), ctx_(ctx), o_(o) {
   row_bytes_ = ctx_.seq_row_bytes();
   state_bytes_ = ctx_.seq_state_bytes();
-  if (o_.dir.empty() || o_.ram_bytes == 0) return;
+  if (o_.ram_bytes == 0) return;
+  std::fprintf(stderr,
+               "kimi serve: prompt cache: %.0f MiB of memory; an entry holds the KDA states (%.2f MiB) and %.0f bytes "
+               "per token it does not share with a shorter entry%s%s\n",
+               o_.ram_bytes / 1048576.0, state_bytes_ / 1048576.0, double(row_bytes_), o_.dir.empty() ? "" : "; files in ",
+               o_.dir.c_str());
+  if (o_.dir.empty()) return;
   identity_ = ctx_.state_identity();
   std::error_code ec;
   fs::create_directories(o_.dir, ec);
@@ -118,6 +124,13 @@ PromptCache::~PromptCache() {
   }
   cv_.notify_all();
   if (writer_.joinable()) writer_.join();
+  if (st_.saves > 0 || st_.disk_loads > 0)
+    std::fprintf(stderr,
+                 "kimi serve: prompt cache: %zu entries (%.1f MiB) at exit; %llu saved, %llu hits, %llu evicted, %llu files "
+                 "written, %llu read\n",
+                 mem_.size(), live_bytes_->load() / 1048576.0, (unsigned long long)st_.saves,
+                 (unsigned long long)st_.hits, (unsigned long long)st_.evictions, (unsigned long long)st_.disk_writes,
+                 (unsigned long long)st_.disk_loads);
   mem_.clear();
 }
 

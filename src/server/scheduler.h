@@ -15,6 +15,12 @@
 // offers (a common system prompt, a conversation branched mid-way), the prefill is cut at L and
 // the sequence is copied there into a spare "prefix entry" (a restore point at exactly L for later
 // requests). The latent / indexer caches are by position, so rows [0, r) are reused as they are.
+//
+// The prompt-cache store (server/prompt_cache.h, SchedulerOptions::cache_ram) keeps host copies of
+// sequences apart from the live ones: at the end of each prompt (|P| - 1), at its last message
+// boundary (after the last <|end_of_msg|>), at the end of each generation and at divergence points
+// (instead of spare "prefix entry" sequences). A store entry longer than every live restore point
+// is loaded into the least recently used idle sequence (restore_from_store) and P[n..] prefilled.
 #pragma once
 #include <atomic>
 #include <chrono>

@@ -34,7 +34,7 @@ int cmd_serve(int argc, char** argv) {
   app.add_option("--port", o.port, "port (0 = ephemeral; the chosen port is printed)")->check(CLI::Range(0, 65535));
   app.add_option("--alias", o.model_id, "model id reported by the API (default: file name stem)");
   app.add_option("-P,--parallel", o.sched.parallel, "slots: requests decoded concurrently (also -np)")->check(CLI::Range(1, 256));
-  app.add_option("--cache-slots", o.sched.cache_slots, "extra sequences that keep earlier prompts (-1 = --parallel)")
+  app.add_option("--cache-slots", o.sched.cache_slots, "extra sequences that keep earlier prompts (-1 = 0 with the prompt-cache store, else --parallel)")
       ->check(CLI::Range(-1, 256));
   bool no_cache = false;
   app.add_flag("--no-prompt-cache", no_cache, "disable the prompt cache (every request prefills its whole prompt)");

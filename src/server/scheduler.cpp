@@ -73,7 +73,8 @@ Scheduler::Scheduler(const Model& model, const tok::Tokenizer& tok, const Contex
   check(so_.parallel >= 1, "--parallel must be >= 1 (got {})", so_.parallel);
   check(so_.chunk >= 1, "--chunk must be >= 1 (got {})", so_.chunk);
   check(so_.max_chunks >= 1, "--max-chunks must be >= 1 (got {})", so_.max_chunks);
-  if (so_.cache_slots < 0) so_.cache_slots = so_.parallel;
+  // with the prompt-cache store, spare live sequences are not needed (the store keeps conversations)
+  if (so_.cache_slots < 0) so_.cache_slots = so_.prompt_cache && so_.cache_ram > 0 ? 0 : so_.parallel;
   ContextOptions o = copts;
   o.n_seq_max = so_.parallel + so_.cache_slots;
   o.n_batch_max = std::max(o.n_batch_max, so_.chunk * so_.max_chunks + so_.parallel);

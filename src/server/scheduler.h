@@ -136,7 +136,7 @@ class Job {
 
 struct SchedulerOptions {
   int parallel = 4;       // concurrent requests (slots)
-  int cache_slots = -1;   // extra sequences that keep earlier prompts (-1: = parallel)
+  int cache_slots = -1;   // extra sequences that keep earlier prompts (-1: 0 with the store (cache_ram), else parallel)
   int chunk = 256;        // prefill chunk (tokens)
   int max_chunks = 2;     // prefill chunks per step
   int queue_limit = 64;   // waiting requests beyond the active slots; submit() fails beyond

@@ -64,3 +64,11 @@ fi
 if [[ ! -d tests/agents/node_modules/@anthropic-ai/sdk ]]; then
   npm ci --prefix tests/agents --no-audit --no-fund --loglevel=error
 fi
+# Claude Code and Codex CLI for tests/agents/cli_test.js (~800 MB with their native binaries): into a
+# cache folder outside the tree, once (KIMI_AGENT_CLI_DIR, else ~/.cache/kimi.cpp/agent-clis)
+AGENT_CLI_DIR="${KIMI_AGENT_CLI_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/kimi.cpp/agent-clis}"
+if [[ ! -x "$AGENT_CLI_DIR/node_modules/.bin/claude" || ! -x "$AGENT_CLI_DIR/node_modules/.bin/codex" ]]; then
+  mkdir -p "$AGENT_CLI_DIR"
+  cp tests/agents/cli/package.json tests/agents/cli/package-lock.json "$AGENT_CLI_DIR/"
+  npm ci --prefix "$AGENT_CLI_DIR" --no-audit --no-fund --loglevel=error
+fi

@@ -199,9 +199,14 @@ AnthropicRequest anthropic_to_chat(const ojson& b, const Limits& lim, bool count
     const std::string w = fmt::format("messages[{}]", i);
     if (!msg.is_object()) bad(w, "must be an object");
     const std::string role = str(msg, "role", w, true);
-    if (role != "user" && role != "assistant") bad(w + ".role", fmt::format("'{}' is not one of user, assistant", role));
+    if (role != "user" && role != "assistant" && role != "system")
+      bad(w + ".role", fmt::format("'{}' is not one of user, assistant, system", role));
     const ojson* content = get(msg, "content");
     if (!content) bad(w + ".content", "Field required");
+    if (role == "system") {  // Claude Code sends system messages between the turns too
+      msgs.push_back({{"role", "system"}, {"content", text_of(*content, w + ".content")}});
+      continue;
+    }
     ojson blocks = content->is_string() ? ojson::array({{{"type", "text"}, {"text", *content}}}) : *content;
     if (!blocks.is_array()) bad(w + ".content", "must be a string or an array of content blocks");
     if (role == "user") {

@@ -112,7 +112,9 @@ const std::set<std::string>& kept_keywords() {
   return k;
 }
 
-bool small_count(const ojson& v) { return v.is_number_unsigned() && v.get<uint64_t>() <= 1000; }
+// Length and item counts the grammar spells out (a repetition {m,n} is n copies; counts of nested
+// arrays multiply): larger ones are dropped.
+bool small_count(const ojson& v, uint64_t most) { return v.is_number_unsigned() && v.get<uint64_t>() <= most; }
 
 // A property's value in the argument-tag form: type attribute and value grammar; false when the
 // property's schema has no single form there (the tool then takes the json form only).
@@ -164,7 +166,9 @@ std::string call_rule(const ToolSpec& t, size_t k, std::string& rules) {
   std::string json_rules;
   try {
     json_root = schema_rules(schema, name + "j-", json_rules);
-  } catch (const grammar::SchemaError&) {
+    // the tool's arguments alone must make a grammar within the engine's limits (size, ...)
+    grammar::Grammar::parse("root ::= " + json_root + "\n" + kText + "\n" + json_rules + json_base().text);
+  } catch (const std::exception&) {  // SchemaError, GrammarError / LimitError: any object
     json_rules.clear();
     json_root = "json-object";
   }
@@ -193,6 +197,13 @@ std::string call_rule(const ToolSpec& t, size_t k, std::string& rules) {
         tag_rules += rn + " ::= " + O + " " + lit("argument key=\"" + attr(it.key()) + "\" type=\"" + type + "\"") + " " +
                      S + " " + value + " " + C + " " + lit("argument") + " " + S + "\n";
         seq += " " + rn + (required.count(it.key()) ? "" : "?");
+      }
+    }
+    if (ok && !seq.empty()) {
+      try {  // within the engine's limits, as the json form
+        grammar::Grammar::parse("root ::= (" + seq + " )?\n" + kText + "\n" + tag_rules + json_base().text);
+      } catch (const std::exception&) {
+        ok = false;
       }
     }
     if (ok) {
@@ -283,8 +294,10 @@ ojson relax_schema(const ojson& s) {
   else if (out.contains("enum")) only({"enum"});
   else if (out.contains("anyOf")) only({"anyOf"});
   else if (out.contains("oneOf")) only({"oneOf"});
-  for (const char* k : {"minLength", "maxLength", "minItems", "maxItems"})
-    if (out.contains(k) && !small_count(out[k])) out.erase(k);
+  for (const char* k : {"minLength", "maxLength"})
+    if (out.contains(k) && !small_count(out[k], 64)) out.erase(k);
+  for (const char* k : {"minItems", "maxItems"})
+    if (out.contains(k) && !small_count(out[k], 4)) out.erase(k);
   const bool plain = !out.contains("$ref") && !out.contains("const") && !out.contains("enum") && !out.contains("anyOf") &&
                      !out.contains("oneOf");
   if (plain && !out.contains("type")) {  // the type its keywords imply

@@ -105,23 +105,6 @@ void map_tools(const ojson& b, ojson& chat, ojson& echo) {
 
 }  // namespace
 
-bool map_reasoning_effort(const std::string& effort, ojson& chat) {
-  if (effort == "none") {
-    chat["thinking"] = false;
-    chat.erase("thinking_effort");
-    return true;
-  }
-  std::string k3;
-  if (effort == "minimal" || effort == "low") k3 = "low";
-  else if (effort == "medium") k3 = "medium";
-  else if (effort == "high") k3 = "high";
-  else if (effort == "xhigh") k3 = "max";
-  else return false;
-  chat["thinking"] = true;
-  chat["thinking_effort"] = k3;
-  return true;
-}
-
 ResponsesRequest responses_to_chat(const ojson& b, const Limits& lim) {
   ResponsesRequest r;
   ojson& chat = r.chat;

@@ -2,8 +2,11 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <random>
+#include <set>
 
 #include "server/api_responses.h"
 #include "server/grammar.h"
@@ -107,9 +110,61 @@ struct ErrorPath : nlohmann::json_sax<ojson> {
   }
 };
 
+// First pass over a body: no object may have more than kJsonMaxKeys keys. An ordered_json object
+// finds a key by a linear search, so building one of n keys costs n^2 / 2 comparisons (an 8 MB body
+// of 400 000 keys: hours of CPU); this pass is linear and builds nothing.
+constexpr size_t kJsonMaxKeys = 16384;
+struct KeyCount : nlohmann::json_sax<ojson> {
+  std::vector<size_t> keys;  // per open object / array (arrays count nothing)
+  ErrorPath path;            // where the over-full object is
+  bool too_many = false;
+  bool null() override { return path.null(); }
+  bool boolean(bool v) override { return path.boolean(v); }
+  bool number_integer(number_integer_t v) override { return path.number_integer(v); }
+  bool number_unsigned(number_unsigned_t v) override { return path.number_unsigned(v); }
+  bool number_float(number_float_t v, const string_t& s) override { return path.number_float(v, s); }
+  bool string(string_t& v) override { return path.string(v); }
+  bool binary(binary_t& v) override { return path.binary(v); }
+  bool start_object(std::size_t n) override {
+    keys.push_back(0);
+    return path.start_object(n);
+  }
+  bool key(string_t& k) override {
+    if (!keys.empty() && ++keys.back() > kJsonMaxKeys) {
+      too_many = true;
+      if (!path.levels.empty()) path.levels.back().key.clear();  // the path names the object
+      return false;
+    }
+    return path.key(k);
+  }
+  bool end_object() override {
+    if (!keys.empty()) keys.pop_back();
+    return path.end_object();
+  }
+  bool start_array(std::size_t n) override {
+    keys.push_back(0);
+    return path.start_array(n);
+  }
+  bool end_array() override {
+    if (!keys.empty()) keys.pop_back();
+    return path.end_array();
+  }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) override { return false; }
+};
+
 }  // namespace
 
 ojson parse_body(const std::string& body) {
+  {
+    KeyCount kc;
+    ojson::sax_parse(body, &kc);
+    if (kc.too_many) {
+      const std::string where = kc.path.path();
+      throw ApiError(400, fmt::format("request body: an object with more than {} keys{}", kJsonMaxKeys,
+                                      where.empty() ? "" : " in '" + where + "'"),
+                     "invalid_request_error", where, "invalid_json");
+    }
+  }
   ojson j;
   try {
     j = parse_json<ojson>(body, "request body");
@@ -137,6 +192,7 @@ namespace {
 
 constexpr int64_t kMaxChoices = 16;      // n
 constexpr int64_t kMaxTopLogprobs = 20;  // top_logprobs (OpenAI's limit)
+constexpr size_t kMaxTools = 128;        // tools (OpenAI's limit)
 
 const ojson* field(const ojson& b, const char* k) {
   auto it = b.find(k);
@@ -203,19 +259,13 @@ bool boolean(const ojson& b, const char* k, bool dflt) {
 
 // The output constraint: response_format {"type":"json_object"} / {"type":"json_schema",
 // "json_schema":{"schema":{...}}}, or llama.cpp's "json_schema": {...} / "grammar": "GBNF". At most
-// one of them; an unsupported schema feature or a bad grammar is a 400 naming it.
-void constraint(const ojson& b, ParsedRequest& r) {
+// one of them; an unsupported schema feature, a bad grammar or one beyond the compile budget is a 400
+// naming it.
+void constraint(const ojson& b, ParsedRequest& r, const Limits& lim) {
   std::string gbnf, param;
   auto one = [&](const std::string& p) {
     if (!param.empty()) bad(p, fmt::format("give only one of '{}' and '{}'", param, p));
     param = p;
-  };
-  auto schema = [&](const ojson& sc, const std::string& p) {
-    try {
-      gbnf = grammar::schema_to_gbnf(sc);
-    } catch (const grammar::SchemaError& e) {
-      throw ApiError(400, fmt::format("{}: {}", p, e.what()), "invalid_request_error", p, "unsupported_schema");
-    }
   };
   if (const ojson* rf = field(b, "response_format")) {
     const ojson* t = rf->is_object() ? field(*rf, "type") : nullptr;
@@ -225,14 +275,16 @@ void constraint(const ojson& b, ParsedRequest& r) {
     } else if (t && *t == "json_schema") {
       one("response_format");
       const ojson* js = field(*rf, "json_schema");
+      if (js && !js->is_object()) bad("response_format.json_schema", "'response_format.json_schema' must be an object");
       const ojson* sc = js && js->is_object() ? field(*js, "schema") : nullptr;
       if (!sc) bad("response_format.json_schema.schema", "'response_format.json_schema.schema' is required");
-      schema(*sc, "response_format.json_schema.schema");
+      param = "response_format.json_schema.schema";
+      gbnf = compile_schema(*sc, param, lim.budget);
     }
   }
   if (const ojson* js = field(b, "json_schema")) {
     one("json_schema");
-    schema(*js, "json_schema");
+    gbnf = compile_schema(*js, "json_schema", lim.budget);
   }
   if (const ojson* g = field(b, "grammar")) {
     one("grammar");
@@ -240,16 +292,13 @@ void constraint(const ojson& b, ParsedRequest& r) {
     gbnf = g->get<std::string>();
   }
   if (param.empty()) return;
-  try {
-    r.gen.grammar = grammar::Grammar::parse(gbnf);
-  } catch (const grammar::GrammarError& e) {
-    throw ApiError(400, fmt::format("{}: {}", param, e.what()), "invalid_request_error", param, "invalid_grammar");
-  }
+  r.gen.grammar = compile_gbnf(gbnf, param, lim.budget);
+  r.grammar_param = param;
 }
 
 // Fields shared by both endpoints.
 void common_params(const ojson& b, ParsedRequest& r, const Limits& lim, bool chat) {
-  constraint(b, r);
+  if (!chat) constraint(b, r, lim);  // chat: before the prompt is rendered (parse_chat_request)
   if (const ojson* m = field(b, "model")) {
     if (!m->is_string()) bad("model", "'model' must be a string");
     r.model = m->get<std::string>();
@@ -309,6 +358,15 @@ void common_params(const ojson& b, ParsedRequest& r, const Limits& lim, bool cha
   const int64_t mt_dflt = chat ? (lim.default_max_tokens > 0 ? lim.default_max_tokens : max_limit) : 16;
   const char* key = field(b, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
   r.gen.max_tokens = static_cast<int>(integer(b, key, std::min<int64_t>(mt_dflt, max_limit), 1, max_limit));
+  if (r.gen.grammar && lim.max_token_bytes > 0) {
+    // the shortest sentence of the grammar must fit in max_tokens tokens of at most max_token_bytes
+    const uint64_t need = r.gen.grammar->min_sentence_bytes();
+    const uint64_t room = static_cast<uint64_t>(r.gen.max_tokens) * lim.max_token_bytes;
+    if (need > room)
+      bad(r.grammar_param, fmt::format("'{}': its shortest sentence has {} bytes, more than {} tokens can hold ({} = "
+                                       "max_tokens, at most {} bytes each)",
+                                       r.grammar_param, need, r.gen.max_tokens, r.gen.max_tokens, lim.max_token_bytes));
+  }
   if (r.prompt.empty()) bad(chat ? "messages" : "prompt", "the prompt is empty");
   if (static_cast<int>(r.prompt.size()) > max_prompt) too_long(lim, chat, fmt::format("{} tokens", r.prompt.size()));
   if (lim.timeout_s > 0)
@@ -349,6 +407,7 @@ void check_content(const ojson& c, const std::string& where, bool allow_null) {
 ParsedRequest parse_chat_request(const std::string& body_text, const tok::Tokenizer& tok, const Limits& lim) {
   ojson b = parse_body(body_text);
   ParsedRequest r;
+  constraint(b, r, lim);  // first: a schema beyond the compile budget is named as such, not as a long prompt
   const ojson* msgs = field(b, "messages");
   if (!msgs) bad("messages", "'messages' is required");
   if (!msgs->is_array()) bad("messages", "'messages' must be an array");
@@ -405,33 +464,16 @@ ParsedRequest parse_chat_request(const std::string& body_text, const tok::Tokeni
     out_msgs.push_back(std::move(m));
   }
   req["messages"] = std::move(out_msgs);
+  check_tool_call_ids(req["messages"]);
+  std::vector<std::string> tool_names;
   if (const ojson* tools = field(b, "tools")) {
-    if (!tools->is_array()) bad("tools", "'tools' must be an array");
-    for (size_t i = 0; i < tools->size(); ++i) {
-      const ojson& t = (*tools)[i];
-      const std::string w = fmt::format("tools[{}]", i);
-      if (!t.is_object()) bad(w, fmt::format("'{}' must be an object", w));
-      if (t.contains("type") && t["type"] != "function") bad(w + ".type", fmt::format("'{}.type' must be \"function\"", w));
-      if (!t.contains("function") || !t["function"].is_object()) bad(w + ".function", fmt::format("'{}.function' must be an object", w));
-      const ojson& fn = t["function"];
-      if (!fn.contains("name") || !fn["name"].is_string() || fn["name"].get<std::string>().empty())
-        bad(w + ".function.name", fmt::format("'{}.function.name' must be a non-empty string", w));
-      if (fn.contains("parameters") && !fn["parameters"].is_null() && !fn["parameters"].is_object())
-        bad(w + ".function.parameters", fmt::format("'{}.function.parameters' must be an object", w));
-    }
+    tool_names = check_tools(*tools);
     if (!tools->empty()) req["tools"] = *tools;
   }
   if (const ojson* tc = field(b, "tool_choice")) {
-    if (tc->is_string()) {
-      const std::string s = tc->get<std::string>();
-      if (s != "none" && s != "auto" && s != "required")
-        bad("tool_choice", "'tool_choice' must be \"none\", \"auto\", \"required\" or a function object");
-      req["tool_choice"] = s;
-    } else if (tc->is_object()) {
-      req["tool_choice"] = "required";  // the K3 template knows only the strings
-    } else {
-      bad("tool_choice", "'tool_choice' must be a string or an object");
-    }
+    check_tool_choice(*tc, tool_names);
+    // the K3 template knows only the strings: a named function is passed as "required"
+    req["tool_choice"] = tc->is_string() ? *tc : ojson("required");
   }
   if (const ojson* rf = field(b, "response_format")) {
     if (!rf->is_object()) bad("response_format", "'response_format' must be an object");
@@ -465,13 +507,14 @@ ParsedRequest parse_chat_request(const std::string& body_text, const tok::Tokeni
     if (m.contains("thinking") && !m["thinking"].get<bool>()) req["thinking"] = thinking = false;
   }
   try {
-    r.rendered = tok::render_chat_request(req);
+    r.prompt = render_chat_tokens(req, tok, lim, &r.rendered);
+  } catch (const ApiError&) {
+    throw;
   } catch (const std::exception& e) {  // kimi::Error from the template, or a JSON type error
     const std::string m = e.what();
     if (effort_key && m.find("thinking_effort") != std::string::npos) bad(effort_key, m);
     bad("messages", "cannot render the chat: " + m);
   }
-  r.prompt = encode_prompt(tok, r.rendered, lim, true);
   r.gen.chat = true;
   r.gen.start_in_think = thinking;
   common_params(b, r, lim, true);
@@ -668,6 +711,294 @@ ojson completion_chunk(const std::string& id, const std::string& model, int64_t 
                   {"finish_reason", finish_reason.empty() ? ojson(nullptr) : ojson(finish_reason)}};
   return ojson{{"id", id}, {"object", "text_completion"}, {"created", created}, {"model", model},
                {"choices", ojson::array({choice})}};
+}
+
+
+// ---------------------------------------------------------------------------------------------
+// Checks shared by the APIs (api.h)
+
+namespace {
+// "grammar: grammar: ..." reads badly: the compilers' own prefix is dropped when the field says it
+std::string named(const std::string& param, const char* what) {
+  std::string_view w(what);
+  if (w.rfind(param + ": ", 0) == 0) w.remove_prefix(param.size() + 2);
+  return fmt::format("{}: {}", param, w);
+}
+}  // namespace
+
+std::shared_ptr<const grammar::Grammar> compile_gbnf(const std::string& gbnf, const std::string& param,
+                                                     const grammar::Budget& budget) {
+  try {
+    auto g = grammar::Grammar::parse(gbnf, budget);
+    grammar::Matcher first(g);  // its first state within the matcher's limits (LimitError otherwise)
+    return g;
+  } catch (const grammar::LimitError& e) {
+    throw ApiError(400, fmt::format("{} (limit {})", named(param, e.what()), e.limit), "invalid_request_error", param,
+                   "grammar_too_complex");
+  } catch (const grammar::GrammarError& e) {
+    throw ApiError(400, named(param, e.what()), "invalid_request_error", param, "invalid_grammar");
+  } catch (const std::bad_alloc&) {
+    throw ApiError(400, fmt::format("{}: the grammar needs more memory than a request may use", param),
+                   "invalid_request_error", param, "grammar_too_complex");
+  } catch (const std::length_error&) {
+    throw ApiError(400, fmt::format("{}: the grammar needs more memory than a request may use", param),
+                   "invalid_request_error", param, "grammar_too_complex");
+  }
+}
+
+std::string compile_schema(const ojson& schema, const std::string& param, const grammar::Budget& budget) {
+  try {
+    return grammar::schema_to_gbnf(schema, budget);
+  } catch (const grammar::SchemaError& e) {
+    throw ApiError(400, fmt::format("{}: {}", param, e.what()), "invalid_request_error", param, "unsupported_schema");
+  } catch (const grammar::LimitError& e) {
+    throw ApiError(400, fmt::format("{}: {} (limit {})", param, e.what(), e.limit), "invalid_request_error", param,
+                   "grammar_too_complex");
+  } catch (const std::bad_alloc&) {
+    throw ApiError(400, fmt::format("{}: the schema needs more memory than a request may use", param),
+                   "invalid_request_error", param, "grammar_too_complex");
+  } catch (const std::length_error&) {
+    throw ApiError(400, fmt::format("{}: the schema needs more memory than a request may use", param),
+                   "invalid_request_error", param, "grammar_too_complex");
+  }
+}
+
+bool valid_tool_name(std::string_view name) {
+  if (name.empty() || name.size() > 64) return false;
+  for (char c : name)
+    if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '-')) return false;
+  return true;
+}
+
+void check_tool_name(const ojson& name, const std::string& param) {
+  if (!name.is_string()) bad(param, fmt::format("'{}' must be a string", param));
+  if (!valid_tool_name(name.get_ref<const std::string&>()))
+    bad(param, fmt::format("'{}' must match ^[a-zA-Z0-9_-]{{1,64}}$ (got {})", param, name.dump()));
+}
+
+namespace {
+
+// JSON Schema (draft 2020-12 / OpenAI function parameters) structure: every keyword this server or the
+// grammar compiler reads has the right shape, types are JSON Schema's, $ref points at an existing
+// #/$defs or #/definitions entry. Keywords the grammar engine cannot hold an answer to (pattern,
+// minimum, format, ...) are accepted here: tool calls are not grammar-constrained (docs/server.md).
+void check_schema_node(const ojson& s, const ojson& root, const std::string& where, int depth) {
+  if (depth > kJsonMaxDepth) bad(where, fmt::format("'{}': the schema is nested too deeply", where));
+  if (s.is_boolean()) return;
+  if (!s.is_object()) bad(where, fmt::format("'{}' must be a JSON schema (an object or a boolean)", where));
+  static const std::set<std::string> kTypes = {"object", "array", "string", "number", "integer", "boolean", "null"};
+  if (auto it = s.find("type"); it != s.end()) {
+    auto one = [&](const ojson& t) {
+      if (!t.is_string() || !kTypes.count(t.get<std::string>()))
+        bad(where + ".type", fmt::format("'{}.type' must be one of object, array, string, number, integer, boolean, null "
+                                         "(got {})",
+                                         where, t.dump()));
+    };
+    if (it->is_array()) {
+      if (it->empty()) bad(where + ".type", fmt::format("'{}.type' must not be an empty list", where));
+      for (const auto& t : *it) one(t);
+    } else {
+      one(*it);
+    }
+  }
+  if (auto it = s.find("properties"); it != s.end()) {
+    if (!it->is_object()) bad(where + ".properties", fmt::format("'{}.properties' must be an object", where));
+    for (auto p = it->begin(); p != it->end(); ++p)
+      check_schema_node(p.value(), root, where + ".properties." + p.key(), depth + 1);
+  }
+  if (auto it = s.find("required"); it != s.end()) {
+    if (!it->is_array()) bad(where + ".required", fmt::format("'{}.required' must be an array of strings", where));
+    for (const auto& r : *it)
+      if (!r.is_string()) bad(where + ".required", fmt::format("'{}.required' must be an array of strings", where));
+  }
+  for (const char* k : {"items", "additionalProperties", "not", "contains", "propertyNames", "if", "then", "else"})
+    if (auto it = s.find(k); it != s.end()) {
+      if (std::string(k) == "items" && it->is_array()) {
+        for (size_t i = 0; i < it->size(); ++i)
+          check_schema_node((*it)[i], root, fmt::format("{}.items[{}]", where, i), depth + 1);
+      } else {
+        check_schema_node(*it, root, where + "." + k, depth + 1);
+      }
+    }
+  for (const char* k : {"anyOf", "oneOf", "allOf", "prefixItems"})
+    if (auto it = s.find(k); it != s.end()) {
+      if (!it->is_array() || it->empty()) bad(where + "." + k, fmt::format("'{}.{}' must be a non-empty array of schemas", where, k));
+      for (size_t i = 0; i < it->size(); ++i) check_schema_node((*it)[i], root, fmt::format("{}.{}[{}]", where, k, i), depth + 1);
+    }
+  for (const char* k : {"$defs", "definitions"})
+    if (auto it = s.find(k); it != s.end()) {
+      if (!it->is_object()) bad(where + "." + k, fmt::format("'{}.{}' must be an object of schemas", where, k));
+      for (auto d = it->begin(); d != it->end(); ++d) check_schema_node(d.value(), root, where + "." + k + "." + d.key(), depth + 1);
+    }
+  if (auto it = s.find("enum"); it != s.end())
+    if (!it->is_array() || it->empty()) bad(where + ".enum", fmt::format("'{}.enum' must be a non-empty array", where));
+  for (const char* k : {"minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties"})
+    if (auto it = s.find(k); it != s.end())
+      if (!it->is_number_unsigned()) bad(where + "." + k, fmt::format("'{}.{}' must be a non-negative integer", where, k));
+  for (const char* k : {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"})
+    if (auto it = s.find(k); it != s.end())
+      if (!it->is_number()) bad(where + "." + k, fmt::format("'{}.{}' must be a number", where, k));
+  for (const char* k : {"pattern", "format", "description", "title"})
+    if (auto it = s.find(k); it != s.end())
+      if (!it->is_string()) bad(where + "." + k, fmt::format("'{}.{}' must be a string", where, k));
+  if (auto it = s.find("$ref"); it != s.end()) {
+    if (!it->is_string()) bad(where + ".$ref", fmt::format("'{}.$ref' must be a string", where));
+    const std::string ref = it->get<std::string>();
+    bool found = ref == "#";
+    for (const char* d : {"#/$defs/", "#/definitions/"}) {
+      if (ref.rfind(d, 0) != 0) continue;
+      const std::string key = ref.substr(std::strlen(d));
+      const std::string dk = std::string(d).substr(2, std::strlen(d) - 3);
+      found = found || (root.contains(dk) && root[dk].is_object() && root[dk].contains(key));
+    }
+    if (!found)
+      bad(where + ".$ref", fmt::format("'{}.$ref' ({}) does not name an entry of #/$defs or #/definitions", where, ref));
+  }
+}
+
+}  // namespace
+
+void check_tool_parameters(const ojson& parameters, const std::string& param) {
+  if (!parameters.is_object()) bad(param, fmt::format("'{}' must be a JSON schema object", param));
+  if (parameters.contains("type") && parameters["type"] != "object")
+    bad(param + ".type", fmt::format("'{}' must be a schema of \"type\": \"object\" (got {})", param, parameters["type"].dump()));
+  check_schema_node(parameters, parameters, param, 0);
+}
+
+std::vector<std::string> check_tools(const ojson& tools, const std::string& param) {
+  if (!tools.is_array()) bad(param, fmt::format("'{}' must be an array", param));
+  if (tools.size() > kMaxTools) bad(param, fmt::format("'{}' has {} tools; at most {} are allowed", param, tools.size(), kMaxTools));
+  std::vector<std::string> names;
+  for (size_t i = 0; i < tools.size(); ++i) {
+    const ojson& t = tools[i];
+    const std::string w = fmt::format("{}[{}]", param, i);
+    if (!t.is_object()) bad(w, fmt::format("'{}' must be an object", w));
+    if (t.contains("type") && t["type"] != "function") bad(w + ".type", fmt::format("'{}.type' must be \"function\"", w));
+    if (!t.contains("function") || !t["function"].is_object()) bad(w + ".function", fmt::format("'{}.function' must be an object", w));
+    const ojson& fn = t["function"];
+    if (!fn.contains("name")) bad(w + ".function.name", fmt::format("'{}.function.name' is required", w));
+    check_tool_name(fn["name"], w + ".function.name");
+    const std::string name = fn["name"].get<std::string>();
+    if (std::find(names.begin(), names.end(), name) != names.end())
+      bad(w + ".function.name", fmt::format("'{}.function.name': the tool name '{}' is declared twice", w, name));
+    names.push_back(name);
+    if (fn.contains("description") && !fn["description"].is_null() && !fn["description"].is_string())
+      bad(w + ".function.description", fmt::format("'{}.function.description' must be a string", w));
+    if (fn.contains("strict") && !fn["strict"].is_null() && !fn["strict"].is_boolean())
+      bad(w + ".function.strict", fmt::format("'{}.function.strict' must be a boolean", w));
+    if (fn.contains("parameters") && !fn["parameters"].is_null()) check_tool_parameters(fn["parameters"], w + ".function.parameters");
+  }
+  return names;
+}
+
+void check_tool_choice(const ojson& tc, const std::vector<std::string>& tool_names, const std::string& param) {
+  if (tc.is_string()) {
+    const std::string s = tc.get<std::string>();
+    if (s != "none" && s != "auto" && s != "required")
+      bad(param, fmt::format("'{}' must be \"none\", \"auto\", \"required\" or a function object", param));
+    if (s == "required" && tool_names.empty()) bad(param, fmt::format("'{}' is \"required\" but no tools are given", param));
+    return;
+  }
+  if (!tc.is_object()) bad(param, fmt::format("'{}' must be a string or an object", param));
+  if (tc.contains("type") && tc["type"] != "function") bad(param + ".type", fmt::format("'{}.type' must be \"function\"", param));
+  const ojson* fn = tc.contains("function") && tc["function"].is_object() ? &tc["function"] : nullptr;
+  if (!fn || !fn->contains("name") || !(*fn)["name"].is_string())
+    bad(param + ".function.name", fmt::format("'{}.function.name' must be a string", param));
+  const std::string name = (*fn)["name"].get<std::string>();
+  if (std::find(tool_names.begin(), tool_names.end(), name) == tool_names.end())
+    bad(param + ".function.name", fmt::format("'{}.function.name' is '{}', which is not one of the declared tools", param, name));
+}
+
+void check_tool_call_ids(const ojson& messages, const std::string& param) {
+  if (!messages.is_array()) return;
+  std::set<std::string> issued;
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const ojson& m = messages[i];
+    if (!m.is_object()) continue;
+    const std::string w = fmt::format("{}[{}]", param, i);
+    const ojson* role = m.contains("role") && m["role"].is_string() ? &m["role"] : nullptr;
+    if (!role) continue;
+    if (*role == "assistant" && m.contains("tool_calls") && m["tool_calls"].is_array()) {
+      const ojson& calls = m["tool_calls"];
+      for (size_t j = 0; j < calls.size(); ++j) {
+        const std::string cw = fmt::format("{}.tool_calls[{}]", w, j);
+        const ojson& c = calls[j];
+        if (!c.is_object() || !c.contains("id") || !c["id"].is_string() || c["id"].get_ref<const std::string&>().empty())
+          bad(cw + ".id", fmt::format("'{}.id' must be a non-empty string", cw));
+        const std::string& id = c["id"].get_ref<const std::string&>();
+        if (!issued.insert(id).second) bad(cw + ".id", fmt::format("'{}.id': the tool call id '{}' is used twice", cw, id));
+        if (c.contains("function") && c["function"].is_object() && c["function"].contains("name"))
+          check_tool_name(c["function"]["name"], cw + ".function.name");
+      }
+    } else if (*role == "tool") {
+      if (!m.contains("tool_call_id") || m["tool_call_id"].is_null())
+        bad(w + ".tool_call_id", fmt::format("'{}.tool_call_id' is required for a tool message", w));
+      if (!m["tool_call_id"].is_string()) bad(w + ".tool_call_id", fmt::format("'{}.tool_call_id' must be a string", w));
+      const std::string& id = m["tool_call_id"].get_ref<const std::string&>();
+      if (!issued.count(id))
+        bad(w + ".tool_call_id",
+            fmt::format("'{}.tool_call_id' is '{}', which no earlier assistant message issued (tool_calls[].id)", w, id));
+    }
+  }
+}
+
+std::vector<int32_t> render_chat_tokens(const ojson& template_request, const tok::Tokenizer& tok, const Limits& lim,
+                                        std::string* rendered) {
+  const std::string marked = tok::render_chat_marked(tok::ChatRequest::from_json(template_request));
+  std::vector<std::pair<size_t, size_t>> user;
+  std::string text = tok::strip_user_marks(marked, &user);
+  const size_t limit = static_cast<size_t>(std::max(0, prompt_limit(lim)));
+  if (lim.max_token_bytes > 0 && text.size() > limit * lim.max_token_bytes)
+    too_long(lim, true, fmt::format("{} bytes (at least {} tokens)", text.size(),
+                                    (text.size() + lim.max_token_bytes - 1) / lim.max_token_bytes));
+  // the special tokens by first byte, longest first (encode's leftmost-longest match)
+  std::vector<std::vector<int32_t>> by_byte(256);
+  for (int32_t id = 0; id < tok.n_vocab(); ++id)
+    if (tok.is_special(id) && !tok.token_to_piece(id).empty())
+      by_byte[static_cast<unsigned char>(tok.token_to_piece(id)[0])].push_back(id);
+  for (auto& v : by_byte)
+    std::stable_sort(v.begin(), v.end(), [&](int32_t a, int32_t b) {
+      return tok.token_to_piece(a).size() > tok.token_to_piece(b).size();
+    });
+  // special tokens are matched only in the template's own text: [from, to) between user ranges
+  std::vector<int32_t> ids;
+  size_t seg = 0;  // start of the text not yet encoded
+  auto encode_to = [&](size_t end) {
+    if (end > seg && ids.size() <= limit) {
+      const std::vector<int32_t> part = tok.encode_limited(std::string_view(text).substr(seg, end - seg), limit - ids.size(), false);
+      ids.insert(ids.end(), part.begin(), part.end());
+    }
+    seg = end;
+  };
+  size_t u = 0;
+  for (size_t pos = 0; pos < text.size() && ids.size() <= limit;) {
+    if (u < user.size() && pos >= user[u].first) {  // user text: no special token inside
+      pos = user[u].second;
+      ++u;
+      continue;
+    }
+    const size_t trusted_end = u < user.size() ? user[u].first : text.size();
+    int32_t hit = -1;
+    for (int32_t id : by_byte[static_cast<unsigned char>(text[pos])]) {
+      const std::string& p = tok.token_to_piece(id);
+      if (pos + p.size() <= trusted_end && text.compare(pos, p.size(), p) == 0) {
+        hit = id;
+        break;
+      }
+    }
+    if (hit < 0) {
+      ++pos;
+      continue;
+    }
+    encode_to(pos);
+    ids.push_back(hit);
+    pos += tok.token_to_piece(hit).size();
+    seg = pos;
+  }
+  encode_to(text.size());
+  if (ids.size() > limit) too_long(lim, true, fmt::format("more than {} tokens", limit));
+  if (rendered) *rendered = std::move(text);
+  return ids;
 }
 
 }  // namespace kimi::server

@@ -59,6 +59,7 @@ struct ParsedRequest {
   bool include_usage = false;  // stream_options.include_usage
   std::string model;           // as given (informational)
   std::string rendered;        // chat: the rendered prompt text
+  std::string grammar_param;   // the field the output constraint came from (gen.grammar set)
 };
 
 // Parse + validate a request body (throws ApiError). Renders chat messages with the K3 template

@@ -6,10 +6,17 @@
 #include <algorithm>
 #include <cctype>
 #include <functional>
+#include <limits>
 #include <map>
+#include <queue>
 #include <stdexcept>
 
 namespace kimi::server::grammar {
+
+std::chrono::steady_clock::time_point Budget::deadline() const {
+  const double s = std::clamp(max_seconds, 0.0, 86400.0);
+  return std::chrono::steady_clock::now() + std::chrono::microseconds(static_cast<int64_t>(s * 1e6));
+}
 
 bool Sym::matches(uint32_t c) const {
   bool in = false;
@@ -22,13 +29,14 @@ bool Sym::matches(uint32_t c) const {
 
 class Parser {
  public:
-  explicit Parser(std::string_view t) : t_(t) {}
+  Parser(std::string_view t, const Budget& b) : t_(t), b_(b), deadline_(b.deadline()) {}
 
   std::shared_ptr<const Grammar> run(const std::string& root_name) {
     auto g = std::make_shared<Grammar>();
     g_ = g.get();
     skip(true);
     while (i_ < t_.size()) {
+      poll();
       const std::string name = ident();
       if (name.empty()) fail("expected a rule name");
       skip(false);
@@ -46,15 +54,38 @@ class Parser {
     if (it == index_.end()) throw GrammarError(fmt::format("grammar: no '{}' rule", root_name));
     g_->root_ = it->second;
     check_left_recursion();
+    prune_and_measure();
+    g_->expanded_size_ = expanded_size();
     return g;
   }
 
  private:
-  [[noreturn]] void fail(const std::string& m) const {
+  // the time budget and the client: checked every so often while working
+  void poll() const {
+    if ((++polls_ & 255) != 0) return;
+    if (b_.cancelled && b_.cancelled()) throw LimitError("cancelled", "grammar: compilation cancelled (the client has gone)");
+    if (std::chrono::steady_clock::now() > deadline_)
+      throw LimitError("max_seconds", fmt::format("grammar: compiling took longer than the limit of {} s", b_.max_seconds));
+  }
+  // symbols made so far (the expanded size before rule references are inlined)
+  void add_syms(uint64_t n) {
+    syms_ += n;
+    if (syms_ > b_.max_size) too_large(syms_);
+  }
+  [[noreturn]] void too_large(uint64_t n) const {
+    throw LimitError("max_size", fmt::format("grammar: the expanded grammar has more than {} symbols (at least {}; "
+                                             "repeats count with their repetition counts), the limit is {}",
+                                             b_.max_size, n, b_.max_size));
+  }
+  std::pair<size_t, size_t> line_col() const {
     size_t line = 1, col = 1;
     for (size_t k = 0; k < i_ && k < t_.size(); ++k) {
       if (t_[k] == '\n') { ++line; col = 1; } else { ++col; }
     }
+    return {line, col};
+  }
+  [[noreturn]] void fail(const std::string& m) const {
+    const auto [line, col] = line_col();
     throw GrammarError(fmt::format("grammar: {} (line {}, column {})", m, line, col));
   }
   // whitespace and comments; newlines only when `nl`
@@ -155,6 +186,7 @@ class Parser {
   std::vector<Sym> sequence(int depth, const std::string& rule) {
     std::vector<Sym> seq;
     for (;;) {
+      poll();
       skip(true);
       if (i_ >= t_.size() || t_[i_] == '|' || (t_[i_] == ')' && depth > 0)) break;
       if (depth == 0 && at_rule_start()) break;
@@ -167,6 +199,7 @@ class Parser {
           Sym s;
           s.ranges.push_back({cp, cp});
           seq.push_back(std::move(s));
+          add_syms(1);
         }
         if (i_ >= t_.size()) fail("unterminated string literal");
         ++i_;
@@ -187,12 +220,17 @@ class Parser {
         if (i_ >= t_.size()) fail("unterminated character class");
         ++i_;
         seq.push_back(std::move(s));
+        add_syms(1);
       } else if (c == '.') {
         ++i_;
         Sym s;
         s.negated = true;  // [^] : any character
         seq.push_back(std::move(s));
+        add_syms(1);
       } else if (c == '(') {
+        if (depth + 1 > b_.max_depth)
+          throw LimitError("max_depth", fmt::format("grammar: groups nested deeper than the limit of {} (line {}, column {})",
+                                                    b_.max_depth, line_col().first, line_col().second));
         ++i_;
         const int r = new_rule(rule);
         auto alts = alternatives(depth + 1, rule);
@@ -204,11 +242,13 @@ class Parser {
         s.is_rule = true;
         s.rule = r;
         seq.push_back(std::move(s));
+        add_syms(1);
       } else if (name_char(c)) {
         Sym s;
         s.is_rule = true;
         s.rule = rule_index(ident());
         seq.push_back(std::move(s));
+        add_syms(1);
       } else {
         fail(fmt::format("unexpected '{}'", c));
       }
@@ -248,6 +288,9 @@ class Parser {
       if (hi >= 0 && hi < lo) fail("repetition {m,n} with n < m");
       if (lo > 1000 || hi > 1000) fail("repetition count above 1000");
     }
+    // what the expansion below will make, counted before it is made
+    const uint64_t copies = static_cast<uint64_t>(std::max(lo, hi));
+    add_syms(copies * (item.size() + 1) - std::min<uint64_t>(item.size(), copies * (item.size() + 1)));
     for (int k = 0; k < lo; ++k) seq.insert(seq.end(), item.begin(), item.end());
     if (hi < 0) {  // star ::= item star | ε
       const int r = new_rule(rule);
@@ -284,40 +327,204 @@ class Parser {
     if (b == i_ || i_ - b > 6) fail("expected a repetition count");
     return std::stoi(std::string(t_.substr(b, i_ - b)));
   }
-  // A rule that can reach itself before consuming a character would loop the automaton.
+  std::vector<char> nullable_rules() const {
+    const std::vector<uint64_t> b = shortest(true);
+    std::vector<char> nullable(b.size());
+    for (size_t r = 0; r < b.size(); ++r) nullable[r] = b[r] == 0;
+    return nullable;
+  }
+  // A rule that can reach itself before consuming a character would loop the automaton. Depth-first
+  // over the left edges (r -> s when s can be the first thing r derives), with an explicit stack.
   void check_left_recursion() const {
     const auto& rules = g_->rules_;
-    std::vector<char> nullable(rules.size(), 0);
-    for (bool changed = true; changed;) {
-      changed = false;
-      for (size_t r = 0; r < rules.size(); ++r) {
-        if (nullable[r]) continue;
-        for (const auto& a : rules[r].alts) {
-          bool all = true;
-          for (const Sym& s : a) all = all && s.is_rule && nullable[static_cast<size_t>(s.rule)];
-          if (all) { nullable[r] = 1; changed = true; break; }
+    const std::vector<char> nullable = nullable_rules();
+    std::vector<char> state(rules.size(), 0);  // 0 new, 1 on path, 2 done
+    struct Frame {
+      int rule;
+      size_t alt = 0, idx = 0;
+    };
+    std::vector<Frame> path;
+    for (size_t r0 = 0; r0 < rules.size(); ++r0) {
+      if (state[r0] != 0) continue;
+      state[r0] = 1;
+      path.push_back({static_cast<int>(r0)});
+      while (!path.empty()) {
+        Frame& f = path.back();
+        const auto& alts = rules[static_cast<size_t>(f.rule)].alts;
+        if (f.alt >= alts.size()) {
+          state[static_cast<size_t>(f.rule)] = 2;
+          path.pop_back();
+          continue;
+        }
+        const auto& a = alts[f.alt];
+        // the next left edge of this alternative: symbols up to and including the first non-nullable
+        if (f.idx >= a.size() || !a[f.idx].is_rule ||
+            (f.idx > 0 && !nullable[static_cast<size_t>(a[f.idx - 1].rule)])) {
+          ++f.alt;
+          f.idx = 0;
+          continue;
+        }
+        const int s = a[f.idx].rule;
+        ++f.idx;
+        if (state[static_cast<size_t>(s)] == 1)
+          throw GrammarError(fmt::format("grammar: rule '{}' is left-recursive", rules[static_cast<size_t>(s)].name));
+        if (state[static_cast<size_t>(s)] == 0) {
+          poll();
+          state[static_cast<size_t>(s)] = 1;
+          path.push_back({s});
         }
       }
     }
-    // left edges: r -> s when s can be the first thing r derives
-    std::vector<int> state(rules.size(), 0);  // 0 new, 1 on path, 2 done
-    std::function<void(int)> dfs = [&](int r) {
-      state[static_cast<size_t>(r)] = 1;
-      for (const auto& a : rules[static_cast<size_t>(r)].alts)
-        for (const Sym& s : a) {
-          if (!s.is_rule) break;
-          if (state[static_cast<size_t>(s.rule)] == 1)
-            throw GrammarError(fmt::format("grammar: rule '{}' is left-recursive", rules[static_cast<size_t>(s.rule)].name));
-          if (state[static_cast<size_t>(s.rule)] == 0) dfs(s.rule);
-          if (!nullable[static_cast<size_t>(s.rule)]) break;
-        }
-      state[static_cast<size_t>(r)] = 2;
+  }
+  // The fewest bytes each rule can derive (Knuth's generalization of Dijkstra to grammars): a rule
+  // that derives no finite sentence never ends; alternatives using such a rule (or a character class
+  // that matches nothing) are dropped, so the matcher never walks into a dead end. A root that
+  // derives nothing is an error: the answer could not be a sentence of the grammar.
+  static constexpr uint64_t kInf = std::numeric_limits<uint64_t>::max();
+  static uint64_t sym_bytes(const Sym& s) {  // fewest UTF-8 bytes of a character the class matches
+    uint32_t c = 0;
+    if (!s.negated) {
+      uint32_t lo = 0x110000;
+      for (const Range& r : s.ranges)
+        if (r.lo <= r.hi && r.lo <= 0x10FFFF) lo = std::min(lo, r.lo);
+      if (lo == 0x110000) return kInf;
+      c = lo;
+    } else {  // the smallest code point outside every range
+      for (bool moved = true; moved && c <= 0x10FFFF;) {
+        moved = false;
+        for (const Range& r : s.ranges)
+          if (r.lo <= c && c <= r.hi) { c = r.hi + 1; moved = true; }
+      }
+      if (c > 0x10FFFF) return kInf;
+    }
+    return c < 0x80 ? 1 : c < 0x800 ? 2 : c < 0x10000 ? 3 : 4;
+  }
+  // The fewest bytes each rule can derive (kInf: no finite sentence), by Knuth's generalization of
+  // Dijkstra to grammars; `nullable_only`: every character counts kInf (0: the rule derives "").
+  std::vector<uint64_t> shortest(bool nullable_only) const {
+    const auto& rules = g_->rules_;
+    auto sat_add = [](uint64_t a, uint64_t b) { return a > kInf - b ? kInf : a + b; };
+    struct AltState {
+      uint64_t sum = 0;
+      size_t unresolved = 0;
     };
-    for (size_t r = 0; r < rules.size(); ++r)
-      if (state[r] == 0) dfs(static_cast<int>(r));
+    std::vector<std::vector<AltState>> st(rules.size());
+    std::vector<std::vector<std::pair<int, int>>> uses(rules.size());  // rule -> (rule, alt), once per use
+    using Item = std::pair<uint64_t, int>;
+    std::priority_queue<Item, std::vector<Item>, std::greater<Item>> pq;
+    for (size_t r = 0; r < rules.size(); ++r) {
+      poll();
+      st[r].resize(rules[r].alts.size());
+      for (size_t a = 0; a < rules[r].alts.size(); ++a) {
+        AltState& as = st[r][a];
+        for (const Sym& sy : rules[r].alts[a]) {
+          if (sy.is_rule) {
+            ++as.unresolved;
+            uses[static_cast<size_t>(sy.rule)].push_back({static_cast<int>(r), static_cast<int>(a)});
+          } else {
+            as.sum = sat_add(as.sum, nullable_only ? kInf : sym_bytes(sy));
+          }
+        }
+        if (as.unresolved == 0 && as.sum != kInf) pq.push({as.sum, static_cast<int>(r)});
+      }
+    }
+    std::vector<uint64_t> best(rules.size(), kInf);
+    std::vector<char> final(rules.size(), 0);
+    while (!pq.empty()) {
+      const auto [v, r] = pq.top();
+      pq.pop();
+      if (final[static_cast<size_t>(r)]) continue;
+      final[static_cast<size_t>(r)] = 1;
+      best[static_cast<size_t>(r)] = v;
+      poll();
+      for (const auto& [ur, ua] : uses[static_cast<size_t>(r)]) {
+        AltState& as = st[static_cast<size_t>(ur)][static_cast<size_t>(ua)];
+        as.sum = sat_add(as.sum, v);
+        if (--as.unresolved == 0 && as.sum != kInf && !final[static_cast<size_t>(ur)]) pq.push({as.sum, ur});
+      }
+    }
+    return best;
+  }
+  // Alternatives that use a rule deriving no finite sentence (or a class that matches nothing) are
+  // dropped, so the matcher never walks into a dead end. A root that derives nothing is an error: no
+  // answer could be a sentence of the grammar.
+  void prune_and_measure() {
+    auto& rules = g_->rules_;
+    const std::vector<uint64_t> best = shortest(false);
+    const size_t root = static_cast<size_t>(g_->root_);
+    if (best[root] == kInf)
+      throw GrammarError(fmt::format("grammar: the language of rule '{}' is empty: no text can complete it", rules[root].name));
+    g_->min_bytes_ = best[root];
+    for (size_t r = 0; r < rules.size(); ++r) {
+      auto& alts = rules[r].alts;
+      alts.erase(std::remove_if(alts.begin(), alts.end(),
+                                [&](const std::vector<Sym>& a) {
+                                  for (const Sym& sy : a)
+                                    if (sy.is_rule ? best[static_cast<size_t>(sy.rule)] == kInf : sym_bytes(sy) == kInf)
+                                      return true;
+                                  return false;
+                                }),
+                 alts.end());
+    }
+  }
+  // The size of the root with every rule reference inlined (a reference back into a rule that is
+  // being expanded counts 1): what nested repeats multiply to, e.g. (("a"{0,100}){0,100}){0,100}
+  // is a million "a"s. Saturates just above the budget.
+  uint64_t expanded_size() const {
+    const auto& rules = g_->rules_;
+    const uint64_t cap = b_.max_size + 1;
+    std::vector<uint64_t> size(rules.size(), 0);
+    std::vector<char> state(rules.size(), 0);  // 0 new, 1 on path, 2 done
+    struct Frame {
+      int rule;
+      size_t alt = 0, idx = 0;
+      uint64_t acc = 0;
+    };
+    std::vector<Frame> path;
+    auto add = [&](uint64_t a, uint64_t b) { return std::min(cap, a + b); };
+    const int root = g_->root_;
+    state[static_cast<size_t>(root)] = 1;
+    path.push_back({root});
+    uint64_t result = 0;
+    while (!path.empty()) {
+      Frame& f = path.back();
+      const auto& alts = rules[static_cast<size_t>(f.rule)].alts;
+      if (f.alt >= alts.size()) {
+        size[static_cast<size_t>(f.rule)] = std::max<uint64_t>(f.acc, 1);
+        state[static_cast<size_t>(f.rule)] = 2;
+        const uint64_t v = size[static_cast<size_t>(f.rule)];
+        path.pop_back();
+        if (path.empty()) result = v;
+        else path.back().acc = add(path.back().acc, v);
+        continue;
+      }
+      const auto& a = alts[f.alt];
+      if (f.idx >= a.size()) {
+        f.acc = add(f.acc, 1);  // the alternative itself
+        ++f.alt;
+        f.idx = 0;
+        continue;
+      }
+      const Sym& sy = a[f.idx++];
+      if (!sy.is_rule || state[static_cast<size_t>(sy.rule)] == 1) {
+        f.acc = add(f.acc, 1);
+      } else if (state[static_cast<size_t>(sy.rule)] == 2) {
+        f.acc = add(f.acc, size[static_cast<size_t>(sy.rule)]);
+      } else {
+        poll();
+        state[static_cast<size_t>(sy.rule)] = 1;
+        path.push_back({sy.rule});
+      }
+    }
+    if (result > b_.max_size) too_large(result);
+    return result;
   }
 
   std::string_view t_;
+  const Budget& b_;
+  std::chrono::steady_clock::time_point deadline_;
+  mutable uint64_t polls_ = 0;
+  uint64_t syms_ = 0;
   size_t i_ = 0;
   Grammar* g_ = nullptr;
   std::map<std::string, int> index_;
@@ -326,7 +533,11 @@ class Parser {
 };
 
 std::shared_ptr<const Grammar> Grammar::parse(std::string_view text, const std::string& root) {
-  return Parser(text).run(root);
+  return parse(text, Budget{}, root);
+}
+
+std::shared_ptr<const Grammar> Grammar::parse(std::string_view text, const Budget& budget, const std::string& root) {
+  return Parser(text, budget).run(root);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -334,38 +545,70 @@ std::shared_ptr<const Grammar> Grammar::parse(std::string_view text, const std::
 
 Matcher::Matcher(std::shared_ptr<const Grammar> g) : g_(std::move(g)) {
   const Rule& root = g_->rules()[static_cast<size_t>(g_->root())];
-  for (int a = 0; a < static_cast<int>(root.alts.size()); ++a) expand({{g_->root(), a, 0}}, stacks_, 0);
+  Expansion x;
+  for (int a = 0; a < static_cast<int>(root.alts.size()); ++a)
+    if (!expand({{g_->root(), a, 0}}, stacks_, x))
+      throw LimitError("max_states", fmt::format("grammar: its first state has more than {} parse stacks or takes more than "
+                                                 "{} steps to build (an ambiguous or deeply chained grammar)",
+                                                 kMaxStacks, kMaxExpandWork));
   std::sort(stacks_.begin(), stacks_.end());
   stacks_.erase(std::unique(stacks_.begin(), stacks_.end()), stacks_.end());
+  if (stacks_.size() > kMaxStacks)
+    throw LimitError("max_states", fmt::format("grammar: its first state has more than {} parse stacks (an ambiguous grammar)",
+                                               kMaxStacks));
 }
 
-// Moves a stack forward until its top is a character class (or it is empty: accepted).
-void Matcher::expand(Stack st, std::vector<Stack>& out, int depth) const {
-  if (depth > 256) return;  // a pathological grammar: drop the path
-  while (!st.empty()) {
-    const Pos p = st.back();
-    const auto& seq = g_->rules()[static_cast<size_t>(p.rule)].alts[static_cast<size_t>(p.alt)];
-    if (p.idx == static_cast<int32_t>(seq.size())) {
-      st.pop_back();
-      continue;
+// Moves a stack forward until its top is a character class (or it is empty: accepted), for every
+// alternative on the way; an explicit work list, so a long chain of rules costs no native stack.
+// There is no left recursion, so every path reaches a character class or the end; `work` counts the
+// stack positions built and bounds what an ambiguous grammar can cost.
+size_t Matcher::StackHash::operator()(const Stack& st) const {
+  size_t h = st.size();
+  for (const Pos& p : st)
+    h = (h * 1000003u) ^ (static_cast<size_t>(static_cast<uint32_t>(p.rule)) * 0x9E3779B1u) ^
+        (static_cast<size_t>(static_cast<uint32_t>(p.alt)) << 20) ^ static_cast<size_t>(static_cast<uint32_t>(p.idx));
+  return h;
+}
+
+bool Matcher::expand(Stack st, std::vector<Stack>& out, Expansion& x) const {
+  std::vector<Stack> todo;
+  if (!x.seen.insert(st).second) return true;
+  todo.push_back(std::move(st));
+  while (!todo.empty()) {
+    Stack cur = std::move(todo.back());
+    todo.pop_back();
+    bool branched = false;
+    while (!cur.empty()) {
+      const Pos p = cur.back();
+      const auto& seq = g_->rules()[static_cast<size_t>(p.rule)].alts[static_cast<size_t>(p.alt)];
+      if (p.idx == static_cast<int32_t>(seq.size())) {
+        cur.pop_back();
+        continue;
+      }
+      const Sym& s = seq[static_cast<size_t>(p.idx)];
+      if (!s.is_rule) break;
+      cur.back().idx++;
+      if (cur.back().idx == static_cast<int32_t>(seq.size())) cur.pop_back();  // tail call: nothing left here
+      const auto& alts = g_->rules()[static_cast<size_t>(s.rule)].alts;
+      x.work += alts.size() * (cur.size() + 1);
+      if (x.work > kMaxExpandWork) return false;
+      for (int a = static_cast<int>(alts.size()); a-- > 0;) {
+        Stack n = cur;
+        n.push_back({s.rule, a, 0});
+        if (x.seen.insert(n).second) todo.push_back(std::move(n));
+      }
+      branched = true;
+      break;
     }
-    const Sym& s = seq[static_cast<size_t>(p.idx)];
-    if (!s.is_rule) break;
-    st.back().idx++;
-    if (st.back().idx == static_cast<int32_t>(seq.size())) st.pop_back();  // tail call: nothing left here
-    const auto& alts = g_->rules()[static_cast<size_t>(s.rule)].alts;
-    for (int a = 0; a < static_cast<int>(alts.size()); ++a) {
-      Stack n = st;
-      n.push_back({s.rule, a, 0});
-      expand(std::move(n), out, depth + 1);
-    }
-    return;
+    if (branched) continue;
+    out.push_back(std::move(cur));
   }
-  out.push_back(std::move(st));
+  return true;
 }
 
 bool Matcher::step(std::vector<Stack>& stacks, uint32_t c) const {
   std::vector<Stack> next;
+  Expansion x;
   for (const Stack& st : stacks) {
     if (st.empty()) continue;
     const Pos p = st.back();
@@ -373,11 +616,18 @@ bool Matcher::step(std::vector<Stack>& stacks, uint32_t c) const {
     if (!s.matches(c)) continue;
     Stack n = st;
     n.back().idx++;
-    expand(std::move(n), next, 0);
+    if (!expand(std::move(n), next, x)) {
+      overflow_ = true;
+      return false;
+    }
   }
   if (next.empty()) return false;
   std::sort(next.begin(), next.end());
   next.erase(std::unique(next.begin(), next.end()), next.end());
+  if (next.size() > kMaxStacks) {
+    overflow_ = true;
+    return false;
+  }
   stacks.swap(next);
   return true;
 }

@@ -23,6 +23,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 namespace kimi::server::grammar {
@@ -50,8 +51,8 @@ struct Budget {
 };
 // A limit of the Budget was exceeded (or the compile was cancelled): `limit` names it
 // ("max_depth", "max_size", "max_seconds", "max_states", "cancelled").
-struct LimitError : std::runtime_error {
-  LimitError(std::string limit, const std::string& msg) : std::runtime_error(msg), limit(std::move(limit)) {}
+struct LimitError : GrammarError {
+  LimitError(std::string limit, const std::string& msg) : GrammarError(msg), limit(std::move(limit)) {}
   std::string limit;
 };
 
@@ -74,14 +75,24 @@ struct Rule {
 
 class Grammar {
  public:
+  // Throws GrammarError (LimitError beyond the budget). Besides the syntax it checks: every used
+  // rule defined, no left recursion, a non-empty language (alternatives that can never finish are
+  // dropped; a root that can never finish is an error), the budget's nesting depth, expanded size
+  // (repeats multiplied by their counts before they are expanded, rule references inlined) and time.
   static std::shared_ptr<const Grammar> parse(std::string_view text, const std::string& root = "root");
+  static std::shared_ptr<const Grammar> parse(std::string_view text, const Budget& budget, const std::string& root = "root");
   const std::vector<Rule>& rules() const { return rules_; }
   int root() const { return root_; }
+  // The fewest UTF-8 bytes of a sentence (an answer shorter than that cannot be complete).
+  uint64_t min_sentence_bytes() const { return min_bytes_; }
+  // The expanded size the budget was checked against (symbols, with repeats and rules inlined).
+  uint64_t expanded_size() const { return expanded_size_; }
 
  private:
   friend class Parser;
   std::vector<Rule> rules_;
   int root_ = -1;
+  uint64_t min_bytes_ = 0, expanded_size_ = 0;
 };
 
 // The byte strings of a vocabulary as a trie, stored in depth-first order: a matcher walks it once
@@ -117,6 +128,11 @@ class Matcher {
   bool can_end() const;       // the input so far is a whole sentence of the grammar
   bool can_continue() const;  // some character may still follow
   bool dead() const { return stacks_.empty(); }
+  // A character was refused because the parse stacks grew past the matcher's limits (an
+  // ambiguous grammar), not because the grammar forbids it.
+  bool overflowed() const { return overflow_; }
+  static constexpr size_t kMaxStacks = 1u << 15;     // parse stacks alive after one character (an enum: one per value)
+  static constexpr size_t kMaxExpandWork = 1u << 21;  // stack positions built for one character
   // ok[t] = 1 when accepts_bytes(piece of t) (ok is resized to trie.n_tokens()): one walk of the
   // trie with a lazily built byte-level DFA of this matcher's states, kept across calls.
   void allowed_tokens(const TokenTrie& trie, std::vector<uint8_t>& ok);
@@ -130,7 +146,15 @@ class Matcher {
     }
   };
   using Stack = std::vector<Pos>;
-  void expand(Stack st, std::vector<Stack>& out, int depth) const;
+  struct StackHash {
+    size_t operator()(const Stack& st) const;
+  };
+  // one character's expansion: the stacks already reached (many ε-paths lead to the same stack)
+  struct Expansion {
+    std::unordered_set<Stack, StackHash> seen;
+    size_t work = 0;
+  };
+  bool expand(Stack st, std::vector<Stack>& out, Expansion& x) const;  // false: over the limits
   bool step(std::vector<Stack>& stacks, uint32_t c) const;              // one code point
   bool partial_ok(const std::vector<Stack>& stacks, const std::string& pending) const;
   bool feed(std::vector<Stack>& stacks, std::string& pending, std::string_view bytes) const;
@@ -147,6 +171,7 @@ class Matcher {
   std::shared_ptr<const Grammar> g_;
   std::vector<Stack> stacks_;
   std::string pending_;  // bytes of an incomplete UTF-8 character
+  mutable bool overflow_ = false;
   // allowed_tokens' DFA: interned states and their byte transitions (-2 unknown, -1 refused)
   std::vector<State> dfa_states_;
   std::vector<int32_t> dfa_next_;  // 256 per state
@@ -160,7 +185,10 @@ class Matcher {
 // minLength / maxLength; annotations (title, description, default, examples, $schema, $id,
 // $comment) are ignored. Anything else (pattern, format, minimum, allOf, ...) throws SchemaError
 // naming the keyword: the answer could not be held to it.
+// Throws SchemaError, or LimitError beyond the budget (nesting and $ref chains deeper than
+// max_depth, output larger than the budget allows, time, cancellation).
 std::string schema_to_gbnf(const nlohmann::ordered_json& schema);
+std::string schema_to_gbnf(const nlohmann::ordered_json& schema, const Budget& budget);
 
 // The grammar of any JSON object (response_format json_object).
 std::string json_object_gbnf();

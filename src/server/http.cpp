@@ -499,7 +499,13 @@ void Server::Impl::record_ttft(const Job::Result& r) {
 void Server::Impl::generate(const httpd::Request& req, httpd::Responder& res, bool chat) {
   if (stopping.load()) throw ApiError(503, "server is shutting down", "server_unavailable_error");
   const auto t0 = Clock::now();
-  ParsedRequest pr = chat ? parse_chat_request(req.body, *tok, lim) : parse_completion_request(req.body, *tok, lim);
+  Limits rl = lim;  // this request's: compiling its grammar or schema stops when its client goes
+  rl.budget.cancelled = [&res, last = Clock::now()]() mutable {
+    if (Clock::now() - last < std::chrono::milliseconds(50)) return false;
+    last = Clock::now();
+    return res.peer_closed();
+  };
+  ParsedRequest pr = chat ? parse_chat_request(req.body, *tok, rl) : parse_completion_request(req.body, *tok, rl);
   std::vector<std::shared_ptr<Job>> jobs;
   struct CancelOnThrow {  // a request that fails half-submitted gives its jobs up
     std::vector<std::shared_ptr<Job>>& js;
@@ -525,6 +531,14 @@ void Server::Impl::generate(const httpd::Request& req, httpd::Responder& res, bo
   std::vector<Job::Result> results;
   if (pr.stream) {
     results = stream(jobs, res, chat, pr.include_usage, id, pr.gen.logprobs >= 0);
+    if (results.size() != jobs.size()) {  // the stream was cut (its jobs are cancelled): wait for their ends
+      results.clear();
+      for (auto& j : jobs) {
+        JobOutput rest;
+        while (!j->wait(rest, std::chrono::milliseconds(50))) {}
+        results.push_back(j->result());
+      }
+    }
     log_generation(req, id, results, std::chrono::duration<double>(Clock::now() - t0).count());
   } else {
     std::vector<Choice> cs(jobs.size());
@@ -538,6 +552,9 @@ void Server::Impl::generate(const httpd::Request& req, httpd::Responder& res, bo
       record_ttft(cs[k].result);
       results.push_back(cs[k].result);
     }
+    // logged before the answer goes out (or the error), so a client that has the answer also finds
+    // the line (a test reading stderr right after its request raced the line when it came after)
+    log_generation(req, id, results, std::chrono::duration<double>(Clock::now() - t0).count());
     for (const Choice& c : cs) {
       const Job::Result& r = c.result;
       if (r.http_status >= 400) throw ApiError(r.http_status, r.error.empty() ? r.finish_reason : r.error);
@@ -548,9 +565,6 @@ void Server::Impl::generate(const httpd::Request& req, httpd::Responder& res, bo
     const tok::Tokenizer* lp_tok = pr.gen.logprobs >= 0 ? &*tok : nullptr;
     const ojson j = chat ? chat_response(id, o.model_id, created, cs, lp_tok)
                          : completion_response(id, o.model_id, created, cs, lp_tok);
-    // logged before the answer goes out, so a client that has the answer also finds the line (a test
-    // reading stderr right after its request raced the line when it came after the send)
-    log_generation(req, id, results, std::chrono::duration<double>(Clock::now() - t0).count());
     res.send(json_reply(j));
   }
 }
@@ -580,21 +594,29 @@ Endpoint Server::Impl::endpoint(const httpd::Request& req) {
 void Server::Impl::log_generation(const httpd::Request& req, const std::string& id, const std::vector<Job::Result>& rs,
                                   double total_s) {
   if (rs.empty() || o.quiet) return;
+  // The prompt: the first choice's evaluation (admitted -> first token, or -> its end when it ended
+  // before one). The generation: every choice's tokens over one interval, from the first token of any
+  // choice to the end of the last (the choices overlap, or run one after another when n > slots);
+  // the very first token belongs to the prompt's time.
   int n_gen = 0;
-  double prefill_s = 0, gen_s = 0;
+  double first = 1e300, last = 0;
   for (const auto& r : rs) {
     n_gen += r.n_generated;
-    prefill_s = std::max(prefill_s, r.prefill_s);
-    gen_s = std::max(gen_s, r.gen_s);
+    if (r.n_generated > 0) {
+      first = std::min(first, r.ttft_s);
+      last = std::max(last, r.total_s);
+    }
   }
+  const double gen_s = n_gen > 0 ? std::max(0.0, last - first) : 0.0;
   const Job::Result& r0 = rs[0];
+  const double prefill_s = r0.prefill_s;
   const int evaluated = r0.n_prompt - r0.n_cached;
   std::fprintf(stderr,
                "kimi serve: %s %s %s: %s; prompt %d tokens (%d cached) %.3f s, %.1f tok/s; generated %d tokens "
                "%.3f s, %.1f tok/s; total %.3f s\n",
                req.method.c_str(), req.path.c_str(), id.c_str(), r0.finish_reason.c_str(), r0.n_prompt, r0.n_cached,
                prefill_s, prefill_s > 0 ? evaluated / prefill_s : 0.0, n_gen, gen_s,
-               gen_s > 0 && n_gen > static_cast<int>(rs.size()) ? (n_gen - static_cast<int>(rs.size())) / gen_s : 0.0,
+               gen_s > 0 && n_gen > 1 ? (n_gen - 1) / gen_s : 0.0,
                total_s);
 }
 

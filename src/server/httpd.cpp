@@ -167,7 +167,21 @@ bool Responder::end() {
   return chunked_ ? raw("0\r\n\r\n") : !failed_;
 }
 
-bool Responder::peer_closed() const { return net::peer_closed(fd_); }
+// A reset (or another socket error) is a disconnect; the end of the client's input is not: a client
+// may shut down its sending side after the request (`nc -N`, some proxies) and still read the
+// answer. TCP cannot tell that from a client that closed its socket until something is written, so
+// the first time the end of input is seen before the answer has started, an interim
+// `100 Continue` (HTTP/1.1 clients must accept 1xx responses before the final one) is written: to a
+// closed socket the client's system answers with a reset, which the next call sees.
+bool Responder::peer_closed() {
+  if (failed_) return true;
+  net::PollFd p{fd_, net::kPollIn, 0};
+  if (net::poll(&p, 1, 0) > 0 && (p.revents & (net::kPollErr | net::kPollHup))) return true;
+  if (!net::peer_closed(fd_)) return false;  // nothing to read, or pipelined input: still there
+  if (probed_ || started_ || req_.minor < 1) return false;
+  probed_ = true;
+  return !raw("HTTP/1.1 100 Continue\r\n\r\n");
+}
 
 // ---------------------------------------------------------------------------------------------
 // HttpServer
@@ -186,6 +200,7 @@ struct Conn {
   Clock::time_point heard;        // Linger: when the client last sent a bulk of data
   uint64_t heard_bytes = 0;       // Linger: dropped since `heard`
   bool close_after_out = false;   // linger + close once `out` is written
+  bool peer_eof = false;          // the client shut down its sending side (it may still read)
   Request req;                    // the request being read
   uint64_t body_len = 0;
   bool keep_alive = true;
@@ -237,6 +252,11 @@ struct HttpServer::Impl {
   void accept_all();
   bool read_some(Conn& c);
   void process(std::unique_ptr<Conn>& c);
+  // after process(): a connection whose client ended its input and that has nothing left to answer
+  // or write is closed (its requests were all answered; a partial one can never complete)
+  void close_if_ended(std::unique_ptr<Conn>& c) {
+    if (c && c->fd >= 0 && c->peer_eof && c->out.empty() && c->st != Conn::St::Linger) close_conn(*c);
+  }
   Step advance(Conn& c, int* status, std::string* msg);
   Step parse_head(Conn& c, int* status, std::string* msg);
   Step read_chunked(Conn& c, int* status, std::string* msg);
@@ -375,7 +395,10 @@ bool HttpServer::Impl::read_some(Conn& c) {
       if (static_cast<size_t>(n) < sizeof buf) return true;
       continue;
     }
-    if (n == 0) return false;
+    if (n == 0) {  // end of input: what is buffered may still be a whole request to answer
+      c.peer_eof = true;
+      return c.st != Conn::St::Linger && !c.in.empty();
+    }
     const int e = net::last_error();
     if (net::interrupted(e)) continue;
     return net::would_block(e);
@@ -695,6 +718,7 @@ void HttpServer::Impl::loop() {
       } else {
         c->since = Clock::now();
         process(c);  // pipelined requests already buffered
+        close_if_ended(c);
       }
       if (c) conns.push_back(std::move(c));
     }
@@ -733,7 +757,10 @@ void HttpServer::Impl::loop() {
             close_conn(*c);  // the client closed (or reset): drop what it left half-sent
             continue;
           }
-          if (c->st != Conn::St::Linger) process(c);
+          if (c->st != Conn::St::Linger) {
+            process(c);
+            close_if_ended(c);
+          }
         }
       }
       if (pfd[1].revents & net::kPollIn) accept_all();
@@ -744,6 +771,19 @@ void HttpServer::Impl::loop() {
     conns.erase(std::remove_if(conns.begin(), conns.end(), [](const auto& c) { return !c || c->fd < 0; }), conns.end());
   }
 }
+
+namespace {
+constexpr size_t kTrimAbove = 16u << 20;  // freed heap held by the allocator that is worth a malloc_trim
+// Bytes the allocator holds free in all its arenas (0 where that cannot be asked).
+size_t heap_held_free() {
+#if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 33))
+  const struct mallinfo2 mi = ::mallinfo2();
+  return mi.fordblks;
+#else
+  return 0;
+#endif
+}
+}  // namespace
 
 void HttpServer::Impl::worker() {
   for (;;) {
@@ -769,9 +809,11 @@ void HttpServer::Impl::worker() {
     log(c->req, rs.status());
     const bool big = c->req.body.size() >= (1u << 20) || c->in.capacity() >= (1u << 20);
     c->req = Request{};
-    if (big) {
-      // give the memory of a large request back to the system (glibc keeps freed heap otherwise)
-      std::string(c->in).swap(c->in);
+    if (big) std::string(c->in).swap(c->in);
+    // give the memory of a large request back to the system: glibc keeps freed heap in its arenas
+    // (one per thread that allocated), so a 4 MB body, a 10 000-value enum grammar or the matcher
+    // states of a long constrained answer would otherwise stay resident after the request
+    if (big || heap_held_free() >= kTrimAbove) {
 #if defined(__GLIBC__)
       ::malloc_trim(0);
 #endif

@@ -64,7 +64,11 @@ class Responder {
   bool begin_stream(int status, const std::string& content_type, const Headers& headers = {});
   bool write(std::string_view data);  // false: the peer is gone or stopped reading (write timeout)
   bool end();
-  bool peer_closed() const;           // the client closed its side (checked without reading)
+  // The client is gone: a reset or a failed write (checked without reading). The end of its input
+  // alone is not (a half-closed client still reads the answer); before the answer has started it
+  // is probed once with an interim `100 Continue` (HTTP/1.1), which a closed socket answers with a
+  // reset.
+  bool peer_closed();
   bool started() const { return started_; }
   bool failed() const { return failed_; }
   int status() const { return status_; }
@@ -80,7 +84,7 @@ class Responder {
   const Headers& defaults_;
   double write_timeout_s_;
   bool close_after_;
-  bool started_ = false, streaming_ = false, chunked_ = false, ended_ = false, failed_ = false;
+  bool started_ = false, streaming_ = false, chunked_ = false, ended_ = false, failed_ = false, probed_ = false;
   int status_ = 0;
 };
 

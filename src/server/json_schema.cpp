@@ -1,6 +1,7 @@
 // JSON schema -> GBNF (grammar.h: schema_to_gbnf, json_object_gbnf).
 #include <fmt/format.h>
 
+#include <chrono>
 #include <map>
 #include <set>
 
@@ -51,7 +52,7 @@ const std::set<std::string>& annotations() {
 
 class Converter {
  public:
-  explicit Converter(const ojson& root) : root_(root) {}
+  Converter(const ojson& root, const Budget& b) : root_(root), b_(b), deadline_(b.deadline()) {}
 
   std::string run() {
     const std::string top = expr(root_, "$");
@@ -61,6 +62,31 @@ class Converter {
   }
 
  private:
+  // Nesting (schema levels and $ref chains together) is bounded, so the recursion over the schema
+  // is; the text made so far is bounded by the size budget (a GBNF symbol is at least a byte of
+  // it... and a rule reference at most a few dozen), and time and the client are polled.
+  struct Level {
+    Converter& c;
+    Level(Converter& c, const std::string& where) : c(c) {
+      if (++c.depth_ > c.b_.max_depth)
+        throw LimitError("max_depth", fmt::format("JSON schema: nested deeper than the limit of {} (schema levels and "
+                                                  "$ref chains together) at {}",
+                                                  c.b_.max_depth, where));
+      if ((++c.polls_ & 63) == 0) {
+        if (c.b_.cancelled && c.b_.cancelled()) throw LimitError("cancelled", "JSON schema: compilation cancelled (the client has gone)");
+        if (std::chrono::steady_clock::now() > c.deadline_)
+          throw LimitError("max_seconds", fmt::format("JSON schema: converting took longer than the limit of {} s", c.b_.max_seconds));
+      }
+    }
+    ~Level() { --c.depth_; }
+  };
+  void grew(size_t n) {
+    out_bytes_ += n;
+    if (out_bytes_ > kBytesPerSymbol * b_.max_size)
+      throw LimitError("max_size", fmt::format("JSON schema: the grammar it makes is larger than the limit ({} symbols)",
+                                               b_.max_size));
+  }
+  static constexpr uint64_t kBytesPerSymbol = 8;
   [[noreturn]] void unsupported(const std::string& kw, const std::string& where, const std::string& why = "") const {
     throw SchemaError(kw, where,
                       fmt::format("JSON schema: '{}' at {} is not supported{}", kw, where, why.empty() ? "" : " (" + why + ")"));
@@ -68,6 +94,7 @@ class Converter {
   std::string add_rule(const std::string& body) {
     const std::string name = fmt::format("s{}", rules_.size() + refs_.size() + 1);
     rules_.push_back(name + " ::= " + body);
+    grew(rules_.back().size());
     return name;
   }
   void check_keys(const ojson& s, const std::string& where, std::initializer_list<const char*> allowed) const {
@@ -81,6 +108,12 @@ class Converter {
   }
 
   std::string expr(const ojson& s, const std::string& where) {
+    const Level level(*this, where);
+    std::string e = expr1(s, where);
+    grew(e.size());
+    return e;
+  }
+  std::string expr1(const ojson& s, const std::string& where) {
     if (s.is_boolean()) {
       if (s.get<bool>()) return "json-value";
       unsupported("false", where, "a schema that accepts nothing");
@@ -170,6 +203,7 @@ class Converter {
     refs_[p] = name;
     const std::string body = expr(*defs, p);
     rules_.push_back(name + " ::= " + body);
+    grew(rules_.back().size());
     return name;
   }
 
@@ -230,13 +264,21 @@ class Converter {
   }
 
   const ojson& root_;
+  const Budget& b_;
+  std::chrono::steady_clock::time_point deadline_;
+  int depth_ = 0;
+  uint64_t polls_ = 0, out_bytes_ = 0;
   std::vector<std::string> rules_;
   std::map<std::string, std::string> refs_;
 };
 
 }  // namespace
 
-std::string schema_to_gbnf(const nlohmann::ordered_json& schema) { return Converter(schema).run(); }
+std::string schema_to_gbnf(const nlohmann::ordered_json& schema) { return schema_to_gbnf(schema, Budget{}); }
+
+std::string schema_to_gbnf(const nlohmann::ordered_json& schema, const Budget& budget) {
+  return Converter(schema, budget).run();
+}
 
 std::string json_object_gbnf() { return std::string("root ::= json-object\n") + kJsonBase; }
 

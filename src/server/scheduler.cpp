@@ -114,6 +114,7 @@ bool Scheduler::submit(const std::shared_ptr<Job>& job) {
     if (waiting - std::max(0, free_slots) >= so_.queue_limit) return false;
     queue_.push_back(job);
     st_.queue_depth = static_cast<int>(queue_.size());
+    ++st_.requests_started;  // every accepted job ends in exactly one outcome (finish, or cancelled / timed out in the queue)
   }
   cv_.notify_all();
   return true;
@@ -367,7 +368,6 @@ void Scheduler::start(Active& a) {
   }
   std::lock_guard<std::mutex> lk(mu_);
   ++st_.active;
-  ++st_.requests_started;
   st_.prompt_tokens += P.size();
   st_.cached_tokens += best_r;
 }
@@ -666,7 +666,9 @@ void Scheduler::on_token(Active& a, int32_t t, const float* logits) {
     }
   }
   if (a.matcher) {
-    if (t < 0) return finish(a, "stop");  // the grammar allows nothing more
+    // no token can continue the sentence, which is not complete (the vocabulary cannot spell what the
+    // grammar needs, or the matcher's limits on an ambiguous grammar): not a "stop", the answer is cut
+    if (t < 0) return finish(a, "grammar_dead_end");
     if (a.constrained) {
       // the answer ends with the grammar's sentence: an end token, <|close|> in chat
       if (tok_.is_eog(t) || t == model_.hparams().eos_id || (gp.chat && t == close_id_)) return finish(a, "stop");
@@ -721,7 +723,7 @@ void Scheduler::on_token(Active& a, int32_t t, const float* logits) {
 void Scheduler::finish(Active& a, const std::string& reason, int status, const std::string& err) {
   if (a.done) return;
   a.done = true;
-  const bool ok = reason == "stop" || reason == "length";
+  const bool ok = reason == "stop" || reason == "length" || reason == "grammar_dead_end";
   if (ok) {
     std::string rest = a.hold + (a.detok ? a.detok->flush() : std::string());
     a.hold.clear();
@@ -749,6 +751,8 @@ void Scheduler::finish(Active& a, const std::string& reason, int status, const s
   if (a.n_gen > 0) {
     r.prefill_s = std::chrono::duration<double>(a.t_first - a.t_admit).count();
     r.gen_s = std::chrono::duration<double>(Clock::now() - a.t_first).count();
+  } else if (a.seq >= 0) {  // ended while reading its prompt (cancelled, timed out): the prefill so far
+    r.prefill_s = std::chrono::duration<double>(Clock::now() - a.t_admit).count();
   }
   if (ok && a.seq >= 0 && a.n_gen > 0)  // end of the generation: the next turn may continue it
     store_save(a, seqs_[static_cast<size_t>(a.seq)].toks.size());
@@ -766,10 +770,10 @@ void Scheduler::finish(Active& a, const std::string& reason, int status, const s
       si.n_cached = static_cast<int>(seqs_[static_cast<size_t>(a.seq)].toks.size());
       si.n_prompt = si.n_prompt_done = si.n_decoded = 0;
     }
-    ++st_.requests_finished;
     if (reason == "cancelled") ++st_.requests_cancelled;
     else if (reason == "timeout") ++st_.requests_timeout;
     else if (reason == "error") ++st_.requests_failed;
+    else ++st_.requests_finished;  // stop, length, tool_calls, grammar_dead_end: an answer
   }
   a.job->finish(r);
 }

@@ -17,6 +17,15 @@ const char* const SEP = "<|sep|>";
 const char* const EOM = "<|end_of_msg|>";
 const char* const kImagePlaceholder = "<|kimi_image_placeholder|>";
 
+// render_chat_marked: every string taken from the request is enclosed in kUserTextBegin /
+// kUserTextEnd (set for the duration of one rendering on this thread).
+thread_local bool g_mark_user = false;
+
+std::string user(std::string s) {
+  if (!g_mark_user || s.empty()) return s;
+  return kUserTextBegin + s + kUserTextEnd;
+}
+
 std::string py_float(double d) {
   if (std::isnan(d)) return "NaN";
   if (std::isinf(d)) return d > 0 ? "Infinity" : "-Infinity";
@@ -154,7 +163,7 @@ std::string trim(std::string_view s) {
 std::string render_text(const ojson& v) { return v.is_null() ? std::string() : py_str(v); }
 
 std::string render_content(const ojson& content) {
-  if (content.is_string()) return content.get<std::string>();
+  if (content.is_string()) return user(content.get<std::string>());
   if (content.is_null()) return "";
   check(content.is_array() || content.is_object(),
         "message content must be a string, a list of parts or null, found {}", content.type_name());
@@ -165,7 +174,7 @@ std::string render_content(const ojson& content) {
   for (const ojson& part : content) {
     const ojson& type = get(part, "type");
     if (type.is_string() && (type == "image" || type == "image_url")) out += kImagePlaceholder;
-    else if (has(part, "text")) out += render_text(part["text"]);
+    else if (has(part, "text")) out += user(render_text(part["text"]));
   }
   return out;
 }
@@ -179,7 +188,7 @@ std::string render_tool_declare(const ojson& tools, bool dynamic) {
   out += dynamic ? "## New Tools Available\nThe system dynamically extends the toolset via lazy-loading.\nYou have access "
                    "to all existing and extended tools.\nHere are the specs for the extended tools.\n\n```json\n"
                  : "# Tools\nHere are the available tools, described in JSONSchema.\n\n```json\n";
-  out += json_sorted(tools) + "\n```" + close_tag("message") + EOM;
+  out += user(json_sorted(tools)) + "\n```" + close_tag("message") + EOM;
   return out;
 }
 
@@ -203,7 +212,7 @@ std::string render_assistant(const ojson& m, bool thinking) {
     const ojson& rc = get(m, "reasoning_content");
     const ojson& reasoning = truthy(rc) ? rc : get(m, "reasoning");
     out += open_tag("think");
-    if (!reasoning.is_null() && !trim(py_str(reasoning)).empty()) out += render_text(reasoning);
+    if (!reasoning.is_null() && !trim(py_str(reasoning)).empty()) out += user(render_text(reasoning));
     out += close_tag("think");
   }
   out += open_tag("response") + render_content(get(m, "content")) + close_tag("response");
@@ -217,20 +226,20 @@ std::string render_assistant(const ojson& m, bool thinking) {
       check(call.is_object(), "Kimi K3 tool calls must be mappings.");
       const ojson& fn = call_function(call);
       check(!get(fn, "name").is_null(), "Kimi K3 tool calls require a function name.");
-      out += open_tag("call", {{"tool", py_str(fn["name"])}, {"index", std::to_string(index)}});
+      out += open_tag("call", {{"tool", user(py_str(fn["name"]))}, {"index", std::to_string(index)}});
       const ojson arguments = has(fn, "arguments") ? fn["arguments"] : ojson::object();
       const ojson& json_block = get(fn, "_xtml_json_block");
       if (!json_block.is_null()) {
-        out += open_tag("json", {{"type", "object"}}) + render_text(json_block) + close_tag("json");
+        out += open_tag("json", {{"type", "object"}}) + user(render_text(json_block)) + close_tag("json");
       } else if (arguments.is_object()) {
         for (auto it = arguments.begin(); it != arguments.end(); ++it) {
           const ojson& v = it.value();
-          out += open_tag("argument", {{"key", it.key()}, {"type", xtml_type(v)}});
-          out += v.is_string() ? v.get<std::string>() : py_json_dumps(v);
+          out += open_tag("argument", {{"key", user(it.key())}, {"type", xtml_type(v)}});
+          out += user(v.is_string() ? v.get<std::string>() : py_json_dumps(v));
           out += close_tag("argument");
         }
       } else if (arguments.is_string() && !trim(arguments.get<std::string>()).empty()) {
-        out += open_tag("json", {{"type", "object"}}) + arguments.get<std::string>() + close_tag("json");
+        out += open_tag("json", {{"type", "object"}}) + user(arguments.get<std::string>()) + close_tag("json");
       } else if (!arguments.is_null() && !arguments.is_string()) {
         fail("Kimi K3 tool call arguments must be a mapping or a JSON object string.");
       }
@@ -259,7 +268,7 @@ std::string render_tool_message(const ojson& m, State& st, const ojson* resolved
   check(!name.is_null(),
         "Kimi K3 tool messages need a resolvable tool name: carry `tool`/`name`, or match a preceding assistant "
         "tool_call by order.");
-  return open_tag("message", {{"role", "tool"}, {"tool", py_str(name)}, {"index", std::to_string(st.tool_index)}}) +
+  return open_tag("message", {{"role", "tool"}, {"tool", user(py_str(name))}, {"index", std::to_string(st.tool_index)}}) +
          render_content(get(m, "content")) + close_tag("message") + EOM;
 }
 
@@ -376,7 +385,7 @@ std::string render_chat(const ChatRequest& req) {
     const ojson& role = m["role"];
     auto with_name = [&](const char* r) {
       Attrs a{{"role", r}};
-      if (truthy(get(m, "name"))) a.emplace_back("name", py_str(m["name"]));
+      if (truthy(get(m, "name"))) a.emplace_back("name", user(py_str(m["name"])));
       return a;
     };
     if (role == "user") {
@@ -450,13 +459,38 @@ std::string render_chat(const ChatRequest& req) {
         "response-format",
         "The system is invoked with `response_format=json_schema`.\nYour response must be raw JSON data without "
         "markdown code blocks (```json) or any additional formatting.\nThe JSON data must match the following "
-        "schema:\n```json\n" + json_sorted(schema) + "\n```");
+        "schema:\n```json\n" + user(json_sorted(schema)) + "\n```");
   }
   if (req.add_generation_prompt) out += open_tag("message", {{"role", "assistant"}}) + open_tag(thinking ? "think" : "response");
   return out;
 }
 
 std::string render_chat_request(const ojson& body) { return render_chat(ChatRequest::from_json(body)); }
+
+std::string render_chat_marked(const ChatRequest& req) {
+  struct Mark {
+    bool was = g_mark_user;
+    Mark() { g_mark_user = true; }
+    ~Mark() { g_mark_user = was; }
+  } mark;
+  return render_chat(req);
+}
+
+std::string strip_user_marks(std::string_view marked, std::vector<std::pair<size_t, size_t>>* user_ranges) {
+  std::string out;
+  out.reserve(marked.size());
+  size_t begin = 0;
+  for (char c : marked) {
+    if (c == kUserTextBegin[0]) {
+      begin = out.size();
+    } else if (c == kUserTextEnd[0]) {
+      if (user_ranges && out.size() > begin) user_ranges->emplace_back(begin, out.size());
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
 
 // ---------------------------------------------------------------------------------------------
 // Output parser

@@ -33,6 +33,17 @@ struct ChatRequest {
 std::string render_chat(const ChatRequest& req);
 std::string render_chat_request(const ojson& body);
 
+// The same rendering with every string taken from the request (message contents, names, reasoning,
+// tool definitions, tool-call names, argument keys and values, tool results, the response schema)
+// enclosed in kUserTextBegin ... kUserTextEnd: bytes that never occur in UTF-8, so no request text
+// can contain them. A caller tokenizes the user ranges without special-token parsing (no user text
+// can then forge the format's tags); strip_user_marks gives exactly render_chat's text and the
+// user ranges in it ([begin, end) byte offsets, in order, not overlapping).
+inline constexpr const char* kUserTextBegin = "\xFE";
+inline constexpr const char* kUserTextEnd = "\xFF";
+std::string render_chat_marked(const ChatRequest& req);
+std::string strip_user_marks(std::string_view marked, std::vector<std::pair<size_t, size_t>>* user_ranges);
+
 // Helpers exposed for tests.
 std::string py_json_dumps(const ojson& v);  // Python json.dumps(v, ensure_ascii=False)
 std::string json_sorted(const ojson& v);    // the template's json_sorted macro

@@ -296,3 +296,155 @@ TEST(TokenTrie, AllowedTokensEqualPerTokenChecks) {
     }
   }
 }
+
+// ---------------------------------------------------------------------------------------------
+// The compile budget (issue 31): hostile structure is refused with a LimitError naming the limit,
+// never a crash (deep recursion), a runaway expansion or a silently empty language.
+
+namespace {
+
+std::string limit_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const LimitError& e) {
+    return e.limit + ": " + e.what();
+  } catch (const std::exception& e) {
+    return std::string("other: ") + e.what();
+  }
+  return "(accepted)";
+}
+
+}  // namespace
+
+TEST(GrammarBudget, DeepGroupsAndRefChainsAreRefusedNotCrashed) {
+  // 40 000 nested groups: the parser recursed once per level (a stack overflow on main)
+  const std::string deep = "root ::= " + std::string(40000, '(') + "\"a\"" + std::string(40000, ')');
+  const std::string r = limit_of([&] { Grammar::parse(deep); });
+  EXPECT_EQ(r.rfind("max_depth: ", 0), 0u) << r;
+  EXPECT_NE(r.find(std::to_string(Budget{}.max_depth)), std::string::npos) << r;
+  // within the limit it works
+  const int ok_depth = Budget{}.max_depth;
+  EXPECT_TRUE(full("root ::= " + std::string(ok_depth, '(') + "\"a\"" + std::string(ok_depth, ')'), "a"));
+  // a $ref chain 30 000 long: the converter recursed once per link
+  ojson defs = ojson::object();
+  for (int i = 0; i < 30000; ++i) defs["d" + std::to_string(i)] = {{"$ref", "#/$defs/d" + std::to_string(i + 1)}};
+  defs["d30000"] = {{"type", "string"}};
+  const ojson schema = {{"$defs", defs}, {"$ref", "#/$defs/d0"}};
+  const std::string s = limit_of([&] { schema_to_gbnf(schema); });
+  EXPECT_EQ(s.rfind("max_depth: ", 0), 0u) << s;
+  // a schema nested past the limit (within the JSON parser's 128 levels)
+  ojson nested = {{"type", "string"}};
+  for (int i = 0; i < Budget{}.max_depth + 1; ++i) nested = {{"type", "array"}, {"items", nested}};
+  EXPECT_EQ(limit_of([&] { schema_to_gbnf(nested); }).rfind("max_depth: ", 0), 0u);
+}
+
+TEST(GrammarBudget, LongRuleChainsKeepTheirLanguage) {
+  // 300 rules each referring to the next: the matcher dropped paths deeper than 256 rule entries,
+  // so "a" was refused (an empty language, answered as an empty "stop" by the server)
+  std::string g = "root ::= r0\n";
+  for (int i = 0; i < 300; ++i) g += "r" + std::to_string(i) + " ::= r" + std::to_string(i + 1) + "\n";
+  g += "r300 ::= \"a\"\n";
+  EXPECT_TRUE(full(g, "a"));
+  EXPECT_FALSE(full(g, "b"));
+  // nullable rules in a row: 300 of them, each entered and left without a character
+  std::string n = "root ::= ";
+  for (int i = 0; i < 300; ++i) n += "e ";
+  n += "\"z\"\ne ::= \"\" | \"y\"\n";
+  EXPECT_TRUE(full(n, "z"));
+  EXPECT_TRUE(full(n, "yyz"));
+}
+
+TEST(GrammarBudget, RepeatsAreCountedBeforeTheyAreExpanded) {
+  // a million "a"s after expansion (the server grew past 20 GB on it)
+  const std::string r = limit_of([] { Grammar::parse(R"(root ::= (("a"{0,100}){0,100}){0,100})"); });
+  EXPECT_EQ(r.rfind("max_size: ", 0), 0u) << r;
+  EXPECT_NE(r.find(std::to_string(Budget{}.max_size)), std::string::npos) << r;
+  // the same through named rules
+  const std::string named = limit_of([] {
+    Grammar::parse("root ::= b{0,100}\nb ::= c{0,100}\nc ::= \"a\"{0,100}\n");
+  });
+  EXPECT_EQ(named.rfind("max_size: ", 0), 0u) << named;
+  // a long literal repeated: refused before the copies are made
+  const std::string lit = "root ::= \"" + std::string(100000, 'x') + "\"{1000}";
+  EXPECT_EQ(limit_of([&] { Grammar::parse(lit); }).rfind("max_size: ", 0), 0u);
+  // a smaller budget refuses earlier; ordinary repeats stay fine
+  Budget small;
+  small.max_size = 500;
+  EXPECT_EQ(limit_of([] {
+              Budget b;
+              b.max_size = 500;
+              Grammar::parse(R"(root ::= [0-9]{1,1000})", b);
+            }).rfind("max_size: ", 0),
+            0u);
+  EXPECT_TRUE(full(R"(root ::= ("ab"){1,1000} [0-9]{0,1000})", "ababab123"));
+  auto g = Grammar::parse(R"(root ::= ("ab"){1,1000})");
+  EXPECT_GE(g->expanded_size(), 2000u);
+  EXPECT_LE(g->expanded_size(), Budget{}.max_size);
+}
+
+TEST(GrammarBudget, CancelledAndTimedOutCompilesStop) {
+  std::string g = "root ::=";
+  for (int i = 0; i < 5000; ++i) g += " \"a\"";
+  Budget b;
+  b.cancelled = [] { return true; };
+  EXPECT_EQ(limit_of([&] { Grammar::parse(g, b); }).rfind("cancelled: ", 0), 0u);
+  Budget t;
+  t.max_seconds = 0;
+  EXPECT_EQ(limit_of([&] { Grammar::parse(g, t); }).rfind("max_seconds: ", 0), 0u);
+  ojson props = ojson::object();
+  for (int i = 0; i < 2000; ++i) props["p" + std::to_string(i)] = {{"type", "string"}};
+  EXPECT_EQ(limit_of([&] { schema_to_gbnf(ojson{{"type", "object"}, {"properties", props}}, b); }).rfind("cancelled: ", 0), 0u);
+}
+
+TEST(GrammarBudget, EmptyLanguagesAreErrorsAndDeadAlternativesAreDropped) {
+  auto msg = [](const std::string& g) {
+    try {
+      Grammar::parse(g);
+    } catch (const GrammarError& e) {
+      return std::string(e.what());
+    }
+    return std::string("(accepted)");
+  };
+  // no base case: no text completes root
+  EXPECT_NE(msg("root ::= \"a\" root").find("empty"), std::string::npos) << msg("root ::= \"a\" root");
+  EXPECT_NE(msg("root ::= [^\\x00-\\U0010FFFF]").find("empty"), std::string::npos);
+  EXPECT_NE(msg("root ::= x \"b\"\nx ::= \"c\" x").find("empty"), std::string::npos);
+  // an alternative that can never finish is dropped: the matcher does not walk into it
+  const std::string g = "root ::= \"a\" x | \"b\"\nx ::= \"c\" x\n";
+  EXPECT_FALSE(prefix(g, "a"));
+  EXPECT_TRUE(full(g, "b"));
+  // the shortest sentence in bytes
+  EXPECT_EQ(Grammar::parse(R"(root ::= "abcd" | "de" [\u00e9] | "xyz" "!"?)")->min_sentence_bytes(), 3u);
+  EXPECT_EQ(Grammar::parse(R"(root ::= [\u00e9] [\u20ac]{2})")->min_sentence_bytes(), 8u);
+  EXPECT_EQ(Grammar::parse(R"(root ::= "a"*)")->min_sentence_bytes(), 0u);
+}
+
+TEST(GrammarBudget, AmbiguousGrammarsStayBoundedPerCharacter) {
+  // within the size budget but ambiguous: nested optional repeats give every character
+  // exponentially many ε-paths (main explored each of them: the first state alone never finished);
+  // stacks reached twice are expanded once, and each character stays within the matcher's caps (a
+  // refusal reported as an overflow, which the server reports as a dead end)
+  Matcher m(Grammar::parse("root ::= b{0,60}\nb ::= c{0,60}\nc ::= \"a\"{0,60}\n"));
+  int advanced = 0;
+  for (int i = 0; i < 400; ++i) {
+    if (!m.advance_bytes("a")) break;
+    ++advanced;
+  }
+  EXPECT_GT(advanced, 0);
+  if (advanced < 400) {
+    EXPECT_TRUE(m.overflowed()) << advanced;
+  }
+}
+
+TEST(JsonSchema, BigEnumsAndTypeListsStayWithinTheBudget) {
+  ojson values = ojson::array();
+  for (int i = 0; i < 10000; ++i) values.push_back("value-" + std::to_string(i));
+  auto g = Grammar::parse(schema_to_gbnf(ojson{{"enum", values}}));
+  EXPECT_TRUE(full(schema_to_gbnf(ojson{{"enum", values}}), "\"value-9999\""));
+  // a type list at every level multiplies the work: refused by size or time, not computed for ever
+  ojson s = {{"type", "string"}};
+  for (int i = 0; i < 12; ++i)  // 2^12 nodes of JSON, 8^12 expansions of them
+    s = {{"type", ojson::array({"object", "object", "object", "object"})}, {"properties", {{"a", s}, {"b", s}}}};
+  const std::string r = limit_of([&] { schema_to_gbnf(s); });
+  EXPECT_TRUE(r.rfind("max_size: ", 0) == 0 || r.rfind("max_seconds: ", 0) == 0) << r.substr(0, 200);
+}

@@ -269,6 +269,11 @@ int cmd_bench(int argc, char** argv) {
       if (n_prompt > 0) j["expert_stream"]["pp"] = xs_json(pp_xs, pp_wall);
       if (n_gen > 0) j["expert_stream"]["tg"] = xs_json(tg_xs, tg_wall);
     }
+    if (pp_xs.hot_per_layer > 0) {
+      j["hot_experts"] = {{"device", pp_xs.hot_device}, {"per_layer", pp_xs.hot_per_layer}};
+      if (n_prompt > 0) j["hot_experts"]["pp_share"] = pp_xs.hot_share();
+      if (n_gen > 0) j["hot_experts"]["tg_share"] = tg_xs.hot_share();
+    }
     rank_traffic.to_json(j, double(n_gen) * reps);
     if (with_ceiling) ceiling.to_json(j);
     for (const DevReport& r : dev_reports) {
@@ -323,6 +328,8 @@ int cmd_bench(int argc, char** argv) {
   if (n_gen > 0) print_phases("tg", tg_phase, double(n_gen) * reps);
   if (pp_xs.enabled && n_prompt > 0) std::printf("pp: %s\n", pp_xs.summary(pp_wall).c_str());
   if (pp_xs.enabled && n_gen > 0) std::printf("tg: %s\n", tg_xs.summary(tg_wall).c_str());
+  if (pp_xs.hot_per_layer > 0 && n_prompt > 0) std::printf("pp: %s\n", pp_xs.hot_summary().c_str());
+  if (tg_xs.hot_per_layer > 0 && n_gen > 0) std::printf("tg: %s\n", tg_xs.hot_summary().c_str());
   for (kimi::Backend* be : accels) {
     const kimi::BackendStats s = be->stats();
     std::printf("device %s: %.1f MiB held (weights %.1f MiB), %llu submits\n", be->name(), s.device_bytes / 1048576.0,

@@ -6,11 +6,13 @@
 #include <cctype>
 #include <cstdlib>
 #include <filesystem>
+#include <regex>
 #include <sstream>
 
 #ifdef KIMI_HAVE_VULKAN
 #include "backend/vulkan/vulkan_backend.h"
 #endif
+#include "io/imatrix.h"
 #include "util/cli.h"
 #include "util/error.h"
 #include "util/numa.h"
@@ -242,6 +244,21 @@ void add_engine_options(CLI::App& app, EngineArgs& a, const EngineSpec& spec) {
   app.add_option("--stream-threads", a.stream_threads, "streamed experts: reads in flight at once (pread)")
       ->check(CLI::Range(1, 256))
       ->capture_default_str();
+  app.add_option("--gpu-experts", a.gpu_experts,
+                 "hybrid mode (--cpu-moe / --n-cpu-moe with an accelerator): keep the N most-picked routed experts of "
+                 "each such layer on the accelerator too and run their picks there (auto: as many as fit in its free "
+                 "memory); the picks come from --expert-counts")
+      ->check(CLI::Validator(
+          [](std::string& v) -> std::string {
+            if (v == "auto" || (!v.empty() && v.size() < 7 && v.find_first_not_of("0123456789") == std::string::npos))
+              return "";
+            return "--gpu-experts: '" + v + "' is not a whole number of experts or auto";
+          },
+          "N|auto", "experts"))
+      ->capture_default_str();
+  app.add_option("--expert-counts", a.expert_counts,
+                 "an imatrix file of this model (kimi imatrix): its per-expert token counts rank the experts "
+                 "--gpu-experts keeps");
 }
 
 void add_sampling_options(CLI::App& app, SamplerParams& p) {
@@ -308,7 +325,30 @@ ContextOptions context_options(const EngineArgs& a, int n_ctx, int n_batch) {
   o.stream.budget_bytes = parse_mem_budget(a.mem_budget);
   o.stream.mode = a.stream_mode == "madvise" ? StreamMode::Madvise : StreamMode::Pread;
   o.stream.io_threads = a.stream_threads;
+  o.stream.hot = hot_expert_options(a);
   return o;
+}
+
+HotExpertOptions hot_expert_options(const EngineArgs& a) {
+  HotExpertOptions h;
+  h.per_layer = a.gpu_experts == "auto" ? -1 : std::stoll(a.gpu_experts);
+  if (h.per_layer == 0) return h;
+  check(!a.expert_counts.empty(),
+        "--gpu-experts {}: needs --expert-counts FILE (the per-expert counts of a `kimi imatrix` run of this model)",
+        a.gpu_experts);
+  const imatrix::Data d = imatrix::Data::load(a.expert_counts);
+  static const std::regex name(R"(blk\.(\d+)\.ffn_gate_exps\.weight)");
+  for (const auto& [n, e] : d.entries) {
+    std::smatch m;
+    if (!std::regex_match(n, m, name)) continue;
+    const size_t il = std::stoul(m[1].str());
+    check(il < 4096, "--expert-counts {}: layer {} out of range", a.expert_counts, il);
+    if (h.counts.size() <= il) h.counts.resize(il + 1);
+    h.counts[il] = e.count;
+  }
+  check(!h.counts.empty(), "--expert-counts {}: no per-expert counts (blk.N.ffn_gate_exps.weight): not an imatrix of a "
+        "MoE model", a.expert_counts);
+  return h;
 }
 
 int64_t parse_mem_budget(const std::string& s) {

@@ -54,6 +54,9 @@ struct EngineArgs {
   std::string mem_budget = "auto";             // --mem-budget SIZE|auto|off
   std::string stream_mode = "pread";           // --stream-mode pread|madvise
   int stream_threads = 16;                     // --stream-threads: reads in flight (pread)
+  // hot experts in hybrid mode (model/expert_cache.h HotExperts, docs/gpu.md)
+  std::string gpu_experts = "0";               // --gpu-experts N|auto
+  std::string expert_counts;                   // --expert-counts FILE (an imatrix's per-expert counts)
 };
 
 // What differs between the commands that take EngineArgs.
@@ -96,6 +99,9 @@ void print_engine_summary(const EngineArgs& a, const Context& ctx);
 // "16G", "512M", "1.5GiB", "123456" -> bytes; "auto" -> -1; "off", "0" -> 0; kimi::Error naming
 // --mem-budget otherwise.
 int64_t parse_mem_budget(const std::string& s);
+
+// --gpu-experts / --expert-counts -> the hot experts' options (reads the imatrix file); kimi::Error for a bad file.
+HotExpertOptions hot_expert_options(const EngineArgs& a);
 
 // The backends this build has, in device order (index 0 is the host CPU).
 const std::vector<std::string>& compiled_devices();

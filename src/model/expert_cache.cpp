@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <new>
 
 #include "util/error.h"
@@ -47,6 +48,8 @@ ExpertStreamStats ExpertStreamStats::minus(const ExpertStreamStats& o) const {
   d.bytes_read -= o.bytes_read;
   d.bypass_calls -= o.bypass_calls;
   d.wait_s -= o.wait_s;
+  d.hot_picks -= o.hot_picks;
+  d.host_picks -= o.host_picks;
   return d;
 }
 
@@ -58,6 +61,14 @@ void ExpertStreamStats::add(const ExpertStreamStats& o) {
   bytes_read += o.bytes_read;
   bypass_calls += o.bypass_calls;
   wait_s += o.wait_s;
+  hot_picks += o.hot_picks;
+  host_picks += o.host_picks;
+  if (o.hot_per_layer) hot_per_layer = o.hot_per_layer, hot_device = o.hot_device;
+}
+
+std::string ExpertStreamStats::hot_summary() const {
+  return fmt::format("routed expert picks on {} ({} resident experts per layer): {:.1f} % ({} of {})", hot_device,
+                     hot_per_layer, 100.0 * hot_share(), hot_picks, hot_picks + host_picks);
 }
 
 std::string ExpertStreamStats::summary(double wall_s) const {
@@ -71,6 +82,105 @@ std::string ExpertStreamStats::summary(double wall_s) const {
   if (mode == StreamMode::Pread) s += fmt::format(", waited {:.2f} s for reads", wait_s);
   if (bypass_calls) s += fmt::format(", {} layer calls through the mapping (more experts than slots)", bypass_calls);
   return s;
+}
+
+// ------------------------------------------------------------------------------------------------
+// hot experts (--gpu-experts)
+
+HotExperts::HotExperts(const Model& m, Backend& dev, const std::vector<uint8_t>& on_host, const HotExpertOptions& o,
+                       int64_t n_tokens)
+    : dev_(dev) {
+  const HParams& hp = m.hparams();
+  const int64_t E = hp.n_expert, k = hp.n_expert_used;
+  layers_.resize(hp.n_layer);
+  std::vector<uint32_t> hot_layers;
+  uint64_t expert_bytes = 0;  // one expert's gate + up + down, the largest layer's
+  for (uint32_t il = 0; il < hp.n_layer && il < on_host.size(); ++il) {
+    if (!on_host[il] || !m.layer(il).ffn_gate_exps) continue;
+    check(hp.file_experts() == hp.n_expert, "--gpu-experts: the file holds a shard of the experts ({} of {})",
+          hp.file_experts(), hp.n_expert);
+    if (il >= o.counts.size() || o.counts[il].empty()) continue;
+    check(int64_t(o.counts[il].size()) == E, "--gpu-experts: the expert counts of layer {} list {} experts, the model has {}",
+          il, o.counts[il].size(), E);
+    hot_layers.push_back(il);
+    const LayerWeights& L = m.layer(il);
+    expert_bytes = std::max(expert_bytes, L.ffn_gate_exps.slice_bytes + L.ffn_up_exps.slice_bytes +
+                                              L.ffn_down_exps.slice_bytes);
+  }
+  if (hot_layers.empty() || o.per_layer == 0) return;
+  // scratch first (it must fit in any case), then the experts
+  dsel_ = dev.alloc(uint64_t(n_tokens * k) * 4, "hot experts routing");
+  dw_ = dev.alloc(uint64_t(n_tokens * k) * 4, "hot experts weights");
+  int64_t Lw = hp.n_latent ? hp.n_latent : hp.n_embd;
+  dacc_ = dev.alloc(uint64_t(n_tokens * Lw) * 4, "hot experts output");
+  hsel_.assign(size_t(n_tokens * k), 0);
+  hw_.assign(size_t(n_tokens * k), 0.0f);
+  int64_t per = o.per_layer;
+  if (per < 0) {  // auto: the device memory left free, less 10 % and reserve_bytes, over the hot layers
+    const uint64_t cap = dev.memory_capacity(), used = dev.stats().device_bytes;
+    const uint64_t keep = cap / 10 + o.reserve_bytes;
+    const uint64_t free_bytes = cap > used + keep ? cap - used - keep : 0;
+    per = cap == 0 ? E : int64_t(free_bytes / (expert_bytes * hot_layers.size()));
+  }
+  per_layer_ = std::clamp<int64_t>(per, 0, E);
+  if (per_layer_ == 0) return;
+  std::vector<uint8_t> stage;
+  for (uint32_t il : hot_layers) {
+    const LayerWeights& L = m.layer(il);
+    Layer& h = layers_[il];
+    std::vector<int32_t> order(static_cast<size_t>(E));
+    for (int64_t e = 0; e < E; ++e) order[size_t(e)] = int32_t(e);
+    const std::vector<double>& c = o.counts[il];
+    std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return c[size_t(a)] > c[size_t(b)]; });
+    h.n = per_layer_;
+    h.slot.assign(size_t(E), -1);
+    for (int64_t i = 0; i < h.n; ++i) h.slot[size_t(order[size_t(i)])] = int32_t(i);
+    const WeightView* w[3] = {&L.ffn_gate_exps, &L.ffn_up_exps, &L.ffn_down_exps};
+    MatView* dst[3] = {&h.mats.gate, &h.mats.up, &h.mats.down};
+    uint64_t* sl[3] = {&h.mats.gate_slice, &h.mats.up_slice, &h.mats.down_slice};
+    for (int j = 0; j < 3; ++j) {
+      const uint64_t sb = w[j]->slice_bytes;
+      stage.resize(size_t(sb * uint64_t(h.n)));
+      // slots in expert-id order of the chosen ones (slot i = the i-th most picked)
+      for (int64_t i = 0; i < h.n; ++i)
+        std::memcpy(stage.data() + sb * uint64_t(i), w[j]->slice(order[size_t(i)]).data, size_t(sb));
+      *dst[j] = w[j]->mat;
+      dst[j]->packed = nullptr;
+      dst[j]->data = dev.place_weight(w[j]->info->name + ".hot", stage.data(), stage.size());
+      *sl[j] = sb;
+      bytes_ += stage.size();
+    }
+  }
+}
+
+const HotExperts::Layer* HotExperts::layer(uint32_t il) const {
+  return il < layers_.size() && layers_[il].n > 0 ? &layers_[il] : nullptr;
+}
+
+void HotExperts::split(uint32_t il, int32_t* host_sel, const float* host_weights, int64_t count) {
+  const Layer& h = layers_[il];
+  check(count <= int64_t(hsel_.size()), "hot experts: {} picks beyond the {} reserved", count, hsel_.size());
+  for (int64_t i = 0; i < count; ++i) {
+    const int32_t e = host_sel[i];
+    const int32_t slot = e >= 0 && size_t(e) < h.slot.size() ? h.slot[size_t(e)] : -1;
+    if (slot >= 0) {
+      hsel_[size_t(i)] = slot, hw_[size_t(i)] = host_weights[i];
+      host_sel[i] = -1;
+      ++hot_picks_;
+    } else {
+      hsel_[size_t(i)] = -1, hw_[size_t(i)] = 0.0f;  // skipped on the device (its rows are 0, weighted 0)
+      if (e >= 0) ++host_picks_;
+    }
+  }
+  dev_.upload(dev_sel(), hsel_.data(), uint64_t(count) * 4);
+  dev_.upload(dev_weights(), hw_.data(), uint64_t(count) * 4);
+}
+
+void HotExperts::add_stats(ExpertStreamStats& s) const {
+  s.hot_picks += hot_picks_;
+  s.host_picks += host_picks_;
+  s.hot_per_layer = per_layer_;
+  s.hot_device = dev_.name();
 }
 
 uint64_t ExpertCache::slot_bytes(const Model& m) {

@@ -32,7 +32,19 @@ class ReadOnlyFile;
 
 enum class StreamMode { Pread, Madvise };
 
+// --gpu-experts (docs/gpu.md, "Hot experts"): in hybrid mode (a layer's routed experts in host memory, the
+// rest of its FFN on an accelerator) the most-picked experts of each such layer are also kept on the
+// accelerator and run there.
+struct HotExpertOptions {
+  int64_t per_layer = 0;  // experts per layer kept on the accelerator: 0 = off, -1 = auto (fill its free memory)
+  // picks per expert of each layer ([layer][expert], e.g. an imatrix file's ffn_gate_exps counts): the
+  // experts with the most picks are kept (ties: the lower id); a layer without counts keeps none
+  std::vector<std::vector<double>> counts;
+  uint64_t reserve_bytes = 512ull << 20;  // auto: device memory left free besides 10 % of it
+};
+
 struct ExpertStreamOptions {
+  HotExpertOptions hot;
   int64_t budget_bytes = -1;  // memory for cached routed experts: -1 = auto (stream only when the
                               // model does not fit in memory), 0 = off (plain mapping)
   StreamMode mode = StreamMode::Pread;
@@ -48,6 +60,13 @@ struct ExpertStreamStats {
   uint64_t bytes_read = 0;    // expert bytes read from the file (misses)
   uint64_t bypass_calls = 0;  // layer calls with more distinct experts than slots (read through the mapping)
   double wait_s = 0;          // time the forward pass waited for reads
+  // hot experts (HotExperts): routed expert picks run by the accelerator's resident experts / by the host
+  uint64_t hot_picks = 0, host_picks = 0;
+  int64_t hot_per_layer = 0;  // experts kept per layer (0: none)
+  std::string hot_device;
+  double hot_share() const { return hot_picks + host_picks ? double(hot_picks) / double(hot_picks + host_picks) : 0.0; }
+  // "routed expert picks on vulkan:0 (12 resident experts per layer): 36.5 % (1234 of 3380)"
+  std::string hot_summary() const;
   double hit_rate() const { return lookups ? double(hits) / double(lookups) : 0.0; }
   ExpertStreamStats minus(const ExpertStreamStats& o) const;  // counters since snapshot o
   void add(const ExpertStreamStats& d);                       // += d's counters
@@ -59,6 +78,47 @@ struct ExpertStreamStats {
 // file is larger than 80 % of the physical memory, with a cache of 85 % of it less the always-read
 // weights (at least one layer's worth of experts).
 uint64_t resolve_stream_budget(const Model& m, const ExpertStreamOptions& o);
+
+// The hot experts of --gpu-experts on one accelerator `dev`: for each layer with on_host[il] (its routed
+// experts in host memory, its FFN on dev) the chosen experts' gate, up and down slices are copied into one
+// stack per matrix on dev at construction (place_weight), with device buffers for one micro-batch's split.
+// Each MoE step splits the router's picks (split): the device runs the picks of its resident experts, the
+// host the others (their host selection set to -1, skipped), and the host's sum is added to the device's.
+class HotExperts {
+ public:
+  // Throws kimi::Error when counts name a layer/expert count that does not match the model.
+  HotExperts(const Model& m, Backend& dev, const std::vector<uint8_t>& on_host, const HotExpertOptions& o,
+             int64_t n_tokens);
+  HotExperts(const HotExperts&) = delete;
+  HotExperts& operator=(const HotExperts&) = delete;
+
+  struct Layer {
+    int64_t n = 0;                // resident experts
+    std::vector<int32_t> slot;    // [E]: expert -> slot in the stack, -1 = on the host only
+    ExpertMats mats;              // the stacks on the device
+  };
+  // nullptr when layer il keeps no expert on the device
+  const Layer* layer(uint32_t il) const;
+  // Splits count = n * k picks of layer il: host_sel[i] becomes -1 for a resident expert's pick; the device
+  // selection (its slot, or -1 = skipped for a host pick, weight 0) and weights go to dev_sel() / dev_weights().
+  // Both backends' moe_experts skip a pick of expert -1 (as for the experts of another rank).
+  void split(uint32_t il, int32_t* host_sel, const float* host_weights, int64_t count);
+  int32_t* dev_sel() const { return dsel_->as<int32_t>(); }
+  float* dev_weights() const { return dw_->as<float>(); }
+  float* dev_acc() const { return dacc_->as<float>(); }
+  int64_t per_layer() const { return per_layer_; }
+  uint64_t device_bytes() const { return bytes_; }
+  void add_stats(ExpertStreamStats& s) const;  // hot_* fields
+
+ private:
+  Backend& dev_;
+  std::vector<Layer> layers_;
+  std::unique_ptr<Buffer> dsel_, dw_, dacc_;
+  std::vector<int32_t> hsel_;
+  std::vector<float> hw_;
+  int64_t per_layer_ = 0;
+  uint64_t bytes_ = 0, hot_picks_ = 0, host_picks_ = 0;
+};
 
 class ExpertCache {
  public:

@@ -212,9 +212,23 @@ Forward::Forward(const Model& m, const std::vector<Backend*>& backends, const Pl
     for (uint32_t il = 0; il < hp.n_layer; ++il) on_host[il] = hp.is_moe(il) && place_.experts[il] == 0;
     xcache_ = std::make_unique<ExpertCache>(m, on_host, budget, o.stream);
   }
+  // 5. hot experts (--gpu-experts): layers whose routed experts stay on the host while their FFN runs on
+  // an accelerator (hybrid mode) keep their most-picked experts on that accelerator too (one accelerator)
+  if (o.stream.hot.per_layer != 0 && !dist_) {
+    std::vector<uint8_t> hybrid(hp.n_layer, 0);
+    int acc = -1;
+    for (uint32_t il = 0; il < hp.n_layer; ++il)
+      if (hp.is_moe(il) && place_.experts[il] == 0 && place_.ffn[il] != 0 && (acc < 0 || acc == place_.ffn[il]))
+        hybrid[il] = 1, acc = place_.ffn[il];
+    if (acc > 0) hot_ = std::make_unique<HotExperts>(m, *dev(acc).be, hybrid, o.stream.hot, N);
+  }
 }
 
-ExpertStreamStats Forward::expert_stream_stats() const { return xcache_ ? xcache_->stats() : ExpertStreamStats{}; }
+ExpertStreamStats Forward::expert_stream_stats() const {
+  ExpertStreamStats s = xcache_ ? xcache_->stats() : ExpertStreamStats{};
+  if (hot_) hot_->add_stats(s);
+  return s;
+}
 
 // The residual stream (and the ResMix bank) moves to the backend of the next part.
 void Forward::move_residual(int& dev, int to, int64_t n, uint32_t nb) {
@@ -323,6 +337,7 @@ void Forward::run_local(const BatchEntry* e, int64_t n, float* logits) {
           site = {xd.be, &xd.experts};
         }
         if (xcache_ && place_.experts[il] == 0) site.cache = xcache_.get(), site.layer = il;
+        if (hot_ && hot_->layer(il)) site.hot = hot_.get(), site.layer = il;
         moe_ffn(r, L, v.moe, v.ffn, site, v.res.normed.p, v.res.ffn_out.p);
       }
       phase_.s[hp.is_moe(il) ? PhaseTimes::Moe : PhaseTimes::Ffn] += PhaseTimes::now() - t0;

@@ -125,6 +125,7 @@ class Forward {
   std::vector<int32_t> wanted_;           // rows of the micro-batch that want logits (host)
   uint32_t n_bank_max_ = 0;
   std::unique_ptr<ExpertCache> xcache_;   // routed experts streamed from disk (nullptr: mapping)
+  std::unique_ptr<HotExperts> hot_;       // --gpu-experts: hot experts on the FFN's accelerator (nullptr: none)
 };
 
 }  // namespace kimi

@@ -138,6 +138,7 @@ struct ExpertSite {
   ExpertScratch* s = nullptr;
   ExpertCache* cache = nullptr;
   uint32_t layer = 0;
+  HotExperts* hot = nullptr;  // --gpu-experts: the FFN backend's resident experts (model/expert_cache.h)
 };
 // moe.cpp
 void moe_ffn(const PartRun& r, const LayerWeights& L, MoeScratch& s, FfnScratch& f, const ExpertSite& experts,

@@ -1,5 +1,6 @@
 // Latent MoE (k3-architecture.md §3.5): router on the full width, routed experts grouped per
 // expert on the latent width, latent up-projection, shared experts at full width.
+#include "model/expert_cache.h"
 #include "model/layers.h"
 
 namespace kimi {
@@ -49,8 +50,17 @@ void moe_ffn(const PartRun& r, const LayerWeights& L, MoeScratch& s, FfnScratch&
     copy_between(xb, es.x.p, be, xl, static_cast<uint64_t>(n * Lw) * 4);
     copy_between(xb, es.sel.p, be, s.sel.p, static_cast<uint64_t>(n * k) * 4);
     copy_between(xb, es.weights.p, be, s.weights.p, static_cast<uint64_t>(n * k) * 4);
+    // hot experts (--gpu-experts): the picks of the experts resident on this backend run here, the host
+    // skips them (its selection is host memory: the experts' backend is the host's)
+    const HotExperts::Layer* hot = site.hot && xb.host_visible() ? site.hot->layer(site.layer) : nullptr;
+    if (hot) {
+      site.hot->split(site.layer, es.sel.p, es.weights.p, n * k);
+      be.moe_experts(hot->mats, xl, n, Lw, site.hot->dev_sel(), site.hot->dev_weights(), k, hot->n, hp.situ_beta,
+                     hp.situ_lambda, site.hot->dev_acc());
+    }
     xb.moe_experts(em, es.x.p, n, Lw, es.sel.p, es.weights.p, k, E, hp.situ_beta, hp.situ_lambda, es.acc.p);
     copy_between(be, s.latent_acc.p, xb, es.acc.p, static_cast<uint64_t>(n * Lw) * 4);
+    if (hot) be.add(s.latent_acc.p, site.hot->dev_acc(), n * Lw);  // host sum + device sum, in this order
   }
 
   // 4. back to the full width

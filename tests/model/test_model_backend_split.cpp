@@ -14,6 +14,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -393,4 +394,95 @@ TEST(ModelBackendSplit, BadPlacementFailsWhenTheContextIsMade) {
   ok.placement.n_gpu_layers = -1;
   Context c(*t.m, ok);
   EXPECT_TRUE(c.placement().single_device());
+}
+
+// --gpu-experts (model/expert_cache.h HotExperts): hybrid mode (every layer on dev1, the routed experts on
+// the CPU) with the N most-picked experts of each layer also on dev1. Each MoE step splits the picks: dev1
+// runs its resident experts' picks, the CPU the others, and the two sums are added. The logits agree with
+// the CPU-only run (F32: the two partial sums only change the order of a few additions), every pick is run
+// exactly once (counted on one side or the other), and N = all experts leaves nothing to the CPU.
+TEST(ModelBackendSplit, HotExpertsSplitThePicks) {
+  TinyModel t(16);
+  const Model& m = *t.m;
+  const HParams& hp = m.hparams();
+  const int64_t E = hp.n_expert, k = hp.n_expert_used;
+  ASSERT_GE(E, 4);
+  ContextOptions o;
+  o.n_threads = 2;
+  o.n_ctx_max = 64;
+  o.n_seq_max = 2;
+  o.n_batch_max = 8;
+  o.precision = Precision::F32;
+  const kimi::test::Run ref = drive(m, o);
+  // counts that rank the experts differently in every layer
+  HotExpertOptions hot;
+  hot.counts.resize(hp.n_layer);
+  int64_t moe_layers = 0;
+  for (uint32_t il = 0; il < hp.n_layer; ++il) {
+    if (!hp.is_moe(il)) continue;
+    ++moe_layers;
+    for (int64_t e = 0; e < E; ++e) hot.counts[il].push_back(double((e * 5 + il * 3) % E));
+  }
+  for (int64_t per : {int64_t(1), E / 2, E, int64_t(-1)}) {
+    const std::string what = "--gpu-experts " + (per < 0 ? std::string("auto") : std::to_string(per));
+    ThreadPool pool(2);
+    FakeDevice dev1(pool, Precision::F32);
+    ContextOptions os = o;
+    os.placement.n_gpu_layers = -1;
+    os.placement.cpu_moe = true;
+    os.extra_backends = {&dev1};
+    os.stream.hot = hot;
+    os.stream.hot.per_layer = per;
+    const kimi::test::Run got = drive(m, os);
+    ASSERT_EQ(got.logits.size(), ref.logits.size()) << what;
+    for (size_t r = 0; r < ref.logits.size(); ++r) {
+      double num = 0, den = 0;
+      size_t a = 0, b = 0;
+      for (size_t i = 0; i < ref.logits[r].size(); ++i) {
+        const double x = ref.logits[r][i], y = got.logits[r][i];
+        num += (x - y) * (x - y), den += x * x;
+        if (ref.logits[r][i] > ref.logits[r][a]) a = i;
+        if (got.logits[r][i] > got.logits[r][b]) b = i;
+      }
+      EXPECT_LT(std::sqrt(num / den), 1e-5) << what << ": logits row " << r;
+      EXPECT_EQ(a, b) << what << ": top-1 of row " << r;
+    }
+    // the split's counters over one prefill of 11 tokens and 3 decoded tokens
+    Context c(m, os);
+    Batch b;
+    std::vector<int32_t> p;
+    for (int i = 0; i < 11; ++i) p.push_back((i * 37 + 5) % c.n_vocab());
+    b.add_sequence(p, 0, 0, true);
+    c.decode(b);
+    for (int i = 0; i < 3; ++i) {
+      b.clear();
+      b.add((i * 11 + 3) % c.n_vocab(), 0, c.seq_len(0), true);
+      c.decode(b);
+    }
+    const ExpertStreamStats s = c.expert_stream_stats();
+    EXPECT_EQ(s.hot_per_layer, per < 0 ? E : per) << what;  // auto: dev1 states no memory limit
+    EXPECT_EQ(s.hot_picks + s.host_picks, uint64_t(14 * k * moe_layers)) << what;
+    EXPECT_GT(s.hot_picks, 0u) << what;
+    if (per == 1) EXPECT_GT(s.host_picks, s.hot_picks) << what;
+    if (per == E || per < 0) EXPECT_EQ(s.host_picks, 0u) << what;
+    if (per == E / 2) EXPECT_GT(s.host_picks, 0u) << what;
+  }
+  // without counts nothing is kept; with counts for the wrong expert count the context refuses
+  {
+    ThreadPool pool(2);
+    FakeDevice dev1(pool, Precision::F32);
+    ContextOptions os = o;
+    os.placement.n_gpu_layers = -1;
+    os.placement.cpu_moe = true;
+    os.extra_backends = {&dev1};
+    os.stream.hot.per_layer = 2;
+    EXPECT_EQ(Context(m, os).expert_stream_stats().hot_per_layer, 0);
+    os.stream.hot.counts.assign(hp.n_layer, std::vector<double>(size_t(E + 1), 1.0));
+    try {
+      Context c(m, os);
+      ADD_FAILURE() << "no error";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("expert counts of layer"), std::string::npos) << e.what();
+    }
+  }
 }

@@ -2,7 +2,11 @@
 #include "server/prompt_cache.h"
 
 #include <fmt/format.h>
+#include <signal.h>
 #include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
 
 #include <algorithm>
 #include <cstdio>
@@ -332,6 +336,14 @@ void PromptCache::scan_dir() {
   std::error_code ec;
   for (const auto& de : fs::directory_iterator(o_.dir, ec)) {
     const fs::path& p = de.path();
+    const std::string fname = p.filename().string();
+    if (const size_t t = fname.rfind(".kpc.tmp"); t != std::string::npos) {
+      // a temporary of a server that died while writing it (its pid is gone): never renamed, removed
+      const long pid = std::strtol(fname.c_str() + t + 8, nullptr, 10);
+      std::error_code rm;
+      if (pid > 0 && ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) fs::remove(p, rm);
+      continue;
+    }
     if (p.extension() != ".kpc" || !de.is_regular_file()) continue;
     const std::string path = p.string();
     std::string why;

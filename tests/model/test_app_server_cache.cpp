@@ -5,6 +5,9 @@
 // the answer is still the cold one.
 #include <gtest/gtest.h>
 
+#include <signal.h>
+
+#include <cerrno>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -148,7 +151,9 @@ TEST(ServerCache, InterleavedConversationsAllHit) {
         ++follow_ups;
       }
       prev[static_cast<size_t>(who)] = prompt_tokens(r);
-      if (turn == 3) EXPECT_EQ(answer(r), answer(chat(cold, conversation(who, turn))));
+      if (turn == 3) {
+        EXPECT_EQ(answer(r), answer(chat(cold, conversation(who, turn))));
+      }
     }
   EXPECT_EQ(follow_ups, 8);
   EXPECT_GE(s.s->scheduler().stats().cache.hits, 8u);
@@ -165,7 +170,13 @@ TEST(ServerCache, RestartWithCacheDirHits) {
   }  // shut down: the pending files are written
   ASSERT_FALSE(cache_files(d).empty());
   for (const auto& f : fs::directory_iterator(d)) EXPECT_EQ(f.path().extension(), ".kpc") << "no temporary left";
+  // a temporary left by a server that died while writing (a pid that does not exist) is removed
+  pid_t dead = 4000000;
+  while (::kill(dead, 0) == 0 || errno != ESRCH) --dead;
+  const std::string stale = d + "/x.kpc.tmp" + std::to_string(dead);
+  std::ofstream(stale) << "partial";
   RunningServer s(cache_opts(64u << 20, d));
+  EXPECT_FALSE(fs::exists(stale));
   EXPECT_GT(s.s->scheduler().stats().cache.disk_entries, 0u);
   const ojson r = chat(s, conversation(2, 2));
   EXPECT_GE(cached(r), p1 - 1);
@@ -247,4 +258,12 @@ TEST(ServerCache, AnotherModelsFilesAreForeign) {
   EXPECT_EQ(count_lines(err, "another model"), static_cast<int>(n)) << err;
   EXPECT_EQ(cached(r), 0);
   EXPECT_EQ(answer(r), answer(chat(cold, conversation(5, 2))));
+}
+
+TEST(ServerCache, CacheDirWithoutAStoreIsAnError) {
+  TempDir dir;
+  const auto r = test::run_kimi("serve -m " + test::tiny_gguf() + " --port 0 --cache-ram 0 --cache-dir " + dir.file("pc"));
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.out.find("--cache-dir needs the prompt-cache store"), std::string::npos) << r.out;
+  EXPECT_FALSE(fs::exists(dir.file("pc")));
 }

@@ -40,9 +40,11 @@ DeviceShare device_share(const Model& m, const Placement& p, int device, int n_p
       continue;
     }
     d.tg_bytes_per_token += double(t.nbytes) * used;
+    if (experts) d.tg_expert_bytes_per_token += double(t.nbytes) * used;
     if (t.n_dims < 2 || t.ne[1] <= 1) continue;
     const double tokens = t.name == "output.weight" ? 1.0 : double(n_prompt);
     d.pp_flops += 2.0 * double(t.nelements()) * used * tokens;
+    if (experts) d.pp_expert_flops += 2.0 * double(t.nelements()) * used * tokens;
   }
   return d;
 }

@@ -29,6 +29,7 @@ PrefillWork prefill_work(const Model& m, int n_prompt, Precision prec);
 struct DeviceShare {
   double tg_bytes_per_token = 0;
   double pp_flops = 0;
+  double tg_expert_bytes_per_token = 0, pp_expert_flops = 0;  // the routed experts' part of the two
 };
 DeviceShare device_share(const Model& m, const Placement& p, int device, int n_prompt);
 

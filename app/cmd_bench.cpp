@@ -213,6 +213,12 @@ int cmd_bench(int argc, char** argv) {
       r.c = kimi::measure_vulkan_ceiling(*accels[i]);
       if (r.c.read_bytes_per_s <= 0) continue;
       r.share = kimi::app::device_share(*model, ctx.placement(), static_cast<int>(i) + 1, n_prompt);
+      if (tg_xs.hot_per_layer > 0 && tg_xs.hot_device == r.name) {
+        // --gpu-experts: the device also ran its share of the picks of the experts placed on the CPU
+        const kimi::app::DeviceShare host = kimi::app::device_share(*model, ctx.placement(), 0, n_prompt);
+        r.share.tg_bytes_per_token += tg_xs.hot_share() * host.tg_expert_bytes_per_token;
+        r.share.pp_flops += pp_xs.hot_share() * host.pp_expert_flops;
+      }
       dev_reports.push_back(r);
     }
 #endif

@@ -8,7 +8,7 @@
 #    hidden 7168, 96 heads, 1 MLA + 2 KDA layers + the dense layer 0, 64 routed experts of 3072 x 3584 in
 #    MXFP4, top 16, the Zipf router) and converts it (9.3 GiB); --tiny: the tiny preset (CI, lavapipe);
 # 2. runs `kimi bench` full-GPU (-ngl 99), hybrid (--cpu-moe: routed experts in RAM, on the CPU) and hybrid
-#    with --gpu-experts auto when this kimi has it: pp512, pp4096 and tg128 (--tiny: pp8, pp16, tg4);
+#    with --gpu-experts auto (the experts ranked by `kimi imatrix` over calib.txt) when this kimi has it: pp512, pp4096 and tg128 (--tiny: pp8, pp16, tg4);
 # 3. OUTDIR/summary.md: t/s per run and, from each run's own measurement of the device (read bandwidth,
 #    f32 FMA peak), decode as % of the bandwidth and prefill as % of the peak; OUTDIR/*.log: each step's
 #    whole output. Everything stops by KIMI_CHECK_BUDGET_S (default 450 s: under 8 minutes in all).
@@ -86,7 +86,13 @@ rm -rf "$work/hf"
 
 placements=("gpu|--device vulkan -ngl 99" "hybrid|--device vulkan -ngl 99 --cpu-moe")
 if "$kimi" bench --help 2>/dev/null | grep -q -- '--gpu-experts'; then
-  placements+=("hybrid-hot|--device vulkan -ngl 99 --cpu-moe --gpu-experts auto")
+  # the experts' pick counts over a text (CPU), ranking what --gpu-experts keeps
+  if step imatrix 120 "$kimi" imatrix -m "$work/model.gguf" -f "$here/calib.txt" -c 256 --chunks 4 -t "$(nproc)" \
+      -o "$work/counts.imatrix"; then
+    placements+=("hybrid-hot|--device vulkan -ngl 99 --cpu-moe --gpu-experts auto --expert-counts $work/counts.imatrix")
+  else
+    fail=1
+  fi
 fi
 : > "$out/runs.md"
 for p in "${placements[@]}"; do
@@ -98,7 +104,7 @@ for p in "${placements[@]}"; do
   # shellcheck disable=SC2086
   step "bench-$name-pp$pp_big" 200 "$kimi" bench -m "$work/model.gguf" $flags -p "$pp_big" -n 0 -r 1 -t "$(nproc)" -v || fail=1
 done
-rm -f "$work/model.gguf"
+rm -f "$work/model.gguf" "$work/counts.imatrix"
 rmdir "$work" 2>/dev/null
 
 {
@@ -111,7 +117,7 @@ rmdir "$work" 2>/dev/null
     echo
     echo '```'
     # the speed rows, the placement, the device and its measured ceilings, decode/prefill as % of them
-    grep -E '^\| |^placement|^device |^tg: |^pp: |% of the device|ceiling' "$f"
+    grep -E '^\| |^placement|^device |^tg: |^pp: |% of the device|ceiling|routed expert picks' "$f"
     echo '```'
     echo
   done

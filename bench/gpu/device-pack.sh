@@ -13,6 +13,7 @@
 #                      C library is older than the one kimi was built against
 #   kimi               a launcher: runs bin/kimi with lib/ (and glibc/ when needed)
 #   device-check.sh    the check to run there (bench/gpu/device-check.sh)
+#   calib.txt          text for `kimi imatrix` (the expert counts --gpu-experts ranks by): README.md
 # The folder must stay within the 64 MiB that travel with the working tree to the device machine; the
 # script fails when it is larger. dist/ is ignored by git (.gitignore), so `run` needs carry: ["dist/device"].
 set -euo pipefail
@@ -53,6 +54,8 @@ done < <(ldd "$bin")
 # the loader under its canonical name (ldd may list it through a /lib64 link)
 [[ -f "$out.tmp/glibc/ld-linux-x86-64.so.2" ]] || { echo "device-pack: no ld-linux-x86-64.so.2 in ldd's list" >&2; exit 1; }
 cp "$here/device-check.sh" "$out.tmp/device-check.sh"
+# calibration text for the expert counts of --gpu-experts (kimi imatrix on the device)
+cp "$root/README.md" "$out.tmp/calib.txt"
 cat > "$out.tmp/kimi" <<'EOF'
 #!/usr/bin/env bash
 # runs the packed kimi: with the machine's C library when it is new enough, else with the packed one

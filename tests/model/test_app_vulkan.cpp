@@ -210,7 +210,8 @@ TEST(AppVulkan, DevicePackCheck) {
   r = sh("KIMI_CHECK_BUDGET_S=240 bash " + pack + "/device-check.sh " + out + " --tiny");
   ASSERT_EQ(r.exit_code, 0) << r.out;
   const std::string s = test::read_file(out + "/summary.md");
-  for (const char* want : {"## bench-gpu-pp8-tg4", "## bench-gpu-pp16", "## bench-hybrid-pp8-tg4", "## bench-hybrid-pp16"})
+  for (const char* want : {"## bench-gpu-pp8-tg4", "## bench-gpu-pp16", "## bench-hybrid-pp8-tg4", "## bench-hybrid-pp16",
+                           "## bench-hybrid-hot-pp8-tg4", "## bench-hybrid-hot-pp16", "routed expert picks on vulkan:0"})
     EXPECT_NE(s.find(want), std::string::npos) << want << "\n" << s;
   EXPECT_EQ(s.find("skipped"), std::string::npos) << s;
   // per run: the ceiling line, and tg's share of the bandwidth = its GB/s over the measured GB/s
@@ -235,6 +236,67 @@ TEST(AppVulkan, DevicePackCheck) {
       ++tg_checked;
     }
   }
-  EXPECT_EQ(ceilings, 4) << s;
-  EXPECT_EQ(tg_checked, 2) << s;
+  EXPECT_EQ(ceilings, 6) << s;
+  EXPECT_EQ(tg_checked, 3) << s;
+}
+
+// --gpu-experts (docs/gpu.md, "Hot experts"): hybrid mode with the most-picked routed experts of each layer
+// (ranked by a `kimi imatrix` of the model) also on the GPU, their picks run there and the rest on the CPU.
+// Logits as the CPU's (rel RMS 1e-4, top-1 equal) for N = 1, 3 and auto (every expert), and greedy
+// generation token for token; kimi bench reports the share of the picks the GPU ran.
+TEST(AppVulkan, GpuExpertsMatchCpu) {
+  if (!have_vulkan()) GTEST_SKIP() << "no Vulkan device on this machine: Vulkan CLI tests skipped";
+  test::TempDir d;
+  const std::string g = test::tiny_gguf();
+  const std::string counts = d.file("counts.imatrix");
+  auto im = test::run_kimi("imatrix -m " + g + " -f " + std::string(KIMI_SOURCE_DIR) + "/README.md -c 128 --chunks 3 -o " +
+                           counts);
+  ASSERT_EQ(im.exit_code, 0) << im.out;
+  std::string toks;
+  for (int i = 0; i < 24; ++i) toks += (i ? "," : "") + std::to_string((i * 97 + 13) % 1000);
+  const auto cpu = eval_logits(g, toks, "", d.file("cpu.f32"));
+  ASSERT_FALSE(cpu.empty());
+  const size_t V = cpu.size() / 24;
+  for (const char* n : {"1", "3", "auto"}) {
+    const std::string flags = std::string("--device vulkan --cpu-moe --gpu-experts ") + n + " --expert-counts " + counts;
+    SCOPED_TRACE(flags);
+    const auto gpu = eval_logits(g, toks, flags, d.file("gpu.f32"));
+    ASSERT_EQ(gpu.size(), cpu.size());
+    double worst = 0;
+    for (size_t t = 0; t < 24; ++t) {
+      std::vector<float> a(cpu.begin() + t * V, cpu.begin() + (t + 1) * V), b(gpu.begin() + t * V, gpu.begin() + (t + 1) * V);
+      worst = std::max(worst, test::rel_rms(b, a));
+      EXPECT_EQ(std::max_element(a.begin(), a.end()) - a.begin(), std::max_element(b.begin(), b.end()) - b.begin())
+          << "top-1 of position " << t;
+    }
+    EXPECT_LT(worst, 1e-4);
+    std::printf("[ --gpu-experts %s ] worst rel RMS of 24 positions vs CPU f32: %.3g\n", n, worst);
+  }
+  auto text = [](std::string out) {  // the generated text without the speed line
+    const auto p = out.find("\nprompt: ");
+    return p == std::string::npos ? out : out.substr(0, p);
+  };
+  const std::string run = "run -m " + g + " -p 'The sea is' -n 16 --temp 0 --precision f32 ";
+  const auto a = test::run_kimi(run);
+  const auto b = test::run_kimi(run + "--device vulkan --cpu-moe --gpu-experts 3 --expert-counts " + counts);
+  ASSERT_EQ(a.exit_code, 0) << a.out;
+  ASSERT_EQ(b.exit_code, 0) << b.out;
+  EXPECT_EQ(text(a.out), text(b.out));
+  // the share of the picks on the GPU: 3 of 8 experts per layer take some but not all of them
+  const auto r = test::run_kimi("bench -m " + g + " --device vulkan -ngl 99 --cpu-moe --gpu-experts 3 --expert-counts " +
+                                counts + " -p 8 -n 4 -r 1 --no-ceiling -o json");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const auto j = nlohmann::json::parse(r.out.substr(r.out.find('{')), nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << r.out;
+  ASSERT_TRUE(j.contains("hot_experts")) << r.out;
+  EXPECT_EQ(j["hot_experts"]["per_layer"], 3);
+  for (const char* k : {"pp_share", "tg_share"}) {
+    EXPECT_GT(j["hot_experts"][k].get<double>(), 0.0) << k;
+    EXPECT_LT(j["hot_experts"][k].get<double>(), 1.0) << k;
+  }
+  // without counts: a one-line error naming the option
+  const auto bad = test::run_kimi("eval -m " + g + " --tokens 1 --device vulkan --cpu-moe --gpu-experts 2 --logits-out " +
+                                  d.file("z.f32"));
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.out.find("--expert-counts"), std::string::npos) << bad.out;
 }

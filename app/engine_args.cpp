@@ -252,7 +252,7 @@ void add_engine_options(CLI::App& app, EngineArgs& a, const EngineSpec& spec) {
           [](std::string& v) -> std::string {
             if (v == "auto" || (!v.empty() && v.size() < 7 && v.find_first_not_of("0123456789") == std::string::npos))
               return "";
-            return "--gpu-experts: '" + v + "' is not a whole number of experts or auto";
+            return "'" + v + "' is not a whole number of experts or auto";
           },
           "N|auto", "experts"))
       ->capture_default_str();
@@ -336,7 +336,12 @@ HotExpertOptions hot_expert_options(const EngineArgs& a) {
   check(!a.expert_counts.empty(),
         "--gpu-experts {}: needs --expert-counts FILE (the per-expert counts of a `kimi imatrix` run of this model)",
         a.gpu_experts);
-  const imatrix::Data d = imatrix::Data::load(a.expert_counts);
+  imatrix::Data d;
+  try {
+    d = imatrix::Data::load(a.expert_counts);
+  } catch (const Error& e) {
+    fail("--expert-counts: {}", e.what());
+  }
   static const std::regex name(R"(blk\.(\d+)\.ffn_gate_exps\.weight)");
   for (const auto& [n, e] : d.entries) {
     std::smatch m;

@@ -39,6 +39,17 @@ enum class AttnPath {
   Dense,   // softmax over the whole visible cache with -inf for unselected rows
 };
 
+// What an accelerator does at most, as measured by its backend (the Vulkan one:
+// measure_vulkan_ceiling in backend/vulkan/vulkan_backend.h); plain data, so that a build without a
+// device backend still compiles the code that reports it.
+struct DeviceCeiling {
+  std::string device;        // the device's name
+  double read_bytes_per_s = 0;
+  uint64_t read_buffer_bytes = 0;
+  double fma_flops = 0;      // 2 flops per multiply-add
+  double seconds = 0;        // time the measurement took
+};
+
 // Memory owned by one backend. data() is a host address when the backend is host_visible(),
 // else a device address. Freed with the Buffer.
 class Buffer {

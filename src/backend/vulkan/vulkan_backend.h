@@ -33,13 +33,6 @@ std::unique_ptr<Backend> make_vulkan_backend(int index, Precision prec);
 // bandwidth (a shader summing 16-byte loads of a 1 GiB buffer, 64 MiB on a software device) and its f32
 // multiply-add rate (8 independent fma chains per invocation; the backend's shaders do f32 arithmetic, so
 // this is their peak, not the tensor cores'). Zeros for a backend that is not a Vulkan one.
-struct DeviceCeiling {
-  std::string device;        // the device's name
-  double read_bytes_per_s = 0;
-  uint64_t read_buffer_bytes = 0;
-  double fma_flops = 0;      // 2 flops per multiply-add
-  double seconds = 0;        // time the measurement took
-};
 DeviceCeiling measure_vulkan_ceiling(Backend& be);
 
 }  // namespace kimi

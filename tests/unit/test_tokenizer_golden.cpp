@@ -23,7 +23,7 @@ const std::string kData = std::string(KIMI_TEST_DATA) + "/tokenizer";
 std::string encoder_json(const std::string& name) {
   const std::string p = std::string(KIMI_SOURCE_DIR) + "/tools/tiktoken/node_modules/tiktoken/encoders/" + name + ".json";
   if (!std::filesystem::exists(p))
-    ADD_FAILURE() << p << " is missing: run `npm ci --prefix tools/tiktoken` (scripts/setup.sh does)";
+    ADD_FAILURE() << p << " is missing: run `npm ci --prefix tools/tiktoken` (scripts/setup.sh --test does)";
   return p;
 }
 

@@ -42,10 +42,10 @@ function skipOrFail(why) {
   const required = env.KIMI_REQUIRE_BROWSER === "1" || env.CI === "true" || env.KIMI_REQUIRE_VULKAN === "1";
   if (required) {
     console.error(`FAIL: ${why} (required: KIMI_REQUIRE_BROWSER=1, CI=true or KIMI_REQUIRE_VULKAN=1; ` +
-                  "scripts/setup.sh installs it)");
+                  "scripts/setup.sh --test installs it)");
     process.exit(1);
   }
-  console.log(`SKIP: ${why} (scripts/setup.sh installs it)`);
+  console.log(`SKIP: ${why} (scripts/setup.sh --test installs it)`);
   process.exit(77);
 }
 

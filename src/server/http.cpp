@@ -773,6 +773,17 @@ std::string Server::Impl::metrics() const {
   metric("kimi_decode_seconds_total", "counter", "time spent in batched decode", one("kimi_decode_seconds_total", s.busy_s));
   metric("kimi_prefix_cache_entries_total", "counter", "prefix entries stored at divergence points",
          one("kimi_prefix_cache_entries_total", s.prefix_entries));
+  // the prompt-cache store (server/prompt_cache.h; all 0 without --cache-ram)
+  metric("kimi_prompt_cache_entries", "gauge", "entries in the prompt-cache store", one("kimi_prompt_cache_entries", s.cache.entries));
+  metric("kimi_prompt_cache_bytes", "gauge", "memory held by the prompt-cache store", one("kimi_prompt_cache_bytes", s.cache.bytes));
+  metric("kimi_prompt_cache_hits_total", "counter", "requests resumed from the prompt-cache store",
+         one("kimi_prompt_cache_hits_total", s.cache.hits));
+  metric("kimi_prompt_cache_evictions_total", "counter", "store entries evicted under --cache-ram",
+         one("kimi_prompt_cache_evictions_total", s.cache.evictions));
+  metric("kimi_prompt_cache_disk_writes_total", "counter", "store entries written to --cache-dir",
+         one("kimi_prompt_cache_disk_writes_total", s.cache.disk_writes));
+  metric("kimi_prompt_cache_disk_loads_total", "counter", "store entries read back from --cache-dir",
+         one("kimi_prompt_cache_disk_loads_total", s.cache.disk_loads));
   metric("kimi_queue_depth", "gauge", "requests waiting for a slot", one("kimi_queue_depth", s.queue_depth));
   metric("kimi_slots_busy", "gauge", "slots generating or prefilling", one("kimi_slots_busy", s.active));
   metric("kimi_slots_total", "gauge", "slots (--parallel)", one("kimi_slots_total", s.slots));

@@ -105,6 +105,11 @@ TEST(ServerCache, ResumeFromStoreEqualsColdPrefill) {
   EXPECT_GE(st.hits, 1u);
   EXPECT_GE(st.saves, 3u);
   EXPECT_GT(st.bytes, 0u);
+  auto c = s.client();
+  const auto m = c.Get("/metrics");
+  ASSERT_TRUE(m);
+  EXPECT_NE(m->body.find("kimi_prompt_cache_hits_total " + std::to_string(st.hits) + "\n"), std::string::npos) << m->body;
+  EXPECT_NE(m->body.find("kimi_prompt_cache_bytes " + std::to_string(st.bytes) + "\n"), std::string::npos) << m->body;
   // the same prompt again resumes at its last token
   const ojson a3 = chat(s, c2);
   EXPECT_EQ(cached(a3), prompt_tokens(a2) - 1);

@@ -135,6 +135,11 @@ HotExperts::HotExperts(const Model& m, Backend& dev, const std::vector<uint8_t>&
     h.n = per_layer_;
     h.slot.assign(size_t(E), -1);
     for (int64_t i = 0; i < h.n; ++i) h.slot[size_t(order[size_t(i)])] = int32_t(i);
+    // the placed name says which experts the stack holds (a device that keeps one upload per name and
+    // contents must not hand another context's different choice back)
+    uint64_t ids = 1469598103934665603ull;
+    for (int64_t i = 0; i < h.n; ++i) ids = (ids ^ uint64_t(order[size_t(i)])) * 1099511628211ull;
+    const std::string tag = fmt::format(".hot{}.{:x}", h.n, ids);
     const WeightView* w[3] = {&L.ffn_gate_exps, &L.ffn_up_exps, &L.ffn_down_exps};
     MatView* dst[3] = {&h.mats.gate, &h.mats.up, &h.mats.down};
     uint64_t* sl[3] = {&h.mats.gate_slice, &h.mats.up_slice, &h.mats.down_slice};
@@ -146,7 +151,7 @@ HotExperts::HotExperts(const Model& m, Backend& dev, const std::vector<uint8_t>&
         std::memcpy(stage.data() + sb * uint64_t(i), w[j]->slice(order[size_t(i)]).data, size_t(sb));
       *dst[j] = w[j]->mat;
       dst[j]->packed = nullptr;
-      dst[j]->data = dev.place_weight(w[j]->info->name + ".hot", stage.data(), stage.size());
+      dst[j]->data = dev.place_weight(w[j]->info->name + tag, stage.data(), stage.size());
       *sl[j] = sb;
       bytes_ += stage.size();
     }

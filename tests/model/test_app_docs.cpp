@@ -305,7 +305,7 @@ std::string skip_reason(const std::string& cmd, bool kimi, Capabilities& caps) {
   if (cmd.find("--device vulkan") != std::string::npos && !caps.vulkan_usable()) return "no Vulkan device on this machine";
   if (cmd.rfind("mpirun", 0) == 0 && !caps.mpi) return "this build has no MPI (or there is no mpirun)";
   if (cmd.find("--tiktoken tools/tiktoken/node_modules") != std::string::npos && !caps.tiktoken)
-    return "needs the npm tiktoken package (npm ci --prefix tools/tiktoken; scripts/setup.sh)";
+    return "needs the npm tiktoken package (npm ci --prefix tools/tiktoken; scripts/setup.sh --test)";
   return "";
 }
 
@@ -406,7 +406,10 @@ TEST_P(DocExamples, RunAsWritten) {
     }
     if (cmd.rfind("curl", 0) == 0) {
       const auto j = nlohmann::json::parse(o.out, nullptr, false);
-      EXPECT_TRUE(!j.is_discarded() && j.is_object() && !j.contains("error"))
+      // an error: OpenAI's {"error": {...}} (a Responses object has "error": null) or Anthropic's
+      // {"type": "error", ...}
+      const bool error = j.is_object() && ((j.contains("error") && !j["error"].is_null()) || j.value("type", "") == "error");
+      EXPECT_TRUE(!j.is_discarded() && j.is_object() && !error)
           << where << ": `" << e.cmd << "` did not answer a JSON result:\n" << tail_lines(o.out, 25);
     }
   }

@@ -124,6 +124,17 @@ TEST_F(ModelVulkan, SparseEqualsDenseAndFullTopKEqualsNoIndexer) {
   expect_close(drive(*t.m, off), drive(*t.m, all), "GPU top-k >= context vs no indexer", 1e-6);
 }
 
+// The prefill kernels in the whole model: with the GEMM switch at 2 tokens (KIMI_VULKAN_GEMM_MIN=2)
+// every micro-batch of the workload runs the tiled GEMM and the routed experts grouped per expert
+// (decode steps of one token keep the row kernel); logits within rel RMS 1e-4 of the CPU, same top-1.
+TEST_F(ModelVulkan, TiledGemmAndGroupedExpertsMatchCpu) {
+  TinyModel t(16);
+  ::setenv("KIMI_VULKAN_GEMM_MIN", "2", 1);
+  gpu_ = make_vulkan_backend(test::first_vulkan_device(), Precision::F32);
+  ::unsetenv("KIMI_VULKAN_GEMM_MIN");
+  expect_close(drive(*t.m, base()), drive(*t.m, on_gpu(base(), full_gpu())), "full GPU, GEMM from 2 tokens");
+}
+
 // Fast precision on the GPU: f32 math with F16 caches, so within the caches' rounding of the CPU's
 // f32 logits. (The CPU's fast path also rounds activations to bf16 / Q8_0: on this tiny random
 // model it moves logits by up to ~1 rel RMS, so it is no reference for the GPU.)

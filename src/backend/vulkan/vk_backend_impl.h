@@ -106,7 +106,13 @@ class VulkanBackend final : public Backend {
     const int32_t* sel = nullptr;       // expert mode: slice sel[z], input row z / x_div
     uint32_t x_div = 1;
   };
+  // the tiled GEMM (mm_tiled.comp) from n >= gemm_min_ tokens, the row kernel (mm.comp) below
   void mm(const MatView& W, const float* x, int64_t n, float* y, int64_t batch, const MmArgs& a);
+  // mm_tiled.comp: plain (groups == 0: `batch` slices) or grouped experts (groups = moe_sort.comp's
+  // output, max_tiles its tile bound)
+  void mm_tiled(const MatView& W, const float* x, int64_t n, float* y, int64_t batch, const MmArgs& a,
+                uint64_t groups = 0, int64_t max_tiles = 0);
+  int64_t gemm_min_tokens() const { return gemm_min_; }
   void head_mm(const MatView& W, uint64_t slice_bytes, const float* x, int64_t x_head, float* y, int64_t y_head,
                int64_t n, int64_t H);
   // element-wise op of eltwise.comp over `count` elements
@@ -125,6 +131,7 @@ class VulkanBackend final : public Backend {
   vk::Runtime rt_;
   Precision prec_;
   std::string name_;
+  int64_t gemm_min_ = 16;  // tokens from which matmuls use the tiled GEMM (KIMI_VULKAN_GEMM_MIN)
   bool subgroup_ = false;  // use the _sg shader variants (device has subgroup arithmetic; KIMI_VULKAN_PORTABLE=1 turns them off)
   WorkLimits lim_;
   std::map<std::string, vk::Pipeline, std::less<>> pipes_;  // by shader name, created at first use
@@ -132,6 +139,7 @@ class VulkanBackend final : public Backend {
   uint64_t weight_bytes_ = 0;
   // scratch (reserve)
   std::unique_ptr<Buffer> ex_gate_, ex_up_, ex_out_;  // routed experts: [n_tokens * n_used][ff or width]
+  std::unique_ptr<Buffer> ex_sort_;                   // routed experts: moe_sort.comp's tiles and slot order
   std::unique_ptr<Buffer> op_scratch_[2];           // per op family (op_scratch)
   uint64_t scratch_ = 0;
 };

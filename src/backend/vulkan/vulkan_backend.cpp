@@ -54,6 +54,12 @@ VulkanBackend::VulkanBackend(int index, Precision prec)
     : rt_(static_cast<uint32_t>(index)), prec_(prec), name_(fmt::format("vulkan:{}", index)) {
   const char* portable = std::getenv("KIMI_VULKAN_PORTABLE");
   subgroup_ = rt_.info().subgroup_arith && !(portable && std::string(portable) == "1");
+  if (const char* g = std::getenv("KIMI_VULKAN_GEMM_MIN")) {
+    char* end = nullptr;
+    const long long v = std::strtoll(g, &end, 10);
+    check(end != g && *end == '\0' && v >= 1, "KIMI_VULKAN_GEMM_MIN='{}': expected a token count >= 1", g);
+    gemm_min_ = v;
+  }
 }
 
 VulkanBackend::~VulkanBackend() {
@@ -109,6 +115,13 @@ void VulkanBackend::copy(void* dst, const void* src, uint64_t bytes) { rt_.copy(
 void VulkanBackend::fill_zero(void* dst, uint64_t bytes) { rt_.fill_zero(dev_addr(dst), bytes); }
 void VulkanBackend::sync() { rt_.sync(); }
 
+// the most tiles moe_sort.comp can cut `slots` (token, expert) pairs into: ceil(slots / BN) plus one
+// partial tile per non-empty bucket (the experts and the bucket of slots held elsewhere)
+static int64_t moe_max_tiles(int64_t slots, int64_t n_expert) {
+  constexpr int64_t kBN = 32;  // mm_tiled.comp's BN
+  return (slots + kBN - 1) / kBN + std::min(n_expert + 1, slots);
+}
+
 void VulkanBackend::reserve(const WorkLimits& lim) {
   lim_ = lim;
   // staging: the largest host input of one step (entries, row lists, a residual upload) twice over
@@ -118,12 +131,14 @@ void VulkanBackend::reserve(const WorkLimits& lim) {
   ex_gate_.reset();
   ex_up_.reset();
   ex_out_.reset();
+  ex_sort_.reset();
   if (lim.n_expert > 0 && slots > 0) {
     ex_gate_ = alloc(static_cast<uint64_t>(slots * lim.expert_ff) * 4, "expert gate rows");
     ex_up_ = alloc(static_cast<uint64_t>(slots * lim.expert_ff) * 4, "expert up rows");
     ex_out_ = alloc(static_cast<uint64_t>(slots * lim.expert_width) * 4, "expert outputs");
+    ex_sort_ = alloc(static_cast<uint64_t>(4 + 4 * moe_max_tiles(slots, lim.n_expert) + slots) * 4, "expert grouping");
   }
-  scratch_ = (ex_gate_ ? ex_gate_->bytes() * 2 + ex_out_->bytes() : 0);
+  scratch_ = (ex_gate_ ? ex_gate_->bytes() * 2 + ex_out_->bytes() + ex_sort_->bytes() : 0);
 }
 
 uint64_t VulkanBackend::scratch_bytes() const {
@@ -190,6 +205,7 @@ uint64_t VulkanBackend::stage_entries(const BatchEntry* e, int64_t n) {
 
 void VulkanBackend::mm(const MatView& W, const float* x, int64_t n, float* y, int64_t batch, const MmArgs& a) {
   if (n <= 0 || batch <= 0 || W.rows <= 0) return;
+  if (a.sel == nullptr && n >= gemm_min_) return mm_tiled(W, x, n, y, batch, a);
   struct {
     uint64_t w, x, y, sel, slice_bytes;
     uint32_t rows, cols, n, row_bytes, ldx, ldy, x_batch, y_batch, x_div;
@@ -198,8 +214,32 @@ void VulkanBackend::mm(const MatView& W, const float* x, int64_t n, float* y, in
        u32(static_cast<int64_t>(a.ldx), "ldx"), u32(static_cast<int64_t>(a.ldy), "ldy"),
        u32(static_cast<int64_t>(a.x_batch), "x batch"), u32(static_cast<int64_t>(a.y_batch), "y batch"), a.x_div};
   constexpr int64_t kTile = 8;  // tokens per workgroup (mm.comp TT)
-  rt_.dispatch(mm_pipe(W.type), &pc, sizeof(pc), groups(W.rows), u32((n + kTile - 1) / kTile, "token tiles"),
-               u32(batch, "matmul batch"));
+  // _sg: one row per subgroup, 64 / subgroup size rows per workgroup (the shader's grid stride covers
+  // any count, should the device run other subgroup sizes); portable: one row per workgroup
+  const int64_t sg = rt_.info().subgroup_size;
+  const int64_t rows_per_group = subgroup_ && sg > 0 && sg < 64 ? 64 / sg : 1;
+  rt_.dispatch(mm_pipe(W.type), &pc, sizeof(pc), groups((W.rows + rows_per_group - 1) / rows_per_group),
+               u32((n + kTile - 1) / kTile, "token tiles"), u32(batch, "matmul batch"));
+}
+
+void VulkanBackend::mm_tiled(const MatView& W, const float* x, int64_t n, float* y, int64_t batch, const MmArgs& a,
+                             uint64_t groups, int64_t max_tiles) {
+  const char* sfx = type_suffix(W.type);
+  if (!sfx) fail("vulkan: no matmul shader for weight type {}", type_name(W.type));
+  char name[32];
+  std::snprintf(name, sizeof(name), "mm_tiled_%s", sfx);
+  struct {
+    uint64_t w, x, y, slice_bytes, groups;
+    uint32_t rows, cols, n, row_bytes, ldx, ldy, x_batch, y_batch, x_div;
+  } pc{dev_addr(W.data), dev_addr(x), dev_addr(y), a.slice_bytes, groups,
+       u32(W.rows, "matmul rows"), u32(W.cols, "matmul cols"), u32(n, "matmul tokens"), u32(static_cast<int64_t>(W.row_bytes), "row bytes"),
+       u32(static_cast<int64_t>(a.ldx), "ldx"), u32(static_cast<int64_t>(a.ldy), "ldy"),
+       u32(static_cast<int64_t>(a.x_batch), "x batch"), u32(static_cast<int64_t>(a.y_batch), "y batch"), a.x_div};
+  constexpr int64_t kBM = 64, kBN = 32;  // mm_tiled.comp's block
+  const int64_t ytiles = groups ? max_tiles : (n + kBN - 1) / kBN;
+  check(ytiles <= 65535 && batch <= 65535, "vulkan: tiled matmul over {} token tiles x {} slices (at most 65535 each)",
+        ytiles, batch);
+  rt_.dispatch(pipe(name), &pc, sizeof(pc), kimi::groups((W.rows + kBM - 1) / kBM), u32(ytiles, "token tiles"), u32(batch, "matmul batch"));
 }
 
 void VulkanBackend::matmul(const MatView& W, const float* x, int64_t n, float* y) {
@@ -361,7 +401,9 @@ void VulkanBackend::mla_value_heads(const MatView& v_b, uint64_t slice_bytes, co
 
 // ---- routed experts ----
 // Every (token, slot) pair runs its expert's gate and up rows, SiTU, then its down rows; the
-// outputs are summed per token with the routing weights (moe_combine.comp).
+// outputs are summed per token with the routing weights (moe_combine.comp). From gemm_min_ tokens
+// the pairs are grouped per expert (moe_sort.comp + mm_tiled.comp), below each pair is its own
+// row-kernel product (decode: 1 token x n_used experts).
 
 void VulkanBackend::moe_experts(const ExpertMats& m, const float* x, int64_t n, int64_t width, const int32_t* sel,
                                 const float* weights, int64_t n_used, int64_t n_expert, float situ_beta,
@@ -374,31 +416,59 @@ void VulkanBackend::moe_experts(const ExpertMats& m, const float* x, int64_t n, 
   auto* eg = ex_gate_->as<float>();
   auto* eu = ex_up_->as<float>();
   auto* eo = ex_out_->as<float>();
-  MmArgs a;
-  a.sel = sel;
-  a.x_div = u32(n_used, "experts per token");
-  a.x_batch = static_cast<uint64_t>(width);
-  a.y_batch = static_cast<uint64_t>(F);
-  a.ldx = a.ldy = 0;
-  a.slice_bytes = m.gate_slice;
-  mm(m.gate, x, 1, eg, slots, a);
-  a.slice_bytes = m.up_slice;
-  mm(m.up, x, 1, eu, slots, a);
-  situ_rows(eg, eu, slots, F, situ_beta, situ_lambda);
-  MmArgs d;
-  d.sel = sel;
-  d.x_div = 1;
-  d.x_batch = static_cast<uint64_t>(F);
-  d.y_batch = static_cast<uint64_t>(width);
-  d.slice_bytes = m.down_slice;
-  mm(m.down, eg, 1, eo, slots, d);
+  if (n >= gemm_min_ && n_expert + 1 <= 4096) {
+    // grouped (ggml's mul_mat_id idea): the pairs sorted by expert on the device, then one tiled GEMM
+    // per expert over its tokens for gate, up and down; every weight block is decoded once per tile
+    // of up to 32 of its tokens instead of once per pair
+    const int64_t max_tiles = moe_max_tiles(slots, n_expert);
+    struct {
+      uint64_t sel, out;
+      uint32_t slots, n_expert, bn, max_tiles;
+    } sp{dev_addr(sel), dev_addr(ex_sort_->data()), u32(slots, "expert slots"), u32(n_expert, "experts"), 32,
+         u32(max_tiles, "expert tiles")};
+    rt_.dispatch(pipe("moe_sort"), &sp, sizeof(sp), 1);
+    const uint64_t groups = dev_addr(ex_sort_->data());
+    MmArgs g;
+    g.x_div = u32(n_used, "experts per token");
+    g.x_batch = static_cast<uint64_t>(width);
+    g.y_batch = static_cast<uint64_t>(F);
+    g.slice_bytes = m.gate_slice;
+    mm_tiled(m.gate, x, slots, eg, 1, g, groups, max_tiles);
+    g.slice_bytes = m.up_slice;
+    mm_tiled(m.up, x, slots, eu, 1, g, groups, max_tiles);
+    situ_rows(eg, eu, slots, F, situ_beta, situ_lambda);
+    MmArgs d;
+    d.x_div = 1;
+    d.x_batch = static_cast<uint64_t>(F);
+    d.y_batch = static_cast<uint64_t>(width);
+    d.slice_bytes = m.down_slice;
+    mm_tiled(m.down, eg, slots, eo, 1, d, groups, max_tiles);
+  } else {
+    MmArgs a;
+    a.sel = sel;
+    a.x_div = u32(n_used, "experts per token");
+    a.x_batch = static_cast<uint64_t>(width);
+    a.y_batch = static_cast<uint64_t>(F);
+    a.ldx = a.ldy = 0;
+    a.slice_bytes = m.gate_slice;
+    mm(m.gate, x, 1, eg, slots, a);
+    a.slice_bytes = m.up_slice;
+    mm(m.up, x, 1, eu, slots, a);
+    situ_rows(eg, eu, slots, F, situ_beta, situ_lambda);
+    MmArgs d;
+    d.sel = sel;
+    d.x_div = 1;
+    d.x_batch = static_cast<uint64_t>(F);
+    d.y_batch = static_cast<uint64_t>(width);
+    d.slice_bytes = m.down_slice;
+    mm(m.down, eg, 1, eo, slots, d);
+  }
   struct {
     uint64_t rows, weights, acc;
     uint32_t n, n_used, width;
   } pc{dev_addr(eo), dev_addr(weights), dev_addr(acc), u32(n, "tokens"), u32(n_used, "experts per token"),
        u32(width, "width")};
   rt_.dispatch(pipe("moe_combine"), &pc, sizeof(pc), u32(n, "tokens"));
-  (void)n_expert;
 }
 
 }  // namespace kimi

@@ -1,11 +1,13 @@
 // variants: F32 F16 BF16 Q8_0 Q4_0 Q5_0 Q5_1 MXFP4 Q4_K Q5_K Q6_K Q2_K Q3_K IQ4_XS F32+SG F16+SG BF16+SG Q8_0+SG Q4_0+SG Q5_0+SG Q5_1+SG MXFP4+SG Q4_K+SG Q5_K+SG Q6_K+SG Q2_K+SG Q3_K+SG IQ4_XS+SG
 // y[t][r] = sum_c W[r][c] x[t][c] for a weight type (dequant.glsl), f32 activations and sums.
-// Workgroup = 64 threads on one weight row and a tile of up to 8 tokens; the threads split the
-// row into 8-value chunks and reduce in shared memory. The z dimension batches independent
-// products: per-head slices (z = head: slice z of a stacked weight) or routed experts (sel != 0:
-// slot z uses slice sel[z] and input row z / x_div).
-// VARIANT_SG (the _sg pipelines, used where the device has subgroup arithmetic): the row sums are
-// reduced with subgroupAdd, then across subgroups in shared memory; else a shared-memory tree.
+// A tile of up to 8 tokens per workgroup; the z dimension batches independent products: per-head
+// slices (z = head: slice z of a stacked weight) or routed experts (sel != 0: slot z uses slice
+// sel[z] and input row z / x_div).
+// VARIANT_SG (the _sg pipelines, used where the device has subgroup arithmetic): each subgroup
+// takes its own weight row (64 / subgroup size rows per workgroup: 2 at 32 lanes, 8 on lavapipe),
+// its lanes split the row into 8-value chunks and subgroupAdd reduces them; no shared memory, no
+// barrier. Rows are walked with a grid stride, so any workgroup count covers them.
+// Portable: 64 threads on one weight row, a shared-memory tree reduction.
 #version 460
 #include "common.glsl"
 #include "dequant.glsl"
@@ -25,7 +27,9 @@ layout(push_constant) uniform PC {
 } pc;
 
 const uint TT = 8u;
+#if !defined(VARIANT_SG)
 shared float red[TT][64];
+#endif
 
 void main() {
   const uint tid = gl_LocalInvocationID.x;
@@ -46,6 +50,34 @@ void main() {
   }
   yoff = uint64_t(z) * pc.y_batch;
   const uint nchunk = pc.cols / 8u;
+#if defined(VARIANT_SG)
+  const uint lane = gl_SubgroupInvocationID, lanes = gl_SubgroupSize;
+  for (uint r = gl_WorkGroupID.x * gl_NumSubgroups + gl_SubgroupID; r < pc.rows; r += gl_NumWorkGroups.x * gl_NumSubgroups) {
+    const uint64_t row = wbase + uint64_t(r) * pc.row_bytes;
+    float acc[TT];
+    for (uint t = 0u; t < TT; ++t) acc[t] = 0.0;
+    for (uint c = lane; !skip && c < nchunk; c += lanes) {
+      float v[8];
+      dq8(row, c, v);
+      for (uint t = 0u; t < nt; ++t) {
+        F32 xv = F32(pc.x + 4ul * (xoff + uint64_t(t0 + t) * pc.ldx + uint64_t(c) * 8ul));
+        float s = 0.0;
+        for (uint i = 0u; i < 8u; ++i) s += v[i] * xv.v[i];
+        acc[t] += s;
+      }
+    }
+#if defined(PLAIN_TYPE)
+    for (uint j = nchunk * 8u + lane; !skip && j < pc.cols; j += lanes) {
+      const float wv = dq1(row, j);
+      for (uint t = 0u; t < nt; ++t) acc[t] += wv * F32(pc.x + 4ul * (xoff + uint64_t(t0 + t) * pc.ldx + j)).v[0];
+    }
+#endif
+    for (uint t = 0u; t < TT; ++t) {
+      const float sum = subgroupAdd(acc[t]);
+      if (t < nt && subgroupElect()) F32(pc.y + 4ul * (yoff + uint64_t(t0 + t) * pc.ldy + r)).v[0] = sum;
+    }
+  }
+#else
   for (uint r = gl_WorkGroupID.x; r < pc.rows; r += gl_NumWorkGroups.x) {
     const uint64_t row = wbase + uint64_t(r) * pc.row_bytes;
     float acc[TT];
@@ -67,18 +99,6 @@ void main() {
       for (uint t = 0u; t < nt; ++t) acc[t] += wv * F32(pc.x + 4ul * (xoff + uint64_t(t0 + t) * pc.ldx + j)).v[0];
     }
 #endif
-#if defined(VARIANT_SG)
-    for (uint t = 0u; t < TT; ++t) {
-      const float v = subgroupAdd(acc[t]);
-      if (subgroupElect()) red[t][gl_SubgroupID] = v;
-    }
-    barrier();
-    if (tid < nt) {
-      float sum = 0.0;
-      for (uint i = 0u; i < gl_NumSubgroups; ++i) sum += red[tid][i];
-      F32(pc.y + 4ul * (yoff + uint64_t(t0 + tid) * pc.ldy + r)).v[0] = sum;
-    }
-#else
     for (uint t = 0u; t < TT; ++t) red[t][tid] = acc[t];
     barrier();
     for (uint s = 32u; s > 0u; s >>= 1) {
@@ -87,7 +107,7 @@ void main() {
       barrier();
     }
     if (tid < nt) F32(pc.y + 4ul * (yoff + uint64_t(t0 + tid) * pc.ldy + r)).v[0] = red[tid][0];
-#endif
     barrier();
   }
+#endif
 }

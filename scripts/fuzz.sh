@@ -11,7 +11,7 @@ SECONDS_PER_TARGET=${1:-30}
 BUILD=${FUZZ_BUILD_DIR:-build-fuzz}
 JOBS=${FUZZ_JOBS:-2}
 WORK=${FUZZ_WORK:-fuzz/corpus-work}
-TARGETS=(${FUZZ_TARGETS:-gguf safetensors hf_config model tiktoken tokenizer_config chat api})
+TARGETS=(${FUZZ_TARGETS:-gguf safetensors hf_config model tiktoken tokenizer_config chat api grammar json_schema})
 t0=$(date +%s)
 
 command -v clang++ >/dev/null || { echo "fuzz: clang++ not found (bash scripts/setup.sh --test installs it)" >&2; exit 1; }
@@ -35,12 +35,13 @@ cp tests/data/gguf-fuzz/* "$SEEDS/gguf/"
 
 max_len() {
   case $1 in
-    gguf) echo 2048 ;; model) echo 256 ;; tokenizer_config) echo 65536 ;; *) echo 8192 ;;
+    gguf) echo 2048 ;; model) echo 256 ;; tokenizer_config | json_schema) echo 65536 ;; grammar) echo 16384 ;; *) echo 8192 ;;
   esac
 }
 dict() {
   case $1 in
-    gguf | chat) echo "-dict=fuzz/$1.dict" ;; hf_config | tokenizer_config | api) echo "-dict=fuzz/json.dict" ;;
+    gguf | chat) echo "-dict=fuzz/$1.dict" ;; hf_config | tokenizer_config | api | json_schema) echo "-dict=fuzz/json.dict" ;;
+    grammar) echo "-dict=fuzz/gbnf.dict" ;;
   esac
 }
 OPTS=(-timeout=20 -malloc_limit_mb=1024 -rss_limit_mb=2048 -print_final_stats=1)

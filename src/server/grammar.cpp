@@ -571,8 +571,9 @@ size_t Matcher::StackHash::operator()(const Stack& st) const {
 }
 
 bool Matcher::expand(Stack st, std::vector<Stack>& out, Expansion& x) const {
-  std::vector<Stack> todo;
-  if (!x.seen.insert(st).second) return true;
+  constexpr size_t kDedupAfter = 4096;  // positions: below, duplicates cost less than hashing them
+  std::vector<Stack>& todo = x.todo;  // empty between calls; its capacity is reused
+  if (x.work >= kDedupAfter && !x.seen.insert(st).second) return true;
   todo.push_back(std::move(st));
   while (!todo.empty()) {
     Stack cur = std::move(todo.back());
@@ -591,11 +592,21 @@ bool Matcher::expand(Stack st, std::vector<Stack>& out, Expansion& x) const {
       if (cur.back().idx == static_cast<int32_t>(seq.size())) cur.pop_back();  // tail call: nothing left here
       const auto& alts = g_->rules()[static_cast<size_t>(s.rule)].alts;
       x.work += alts.size() * (cur.size() + 1);
-      if (x.work > kMaxExpandWork) return false;
+      if (x.work > kMaxExpandWork) {
+        todo.clear();
+        return false;
+      }
       for (int a = static_cast<int>(alts.size()); a-- > 0;) {
         Stack n = cur;
         n.push_back({s.rule, a, 0});
-        if (x.seen.insert(n).second) todo.push_back(std::move(n));
+        const auto& alt = alts[static_cast<size_t>(a)];
+        if (!alt.empty() && !alt[0].is_rule) {
+          out.push_back(std::move(n));  // a character class on top: done (duplicates go in step())
+        } else if (x.work < kDedupAfter || x.seen.insert(n).second) {
+          // may go on without a character: once this character's expansion is not small any more,
+          // a stack reached again (another ε-path to it) is not expanded again
+          todo.push_back(std::move(n));
+        }
       }
       branched = true;
       break;

@@ -152,6 +152,7 @@ class Matcher {
   // one character's expansion: the stacks already reached (many ε-paths lead to the same stack)
   struct Expansion {
     std::unordered_set<Stack, StackHash> seen;
+    std::vector<Stack> todo;  // expand()'s work list
     size_t work = 0;
   };
   bool expand(Stack st, std::vector<Stack>& out, Expansion& x) const;  // false: over the limits

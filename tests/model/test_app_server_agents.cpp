@@ -6,6 +6,8 @@
 // The official SDKs and the agent CLIs are tested by tests/agents/ (node).
 #include <gtest/gtest.h>
 
+#include <set>
+
 #include "server_fixture.h"
 #include "server/tool_grammar.h"
 #include "tokenizer/chat.h"
@@ -564,4 +566,47 @@ TEST(ServerAgents, AnthropicAndResponsesForcedToolRoundTrip) {
                                                      {"reasoning", {{"effort", "none"}}}, {"max_output_tokens", 16}}, &st);
   ASSERT_EQ(st, 200) << rf.dump();
   for (const auto& it : rf["output"]) EXPECT_NE(it["type"], "function_call") << rf.dump();
+}
+
+// Every field of a valid request replaced by a value of each JSON type: a 200 or a 400 naming
+// something, never a 500 or a dropped connection (Anthropic's error shape on /v1/messages).
+TEST(ServerAgents, EveryFieldWithEveryTypeIsAnAnswerOrA400) {
+  const ojson anthropic = ojson::parse(R"({"model":"m","max_tokens":2,"system":[{"type":"text","text":"s"}],
+    "messages":[{"role":"user","content":"hi"},
+                {"role":"assistant","content":[{"type":"thinking","thinking":"t","signature":""},{"type":"text","text":"a"},
+                                                {"type":"tool_use","id":"u1","name":"f","input":{"x":1}}]},
+                {"role":"user","content":[{"type":"tool_result","tool_use_id":"u1","content":[{"type":"text","text":"r"}],"is_error":false}]}],
+    "tools":[{"name":"f","description":"d","input_schema":{"type":"object","properties":{"x":{"type":"integer"}}}}],
+    "tool_choice":{"type":"auto"},"thinking":{"type":"enabled","budget_tokens":1024},"output_config":{"effort":"low"},
+    "stop_sequences":["zz"],"temperature":0.5,"top_p":0.9,"top_k":5,"metadata":{"user_id":"u"}})");
+  const ojson responses = ojson::parse(R"({"model":"m","max_output_tokens":2,"instructions":"i",
+    "input":[{"type":"message","role":"user","content":[{"type":"input_text","text":"hi"}]},
+             {"type":"reasoning","id":"r","summary":[{"type":"summary_text","text":"s"}]},
+             {"type":"function_call","call_id":"c1","name":"f","arguments":"{\"x\":1}"},
+             {"type":"function_call_output","call_id":"c1","output":"o"}],
+    "tools":[{"type":"function","name":"f","parameters":{"type":"object","properties":{"x":{"type":"integer"}}}}],
+    "tool_choice":"auto","reasoning":{"effort":"low"},"text":{"format":{"type":"text"}},"temperature":0.5,"store":false})");
+  const std::vector<ojson> values = {nullptr, 7, -1.5, "x", "", ojson::array(), ojson::object(), true,
+                                     ojson::array({1, "a"}), ojson{{"k", 1}}};
+  for (const auto& [path, body] : {std::pair<std::string, ojson>{"/v1/messages", anthropic}, {"/v1/responses", responses}}) {
+    const ojson flat = body.flatten();
+    std::set<std::string> targets;  // every value and every object / array on the way to one
+    for (auto it = flat.begin(); it != flat.end(); ++it)
+      for (std::string p = it.key(); !p.empty(); p = p.substr(0, p.rfind('/'))) targets.insert(p);
+    int n = 0;
+    for (const std::string& t : targets) {
+      for (const ojson& v : values) {
+        ojson b = body;
+        b[ojson::json_pointer(t)] = v;
+        int st = 0;
+        const ojson r = srv().post(path, b, &st);
+        SCOPED_TRACE(path + " " + t + " = " + v.dump());
+        ++n;
+        ASSERT_TRUE(st == 200 || st == 400) << st << " " << r.dump();
+        if (st == 400 && path == "/v1/messages") EXPECT_EQ(r["type"], "error") << r.dump();
+        if (st == 400 && path == "/v1/responses") EXPECT_TRUE(r["error"]["message"].is_string()) << r.dump();
+      }
+    }
+    EXPECT_GT(n, 300) << path;
+  }
 }

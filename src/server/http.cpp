@@ -145,7 +145,7 @@ Server::Server(const ServerOptions& opts) : impl_(std::make_unique<Impl>()) {
   h.body_timeout_s = opts.body_timeout_s;
   if (!opts.cors_origin.empty())
     h.default_headers = {{"Access-Control-Allow-Origin", opts.cors_origin},
-                         {"Access-Control-Allow-Headers", "Authorization, Content-Type"},
+                         {"Access-Control-Allow-Headers", "Authorization, Content-Type, x-api-key, anthropic-version, anthropic-beta"},
                          {"Access-Control-Allow-Methods", "GET, POST, OPTIONS"},
                          {"Vary", "Origin"}};
   h.error_reply = [](int status, const std::string& msg) { return error_reply(status, msg); };

@@ -416,7 +416,9 @@ void VulkanBackend::moe_experts(const ExpertMats& m, const float* x, int64_t n, 
   auto* eg = ex_gate_->as<float>();
   auto* eu = ex_up_->as<float>();
   auto* eo = ex_out_->as<float>();
-  if (n >= gemm_min_ && n_expert + 1 <= 4096) {
+  // the grouping's buffer (reserve) holds the tiles of lim_.n_expert experts: more, and the pairs run ungrouped
+  const bool fits = ex_sort_ && static_cast<uint64_t>(4 + 4 * moe_max_tiles(slots, n_expert) + slots) * 4 <= ex_sort_->bytes();
+  if (n >= gemm_min_ && n_expert + 1 <= 4096 && fits) {  // 4096: moe_sort.comp's shared counters
     // grouped (ggml's mul_mat_id idea): the pairs sorted by expert on the device, then one tiled GEMM
     // per expert over its tokens for gate, up and down; every weight block is decoded once per tile
     // of up to 32 of its tokens instead of once per pair

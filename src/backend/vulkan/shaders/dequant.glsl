@@ -18,8 +18,32 @@ float dq1(uint64_t row, uint j) { return half_bits(uint(U16(row).v[j])); }
 float dq1(uint64_t row, uint j) { return uintBitsToFloat(uint(U16(row).v[j]) << 16); }
 #endif
 #if defined(PLAIN_TYPE)
+// wide loads: the 8 values as one 16-byte load (two for F32) where the row is 16-byte aligned (rows of
+// a whole number of 16 bytes, i.e. most weights); else one load per value
+layout(buffer_reference, std430, buffer_reference_align = 16) buffer V4 { uvec4 v[]; };
 void dq8(uint64_t row, uint c, out float v[8]) {
-  for (uint i = 0u; i < 8u; ++i) v[i] = dq1(row, c * 8u + i);
+  if ((row & 15ul) != 0ul) {
+    for (uint i = 0u; i < 8u; ++i) v[i] = dq1(row, c * 8u + i);
+    return;
+  }
+#if defined(VARIANT_F32)
+  const uvec4 a = V4(row + 32ul * uint64_t(c)).v[0], b = V4(row + 32ul * uint64_t(c) + 16ul).v[0];
+  v[0] = uintBitsToFloat(a.x); v[1] = uintBitsToFloat(a.y); v[2] = uintBitsToFloat(a.z); v[3] = uintBitsToFloat(a.w);
+  v[4] = uintBitsToFloat(b.x); v[5] = uintBitsToFloat(b.y); v[6] = uintBitsToFloat(b.z); v[7] = uintBitsToFloat(b.w);
+#else
+  const uvec4 a = V4(row + 16ul * uint64_t(c)).v[0];
+  const uint w[4] = uint[4](a.x, a.y, a.z, a.w);
+  for (uint i = 0u; i < 4u; ++i) {
+#if defined(VARIANT_F16)
+    const vec2 h = unpackHalf2x16(w[i]);
+    v[2u * i] = h.x;
+    v[2u * i + 1u] = h.y;
+#else  // BF16: the high 16 bits of an f32
+    v[2u * i] = uintBitsToFloat(w[i] << 16);
+    v[2u * i + 1u] = uintBitsToFloat(w[i] & 0xFFFF0000u);
+#endif
+  }
+#endif
 }
 #elif defined(VARIANT_Q8_0)  // {f16 d; int8 q[32]} = 34 bytes
 void dq8(uint64_t row, uint c, out float v[8]) {

@@ -80,9 +80,13 @@ void main() {
         if (r < pc.rows) {
           const uint64_t row = wbase + uint64_t(r) * pc.row_bytes;
 #if defined(PLAIN_TYPE)
-          [[unroll]] for (uint i = 0u; i < 8u; ++i) {
-            const uint col = k0 + 8u * c + i;
-            if (col < pc.cols) v[i] = dq1(row, col);
+          if (k0 + 8u * c + 8u <= pc.cols) {
+            dq8(row, k0 / 8u + c, v);  // wide loads where the row is aligned
+          } else {
+            [[unroll]] for (uint i = 0u; i < 8u; ++i) {
+              const uint col = k0 + 8u * c + i;
+              if (col < pc.cols) v[i] = dq1(row, col);
+            }
           }
 #else
           // block types: cols is a multiple of the block (>= 32), so a BK step is whole

@@ -1,7 +1,9 @@
 // libFuzzer target: the server's request path (src/server/api.*), HTTP body -> validated request
-// -> prompt tokens, as `kimi serve` runs it for POST /v1/chat/completions and /v1/completions.
-// The first input byte picks the endpoint (bit 0: chat / completion) and the limits (bits 1-2:
-// context 64, 256, 4096 or 32768 tokens; bit 3: a max_tokens cap); the rest is the body. The
+// -> prompt tokens, as `kimi serve` runs it for POST /v1/chat/completions and /v1/completions,
+// and the agent APIs' translation layers in front of the chat path (api_anthropic, api_responses).
+// The first input byte picks the endpoint (bits 4-5: 1 Anthropic /v1/messages, 2 OpenAI
+// /v1/responses, 3 /v1/messages/count_tokens; 0: bit 0 picks chat / completion) and the limits
+// (bits 1-2: context 64, 256, 4096 or 32768 tokens; bit 3: a max_tokens cap); the rest is the body. The
 // tokenizer is the tiny synthetic model's (from its GGUF). Every bad request must be an
 // ApiError (400 naming the field); a crash, a sanitizer report, any other exception (a library's
 // type_error, out_of_range, ...) is a bug. For an accepted chat request the first message's text
@@ -15,6 +17,8 @@
 #include "common.h"
 #include "io/gguf.h"
 #include "server/api.h"
+#include "server/api_anthropic.h"
+#include "server/api_responses.h"
 #include "tokenizer/chat.h"
 #include "tokenizer/tokenizer.h"
 #include "util/error.h"
@@ -62,7 +66,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const tok::Tokenizer& t = tokenizer();
   size_t sink = 0;
   try {
-    if (mode & 1) {
+    const int api = (mode >> 4) & 3;
+    if (api != 0) {  // the translation into the chat request, then the chat path
+      const server::ojson b = server::parse_body(body);
+      const server::ojson chat = api == 2 ? server::responses_to_chat(b, lim).chat
+                                          : server::anthropic_to_chat(b, lim, api == 3).chat;
+      const server::ParsedRequest r = server::parse_chat_request(server::wire_json(chat), t, lim);
+      sink += r.prompt.size() + r.rendered.size() + static_cast<size_t>(r.gen.max_tokens);
+    } else if (mode & 1) {
       const server::ParsedRequest r = server::parse_completion_request(body, t, lim);
       sink += r.prompt.size() + static_cast<size_t>(r.gen.max_tokens);
     } else {

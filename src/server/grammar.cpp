@@ -618,6 +618,10 @@ bool Matcher::expand(Stack st, std::vector<Stack>& out, Expansion& x) const {
 }
 
 bool Matcher::step(std::vector<Stack>& stacks, uint32_t c) const {
+  if (work_ > kMaxCallWork) {  // this call has cost enough: refused as an overflow
+    overflow_ = true;
+    return false;
+  }
   std::vector<Stack> next;
   Expansion x;
   for (const Stack& st : stacks) {
@@ -627,11 +631,14 @@ bool Matcher::step(std::vector<Stack>& stacks, uint32_t c) const {
     if (!s.matches(c)) continue;
     Stack n = st;
     n.back().idx++;
-    if (!expand(std::move(n), next, x)) {
+    const bool ok = expand(std::move(n), next, x);
+    if (!ok) {
+      work_ += x.work;
       overflow_ = true;
       return false;
     }
   }
+  work_ += x.work;
   if (next.empty()) return false;
   std::sort(next.begin(), next.end());
   next.erase(std::unique(next.begin(), next.end()), next.end());
@@ -715,12 +722,14 @@ bool Matcher::feed(std::vector<Stack>& stacks, std::string& pending, std::string
 }
 
 bool Matcher::accepts_bytes(std::string_view bytes) const {
+  work_ = 0;
   std::vector<Stack> st = stacks_;
   std::string pend = pending_;
   return feed(st, pend, bytes);
 }
 
 bool Matcher::advance_bytes(std::string_view bytes) {
+  work_ = 0;
   std::vector<Stack> st = stacks_;
   std::string pend = pending_;
   if (!feed(st, pend, bytes)) return false;
@@ -799,6 +808,10 @@ int32_t Matcher::intern(State&& s) {
 int32_t Matcher::next_state(int32_t from, uint8_t byte) {
   int32_t& slot = dfa_next_[static_cast<size_t>(from) * 256 + byte];
   if (slot != -2) return slot;
+  if (work_ > kMaxCallWork) {  // this walk has cost enough: what it has not reached is refused (not cached)
+    overflow_ = true;
+    return -1;
+  }
   State s = dfa_states_[static_cast<size_t>(from)];
   const char c = static_cast<char>(byte);
   const int32_t to = feed(s.stacks, s.pending, std::string_view(&c, 1)) ? intern(std::move(s)) : -1;
@@ -813,6 +826,7 @@ void Matcher::allowed_tokens(const TokenTrie& trie, std::vector<uint8_t>& ok) {
     dfa_next_.clear();
     dfa_index_.clear();
   }
+  work_ = 0;
   std::vector<int32_t> at;  // at[d]: the state after the first d bytes of the current path
   at.push_back(intern(State{stacks_, pending_}));
   const auto& nodes = trie.nodes_;

@@ -132,7 +132,9 @@ class Matcher {
   // ambiguous grammar), not because the grammar forbids it.
   bool overflowed() const { return overflow_; }
   static constexpr size_t kMaxStacks = 1u << 15;     // parse stacks alive after one character (an enum: one per value)
-  static constexpr size_t kMaxExpandWork = 1u << 21;  // stack positions built for one character
+  static constexpr size_t kMaxExpandWork = 1u << 17;  // stack positions built for one character
+  static constexpr size_t kMaxCallWork = 1u << 18;    // ... for one accepts_bytes / advance_bytes /
+                                                      // allowed_tokens call (beyond: refused, overflow)
   // ok[t] = 1 when accepts_bytes(piece of t) (ok is resized to trie.n_tokens()): one walk of the
   // trie with a lazily built byte-level DFA of this matcher's states, kept across calls.
   void allowed_tokens(const TokenTrie& trie, std::vector<uint8_t>& ok);
@@ -173,6 +175,7 @@ class Matcher {
   std::vector<Stack> stacks_;
   std::string pending_;  // bytes of an incomplete UTF-8 character
   mutable bool overflow_ = false;
+  mutable size_t work_ = 0;  // stack positions built since the current public call began
   // allowed_tokens' DFA: interned states and their byte transitions (-2 unknown, -1 refused)
   std::vector<State> dfa_states_;
   std::vector<int32_t> dfa_next_;  // 256 per state

@@ -132,6 +132,16 @@ TEST(ServerHostile, EmptyOrUnfinishableLanguagesAre400AndLongChainsWork) {
   ASSERT_EQ(st, 200) << j.dump();
   EXPECT_EQ(j["choices"][0]["text"], "a") << j.dump();
   EXPECT_EQ(j["choices"][0]["finish_reason"], "stop") << j.dump();
+  // so ambiguous that the matcher's caps end the answer after a few characters, before the 300 "a"s
+  // and the "!" it needs: the finish reason says so (an unfinished sentence is never a "stop")
+  const std::string amb = "root ::= b{0,60} x \"!\"\nx ::= \"a\"{300}\nb ::= c{0,60}\nc ::= \"a\"{0,60}\n";
+  const ojson d = r.post("/v1/completions",
+                         ojson{{"prompt", "aaaa"}, {"max_tokens", 400}, {"grammar", amb}, {"temperature", 0}}, &st);
+  ASSERT_EQ(st, 200) << d.dump();
+  EXPECT_EQ(d["choices"][0]["finish_reason"], "grammar_dead_end") << d.dump();
+  const std::string text = d["choices"][0]["text"].get<std::string>();
+  EXPECT_LT(text.size(), 300u);
+  EXPECT_EQ(text, std::string(text.size(), 'a'));
 }
 
 // A client that sends its request and shuts down its sending side (nc -N) still gets the answer;

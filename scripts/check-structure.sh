@@ -98,6 +98,8 @@ spec_refs() {
         line = $0; cur = ""
         while (match(line, /[A-Za-z0-9_-]+\.md|(k3-architecture|dsa-indexer|formats-quant)|spec\/README(\.md)?|(^|[^\/A-Za-z0-9_.-])(src|app|tests|scripts|bench|fuzz|tools|docs)\/[A-Za-z0-9_\/.-]*[A-Za-z0-9_-]\.(h|cpp|sh|md|txt|py|dict)|\]\([^)#: ]+\)|§[0-9]+(\.[0-9]+)*|[Dd]ecisions? [0-9]+(-[0-9]+)?|[Tt]ables? [0-9]+\.[0-9]+/)) {
           tok = substr(line, RSTART, RLENGTH); line = substr(line, RSTART + RLENGTH)
+          # a file name must end there: `index.html` is not a citation of `index.h`
+          if (tok ~ /\.(h|cpp|sh|md|txt|py|dict)$/ && line ~ /^[A-Za-z0-9]/) continue
           if (tok ~ /^\]\(/) {                 # a relative markdown link: relative to the document
             if (FILENAME !~ /\.md$/ || tok ~ /^\]\((https?|mailto)/) continue
             tok = substr(tok, 3, length(tok) - 3); dir = FILENAME

@@ -43,7 +43,7 @@ constexpr MixRow kMixes[] = {
     {"IQ4_XS_MOE", FileType::MOSTLY_IQ4_XS, GgmlType::IQ4_XS, GgmlType::IQ4_XS, GgmlType::Q6_K},
 };
 
-// llama-quantize's names (tools/quantize/quantize.cpp QUANT_OPTIONS of llama.cpp v0.5.0, same order),
+// llama-quantize's names (QUANT_OPTIONS in llama.cpp v0.5.0's quantize.cpp, same order),
 // the default tensor type of each (llama_ftype_get_default_type), what its rules do in K3 files, and
 // the types its recipe needs that kimi cannot make (nullptr: none).
 struct LlamaRow {
@@ -109,7 +109,7 @@ struct MixState {
   int n_attn_v = 0, i_attn_v = 0, i_ffn_down = 0, i_ffn_gate = 0, i_ffn_up = 0;
 };
 
-// llama.cpp v0.5.0 `llama_tensor_get_type_impl` (src/llama-quant.cpp; formats-quant.md §5.3) for
+// llama.cpp v0.5.0 `llama_tensor_get_type_impl` (llama.cpp's llama-quant.cpp; formats-quant.md §5.3) for
 // the ftype `ft`, transcribed branch by branch; kimi-k3 is neither Falcon nor a 70B Llama, and the
 // attn_qkv branch is unreachable there (attn_qkv is attn_v-like). `ty` is the ftype's default type.
 // Sets `note` when a rule changed the type. The counters advance as llama.cpp's do.
@@ -233,10 +233,11 @@ GgmlType llama_rules(const TensorDesc& t, Category cat, GgmlType ty, FileType ft
   return r;
 }
 
-// " (did you mean 'X'?)" for the closest name (edit distance, case-insensitive) when it is close.
+// " (did you mean 'X'?)" for the closest name (edit distance, case-insensitive) when it is close;
+// names equally close are all given, in list order (" (did you mean 'Q4_K_S' or 'Q4_K_M'?)").
 std::string did_you_mean(const std::string& text, const std::vector<std::string>& names) {
   const std::string t = upper(text);
-  std::string best;
+  std::vector<std::string> best;
   size_t best_d = SIZE_MAX;
   for (const auto& n : names) {
     const std::string u = upper(n);
@@ -250,11 +251,15 @@ std::string did_you_mean(const std::string& text, const std::vector<std::string>
     }
     if (prev[u.size()] < best_d) {
       best_d = prev[u.size()];
-      best = n;
+      best.clear();
     }
+    if (prev[u.size()] == best_d && std::find(best.begin(), best.end(), n) == best.end()) best.push_back(n);
   }
   if (best.empty() || best_d > std::max<size_t>(2, t.size() / 3)) return "";
-  return fmt::format(" (did you mean '{}'?)", best);
+  std::string s;
+  for (size_t i = 0; i < best.size(); ++i)
+    s += (i == 0 ? "" : i + 1 == best.size() ? " or " : ", ") + ("'" + best[i] + "'");
+  return " (did you mean " + s + "?)";
 }
 
 }  // namespace

@@ -222,13 +222,14 @@ TEST(CliCompat, PerplexityProgressHasEta) {
   }
 }
 
-// A mistyped quantization type names the closest one; a far one does not get a guess.
+// A mistyped quantization type names the closest ones (all that are equally close); a far one does
+// not get a guess.
 TEST(CliCompat, QuantTypeDidYouMean) {
   TempDir td;
   const std::string out = q(td.file("q.gguf"));
   auto r = run_kimi("quantize " + gguf() + " " + out + " q4_k_n");
   EXPECT_EQ(r.exit_code, 1) << r.out;
-  EXPECT_NE(r.out.find("unknown quantization type 'q4_k_n' (did you mean 'Q4_K_M'?)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("unknown quantization type 'q4_k_n' (did you mean 'Q4_K_S' or 'Q4_K_M'?)"), std::string::npos) << r.out;
   r = run_kimi("quantize " + gguf() + " " + out + " Q8_0 --tensor-type attn_output=q8_O");
   EXPECT_NE(r.out.find("unknown tensor type 'q8_O' (did you mean 'Q8_0'?)"), std::string::npos) << r.out;
   r = run_kimi("quantize " + gguf() + " " + out + " Q8_0 --tensor-type attn_output=banana");

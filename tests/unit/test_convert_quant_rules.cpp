@@ -146,7 +146,7 @@ TEST(QuantRules, ParseTargetNamesAliasesNumbers) {
       {"F16", "F16", FileType::MOSTLY_F16, F16},           {"15", "Q4_K_M", FileType::MOSTLY_Q4_K_M, Q4_K},
       {"7", "Q8_0", FileType::MOSTLY_Q8_0, Q8_0},          {"18", "Q6_K", FileType::MOSTLY_Q6_K, Q6_K},
       {"32", "BF16", FileType::MOSTLY_BF16, BF16},
-      // llama-quantize's other names that kimi makes (tools/quantize/quantize.cpp, llama_ftype_get_default_type)
+      // llama-quantize's other names that kimi makes (llama.cpp's quantize.cpp, llama_ftype_get_default_type)
       {"Q2_K", "Q2_K", FileType::MOSTLY_Q2_K, GgmlType::Q2_K}, {"q2_k_s", "Q2_K_S", FileType::MOSTLY_Q2_K_S, GgmlType::Q2_K},
       {"Q3_K", "Q3_K_M", FileType::MOSTLY_Q3_K_M, GgmlType::Q3_K}, {"Q3_K_S", "Q3_K_S", FileType::MOSTLY_Q3_K_S, GgmlType::Q3_K},
       {"Q3_K_M", "Q3_K_M", FileType::MOSTLY_Q3_K_M, GgmlType::Q3_K}, {"13", "Q3_K_L", FileType::MOSTLY_Q3_K_L, GgmlType::Q3_K},
@@ -699,7 +699,7 @@ TEST(QuantRules, MoeMixNeedsImatrixForIq2) {
 }
 
 // llama-quantize's other names on K3 shapes, expected types written from llama.cpp v0.5.0's
-// llama_tensor_get_type_impl (src/llama-quant.cpp) for a model with 896 experts and n_gqa 0 (K3's
+// llama_tensor_get_type_impl (llama.cpp's llama-quant.cpp) for a model with 896 experts and n_gqa 0 (K3's
 // layer 0 is KDA: head_count_kv 0): every MXFP4 expert stack stays MXFP4.
 TEST(QuantRules, LlamaNamesOnK3) {
   const GgmlType Q2_K = GgmlType::Q2_K, Q3_K = GgmlType::Q3_K;

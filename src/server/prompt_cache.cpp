@@ -445,7 +445,7 @@ void PromptCache::writer_loop() {
         put(head, s->from);
         put(head, s->to);
       }
-      FILE* f = std::fopen(tmp.c_str(), "wb");
+      FILE* f = std::fopen(tmp.string().c_str(), "wb");
       if (!f) throw std::runtime_error(std::string("cannot create: ") + std::strerror(errno));
       Checksum c;
       bool ok = true;

@@ -135,7 +135,7 @@ std::string small4_noidx() {
 std::string llama_quant_oracle(std::string* log) {
   const std::string nlc = llama_ref_dir();
   const fs::path bins = fs::path(nlc) / "node_modules/@node-llama-cpp/linux-x64/bins/linux-x64";
-  const fs::path src = fs::path(__FILE__).parent_path() / "llama_quant_oracle.cpp";
+  const fs::path src = fs::path(KIMI_SOURCE_DIR) / "tests/model/llama_quant_oracle.cpp";
   const fs::path bin = fs::path(KIMI_BIN).parent_path() / "test-models" / "llama_quant_oracle";
   std::string libllama, libggml;
   std::error_code ec;

@@ -197,4 +197,7 @@ std::string schema_to_gbnf(const nlohmann::ordered_json& schema, const Budget& b
 // The grammar of any JSON object (response_format json_object).
 std::string json_object_gbnf();
 
+// A GBNF string literal (quoted, escaped) that matches exactly the bytes of `s`.
+std::string gbnf_literal(const std::string& s);
+
 }  // namespace kimi::server::grammar

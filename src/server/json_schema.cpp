@@ -29,20 +29,7 @@ json-boolean ::= "true" | "false"
 json-null ::= "null"
 )";
 
-// A GBNF string literal holding `s` exactly.
-std::string lit(const std::string& s) {
-  std::string o = "\"";
-  for (unsigned char c : s) {
-    if (c == '"') o += "\\\"";
-    else if (c == '\\') o += "\\\\";
-    else if (c == '\n') o += "\\n";
-    else if (c == '\r') o += "\\r";
-    else if (c == '\t') o += "\\t";
-    else if (c < 0x20) o += fmt::format("\\x{:02x}", c);
-    else o += static_cast<char>(c);
-  }
-  return o + "\"";
-}
+std::string lit(const std::string& s) { return gbnf_literal(s); }
 
 const std::set<std::string>& annotations() {
   static const std::set<std::string> a = {"title", "description", "default", "examples", "$schema", "$id",
@@ -278,6 +265,21 @@ std::string schema_to_gbnf(const nlohmann::ordered_json& schema) { return schema
 
 std::string schema_to_gbnf(const nlohmann::ordered_json& schema, const Budget& budget) {
   return Converter(schema, budget).run();
+}
+
+// A GBNF string literal holding `s` exactly.
+std::string gbnf_literal(const std::string& s) {
+  std::string o = "\"";
+  for (unsigned char c : s) {
+    if (c == '"') o += "\\\"";
+    else if (c == '\\') o += "\\\\";
+    else if (c == '\n') o += "\\n";
+    else if (c == '\r') o += "\\r";
+    else if (c == '\t') o += "\\t";
+    else if (c < 0x20) o += fmt::format("\\x{:02x}", c);
+    else o += static_cast<char>(c);
+  }
+  return o + "\"";
 }
 
 std::string json_object_gbnf() { return std::string("root ::= json-object\n") + kJsonBase; }

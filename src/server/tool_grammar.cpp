@@ -19,20 +19,7 @@ const char* const O = "\"\\uE000\"";
 const char* const C = "\"\\uE001\"";
 const char* const S = "\"\\uE002\"";
 
-// A GBNF literal holding `s` exactly.
-std::string lit(const std::string& s) {
-  std::string o = "\"";
-  for (unsigned char c : s) {
-    if (c == '"') o += "\\\"";
-    else if (c == '\\') o += "\\\\";
-    else if (c == '\n') o += "\\n";
-    else if (c == '\r') o += "\\r";
-    else if (c == '\t') o += "\\t";
-    else if (c < 0x20) o += fmt::format("\\x{:02x}", c);
-    else o += static_cast<char>(c);
-  }
-  return o + "\"";
-}
+std::string lit(const std::string& s) { return grammar::gbnf_literal(s); }
 
 // An attribute value as the K3 template writes it (& and " escaped).
 std::string attr(const std::string& s) {

@@ -85,7 +85,10 @@ fi
 rm -rf "$work/hf"
 
 placements=("gpu|--device vulkan -ngl 99" "hybrid|--device vulkan -ngl 99 --cpu-moe")
-if "$kimi" bench --help 2>/dev/null | grep -q -- '--gpu-experts'; then
+# the help text is read whole before it is searched: `grep -q` in a pipe stops reading at the first match,
+# and under pipefail the writer's SIGPIPE would make the test fail at random
+bench_help="$("$kimi" bench --help 2>/dev/null)"
+if [[ "$bench_help" == *--gpu-experts* ]]; then
   # the experts' pick counts over a text (CPU), ranking what --gpu-experts keeps
   if step imatrix 120 "$kimi" imatrix -m "$work/model.gguf" -f "$here/calib.txt" -c 256 --chunks 4 -t "$(nproc)" \
       -o "$work/counts.imatrix"; then

@@ -22,14 +22,15 @@ root="$(cd "$here/../.." && pwd)"
 bin="${1:-$root/build/kimi}"
 out="${2:-$root/dist/device}"
 [[ -x "$bin" ]] || { echo "device-pack: no executable '$bin' (build kimi first: cmake --build build --target kimi)" >&2; exit 1; }
-ldd "$bin" >/dev/null 2>&1 || { echo "device-pack: '$bin' is not a dynamically linked program ldd can read" >&2; exit 1; }
-if ! ldd "$bin" | grep -q 'libvulkan\.so'; then
+deps="$(ldd "$bin" 2>/dev/null)" || { echo "device-pack: '$bin' is not a dynamically linked program ldd can read" >&2; exit 1; }
+# (searched as a whole string, not through `| grep -q`, which under pipefail can fail on the writer's SIGPIPE)
+if [[ "$deps" != *libvulkan.so* ]]; then
   echo "device-pack: '$bin' is built without Vulkan (no libvulkan.so in ldd): configure with -DKIMI_VULKAN=ON" >&2
   exit 1
 fi
-if ldd "$bin" | grep -q 'not found'; then
+if [[ "$deps" == *"not found"* ]]; then
   echo "device-pack: libraries of '$bin' are missing here:" >&2
-  ldd "$bin" | grep 'not found' >&2
+  grep 'not found' <<<"$deps" >&2
   exit 1
 fi
 
@@ -50,7 +51,7 @@ while read -r line; do
   [[ "$path" == /* && -f "$path" ]] || continue
   name="$(basename "$path")"
   if is_glibc "$name"; then cp -L "$path" "$out.tmp/glibc/$name"; else cp -L "$path" "$out.tmp/lib/$name"; fi
-done < <(ldd "$bin")
+done <<<"$deps"
 # the loader under its canonical name (ldd may list it through a /lib64 link)
 [[ -f "$out.tmp/glibc/ld-linux-x86-64.so.2" ]] || { echo "device-pack: no ld-linux-x86-64.so.2 in ldd's list" >&2; exit 1; }
 cp "$here/device-check.sh" "$out.tmp/device-check.sh"

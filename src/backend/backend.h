@@ -159,6 +159,11 @@ class Backend {
   virtual void copy(void* dst, const void* src, uint64_t bytes) = 0;  // both in this backend
   virtual void fill_zero(void* dst, uint64_t bytes) = 0;
   virtual void sync() {}
+  // Starts what is recorded so far on the device without waiting for it (a device backend submits
+  // its command stream; the host backend runs ops as they are called: nothing to do). The host may
+  // then work on its own while the device runs; a later sync/download waits. Results are the same
+  // with or without it.
+  virtual void flush() {}
   // Size internal scratch (per-thread rows, expert gathers, ...) once, before any op.
   virtual void reserve(const WorkLimits& lim) = 0;
   virtual uint64_t scratch_bytes() const = 0;

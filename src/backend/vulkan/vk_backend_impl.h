@@ -51,6 +51,7 @@ class VulkanBackend final : public Backend {
   void copy(void* dst, const void* src, uint64_t bytes) override;
   void fill_zero(void* dst, uint64_t bytes) override;
   void sync() override;
+  void flush() override;
   void reserve(const WorkLimits& lim) override;
   uint64_t scratch_bytes() const override;
 

@@ -176,13 +176,15 @@ Runtime::Runtime(uint32_t index) {
   pci.flags = VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT;
   pci.queueFamilyIndex = qfam_;
   vk_check(vkCreateCommandPool(dev_, &pci, nullptr, &pool_), "vkCreateCommandPool");
-  VkCommandBufferAllocateInfo cai{VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO};
-  cai.commandPool = pool_;
-  cai.level = VK_COMMAND_BUFFER_LEVEL_PRIMARY;
-  cai.commandBufferCount = 1;
-  vk_check(vkAllocateCommandBuffers(dev_, &cai, &cmd_), "vkAllocateCommandBuffers");
-  VkFenceCreateInfo fci{VK_STRUCTURE_TYPE_FENCE_CREATE_INFO};
-  vk_check(vkCreateFence(dev_, &fci, nullptr, &fence_), "vkCreateFence");
+  for (Slot& sl : slots_) {
+    VkCommandBufferAllocateInfo cai{VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO};
+    cai.commandPool = pool_;
+    cai.level = VK_COMMAND_BUFFER_LEVEL_PRIMARY;
+    cai.commandBufferCount = 1;
+    vk_check(vkAllocateCommandBuffers(dev_, &cai, &sl.cb), "vkAllocateCommandBuffers");
+    VkFenceCreateInfo fci{VK_STRUCTURE_TYPE_FENCE_CREATE_INFO};
+    vk_check(vkCreateFence(dev_, &fci, nullptr, &sl.fence), "vkCreateFence");
+  }
 
   // one layout for every shader: 128 bytes of push constants (the minimum every device has)
   VkPushConstantRange pcr{VK_SHADER_STAGE_COMPUTE_BIT, 0, 128};
@@ -209,7 +211,8 @@ Runtime::~Runtime() {
     for (auto& [n, m] : modules_) vkDestroyShaderModule(dev_, m, nullptr);
     if (cache_) vkDestroyPipelineCache(dev_, cache_, nullptr);
     if (layout_) vkDestroyPipelineLayout(dev_, layout_, nullptr);
-    if (fence_) vkDestroyFence(dev_, fence_, nullptr);
+    for (Slot& sl : slots_)
+      if (sl.fence) vkDestroyFence(dev_, sl.fence, nullptr);
     if (pool_) vkDestroyCommandPool(dev_, pool_, nullptr);
     vkDestroyDevice(dev_, nullptr);
   }
@@ -303,10 +306,19 @@ const Runtime::Alloc& Runtime::resolve(uint64_t addr, uint64_t bytes, uint64_t* 
 
 void Runtime::begin_if_needed() {
   if (recording_) return;
+  Slot& sl = slots_[cur_];
+  if (sl.in_flight) {  // the rotation came back to a command buffer the device may still run
+    vk_check(vkWaitForFences(dev_, 1, &sl.fence, VK_TRUE, UINT64_MAX), "vkWaitForFences");
+    vk_check(vkResetFences(dev_, 1, &sl.fence), "vkResetFences");
+    sl.in_flight = false;
+  }
+  vk_check(vkResetCommandBuffer(sl.cb, 0), "vkResetCommandBuffer");
+  cmd_ = sl.cb;
   VkCommandBufferBeginInfo bi{VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO};
   bi.flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT;
   vk_check(vkBeginCommandBuffer(cmd_, &bi), "vkBeginCommandBuffer");
   recording_ = true;
+  barrier();  // after everything submitted earlier (its first scope spans earlier submissions)
 }
 
 void Runtime::barrier() {
@@ -319,25 +331,36 @@ void Runtime::barrier() {
                        nullptr);
 }
 
-void Runtime::submit_and_wait() {
-  if (!recording_) return;
-  vk_check(vkEndCommandBuffer(cmd_), "vkEndCommandBuffer");
-  recording_ = false;
-  if (pending_) {
-    VkSubmitInfo si{VK_STRUCTURE_TYPE_SUBMIT_INFO};
-    si.commandBufferCount = 1;
-    si.pCommandBuffers = &cmd_;
-    vk_check(vkQueueSubmit(queue_, 1, &si, fence_), "vkQueueSubmit");
-    vk_check(vkWaitForFences(dev_, 1, &fence_, VK_TRUE, UINT64_MAX), "vkWaitForFences");
-    vk_check(vkResetFences(dev_, 1, &fence_), "vkResetFences");
-    ++submits_;
+void Runtime::submit(bool wait) {
+  if (recording_) {
+    vk_check(vkEndCommandBuffer(cmd_), "vkEndCommandBuffer");
+    recording_ = false;
+    if (pending_) {
+      Slot& sl = slots_[cur_];
+      VkSubmitInfo si{VK_STRUCTURE_TYPE_SUBMIT_INFO};
+      si.commandBufferCount = 1;
+      si.pCommandBuffers = &sl.cb;
+      vk_check(vkQueueSubmit(queue_, 1, &si, sl.fence), "vkQueueSubmit");
+      sl.in_flight = true;
+      ++submits_;
+      cur_ = (cur_ + 1) % kSlots;
+    }
+    pending_ = false;  // an empty command buffer is not submitted: begin_if_needed resets it
   }
-  vk_check(vkResetCommandBuffer(cmd_, 0), "vkResetCommandBuffer");
-  pending_ = false;
-  ring_head_ = 0;
+  if (!wait) return;
+  // the oldest submission first (the queue runs them in order)
+  for (int i = 1; i <= kSlots; ++i) {
+    Slot& sl = slots_[(cur_ + i) % kSlots];
+    if (!sl.in_flight) continue;
+    vk_check(vkWaitForFences(dev_, 1, &sl.fence, VK_TRUE, UINT64_MAX), "vkWaitForFences");
+    vk_check(vkResetFences(dev_, 1, &sl.fence), "vkResetFences");
+    sl.in_flight = false;
+  }
+  ring_head_ = 0;  // nothing in flight reads the ring any more
 }
 
-void Runtime::sync() { submit_and_wait(); }
+void Runtime::sync() { submit(true); }
+void Runtime::flush() { submit(false); }
 
 void Runtime::destroy(Pipeline& p) {
   if (!p.pipe) return;

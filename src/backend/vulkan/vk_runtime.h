@@ -9,11 +9,16 @@
 // 128 MiB; a tensor or cache bigger than that is read directly). The limit that remains is the
 // size of one allocation (maxMemoryAllocationSize / maxBufferSize), checked with a clear error.
 //
-// Ordering. Ops, copies, uploads and fills are recorded in issue order into one command buffer
-// with a full compute/transfer barrier between them, and submitted when the host needs a result
-// (download, sync) or the staging ring is full. Host data that an op reads (the micro-batch, an
-// upload) is copied into a host-visible staging ring first, so the caller's memory may change
-// right after the call. Nothing is allocated per op: the ring and the command buffer are reused.
+// Ordering. Ops, copies, uploads and fills are recorded in issue order into a command buffer
+// with a full compute/transfer barrier between them (and one at the start of every command
+// buffer, which orders it after everything submitted before it on the queue). flush() submits
+// what is recorded without waiting: recording goes on in the next of kSlots command buffers, each
+// with its fence, while the device runs the earlier ones. download and sync submit and wait for
+// everything in flight; so does a full staging ring. Host data that an op reads (the micro-batch,
+// an upload) is copied into a host-visible staging ring first, so the caller's memory may change
+// right after the call; the ring is written front to back and restarts at its beginning only when
+// nothing in flight can still read it (everything submitted has completed). Nothing is allocated
+// per op: the ring and the command buffers are reused.
 #pragma once
 #include <vulkan/vulkan.h>
 
@@ -82,7 +87,8 @@ class Runtime {
   // host bytes placed in the staging ring, visible to the ops recorded after this call; returns
   // their device address (valid until the next submit)
   uint64_t stage(const void* host, uint64_t bytes);
-  void sync();  // submit what is recorded and wait for it
+  void sync();   // submit what is recorded and wait for everything in flight
+  void flush();  // submit what is recorded without waiting (recording continues in the next command buffer)
   void destroy(Pipeline& p);  // frees a pipeline made by dispatch (device idle first)
 
   // staging ring capacity (grown only by reserve, never in the decode loop)
@@ -95,7 +101,8 @@ class Runtime {
  private:
   void begin_if_needed();
   void barrier();
-  void submit_and_wait();
+  void submit(bool wait);  // end and submit the recording command buffer; wait: for all in flight
+  void submit_and_wait() { submit(true); }
   VkPipeline pipeline_for(Pipeline& p);
   uint32_t find_memory(uint32_t type_bits, VkMemoryPropertyFlags want, VkMemoryPropertyFlags avoid) const;
   Alloc make_buffer(uint64_t bytes, bool host_visible, const char* what);
@@ -107,8 +114,15 @@ class Runtime {
   VkQueue queue_ = VK_NULL_HANDLE;
   uint32_t qfam_ = 0;
   VkCommandPool pool_ = VK_NULL_HANDLE;
-  VkCommandBuffer cmd_ = VK_NULL_HANDLE;
-  VkFence fence_ = VK_NULL_HANDLE;
+  static constexpr int kSlots = 3;  // command buffers in rotation (recording + in flight)
+  struct Slot {
+    VkCommandBuffer cb = VK_NULL_HANDLE;
+    VkFence fence = VK_NULL_HANDLE;
+    bool in_flight = false;
+  };
+  Slot slots_[kSlots];
+  int cur_ = 0;                       // the slot being recorded
+  VkCommandBuffer cmd_ = VK_NULL_HANDLE;  // slots_[cur_].cb while recording
   VkPipelineLayout layout_ = VK_NULL_HANDLE;
   VkPipelineCache cache_ = VK_NULL_HANDLE;
   std::map<std::string, VkShaderModule> modules_;

@@ -114,6 +114,7 @@ void VulkanBackend::download(void* host_dst, const void* src, uint64_t bytes) {
 void VulkanBackend::copy(void* dst, const void* src, uint64_t bytes) { rt_.copy(dev_addr(dst), dev_addr(src), bytes); }
 void VulkanBackend::fill_zero(void* dst, uint64_t bytes) { rt_.fill_zero(dev_addr(dst), bytes); }
 void VulkanBackend::sync() { rt_.sync(); }
+void VulkanBackend::flush() { rt_.flush(); }
 
 // the most tiles moe_sort.comp can cut `slots` (token, expert) pairs into: ceil(slots / BN) plus one
 // partial tile per non-empty bucket (the experts and the bucket of slots held elsewhere)

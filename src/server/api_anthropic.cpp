@@ -13,23 +13,12 @@ namespace kimi::server {
 
 namespace {
 
-[[noreturn]] void bad(const std::string& param, const std::string& msg) {
-  throw ApiError(400, param.empty() ? msg : param + ": " + msg, "invalid_request_error", param);
-}
-
-const ojson* get(const ojson& o, const char* k) {
-  auto it = o.find(k);
-  return it == o.end() || it->is_null() ? nullptr : &*it;
-}
-
+const FieldReader kFields{[](const std::string& param, const std::string& msg) { return param + ": " + msg; },
+                          "Field required"};
+[[noreturn]] void bad(const std::string& param, const std::string& msg) { kFields.bad(param, msg); }
+const ojson* get(const ojson& o, const char* k) { return FieldReader::get(o, k); }
 std::string str(const ojson& o, const char* k, const std::string& where, bool required) {
-  const ojson* v = get(o, k);
-  if (!v) {
-    if (required) bad(where + "." + k, "Field required");
-    return {};
-  }
-  if (!v->is_string()) bad(where + "." + k, fmt::format("must be a string (got {})", v->type_name()));
-  return v->get<std::string>();
+  return kFields.str(o, k, where, required);
 }
 
 // The text of a `system` value or of a tool_result's content: a string or text blocks.

@@ -1,5 +1,7 @@
 #include "server/api_endpoint.h"
 
+#include <fmt/format.h>
+
 #include <chrono>
 
 #include "util/json.h"
@@ -35,6 +37,25 @@ ojson tool_call_input(const tok::ParsedToolCall& c) {
     if (!v.is_discarded() && v.is_object()) return v;
   }
   return c.arguments.is_object() ? c.arguments : ojson::object();
+}
+
+void FieldReader::bad(const std::string& param, const std::string& msg) const {
+  throw ApiError(400, param.empty() ? msg : quoted(param, msg), "invalid_request_error", param);
+}
+
+const ojson* FieldReader::get(const ojson& o, const char* k) {
+  auto it = o.find(k);
+  return it == o.end() || it->is_null() ? nullptr : &*it;
+}
+
+std::string FieldReader::str(const ojson& o, const char* k, const std::string& where, bool required) const {
+  const ojson* v = get(o, k);
+  if (!v) {
+    if (required) bad(where + "." + k, missing);
+    return {};
+  }
+  if (!v->is_string()) bad(where + "." + k, fmt::format("must be a string (got {})", v->type_name()));
+  return v->get<std::string>();
 }
 
 }  // namespace kimi::server

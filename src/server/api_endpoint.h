@@ -38,4 +38,17 @@ JobOutput wait_whole(Job& job, httpd::Responder& res);
 // A tool call's arguments as a JSON object (the parsed typed arguments or json block).
 ojson tool_call_input(const tok::ParsedToolCall& c);
 
+// Reading a request's fields in one API's own words: bad() throws ApiError 400
+// invalid_request_error whose param names the field and whose message is quoted(param, msg)
+// (each API quotes the field its way); a missing required field says `missing`.
+struct FieldReader {
+  std::string (*quoted)(const std::string& param, const std::string& msg);
+  const char* missing;
+  [[noreturn]] void bad(const std::string& param, const std::string& msg) const;
+  // o[k], or nullptr when it is absent or JSON null
+  static const ojson* get(const ojson& o, const char* k);
+  // o[k] as a string ("" when absent and not required); `where` names o in errors
+  std::string str(const ojson& o, const char* k, const std::string& where, bool required) const;
+};
+
 }  // namespace kimi::server

@@ -408,8 +408,8 @@ void expect_args_fit(const ojson& a) {
   EXPECT_TRUE(a["days"].is_number_integer()) << a.dump();
   ASSERT_TRUE(a.contains("city")) << a.dump();
   EXPECT_TRUE(a["city"].is_string()) << a.dump();
-  if (a.contains("units")) EXPECT_TRUE(a["units"] == "c" || a["units"] == "f") << a.dump();
-  if (a.contains("metric")) EXPECT_TRUE(a["metric"].is_boolean()) << a.dump();
+  if (a.contains("units")) { EXPECT_TRUE(a["units"] == "c" || a["units"] == "f") << a.dump(); }
+  if (a.contains("metric")) { EXPECT_TRUE(a["metric"].is_boolean()) << a.dump(); }
 }
 
 const ojson kWeatherSchema = ojson::parse(R"({"type":"object","properties":{
@@ -488,7 +488,7 @@ TEST(ServerAgents, ChatForcedToolCallsFitTheSchema) {
       ASSERT_TRUE(c["message"].contains("tool_calls"));
       for (const auto& call : c["message"]["tool_calls"]) {
         const std::string name = call["function"]["name"];
-        if (choice.is_object()) EXPECT_EQ(name, "get_weather");
+        if (choice.is_object()) { EXPECT_EQ(name, "get_weather"); }
         const ojson args = ojson::parse(call["function"]["arguments"].get<std::string>());
         if (name == "get_weather") {
           expect_args_fit(args);
@@ -603,8 +603,8 @@ TEST(ServerAgents, EveryFieldWithEveryTypeIsAnAnswerOrA400) {
         SCOPED_TRACE(path + " " + t + " = " + v.dump());
         ++n;
         ASSERT_TRUE(st == 200 || st == 400) << st << " " << r.dump();
-        if (st == 400 && path == "/v1/messages") EXPECT_EQ(r["type"], "error") << r.dump();
-        if (st == 400 && path == "/v1/responses") EXPECT_TRUE(r["error"]["message"].is_string()) << r.dump();
+        if (st == 400 && path == "/v1/messages") { EXPECT_EQ(r["type"], "error") << r.dump(); }
+        if (st == 400 && path == "/v1/responses") { EXPECT_TRUE(r["error"]["message"].is_string()) << r.dump(); }
       }
     }
     EXPECT_GT(n, 300) << path;

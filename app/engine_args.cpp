@@ -259,6 +259,11 @@ void add_engine_options(CLI::App& app, EngineArgs& a, const EngineSpec& spec) {
   app.add_option("--expert-counts", a.expert_counts,
                  "an imatrix file of this model (kimi imatrix): its per-expert token counts rank the experts "
                  "--gpu-experts keeps");
+  app.add_option("--hybrid-overlap", a.hybrid_overlap,
+                 "hybrid mode: the accelerator runs each MoE layer's shared and hot experts while the CPU runs its "
+                 "routed experts (off: one after the other; the results are the same)")
+      ->check(CLI::IsMember({"on", "off"}))
+      ->capture_default_str();
 }
 
 void add_sampling_options(CLI::App& app, SamplerParams& p) {
@@ -326,6 +331,7 @@ ContextOptions context_options(const EngineArgs& a, int n_ctx, int n_batch) {
   o.stream.mode = a.stream_mode == "madvise" ? StreamMode::Madvise : StreamMode::Pread;
   o.stream.io_threads = a.stream_threads;
   o.stream.hot = hot_expert_options(a);
+  o.stream.hybrid_overlap = a.hybrid_overlap != "off";
   return o;
 }
 

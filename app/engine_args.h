@@ -57,6 +57,7 @@ struct EngineArgs {
   // hot experts in hybrid mode (model/expert_cache.h HotExperts, docs/gpu.md)
   std::string gpu_experts = "0";               // --gpu-experts N|auto
   std::string expert_counts;                   // --expert-counts FILE (an imatrix's per-expert counts)
+  std::string hybrid_overlap = "on";           // --hybrid-overlap on|off (model/moe.cpp)
 };
 
 // What differs between the commands that take EngineArgs.

@@ -49,6 +49,10 @@ struct ExpertStreamOptions {
                               // model does not fit in memory), 0 = off (plain mapping)
   StreamMode mode = StreamMode::Pread;
   int io_threads = 16;        // concurrent reads in flight (pread mode)
+  // hybrid mode (routed experts on another backend than their FFN): the FFN's backend runs the shared
+  // experts and the hot experts while the experts' backend runs its routed experts (moe.cpp); false: one
+  // after the other (--hybrid-overlap off, for A/B). The results are the same bits either way.
+  bool hybrid_overlap = true;
 };
 
 struct ExpertStreamStats {

@@ -338,6 +338,7 @@ void Forward::run_local(const BatchEntry* e, int64_t n, float* logits) {
         }
         if (xcache_ && place_.experts[il] == 0) site.cache = xcache_.get(), site.layer = il;
         if (hot_ && hot_->layer(il)) site.hot = hot_.get(), site.layer = il;
+        site.overlap = opts_.stream.hybrid_overlap;
         moe_ffn(r, L, v.moe, v.ffn, site, v.res.normed.p, v.res.ffn_out.p);
       }
       phase_.s[hp.is_moe(il) ? PhaseTimes::Moe : PhaseTimes::Ffn] += PhaseTimes::now() - t0;

@@ -139,6 +139,8 @@ struct ExpertSite {
   ExpertCache* cache = nullptr;
   uint32_t layer = 0;
   HotExperts* hot = nullptr;  // --gpu-experts: the FFN backend's resident experts (model/expert_cache.h)
+  bool overlap = true;        // experts on another backend: its routed experts run while this one runs the shared
+                              // and hot experts (ExpertStreamOptions::hybrid_overlap)
 };
 // moe.cpp
 void moe_ffn(const PartRun& r, const LayerWeights& L, MoeScratch& s, FfnScratch& f, const ExpertSite& experts,

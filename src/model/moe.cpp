@@ -22,31 +22,48 @@ void moe_ffn(const PartRun& r, const LayerWeights& L, MoeScratch& s, FfnScratch&
   const bool streamed = site.cache && !r.tp && be.host_visible() && site.cache->request(site.layer, s.sel.p, n * k);
 
   // 2. the routed experts' input: the latent projection of x (or x itself), and the shared experts
-  // at full width (added at the end; dense_ffn's steps), their x projections together
+  // at full width (added at the end; dense_ffn's steps), their x projections together. Experts on
+  // another backend (hybrid mode) with overlap: the latent projection only; the shared experts are
+  // recorded after the routed input went to the experts' backend, so the device runs them (and its hot
+  // experts) while the host runs its routed experts (docs/gpu.md, "Overlap").
+  const bool apart = site.be != nullptr && site.be != &be;
+  const bool overlap = apart && site.overlap;
   const float* xl = latent ? s.latent_in.p : x;
   const MatView* wx[3];
   float* yx[3];
   int nx = 0;
   if (latent) wx[nx] = &L.ffn_routed_down.mat, yx[nx++] = s.latent_in.p;
+  const int n_latent_mm = nx;
   if (L.ffn_gate_shexp) {
     wx[nx] = &L.ffn_gate_shexp.mat, yx[nx++] = f.gate.p;
     wx[nx] = &L.ffn_up_shexp.mat, yx[nx++] = f.up.p;
   }
-  be.matmul_set(wx, yx, nx, x, n);
-  if (L.ffn_gate_shexp) {
-    be.situ_rows(f.gate.p, f.up.p, n, L.ffn_gate_shexp.mat.rows, hp.situ_beta, hp.situ_lambda);
-    r.matmul(L.ffn_down_shexp.mat, f.gate.p, n, f.shared_out.p);
+  // the shared experts from their x projections on (those from wx[from])
+  auto shared_experts = [&](int from) {
+    if (nx > from) be.matmul_set(wx + from, yx + from, nx - from, x, n);
+    if (L.ffn_gate_shexp) {
+      be.situ_rows(f.gate.p, f.up.p, n, L.ffn_gate_shexp.mat.rows, hp.situ_beta, hp.situ_lambda);
+      r.matmul(L.ffn_down_shexp.mat, f.gate.p, n, f.shared_out.p);
+    }
+  };
+  if (!apart) {
+    shared_experts(0);
+  } else {  // the same products in both orders (overlap on or off: bit-identical results)
+    if (n_latent_mm) be.matmul_set(wx, yx, n_latent_mm, x, n);
+    if (!overlap) shared_experts(n_latent_mm);
   }
 
   // 3. routed experts, weighted sum (on the experts' backend, with copies when it is another one)
   const ExpertMats em{L.ffn_gate_exps.mat, L.ffn_up_exps.mat, L.ffn_down_exps.mat,
                       L.ffn_gate_exps.slice_bytes, L.ffn_up_exps.slice_bytes, L.ffn_down_exps.slice_bytes,
                       streamed ? site.cache->wait() : nullptr};
-  if (site.be == nullptr || site.be == &be) {
+  if (!apart) {
     be.moe_experts(em, xl, n, Lw, s.sel.p, s.weights.p, k, E, hp.situ_beta, hp.situ_lambda, s.latent_acc.p);
   } else {
     Backend& xb = *site.be;
     ExpertScratch& es = *site.s;
+    // one crossing each way: the routed input, selection and weights to the experts' backend (the
+    // device's recorded work up to here runs and is waited for), the routed sum back
     copy_between(xb, es.x.p, be, xl, static_cast<uint64_t>(n * Lw) * 4);
     copy_between(xb, es.sel.p, be, s.sel.p, static_cast<uint64_t>(n * k) * 4);
     copy_between(xb, es.weights.p, be, s.weights.p, static_cast<uint64_t>(n * k) * 4);
@@ -57,6 +74,10 @@ void moe_ffn(const PartRun& r, const LayerWeights& L, MoeScratch& s, FfnScratch&
       site.hot->split(site.layer, es.sel.p, es.weights.p, n * k);
       be.moe_experts(hot->mats, xl, n, Lw, site.hot->dev_sel(), site.hot->dev_weights(), k, hot->n, hp.situ_beta,
                      hp.situ_lambda, site.hot->dev_acc());
+    }
+    if (overlap) {  // the device starts its hot experts and shared experts; the host runs its experts meanwhile
+      shared_experts(n_latent_mm);
+      be.flush();
     }
     xb.moe_experts(em, es.x.p, n, Lw, es.sel.p, es.weights.p, k, E, hp.situ_beta, hp.situ_lambda, es.acc.p);
     copy_between(be, s.latent_acc.p, xb, es.acc.p, static_cast<uint64_t>(n * Lw) * 4);
@@ -72,7 +93,7 @@ void moe_ffn(const PartRun& r, const LayerWeights& L, MoeScratch& s, FfnScratch&
     be.copy(out, s.latent_acc.p, static_cast<uint64_t>(n * d) * 4);
   }
 
-  // 5. shared experts (computed before the routed ones)
+  // 5. shared experts (computed before the routed sum is needed)
   if (L.ffn_gate_shexp) be.add(out, f.shared_out.p, n * d);
 }
 

@@ -75,6 +75,13 @@ class FakeDevice final : public CpuBackend {
   const char* name() const override { return "dev1"; }
   bool host_visible() const override { return false; }
   int64_t n_ops = 0, n_uploads = 0, n_downloads = 0;
+  // flush() (Backend::flush: start the recorded work, do not wait): how often, and how many dev1 ops were
+  // recorded between the last download and each flush (work the device could run while the host works)
+  int64_t n_flushes = 0, ops_at_download = 0, flushed_ops_after_download = 0;
+  void flush() override {
+    ++n_flushes;
+    flushed_ops_after_download += n_ops - ops_at_download;
+  }
 
   // ---- memory ----
   std::unique_ptr<Buffer> alloc(uint64_t bytes, const char* what) override {
@@ -107,6 +114,7 @@ class FakeDevice final : public CpuBackend {
     Open o(this);
     own(src, "download");
     ++n_downloads;
+    ops_at_download = n_ops;
     std::memcpy(dst, src, bytes);
   }
   void copy(void* d, const void* s, uint64_t b) override { Op o(this, "copy", {d, s}); CpuBackend::copy(d, s, b); }
@@ -465,7 +473,9 @@ TEST(ModelBackendSplit, HotExpertsSplitThePicks) {
     EXPECT_GT(s.hot_picks, 0u) << what;
     if (per == 1) EXPECT_GT(s.host_picks, s.hot_picks) << what;
     if (per == E || per < 0) EXPECT_EQ(s.host_picks, 0u) << what;
-    if (per == E / 2) EXPECT_GT(s.host_picks, 0u) << what;
+    if (per == E / 2) {
+      EXPECT_GT(s.host_picks, 0u) << what;
+    }
   }
   // without counts nothing is kept; with counts for the wrong expert count the context refuses
   {
@@ -483,6 +493,62 @@ TEST(ModelBackendSplit, HotExpertsSplitThePicks) {
       ADD_FAILURE() << "no error";
     } catch (const Error& e) {
       EXPECT_NE(std::string(e.what()).find("expert counts of layer"), std::string::npos) << e.what();
+    }
+  }
+}
+
+// Overlap in hybrid mode (moe.cpp, ExpertStreamOptions::hybrid_overlap): the routed input crosses to the
+// CPU first, then dev1 records the shared experts (and the hot experts' picks) and is flushed, and the CPU runs
+// its routed experts meanwhile. The same products run in both orders, so the logits are the same bits with
+// overlap on and off, with and without hot experts, and equal to the CPU-only run without them.
+TEST(ModelBackendSplit, HybridOverlapGivesTheSameBits) {
+  TinyModel t(16);
+  const Model& m = *t.m;
+  const HParams& hp = m.hparams();
+  const int64_t E = hp.n_expert;
+  int64_t moe_layers = 0;
+  HotExpertOptions hot;
+  hot.counts.resize(hp.n_layer);
+  for (uint32_t il = 0; il < hp.n_layer; ++il) {
+    if (!hp.is_moe(il)) continue;
+    ++moe_layers;
+    for (int64_t e = 0; e < E; ++e) hot.counts[il].push_back(double((e * 3 + il) % E));
+  }
+  ASSERT_GT(moe_layers, 0);
+  ASSERT_GT(hp.n_expert_shared, 0u);  // the shared experts are what overlaps
+  for (Precision prec : {Precision::F32, Precision::Fast}) {
+    ContextOptions o;
+    o.n_threads = 2;
+    o.n_ctx_max = 64;
+    o.n_seq_max = 2;
+    o.n_batch_max = 8;
+    o.precision = prec;
+    const kimi::test::Run ref = drive(m, o);
+    for (int64_t per : {int64_t(0), E / 2}) {
+      kimi::test::Run runs[2];
+      for (int on = 0; on < 2; ++on) {
+        const std::string what = std::string(prec == Precision::F32 ? "f32" : "fast") + " --gpu-experts " +
+                                 std::to_string(per) + " overlap " + (on ? "on" : "off");
+        ThreadPool pool(2);
+        FakeDevice dev1(pool, prec);
+        ContextOptions os = o;
+        os.placement.n_gpu_layers = -1;
+        os.placement.cpu_moe = true;
+        os.extra_backends = {&dev1};
+        os.stream.hybrid_overlap = on != 0;
+        if (per) os.stream.hot = hot, os.stream.hot.per_layer = per;
+        runs[on] = drive(m, os);
+        if (on) {
+          // one flush per MoE layer call, each after the crossing with dev1 work recorded since it: the shared
+          // experts' two products and SiTU (3 ops), and the hot experts
+          EXPECT_GE(dev1.n_flushes, moe_layers) << what;
+          EXPECT_GE(dev1.flushed_ops_after_download, 3 * dev1.n_flushes) << what;
+        } else {
+          EXPECT_EQ(dev1.n_flushes, 0) << what;
+        }
+        if (per == 0) expect_same(ref, runs[on], what + " vs the CPU");
+      }
+      expect_same(runs[0], runs[1], "overlap on vs off, --gpu-experts " + std::to_string(per));
     }
   }
 }

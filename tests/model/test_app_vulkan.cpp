@@ -300,3 +300,86 @@ TEST(AppVulkan, GpuExpertsMatchCpu) {
   EXPECT_NE(bad.exit_code, 0);
   EXPECT_NE(bad.out.find("--expert-counts"), std::string::npos) << bad.out;
 }
+
+// Overlap in hybrid mode (docs/gpu.md, "Overlap"): the GPU runs a MoE layer's shared experts and hot experts
+// while the CPU runs its routed experts. The same products run with --hybrid-overlap on and off, so `kimi
+// eval` gives the same logits bit for bit, with and without hot experts, and within rel RMS 1e-4 of the CPU.
+TEST(AppVulkan, HybridOverlapSameLogits) {
+  if (!have_vulkan()) GTEST_SKIP() << "no Vulkan device on this machine: Vulkan CLI tests skipped";
+  test::TempDir d;
+  const std::string g = test::tiny_gguf();
+  const std::string counts = d.file("counts.imatrix");
+  auto im = test::run_kimi("imatrix -m " + g + " -f " + std::string(KIMI_SOURCE_DIR) + "/README.md -c 128 --chunks 2 -o " +
+                           counts);
+  ASSERT_EQ(im.exit_code, 0) << im.out;
+  std::string toks;
+  for (int i = 0; i < 20; ++i) toks += (i ? "," : "") + std::to_string((i * 89 + 7) % 1000);
+  const auto cpu = eval_logits(g, toks, "", d.file("cpu.f32"));
+  ASSERT_FALSE(cpu.empty());
+  for (const std::string& hot : {std::string(), " --gpu-experts 3 --expert-counts " + counts}) {
+    // -b 6: prefill micro-batches of 6, 6, 6, 2 tokens
+    const std::string flags = "--device vulkan -ngl 99 --cpu-moe -b 6" + hot + " --hybrid-overlap ";
+    SCOPED_TRACE(flags);
+    const auto on = eval_logits(g, toks, flags + "on", d.file("on.f32"));
+    const auto off = eval_logits(g, toks, flags + "off", d.file("off.f32"));
+    ASSERT_EQ(on.size(), cpu.size());
+    ASSERT_EQ(off.size(), cpu.size());
+    EXPECT_EQ(0, std::memcmp(on.data(), off.data(), on.size() * 4)) << "overlap on and off differ";
+    EXPECT_LT(test::rel_rms(on, cpu), 1e-4);
+  }
+  const auto bad = test::run_kimi("eval -m " + g + " --tokens 1 --hybrid-overlap maybe --logits-out " + d.file("z.f32"));
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.out.find("--hybrid-overlap"), std::string::npos) << bad.out;
+}
+
+namespace {
+
+// POST /v1/completions with token ids, greedy, n tokens past any end token: the text
+std::string complete_ids(int port, const std::vector<int>& prompt, int n) {
+  httplib::Client c("127.0.0.1", port);
+  c.set_read_timeout(120, 0);
+  const nlohmann::json body = {{"prompt", prompt}, {"max_tokens", n}, {"temperature", 0}, {"ignore_eos", true}};
+  auto r = c.Post("/v1/completions", body.dump(), "application/json");
+  EXPECT_TRUE(r);
+  if (!r) return "";
+  EXPECT_EQ(r->status, 200) << r->body;
+  const auto j = nlohmann::json::parse(r->body, nullptr, false);
+  return j.is_discarded() ? r->body : j["choices"][0]["text"].get<std::string>();
+}
+
+}  // namespace
+
+// The server's batched decode in hybrid mode with mixed GPU/CPU experts (--gpu-experts 3 of 8, the rest on the
+// CPU): 4 greedy requests sent at once (decoded together in 4 slots) answer what each answers alone, and what
+// the CPU server answers.
+TEST(AppVulkan, ServeBatchedHybridHotExpertsAsAlone) {
+  if (!have_vulkan()) GTEST_SKIP() << "no Vulkan device on this machine: Vulkan CLI tests skipped";
+  test::TempDir d;
+  const std::string g = test::tiny_gguf();
+  const std::string counts = d.file("counts.imatrix");
+  auto im = test::run_kimi("imatrix -m " + g + " -f " + std::string(KIMI_SOURCE_DIR) + "/README.md -c 128 --chunks 2 -o " +
+                           counts);
+  ASSERT_EQ(im.exit_code, 0) << im.out;
+  const std::string common = "-np 4 --cache-slots 0 --no-prompt-cache ";
+  Served cpu(g, common, d.file("cpu.log"));
+  Served gpu(g, common + "--device vulkan -ngl 99 --cpu-moe --gpu-experts 3 --expert-counts " + counts,
+             d.file("gpu.log"));
+  ASSERT_TRUE(cpu.wait_ready()) << test::read_file(d.file("cpu.log"));
+  ASSERT_TRUE(gpu.wait_ready()) << test::read_file(d.file("gpu.log"));
+  const int N = 4, n_gen = 12;
+  std::vector<std::vector<int>> prompts(N);
+  for (int i = 0; i < N; ++i)
+    for (int t = 0; t < 5 + 3 * i; ++t) prompts[size_t(i)].push_back((t * 131 + i * 57 + 11) % 1000);
+  std::vector<std::string> alone(N), together(N), on_cpu(N);
+  for (int i = 0; i < N; ++i) alone[size_t(i)] = complete_ids(gpu.port, prompts[size_t(i)], n_gen);
+  for (int i = 0; i < N; ++i) on_cpu[size_t(i)] = complete_ids(cpu.port, prompts[size_t(i)], n_gen);
+  std::vector<std::thread> th;
+  for (int i = 0; i < N; ++i)
+    th.emplace_back([&, i] { together[size_t(i)] = complete_ids(gpu.port, prompts[size_t(i)], n_gen); });
+  for (auto& t : th) t.join();
+  for (int i = 0; i < N; ++i) {
+    EXPECT_FALSE(alone[size_t(i)].empty()) << i;
+    EXPECT_EQ(together[size_t(i)], alone[size_t(i)]) << "request " << i << " decoded with the others";
+    EXPECT_EQ(alone[size_t(i)], on_cpu[size_t(i)]) << "request " << i << " vs the CPU server";
+  }
+}

@@ -133,6 +133,10 @@ struct BackendStats {
   uint64_t device_bytes = 0;       // device memory held now (weights + buffers + scratch)
   uint64_t weight_bytes = 0;       // of which weights
   uint64_t submits = 0;            // command submissions (device round trips) so far
+  // command buffers recorded, and cached ones submitted again unchanged (the Vulkan backend's
+  // replay of decode steps), and the host seconds spent recording
+  uint64_t cmd_recorded = 0, cmd_replayed = 0;
+  double record_seconds = 0;
 };
 
 class Backend {

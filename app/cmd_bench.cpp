@@ -280,6 +280,16 @@ int cmd_bench(int argc, char** argv) {
       if (n_prompt > 0) j["hot_experts"]["pp_share"] = pp_xs.hot_share();
       if (n_gen > 0) j["hot_experts"]["tg_share"] = tg_xs.hot_share();
     }
+    if (!pp_xs.offload_plan.empty()) {  // prefill offload (docs/gpu.md): what ran on the device, what was uploaded
+      auto off_json = [](const kimi::ExpertStreamStats& x) {
+        return nlohmann::ordered_json{{"steps", x.offload_steps}, {"declined", x.offload_declined},
+                                      {"picks", x.offload_picks}, {"bytes_uploaded", x.offload_bytes},
+                                      {"chunks", x.offload_chunks}};
+      };
+      j["moe_offload"] = {{"device", pp_xs.offload_device}, {"plan", pp_xs.offload_plan}};
+      if (n_prompt > 0) j["moe_offload"]["pp"] = off_json(pp_xs);
+      if (n_gen > 0) j["moe_offload"]["tg"] = off_json(tg_xs);
+    }
     rank_traffic.to_json(j, double(n_gen) * reps);
     if (with_ceiling) ceiling.to_json(j);
     for (const DevReport& r : dev_reports) {
@@ -336,6 +346,10 @@ int cmd_bench(int argc, char** argv) {
   if (pp_xs.enabled && n_gen > 0) std::printf("tg: %s\n", tg_xs.summary(tg_wall).c_str());
   if (pp_xs.hot_per_layer > 0 && n_prompt > 0) std::printf("pp: %s\n", pp_xs.hot_summary().c_str());
   if (tg_xs.hot_per_layer > 0 && n_gen > 0) std::printf("tg: %s\n", tg_xs.hot_summary().c_str());
+  if (pp_xs.offload_steps + pp_xs.offload_declined > 0 && n_prompt > 0)
+    std::printf("pp: %s\n", pp_xs.offload_summary().c_str());
+  if (tg_xs.offload_steps + tg_xs.offload_declined > 0 && n_gen > 0)
+    std::printf("tg: %s\n", tg_xs.offload_summary().c_str());
   for (kimi::Backend* be : accels) {
     const kimi::BackendStats s = be->stats();
     std::printf("device %s: %.1f MiB held (weights %.1f MiB), %llu submits\n", be->name(), s.device_bytes / 1048576.0,

@@ -244,6 +244,37 @@ void add_engine_options(CLI::App& app, EngineArgs& a, const EngineSpec& spec) {
   app.add_option("--stream-threads", a.stream_threads, "streamed experts: reads in flight at once (pread)")
       ->check(CLI::Range(1, 256))
       ->capture_default_str();
+  app.add_option("--moe-offload", a.moe_offload,
+                 "hybrid mode: run a long micro-batch's routed experts on the accelerator, their weights copied there "
+                 "for the step (auto: when the rates measured at load say it beats the CPU; on: always; off: never)")
+      ->check(CLI::IsMember({"auto", "on", "off"}))
+      ->capture_default_str();
+  app.add_option("--moe-offload-min", a.moe_offload_min,
+                 "--moe-offload: the smallest micro-batch offloaded, in tokens (0 = 32 x experts / experts per token)")
+      ->check(CLI::Validator(
+          [](std::string& v) -> std::string {
+            char* end = nullptr;
+            const long long t = std::strtoll(v.c_str(), &end, 10);
+            if (end == v.c_str() || *end || t < 0 || t == 1 || t > INT32_MAX)
+              return "'" + v + "' is not 0 or a number of tokens >= 2 (decode never offloads)";
+            return "";
+          },
+          "N", "tokens"))
+      ->capture_default_str();
+  app.add_option("--moe-offload-pool", a.moe_offload_pool,
+                 "--moe-offload: device memory for the experts being copied (two halves, e.g. 2G; auto = 1/8 of the "
+                 "device's free memory)")
+      ->check(CLI::Validator(
+          [](std::string& v) -> std::string {
+            if (v == "auto") return "";
+            try {
+              if (parse_mem_budget(v) > 0) return "";
+            } catch (const Error&) {
+            }
+            return "'" + v + "' is not a size (e.g. 2G, 512M) or auto";
+          },
+          "SIZE|auto", "size"))
+      ->capture_default_str();
   app.add_option("--gpu-experts", a.gpu_experts,
                  "hybrid mode (--cpu-moe / --n-cpu-moe with an accelerator): keep the N most-picked routed experts of "
                  "each such layer on the accelerator too and run their picks there (auto: as many as fit in its free "
@@ -323,6 +354,11 @@ ContextOptions context_options(const EngineArgs& a, int n_ctx, int n_batch) {
   o.precision = a.precision == "f32" ? Precision::F32 : Precision::Fast;
   o.cache_type = a.cache_type == "f32" ? CacheType::F32 : CacheType::F16;
   o.indexer_int8 = a.indexer_int8;
+  o.stream.offload.mode = a.moe_offload == "on"    ? ExpertOffloadOptions::Mode::On
+                          : a.moe_offload == "off" ? ExpertOffloadOptions::Mode::Off
+                                                   : ExpertOffloadOptions::Mode::Auto;
+  o.stream.offload.min_tokens = a.moe_offload_min;
+  o.stream.offload.pool_bytes = a.moe_offload_pool == "auto" ? -1 : parse_mem_budget(a.moe_offload_pool);
   o.placement = placement_rules(a);
   o.collective = collective();
   o.split_mode = split_mode(a);
@@ -392,6 +428,8 @@ SplitMode split_mode(const EngineArgs& a) { return a.split_mode == "layer" ? Spl
 void print_engine_summary(const EngineArgs& a, const Context& ctx) {
   if (!a.verbose) return;
   std::fprintf(stderr, "%s%s", ctx.memory_summary().c_str(), ctx.placement().summary().c_str());
+  if (const std::string plan = ctx.expert_stream_stats().offload_plan; !plan.empty())
+    std::fprintf(stderr, "%s\n", plan.c_str());
   if (!a.cpus.empty() || !a.numa.empty())
     std::fprintf(stderr, "%s\n",
                  numa::describe(a.numa.empty() ? numa::Mode::None : *numa::mode_from_name(a.numa), a.cpus).c_str());

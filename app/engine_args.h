@@ -37,6 +37,10 @@ struct EngineArgs {
   int batch = 512;                   // -b: micro-batch cap (tokens per forward step)
   std::string flash_attn = "auto";   // -fa on|off|auto: llama.cpp's flag, accepted, no effect
   bool verbose = false;
+  // prefill offload in hybrid mode (model/expert_offload.h, docs/gpu.md "Prefill offload")
+  std::string moe_offload = "auto";            // --moe-offload auto|on|off
+  int moe_offload_min = 0;                     // --moe-offload-min N (0: 32 x experts / experts used)
+  std::string moe_offload_pool = "auto";       // --moe-offload-pool SIZE|auto
   // placement (validated while parsing: a bad value is a usage error naming the flag)
   std::string device = "cpu";                  // --device DEV[,DEV..]: the backends to use
   int n_gpu_layers = -2;                       // -ngl (-2 = not given: fit the accelerator's memory)

@@ -50,6 +50,11 @@ ExpertStreamStats ExpertStreamStats::minus(const ExpertStreamStats& o) const {
   d.wait_s -= o.wait_s;
   d.hot_picks -= o.hot_picks;
   d.host_picks -= o.host_picks;
+  d.offload_steps -= o.offload_steps;
+  d.offload_declined -= o.offload_declined;
+  d.offload_picks -= o.offload_picks;
+  d.offload_bytes -= o.offload_bytes;
+  d.offload_chunks -= o.offload_chunks;
   return d;
 }
 
@@ -63,6 +68,12 @@ void ExpertStreamStats::add(const ExpertStreamStats& o) {
   wait_s += o.wait_s;
   hot_picks += o.hot_picks;
   host_picks += o.host_picks;
+  offload_steps += o.offload_steps;
+  offload_declined += o.offload_declined;
+  offload_picks += o.offload_picks;
+  offload_bytes += o.offload_bytes;
+  offload_chunks += o.offload_chunks;
+  if (!o.offload_plan.empty()) offload_plan = o.offload_plan, offload_device = o.offload_device;
   if (o.hot_per_layer) hot_per_layer = o.hot_per_layer, hot_device = o.hot_device;
 }
 

@@ -24,6 +24,7 @@
 #include <thread>
 #include <vector>
 
+#include "model/expert_offload.h"
 #include "model/model.h"
 
 namespace kimi {
@@ -45,6 +46,7 @@ struct HotExpertOptions {
 
 struct ExpertStreamOptions {
   HotExpertOptions hot;
+  ExpertOffloadOptions offload;  // prefill offload in hybrid mode (model/expert_offload.h)
   int64_t budget_bytes = -1;  // memory for cached routed experts: -1 = auto (stream only when the
                               // model does not fit in memory), 0 = off (plain mapping)
   StreamMode mode = StreamMode::Pread;
@@ -71,6 +73,12 @@ struct ExpertStreamStats {
   double hot_share() const { return hot_picks + host_picks ? double(hot_picks) / double(hot_picks + host_picks) : 0.0; }
   // "routed expert picks on vulkan:0 (12 resident experts per layer): 36.5 % (1234 of 3380)"
   std::string hot_summary() const;
+  // prefill offload (ExpertOffload): layer steps whose host picks ran on the accelerator, steps the rates
+  // left on the CPU, their picks, the expert bytes uploaded, chunks; the choice made at load (-v)
+  uint64_t offload_steps = 0, offload_declined = 0, offload_picks = 0, offload_bytes = 0, offload_chunks = 0;
+  std::string offload_plan, offload_device;
+  // "routed experts offloaded to vulkan:0: 14 layer steps (0 left on the CPU by the rates), 3584 picks, ..."
+  std::string offload_summary() const;
   double hit_rate() const { return lookups ? double(hits) / double(lookups) : 0.0; }
   ExpertStreamStats minus(const ExpertStreamStats& o) const;  // counters since snapshot o
   void add(const ExpertStreamStats& d);                       // += d's counters

@@ -222,11 +222,22 @@ Forward::Forward(const Model& m, const std::vector<Backend*>& backends, const Pl
         hybrid[il] = 1, acc = place_.ffn[il];
     if (acc > 0) hot_ = std::make_unique<HotExperts>(m, *dev(acc).be, hybrid, o.stream.hot, N);
   }
+  // 6. prefill offload (model/expert_offload.h): in the same hybrid layers, a long micro-batch's host picks may
+  // run on the accelerator, their experts uploaded into a pool made now (after the hot experts took theirs)
+  if (!dist_ && devs_.size() > 1 && dev(0).be->host_visible()) {
+    std::vector<uint8_t> hybrid(hp.n_layer, 0);
+    int acc = -1;
+    for (uint32_t il = 0; il < hp.n_layer; ++il)
+      if (hp.is_moe(il) && place_.experts[il] == 0 && place_.ffn[il] != 0 && (acc < 0 || acc == place_.ffn[il]))
+        hybrid[il] = 1, acc = place_.ffn[il];
+    if (acc > 0) offload_ = std::make_unique<ExpertOffload>(m, *dev(acc).be, *dev(0).be, hybrid, o.stream.offload, N);
+  }
 }
 
 ExpertStreamStats Forward::expert_stream_stats() const {
   ExpertStreamStats s = xcache_ ? xcache_->stats() : ExpertStreamStats{};
   if (hot_) hot_->add_stats(s);
+  if (offload_) offload_->add_stats(s);
   return s;
 }
 
@@ -338,6 +349,7 @@ void Forward::run_local(const BatchEntry* e, int64_t n, float* logits) {
         }
         if (xcache_ && place_.experts[il] == 0) site.cache = xcache_.get(), site.layer = il;
         if (hot_ && hot_->layer(il)) site.hot = hot_.get(), site.layer = il;
+        if (offload_ && offload_->active()) site.offload = offload_.get(), site.layer = il;
         site.overlap = opts_.stream.hybrid_overlap;
         moe_ffn(r, L, v.moe, v.ffn, site, v.res.normed.p, v.res.ffn_out.p);
       }

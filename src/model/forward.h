@@ -126,6 +126,7 @@ class Forward {
   uint32_t n_bank_max_ = 0;
   std::unique_ptr<ExpertCache> xcache_;   // routed experts streamed from disk (nullptr: mapping)
   std::unique_ptr<HotExperts> hot_;       // --gpu-experts: hot experts on the FFN's accelerator (nullptr: none)
+  std::unique_ptr<ExpertOffload> offload_;  // prefill offload in hybrid mode (nullptr: no hybrid layer)
 };
 
 }  // namespace kimi

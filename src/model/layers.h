@@ -139,6 +139,7 @@ struct ExpertSite {
   ExpertCache* cache = nullptr;
   uint32_t layer = 0;
   HotExperts* hot = nullptr;  // --gpu-experts: the FFN backend's resident experts (model/expert_cache.h)
+  ExpertOffload* offload = nullptr;  // prefill offload: long micro-batches' host picks may run on the FFN backend
   bool overlap = true;        // experts on another backend: its routed experts run while this one runs the shared
                               // and hot experts (ExpertStreamOptions::hybrid_overlap)
 };

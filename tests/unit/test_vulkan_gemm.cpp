@@ -216,3 +216,67 @@ TEST_F(VulkanGemm, GroupedExpertsEqualUngrouped) {
     }
   }
 }
+
+// The decode row kernel (mm.comp) on its own: every weight type against the CPU on both shader
+// paths (subgroups: 2 rows per subgroup, block types by 32-value units with 4- and 16-byte loads;
+// portable: one row per workgroup). 37 rows (not a multiple of the rows per subgroup or per
+// workgroup) x the type's smallest row and a row of more units than a subgroup has lanes; 1, 3 and
+// 9 tokens (a full 8-token tile and a partial one); the weight placed 0, 2 and 7 bytes past an
+// aligned address (every start of the 4-byte words and the 16-byte loads' fallback) and the
+// activations one float past 16 bytes (their scalar path); plain types at their element's
+// alignment. The CPU reads the same bytes aligned.
+TEST_F(VulkanGemm, RowKernelWideLoadsEveryType) {
+  for (const char* portable : {"0", "1"}) {
+    ::setenv("KIMI_VULKAN_PORTABLE", portable, 1);
+    auto gpu = make_vulkan_backend(test::first_vulkan_device(), Precision::F32);
+    ::unsetenv("KIMI_VULKAN_PORTABLE");
+    SCOPED_TRACE(std::string("KIMI_VULKAN_PORTABLE=") + portable);
+    uint32_t seed = 300;
+    for (GgmlType t : kTypes) {
+      const bool plain = t == GgmlType::F32 || t == GgmlType::F16 || t == GgmlType::BF16;
+      const bool super = t == GgmlType::Q4_K || t == GgmlType::Q5_K || t == GgmlType::Q6_K || t == GgmlType::Q2_K ||
+                         t == GgmlType::Q3_K || t == GgmlType::IQ4_XS;
+      const int64_t block = plain ? 8 : super ? 256 : 32;
+      for (int64_t cols : {block, block * (super ? 3 : 19)}) {
+        const int64_t rows = 37;
+        const auto bytes = make_weight(t, rows, cols, seed);
+        const uint64_t rb = row_bytes(t, static_cast<uint64_t>(cols));
+        host_.push_back(bytes);
+        const MatView wc{t, host_.back().data(), rows, cols, rb};
+        // plain types need their element's alignment: 4 (F32) or 2 bytes past 16
+        const size_t odd_off = plain ? (t == GgmlType::F32 ? 4 : 2) : 7;
+        for (auto [woff, xoff] : {std::pair<size_t, size_t>{0, 0}, {plain ? 0 : 2, 1}, {odd_off, 0}}) {
+          SCOPED_TRACE(std::string(type_name(t)) + " " + std::to_string(rows) + "x" + std::to_string(cols) +
+                       ", weight +" + std::to_string(woff) + " bytes, x +" + std::to_string(xoff) + " floats");
+          std::vector<uint8_t> padded(woff, 0xA5);
+          padded.insert(padded.end(), bytes.begin(), bytes.end());
+          host_.push_back(padded);
+          MatView wg = wc;
+          wg.data = gpu->place_weight("w" + std::to_string(seed) + "+" + std::to_string(woff), host_.back().data(),
+                                      padded.size()) + woff;
+          for (int64_t n : {1, 3, 9}) {
+            const auto xs = random_floats(static_cast<size_t>(n * cols), seed + 7);
+            std::vector<float> yc(static_cast<size_t>(n * rows));
+            {
+              auto xc = cpu_->alloc(xs.size() * 4, "x");
+              auto ycb = cpu_->alloc(yc.size() * 4, "y");
+              std::memcpy(xc->data(), xs.data(), xs.size() * 4);
+              cpu_->matmul(wc, xc->as<float>(), n, ycb->as<float>());
+              std::memcpy(yc.data(), ycb->data(), yc.size() * 4);
+            }
+            auto xg = gpu->alloc((xs.size() + xoff) * 4, "x");
+            auto yg = gpu->alloc(yc.size() * 4, "y");
+            gpu->upload(xg->as<float>() + xoff, xs.data(), xs.size() * 4);
+            gpu->matmul(wg, xg->as<float>() + xoff, n, yg->as<float>());
+            std::vector<float> g(yc.size());
+            gpu->sync();
+            gpu->download(g.data(), yg->data(), g.size() * 4);
+            EXPECT_LT(rel_rms(g, yc), 1e-5) << "n = " << n;
+            EXPECT_GT(rel_rms(g, std::vector<float>(g.size())), 0.5) << "a real result, not zeros";
+          }
+        }
+        ++seed;
+      }
+    }
+  }
+}

@@ -204,3 +204,249 @@ void dq8(uint64_t row, uint c, out float v[8]) {
 #else
 #error "dequant.glsl: no VARIANT_* type given"
 #endif
+
+// ---- Wide-load unit dots for the decode GEMV (mm.comp) ----
+// dot32(row, u, x) = sum over the 32 values 32u .. 32u+31 of a weight row times x[0..31] (x as 8
+// vec4). Block types only (their rows hold whole blocks of 32 or 256 values). Each invocation reads
+// its unit's bytes as 4-byte words (one 16-byte load where the type's blocks sit on 16 bytes: Q4_K,
+// Q5_K), never byte by byte, and applies each block or sub-block scale once to its sum. A word is
+// read only if one of the unit's bytes lies in it, so no load reaches past the tensor's last word.
+#if !defined(PLAIN_TYPE)
+#define HAVE_DOT32 1
+layout(buffer_reference, std430, buffer_reference_align = 4) buffer WU32 { uint v[]; };
+layout(buffer_reference, std430, buffer_reference_align = 16) buffer WU4 { uvec4 v[]; };
+
+// bits s .. s+31 of the 64-bit value hi:lo (0 <= s < 64)
+uint fsh(uint lo, uint hi, uint s) { return uint(packUint2x32(uvec2(lo, hi)) >> s); }
+// the 16 bytes at any byte address a: four aligned 4-byte loads, five where a is not 4-aligned
+uvec4 ld16w(uint64_t a) {
+  WU32 p = WU32(a & ~3ul);
+  const uint s = uint(a & 3ul) * 8u;
+  const uint w0 = p.v[0], w1 = p.v[1], w2 = p.v[2], w3 = p.v[3];
+  uint w4 = 0u;
+  if (s != 0u) w4 = p.v[4];
+  return uvec4(fsh(w0, w1, s), fsh(w1, w2, s), fsh(w2, w3, s), fsh(w3, w4, s));
+}
+// the 4 bytes at any byte address a: one aligned 4-byte load, two where a is not 4-aligned
+uint ld4w(uint64_t a) {
+  WU32 p = WU32(a & ~3ul);
+  const uint s = uint(a & 3ul) * 8u;
+  uint w1 = 0u;
+  if (s != 0u) w1 = p.v[1];
+  return fsh(p.v[0], w1, s);
+}
+// the same with one 16-byte load where a is 16-aligned (types whose blocks all share an alignment,
+// so the branch is uniform)
+uvec4 ld16(uint64_t a) {
+  if ((a & 15ul) == 0ul) return WU4(a).v[0];
+  return ld16w(a);
+}
+// the 2 bytes at an even address as one 16-bit load (block types' f16 fields; bytes if odd)
+uint ld2(uint64_t a) {
+  if ((a & 1ul) == 0ul) return uint(U16(a).v[0]);
+  return u16at(a, 0u);
+}
+// 4 low nibbles / signed bytes / 4 bits of the 4 bytes of a word, as a vec4
+vec4 nib4(uint w) { return vec4((uvec4(w, w >> 8, w >> 16, w >> 24)) & 15u); }
+vec4 sb4(uint w) { return vec4(ivec4(int(w << 24) >> 24, int(w << 16) >> 24, int(w << 8) >> 24, int(w) >> 24)); }
+vec4 bits4(uint w, uint o) { return vec4((uvec4(w) >> (uvec4(0u, 1u, 2u, 3u) + o)) & 1u); }  // bits o .. o+3
+vec4 bit4(uint w, uint j) { return vec4((uvec4(w, w >> 8, w >> 16, w >> 24) >> j) & 1u); }
+float hsum(vec4 v) { return dot(v, vec4(1.0)); }
+#endif
+
+#if defined(VARIANT_MXFP4)
+// doubled E2M1 magnitudes 0 1 2 3 4 6 8 12 as nibbles of one constant; bit 3 is the sign
+float e2m1x2(uint c) {
+  const float m = float((0xC8643210u >> ((c & 7u) * 4u)) & 15u);
+  return (c & 8u) != 0u ? -m : m;
+}
+vec4 mx4(uint w) { return vec4(e2m1x2(w & 15u), e2m1x2((w >> 8) & 15u), e2m1x2((w >> 16) & 15u), e2m1x2((w >> 24) & 15u)); }
+float dot32(uint64_t row, uint u, vec4 x[8]) {
+  // 17 bytes from any byte alignment: always the five words that hold them
+  const uint64_t a = row + uint64_t(u) * 17ul;
+  WU32 p = WU32(a & ~3ul);
+  const uint s = uint(a & 3ul) * 8u;
+  const uint w0 = p.v[0], w1 = p.v[1], w2 = p.v[2], w3 = p.v[3], w4 = p.v[4];
+  const uint e = (w0 >> s) & 255u;
+  const uint q[4] = uint[4](fsh(w0, w1, s + 8u), fsh(w1, w2, s + 8u), fsh(w2, w3, s + 8u), fsh(w3, w4, s + 8u));
+  float sum = 0.0;
+  for (uint i = 0u; i < 4u; ++i) sum += dot(mx4(q[i]), x[i]) + dot(mx4(q[i] >> 4), x[i + 4u]);
+  return sum * uintBitsToFloat(e < 2u ? (0x00200000u << e) : ((e - 1u) << 23));
+}
+#elif defined(VARIANT_Q8_0)
+float dot32(uint64_t row, uint u, vec4 x[8]) {
+  const uint64_t a = row + uint64_t(u) * 34ul;
+  const uvec4 q0 = ld16w(a + 2ul), q1 = ld16w(a + 18ul);
+  const uint q[8] = uint[8](q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w);
+  float sum = 0.0;
+  for (uint i = 0u; i < 8u; ++i) sum += dot(sb4(q[i]), x[i]);
+  return half_bits(ld2(a)) * sum;
+}
+#elif defined(VARIANT_Q4_0)
+float dot32(uint64_t row, uint u, vec4 x[8]) {
+  const uint64_t a = row + uint64_t(u) * 18ul;
+  const uvec4 qv = ld16w(a + 2ul);
+  const uint q[4] = uint[4](qv.x, qv.y, qv.z, qv.w);
+  float sum = 0.0;
+  for (uint i = 0u; i < 4u; ++i) sum += dot(nib4(q[i]) - 8.0, x[i]) + dot(nib4(q[i] >> 4) - 8.0, x[i + 4u]);
+  return half_bits(ld2(a)) * sum;
+}
+#elif defined(VARIANT_Q5_0) || defined(VARIANT_Q5_1)
+float dot32(uint64_t row, uint u, vec4 x[8]) {
+#if defined(VARIANT_Q5_0)
+  const uint64_t a = row + uint64_t(u) * 22ul;
+  const uint QH = 2u;
+#else
+  const uint64_t a = row + uint64_t(u) * 24ul;
+  const uint QH = 4u;
+#endif
+  // qh (4 bytes) and qs (16) in 20 bytes from QH: one 16-byte load and the last word
+  const uvec4 hv = ld16w(a + uint64_t(QH));
+  const uint qh = hv.x;
+  const uint q[4] = uint[4](hv.y, hv.z, hv.w, ld4w(a + uint64_t(QH) + 16ul));
+  float sum = 0.0;
+  for (uint i = 0u; i < 4u; ++i)
+    sum += dot(nib4(q[i]) + 16.0 * bits4(qh, 4u * i), x[i]) + dot(nib4(q[i] >> 4) + 16.0 * bits4(qh, 16u + 4u * i), x[i + 4u]);
+  const float d = half_bits(ld2(a));
+#if defined(VARIANT_Q5_0)
+  float xs = 0.0;
+  for (uint i = 0u; i < 8u; ++i) xs += hsum(x[i]);
+  return d * (sum - 16.0 * xs);
+#else
+  float xs = 0.0;
+  for (uint i = 0u; i < 8u; ++i) xs += hsum(x[i]);
+  return d * sum + half_bits(ld2(a + 2ul)) * xs;
+#endif
+}
+#elif defined(VARIANT_Q4_K) || defined(VARIANT_Q5_K)
+// unit j of a super-block = sub-block j: chunk j/2, low (j even) or high (odd) nibbles of its 32 bytes
+float dot32(uint64_t row, uint u, vec4 x[8]) {
+#if defined(VARIANT_Q4_K)
+  const uint64_t blk = row + uint64_t(u / 8u) * 144ul;
+  const uint QS = 16u;
+#else
+  const uint64_t blk = row + uint64_t(u / 8u) * 176ul;
+  const uint QS = 48u;
+#endif
+  const uint j = u % 8u, c = j / 2u, sh = 4u * (j % 2u);
+  const uvec4 h = ld16(blk);  // d, dmin, scales[12]
+  // scale_min_k4: byte k of scales is byte k % 4 of word 1 + k / 4 of the header
+  const uint sj = (h[1u + j / 4u] >> (8u * (j % 4u))) & 255u;
+  const uint sj4 = (h[1u + (j + 4u) / 4u] >> (8u * (j % 4u))) & 255u;
+  uint sc, mn;
+  if (j < 4u) {
+    sc = sj & 63u;
+    mn = sj4 & 63u;
+  } else {
+    const uint sjm4 = (h[1u + (j - 4u) / 4u] >> (8u * (j % 4u))) & 255u;
+    sc = (sj4 & 15u) | ((sjm4 >> 6) << 4);
+    mn = (sj4 >> 4) | ((sj >> 6) << 4);
+  }
+  const uvec4 q0 = ld16(blk + uint64_t(QS + 32u * c)), q1 = ld16(blk + uint64_t(QS + 32u * c + 16u));
+  const uint q[8] = uint[8](q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w);
+#if defined(VARIANT_Q5_K)
+  const uvec4 h0 = ld16(blk + 16ul), h1 = ld16(blk + 32ul);
+  const uint qh[8] = uint[8](h0.x, h0.y, h0.z, h0.w, h1.x, h1.y, h1.z, h1.w);
+#endif
+  float sum = 0.0, xs = 0.0;
+  for (uint i = 0u; i < 8u; ++i) {
+#if defined(VARIANT_Q5_K)
+    sum += dot(nib4(q[i] >> sh) + 16.0 * bit4(qh[i], j), x[i]);
+#else
+    sum += dot(nib4(q[i] >> sh), x[i]);
+#endif
+    xs += hsum(x[i]);
+  }
+  const vec2 dm = unpackHalf2x16(h.x);
+  return dm.x * float(sc) * sum - dm.y * float(mn) * xs;
+}
+#elif defined(VARIANT_Q6_K)
+// unit: half h = j / 4, run = j % 4 of the super-block: 32 bytes of ql (nibble run / 2), 32 of qh
+// (bits 2 run), two signed scales (elements 0-15, 16-31)
+float dot32(uint64_t row, uint u, vec4 x[8]) {
+  const uint64_t blk = row + uint64_t(u / 8u) * 210ul;
+  const uint j = u % 8u, hf_ = j / 4u, run = j % 4u;
+  const uint64_t ql = blk + uint64_t(hf_ * 64u + (run & 1u) * 32u), qh = blk + uint64_t(128u + hf_ * 32u);
+  const uvec4 l0 = ld16w(ql), l1 = ld16w(ql + 16ul), h0 = ld16w(qh), h1 = ld16w(qh + 16ul);
+  const uint lo[8] = uint[8](l0.x, l0.y, l0.z, l0.w, l1.x, l1.y, l1.z, l1.w);
+  const uint hi[8] = uint[8](h0.x, h0.y, h0.z, h0.w, h1.x, h1.y, h1.z, h1.w);
+  const uint lsh = 4u * (run >> 1), hsh = 2u * run;
+  float s0 = 0.0, s1 = 0.0;
+  for (uint i = 0u; i < 8u; ++i) {
+    const vec4 q = nib4(lo[i] >> lsh) + 16.0 * vec4((uvec4(hi[i], hi[i] >> 8, hi[i] >> 16, hi[i] >> 24) >> hsh) & 3u) - 32.0;
+    if (i < 4u) s0 += dot(q, x[i]); else s1 += dot(q, x[i]);
+  }
+  const uint sc = ld2(blk + uint64_t(192u + hf_ * 8u + 2u * run));
+  return half_bits(ld2(blk + 208ul)) * (float(int(sc << 24) >> 24) * s0 + float(int(sc << 16) >> 24) * s1);
+}
+#elif defined(VARIANT_Q2_K) || defined(VARIANT_Q3_K)
+// unit j: elements 32j .. 32j+31: 2-bit levels from 32 bytes of qs (half j / 4, shift 2 (j % 4)),
+// sub-blocks 2j and 2j+1; Q3_K: bit j of the 32 hmask bytes clear = level - 4
+float dot32(uint64_t row, uint u, vec4 x[8]) {
+#if defined(VARIANT_Q2_K)
+  const uint64_t blk = row + uint64_t(u / 8u) * 84ul;
+  const uint QS = 16u;
+#else
+  const uint64_t blk = row + uint64_t(u / 8u) * 110ul;
+  const uint QS = 32u;
+#endif
+  const uint j = u % 8u, sh = 2u * (j % 4u);
+  const uint64_t qa = blk + uint64_t(QS + 32u * (j / 4u));
+  const uvec4 q0 = ld16w(qa), q1 = ld16w(qa + 16ul);
+  const uint q[8] = uint[8](q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w);
+#if defined(VARIANT_Q3_K)
+  const uvec4 m0 = ld16w(blk), m1 = ld16w(blk + 16ul);
+  const uint hm[8] = uint[8](m0.x, m0.y, m0.z, m0.w, m1.x, m1.y, m1.z, m1.w);
+#endif
+  float s0 = 0.0, s1 = 0.0, x0 = 0.0, x1 = 0.0;
+  for (uint i = 0u; i < 8u; ++i) {
+    vec4 l = vec4((uvec4(q[i], q[i] >> 8, q[i] >> 16, q[i] >> 24) >> sh) & 3u);
+#if defined(VARIANT_Q3_K)
+    l -= 4.0 * (1.0 - bit4(hm[i], j));
+#endif
+    if (i < 4u) {
+      s0 += dot(l, x[i]);
+      x0 += hsum(x[i]);
+    } else {
+      s1 += dot(l, x[i]);
+      x1 += hsum(x[i]);
+    }
+  }
+#if defined(VARIANT_Q2_K)
+  const uint sc = ld2(blk + uint64_t(2u * j));  // scales[2j], scales[2j+1]
+  const uint dd = ld2(blk + 80ul) | (ld2(blk + 82ul) << 16);
+  const vec2 dm = unpackHalf2x16(dd);
+  return dm.x * (float(sc & 15u) * s0 + float((sc >> 8) & 15u) * s1) -
+         dm.y * (float((sc >> 4) & 15u) * x0 + float((sc >> 12) & 15u) * x1);
+#else
+  // scales[12] and d are the 14 bytes at 96: read as the 16 bytes at 94 (inside the block)
+  const uvec4 t = ld16w(blk + 94ul);
+  float r = 0.0;
+  for (uint k = 0u; k < 2u; ++k) {
+    const uint sb = 2u * j + k;
+    const uint b_lo = 2u + (sb < 8u ? sb : sb - 8u), b_hi = 2u + 8u + sb % 4u;
+    const uint lo = ((t[b_lo / 4u] >> (8u * (b_lo % 4u))) >> (sb < 8u ? 0u : 4u)) & 15u;
+    const uint hi = ((t[b_hi / 4u] >> (8u * (b_hi % 4u))) >> (2u * (sb / 4u))) & 3u;
+    r += float(int(lo | (hi << 4)) - 32) * (k == 0u ? s0 : s1);
+  }
+  return half_bits(t.w >> 16) * r;
+#endif
+}
+#elif defined(VARIANT_IQ4_XS)
+float dot32(uint64_t row, uint u, vec4 x[8]) {
+  const uint64_t blk = row + uint64_t(u / 8u) * 136ul;
+  const uint ib = u % 8u;
+  const uvec4 h = ld16w(blk);  // d, scales_h, scales_l[4], the first 8 bytes of qs
+  const uint ls = ((h.y >> (4u * ib)) & 15u) | (((h.x >> (16u + 2u * ib)) & 3u) << 4);
+  const uvec4 qv = ld16w(blk + uint64_t(8u + 16u * ib));
+  const uint q[4] = uint[4](qv.x, qv.y, qv.z, qv.w);
+  float sum = 0.0;
+  for (uint i = 0u; i < 4u; ++i) {
+    const uvec4 lo = uvec4(q[i], q[i] >> 8, q[i] >> 16, q[i] >> 24) & 15u;
+    const uvec4 hi = uvec4(q[i] >> 4, q[i] >> 12, q[i] >> 20, q[i] >> 28) & 15u;
+    sum += dot(vec4(KV_IQ4NL[lo.x], KV_IQ4NL[lo.y], KV_IQ4NL[lo.z], KV_IQ4NL[lo.w]), x[i]) +
+           dot(vec4(KV_IQ4NL[hi.x], KV_IQ4NL[hi.y], KV_IQ4NL[hi.z], KV_IQ4NL[hi.w]), x[i + 4u]);
+  }
+  return unpackHalf2x16(h.x).x * float(int(ls) - 32) * sum;
+}
+#endif

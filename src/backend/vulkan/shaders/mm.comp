@@ -4,10 +4,15 @@
 // slices (z = head: slice z of a stacked weight) or routed experts (sel != 0: slot z uses slice
 // sel[z] and input row z / x_div).
 // VARIANT_SG (the _sg pipelines, used where the device has subgroup arithmetic): each subgroup
-// takes its own weight row (64 / subgroup size rows per workgroup: 2 at 32 lanes, 8 on lavapipe),
-// its lanes split the row into 8-value chunks and subgroupAdd reduces them; no shared memory, no
-// barrier. Rows are walked with a grid stride, so any workgroup count covers them.
+// takes NR = 2 weight rows at a time (2 NR rows per workgroup at 32 lanes, 8 NR on lavapipe), its
+// lanes split the rows into units and subgroupAdd reduces them: no shared memory, no barrier. Rows
+// are walked with a grid stride, so any workgroup count covers them.
 // Portable: 64 threads on one weight row, a shared-memory tree reduction.
+// Units: block types (HAVE_DOT32) go by 32 values (a block, or an eighth of a K-quant super-block):
+// each lane reads its unit's bytes with 4- or 16-byte loads (dot32, dequant.glsl) and the 32
+// activations of a token as 8 vec4 (where the token rows sit on 16 bytes), used for all NR rows;
+// one pass per token of the tile (decode: one). Plain types go by 8 values (dq8, 16-byte loads
+// where aligned), each decoded once for the tile's tokens.
 #version 460
 #include "common.glsl"
 #include "dequant.glsl"
@@ -15,6 +20,7 @@
 #extension GL_KHR_shader_subgroup_arithmetic : require
 #extension GL_KHR_shader_subgroup_basic : require
 #endif
+#extension GL_EXT_control_flow_attributes : require
 
 layout(local_size_x = 64) in;
 layout(push_constant) uniform PC {
@@ -27,8 +33,25 @@ layout(push_constant) uniform PC {
 } pc;
 
 const uint TT = 8u;
-#if !defined(VARIANT_SG)
+#if defined(VARIANT_SG)
+const uint NR = 2u;  // rows per subgroup (vulkan_backend.cpp sizes the dispatch by it)
+#else
+const uint NR = 1u;
 shared float red[TT][64];
+#endif
+layout(buffer_reference, std430, buffer_reference_align = 16) buffer XF4 { vec4 v[]; };
+
+#if defined(HAVE_DOT32)
+// the 32 activations at float address a (16-byte loads where al: the token rows sit on 16 bytes)
+void ldx32(uint64_t a, bool al, out vec4 xv[8]) {
+  if (al) {
+    XF4 p = XF4(a);
+    [[unroll]] for (uint i = 0u; i < 8u; ++i) xv[i] = p.v[i];
+  } else {
+    F32 p = F32(a);
+    [[unroll]] for (uint i = 0u; i < 8u; ++i) xv[i] = vec4(p.v[4u * i], p.v[4u * i + 1u], p.v[4u * i + 2u], p.v[4u * i + 3u]);
+  }
+}
 #endif
 
 void main() {
@@ -49,65 +72,100 @@ void main() {
     xoff = uint64_t(z) * pc.x_batch;
   }
   yoff = uint64_t(z) * pc.y_batch;
-  const uint nchunk = pc.cols / 8u;
+  const uint64_t x0 = pc.x + 4ul * (xoff + uint64_t(t0) * pc.ldx);  // the tile's first token row
 #if defined(VARIANT_SG)
   const uint lane = gl_SubgroupInvocationID, lanes = gl_SubgroupSize;
-  for (uint r = gl_WorkGroupID.x * gl_NumSubgroups + gl_SubgroupID; r < pc.rows; r += gl_NumWorkGroups.x * gl_NumSubgroups) {
-    const uint64_t row = wbase + uint64_t(r) * pc.row_bytes;
-    float acc[TT];
-    for (uint t = 0u; t < TT; ++t) acc[t] = 0.0;
-    for (uint c = lane; !skip && c < nchunk; c += lanes) {
-      float v[8];
-      dq8(row, c, v);
-      for (uint t = 0u; t < nt; ++t) {
-        F32 xv = F32(pc.x + 4ul * (xoff + uint64_t(t0 + t) * pc.ldx + uint64_t(c) * 8ul));
-        float s = 0.0;
-        for (uint i = 0u; i < 8u; ++i) s += v[i] * xv.v[i];
-        acc[t] += s;
-      }
-    }
-#if defined(PLAIN_TYPE)
-    for (uint j = nchunk * 8u + lane; !skip && j < pc.cols; j += lanes) {
-      const float wv = dq1(row, j);
-      for (uint t = 0u; t < nt; ++t) acc[t] += wv * F32(pc.x + 4ul * (xoff + uint64_t(t0 + t) * pc.ldx + j)).v[0];
-    }
-#endif
-    for (uint t = 0u; t < TT; ++t) {
-      const float sum = subgroupAdd(acc[t]);
-      if (t < nt && subgroupElect()) F32(pc.y + 4ul * (yoff + uint64_t(t0 + t) * pc.ldy + r)).v[0] = sum;
-    }
-  }
+  const uint first = (gl_WorkGroupID.x * gl_NumSubgroups + gl_SubgroupID) * NR, step = gl_NumWorkGroups.x * gl_NumSubgroups * NR;
 #else
-  for (uint r = gl_WorkGroupID.x; r < pc.rows; r += gl_NumWorkGroups.x) {
-    const uint64_t row = wbase + uint64_t(r) * pc.row_bytes;
-    float acc[TT];
-    for (uint t = 0u; t < TT; ++t) acc[t] = 0.0;
-    for (uint c = tid; !skip && c < nchunk; c += 64u) {
-      float v[8];
-      dq8(row, c, v);
-      for (uint t = 0u; t < nt; ++t) {
-        const uint64_t xa = pc.x + 4ul * (xoff + uint64_t(t0 + t) * pc.ldx + uint64_t(c) * 8ul);
-        F32 xv = F32(xa);
-        float s = 0.0;
-        for (uint i = 0u; i < 8u; ++i) s += v[i] * xv.v[i];
-        acc[t] += s;
-      }
-    }
-#if defined(PLAIN_TYPE)
-    for (uint j = nchunk * 8u + tid; !skip && j < pc.cols; j += 64u) {  // tail of a row whose length is not a multiple of 8
-      const float wv = dq1(row, j);
-      for (uint t = 0u; t < nt; ++t) acc[t] += wv * F32(pc.x + 4ul * (xoff + uint64_t(t0 + t) * pc.ldx + j)).v[0];
-    }
+  const uint lane = tid, lanes = 64u;
+  const uint first = gl_WorkGroupID.x, step = gl_NumWorkGroups.x;
 #endif
-    for (uint t = 0u; t < TT; ++t) red[t][tid] = acc[t];
+#if defined(HAVE_DOT32)
+  // block types: one pass over the rows per token (the rows' bytes come from the cache after the
+  // first), the token's 32 activations of a unit loaded once for the NR rows
+  const bool al = (x0 & 15ul) == 0ul && (pc.ldx & 3u) == 0u;
+  const uint nunit = pc.cols / 32u;
+  for (uint r0 = first; r0 < pc.rows; r0 += step) {
+    const uint nr = min(NR, pc.rows - r0);
+    for (uint t = 0u; t < nt; ++t) {
+      const uint64_t xt = x0 + 4ul * uint64_t(t) * pc.ldx;
+      float acc[NR];
+      [[unroll]] for (uint k = 0u; k < NR; ++k) acc[k] = 0.0;
+      for (uint u = lane; !skip && u < nunit; u += lanes) {
+        vec4 xv[8];
+        ldx32(xt + 128ul * uint64_t(u), al, xv);
+        [[unroll]] for (uint k = 0u; k < NR; ++k)
+          if (k < nr) acc[k] += dot32(wbase + uint64_t(r0 + k) * pc.row_bytes, u, xv);
+      }
+#if defined(VARIANT_SG)
+      [[unroll]] for (uint k = 0u; k < NR; ++k) {
+        const float sum = subgroupAdd(acc[k]);
+        if (k < nr && subgroupElect()) F32(pc.y + 4ul * (yoff + uint64_t(t0 + t) * pc.ldy + r0 + k)).v[0] = sum;
+      }
+#else
+      red[t][tid] = acc[0];
+#endif
+    }
+#if !defined(VARIANT_SG)
     barrier();
     for (uint s = 32u; s > 0u; s >>= 1) {
       if (tid < s)
         for (uint t = 0u; t < TT; ++t) red[t][tid] += red[t][tid + s];
       barrier();
     }
-    if (tid < nt) F32(pc.y + 4ul * (yoff + uint64_t(t0 + tid) * pc.ldy + r)).v[0] = red[tid][0];
+    if (tid < nt) F32(pc.y + 4ul * (yoff + uint64_t(t0 + tid) * pc.ldy + r0)).v[0] = red[tid][0];
     barrier();
+#endif
+  }
+#else
+  // plain types: each 8-value chunk decoded once for the tile's tokens
+  for (uint r0 = first; r0 < pc.rows; r0 += step) {
+    const uint nr = min(NR, pc.rows - r0);
+    float acc[TT][NR];
+    [[unroll]] for (uint t = 0u; t < TT; ++t)
+      [[unroll]] for (uint k = 0u; k < NR; ++k) acc[t][k] = 0.0;
+    const uint nchunk = pc.cols / 8u;
+    [[unroll]] for (uint k = 0u; k < NR; ++k) {
+      if (k >= nr) break;
+      const uint64_t row = wbase + uint64_t(r0 + k) * pc.row_bytes;
+      for (uint c = lane; !skip && c < nchunk; c += lanes) {
+        float v[8];
+        dq8(row, c, v);
+        [[unroll]] for (uint t = 0u; t < TT; ++t) {
+          if (t >= nt) break;
+          F32 xv = F32(x0 + 4ul * (uint64_t(t) * pc.ldx + uint64_t(c) * 8ul));
+          float s = 0.0;
+          for (uint i = 0u; i < 8u; ++i) s += v[i] * xv.v[i];
+          acc[t][k] += s;
+        }
+      }
+      for (uint j = nchunk * 8u + lane; !skip && j < pc.cols; j += lanes) {  // tail of a row whose length is not a multiple of 8
+        const float wv = dq1(row, j);
+        [[unroll]] for (uint t = 0u; t < TT; ++t) {
+          if (t >= nt) break;
+          acc[t][k] += wv * F32(x0 + 4ul * (uint64_t(t) * pc.ldx + j)).v[0];
+        }
+      }
+    }
+#if defined(VARIANT_SG)
+    [[unroll]] for (uint t = 0u; t < TT; ++t) {
+      if (t >= nt) break;
+      [[unroll]] for (uint k = 0u; k < NR; ++k) {
+        const float sum = subgroupAdd(acc[t][k]);
+        if (k < nr && subgroupElect()) F32(pc.y + 4ul * (yoff + uint64_t(t0 + t) * pc.ldy + r0 + k)).v[0] = sum;
+      }
+    }
+#else
+    [[unroll]] for (uint t = 0u; t < TT; ++t) red[t][tid] = acc[t][0];
+    barrier();
+    for (uint s = 32u; s > 0u; s >>= 1) {
+      if (tid < s)
+        for (uint t = 0u; t < TT; ++t) red[t][tid] += red[t][tid + s];
+      barrier();
+    }
+    if (tid < nt) F32(pc.y + 4ul * (yoff + uint64_t(t0 + tid) * pc.ldy + r0)).v[0] = red[tid][0];
+    barrier();
+#endif
   }
 #endif
 }

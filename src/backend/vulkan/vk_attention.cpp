@@ -125,11 +125,15 @@ void VulkanBackend::indexer_scores(const CacheRows& keys, int32_t seq, const flo
   }
   check(seq >= 0 && n_visible <= keys.n_ctx, "vulkan: indexer_scores sequence {} with {} visible rows ({} in the cache)",
         seq, n_visible, keys.n_ctx);
+  // the visible rows change every decode step: staged with the group counts (an indirect dispatch),
+  // so that the command buffer stays the same (vk_runtime.h, replay)
+  const uint32_t dyn_host[4] = {groups((n_visible + 63) / 64), 1, 1, u32(n_visible, "visible rows")};
+  const uint64_t dyn = rt_.stage(dyn_host, sizeof(dyn_host));
   struct {
-    uint64_t keys, q, w, scores;
-    uint32_t DI, HI, nvis, f16, h_first, h_end, accumulate;
-  } pc{dev_addr(keys.row(seq, 0)), dev_addr(q), dev_addr(w), dev_addr(scores), u32(keys.width, "key width"),
-       u32(n_heads, "indexer heads"), u32(n_visible, "visible rows"), keys.f16 ? 1u : 0u, 0, 0, 0};
+    uint64_t keys, q, w, scores, dyn;
+    uint32_t DI, HI, f16, h_first, h_end, accumulate;
+  } pc{dev_addr(keys.row(seq, 0)), dev_addr(q), dev_addr(w), dev_addr(scores), dyn, u32(keys.width, "key width"),
+       u32(n_heads, "indexer heads"), keys.f16 ? 1u : 0u, 0, 0, 0};
   // head blocks (64 heads) per dispatch: all on a GPU; within the loop budget on a cpu device
   const int64_t blocks = (n_heads + 63) / 64;
   int64_t per = blocks;
@@ -143,7 +147,7 @@ void VulkanBackend::indexer_scores(const CacheRows& keys, int32_t seq, const flo
     pc.h_first = static_cast<uint32_t>(b * 64);
     pc.h_end = static_cast<uint32_t>(std::min(n_heads, (b + per) * 64));
     pc.accumulate = b > 0 ? 1u : 0u;
-    rt_.dispatch(pipe("indexer_scores"), &pc, sizeof(pc), groups((n_visible + 63) / 64));
+    rt_.dispatch_indirect(pipe("indexer_scores"), &pc, sizeof(pc), dyn);
   }
 }
 
@@ -157,11 +161,10 @@ void VulkanBackend::indexer_topk(const float* scores, int64_t n, int64_t k, int3
   // topk.comp loops ~6 n / 256 + 1300 times per invocation: within a cpu device's loop limit
   check(rt_.info().type != "cpu" || n <= (int64_t{1} << 21),
         "vulkan: indexer_topk over {} scores exceeds this cpu device's loop limit (at most 2^21)", n);
+  const uint32_t dyn[2] = {static_cast<uint32_t>(n), static_cast<uint32_t>(std::min(k, n))};  // staged: see indexer_scores
   struct {
-    uint64_t scores, sel, sel_n;
-    uint32_t n, k;
-  } pc{dev_addr(scores), dev_addr(sel), dev_addr(sel_n), static_cast<uint32_t>(n),
-       static_cast<uint32_t>(std::min(k, n))};
+    uint64_t scores, sel, sel_n, dyn;
+  } pc{dev_addr(scores), dev_addr(sel), dev_addr(sel_n), rt_.stage(dyn, sizeof(dyn))};
   rt_.dispatch(pipe("topk"), &pc, sizeof(pc), 1);
 }
 

@@ -3,6 +3,9 @@
 #include "backend/vulkan/vk_runtime.h"
 
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include "backend/vulkan/vk_shaders.h"
@@ -176,15 +179,23 @@ Runtime::Runtime(uint32_t index) {
   pci.flags = VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT;
   pci.queueFamilyIndex = qfam_;
   vk_check(vkCreateCommandPool(dev_, &pci, nullptr, &pool_), "vkCreateCommandPool");
-  for (Slot& sl : slots_) {
+  for (Entry& e : entries_) {
     VkCommandBufferAllocateInfo cai{VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO};
     cai.commandPool = pool_;
     cai.level = VK_COMMAND_BUFFER_LEVEL_PRIMARY;
     cai.commandBufferCount = 1;
-    vk_check(vkAllocateCommandBuffers(dev_, &cai, &sl.cb), "vkAllocateCommandBuffers");
-    VkFenceCreateInfo fci{VK_STRUCTURE_TYPE_FENCE_CREATE_INFO};
-    vk_check(vkCreateFence(dev_, &fci, nullptr, &sl.fence), "vkCreateFence");
+    vk_check(vkAllocateCommandBuffers(dev_, &cai, &e.cb), "vkAllocateCommandBuffers");
   }
+  for (Fence& f : fences_) {
+    VkFenceCreateInfo fci{VK_STRUCTURE_TYPE_FENCE_CREATE_INFO};
+    vk_check(vkCreateFence(dev_, &fci, nullptr, &f.fence), "vkCreateFence");
+  }
+  tape_.reserve(1u << 16);
+  if (const char* r = std::getenv("KIMI_VULKAN_REPLAY")) {
+    check(std::strcmp(r, "0") == 0 || std::strcmp(r, "1") == 0, "KIMI_VULKAN_REPLAY='{}': expected 0 or 1", r);
+    replay_ = std::strcmp(r, "1") == 0;
+  }
+  if (const char* d = std::getenv("KIMI_VULKAN_TAPE_DEBUG")) debug_tape_ = std::strcmp(d, "1") == 0;
 
   // one layout for every shader: 128 bytes of push constants (the minimum every device has)
   VkPushConstantRange pcr{VK_SHADER_STAGE_COMPUTE_BIT, 0, 128};
@@ -211,8 +222,8 @@ Runtime::~Runtime() {
     for (auto& [n, m] : modules_) vkDestroyShaderModule(dev_, m, nullptr);
     if (cache_) vkDestroyPipelineCache(dev_, cache_, nullptr);
     if (layout_) vkDestroyPipelineLayout(dev_, layout_, nullptr);
-    for (Slot& sl : slots_)
-      if (sl.fence) vkDestroyFence(dev_, sl.fence, nullptr);
+    for (Fence& f : fences_)
+      if (f.fence) vkDestroyFence(dev_, f.fence, nullptr);
     if (pool_) vkDestroyCommandPool(dev_, pool_, nullptr);
     vkDestroyDevice(dev_, nullptr);
   }
@@ -240,7 +251,8 @@ Runtime::Alloc Runtime::make_buffer(uint64_t bytes, bool host_visible, const cha
   VkBufferCreateInfo bci{VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO};
   bci.size = bytes;
   bci.usage = VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_SHADER_DEVICE_ADDRESS_BIT |
-              VK_BUFFER_USAGE_TRANSFER_SRC_BIT | VK_BUFFER_USAGE_TRANSFER_DST_BIT;
+              VK_BUFFER_USAGE_TRANSFER_SRC_BIT | VK_BUFFER_USAGE_TRANSFER_DST_BIT |
+              (host_visible ? VK_BUFFER_USAGE_INDIRECT_BUFFER_BIT : 0);
   bci.sharingMode = VK_SHARING_MODE_EXCLUSIVE;
   vk_check(vkCreateBuffer(dev_, &bci, nullptr, &a.buf), "vkCreateBuffer");
   VkMemoryRequirements req;
@@ -285,6 +297,7 @@ void Runtime::free(const Alloc& a) {
   auto it = allocs_.find(a.addr);
   if (it == allocs_.end()) return;
   sync();  // recorded work may still use it
+  drop_cache();  // and cached command buffers may reference it
   vkDestroyBuffer(dev_, it->second.buf, nullptr);
   vkFreeMemory(dev_, it->second.mem, nullptr);
   device_bytes_ -= it->second.bytes;
@@ -302,61 +315,190 @@ const Runtime::Alloc& Runtime::resolve(uint64_t addr, uint64_t bytes, uint64_t* 
   return a;
 }
 
-// ---- command stream ----
+// ---- command stream: the tape, submission, replay ----
 
-void Runtime::begin_if_needed() {
-  if (recording_) return;
-  Slot& sl = slots_[cur_];
-  if (sl.in_flight) {  // the rotation came back to a command buffer the device may still run
-    vk_check(vkWaitForFences(dev_, 1, &sl.fence, VK_TRUE, UINT64_MAX), "vkWaitForFences");
-    vk_check(vkResetFences(dev_, 1, &sl.fence), "vkResetFences");
-    sl.in_flight = false;
-  }
-  vk_check(vkResetCommandBuffer(sl.cb, 0), "vkResetCommandBuffer");
-  cmd_ = sl.cb;
-  VkCommandBufferBeginInfo bi{VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO};
-  bi.flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT;
-  vk_check(vkBeginCommandBuffer(cmd_, &bi), "vkBeginCommandBuffer");
-  recording_ = true;
-  barrier();  // after everything submitted earlier (its first scope spans earlier submissions)
+namespace {
+
+enum TapeOp : uint64_t { kDispatch = 1, kIndirect = 2, kCopy = 3, kFill = 4 };
+
+// non-dispatchable handles as tape words (a pointer on 64-bit targets, uint64_t on 32-bit ones)
+template <class H>
+uint64_t hword(H h) {
+  static_assert(sizeof(H) <= 8, "handle");
+  uint64_t u = 0;
+  std::memcpy(&u, &h, sizeof(H));
+  return u;
+}
+template <class H>
+H hof(uint64_t u) {
+  H h;
+  std::memcpy(&h, &u, sizeof(H));
+  return h;
 }
 
-void Runtime::barrier() {
+// words of the record starting at t[i]
+size_t record_words(const uint64_t* t) {
+  const uint64_t op = t[0] & 0xFF, push_words = (t[0] >> 8 & 0xFF) / 8 + ((t[0] >> 8 & 7) ? 1 : 0);
+  switch (op) {
+    case kDispatch: return 4 + push_words;
+    case kIndirect: return 3 + push_words;
+    case kCopy: return 6;
+    default: return 4;
+  }
+}
+
+}  // namespace
+
+void Runtime::barrier(VkCommandBuffer cb) {
   VkMemoryBarrier mb{VK_STRUCTURE_TYPE_MEMORY_BARRIER};
   mb.srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_WRITE_BIT | VK_ACCESS_HOST_WRITE_BIT;
   mb.dstAccessMask = VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_READ_BIT |
-                     VK_ACCESS_TRANSFER_WRITE_BIT;
-  vkCmdPipelineBarrier(cmd_, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT,
-                       VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT, 0, 1, &mb, 0, nullptr, 0,
-                       nullptr);
+                     VK_ACCESS_TRANSFER_WRITE_BIT | VK_ACCESS_INDIRECT_COMMAND_READ_BIT;
+  vkCmdPipelineBarrier(cb, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT,
+                       VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT |
+                           VK_PIPELINE_STAGE_DRAW_INDIRECT_BIT,
+                       0, 1, &mb, 0, nullptr, 0, nullptr);
+}
+
+void Runtime::record(VkCommandBuffer cb, bool reusable) {
+  vk_check(vkResetCommandBuffer(cb, 0), "vkResetCommandBuffer");
+  VkCommandBufferBeginInfo bi{VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO};
+  bi.flags = reusable ? 0 : VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT;
+  vk_check(vkBeginCommandBuffer(cb, &bi), "vkBeginCommandBuffer");
+  barrier(cb);  // after everything submitted earlier (its first scope spans earlier submissions)
+  const uint64_t* t = tape_.data();
+  for (size_t i = 0; i < tape_.size(); i += record_words(t + i)) {
+    const uint64_t* r = t + i;
+    const uint32_t push_bytes = static_cast<uint32_t>(r[0] >> 8 & 0xFF);
+    switch (r[0] & 0xFF) {
+      case kDispatch:
+        vkCmdBindPipeline(cb, VK_PIPELINE_BIND_POINT_COMPUTE, hof<VkPipeline>(r[1]));
+        vkCmdPushConstants(cb, layout_, VK_SHADER_STAGE_COMPUTE_BIT, 0, push_bytes, r + 4);
+        vkCmdDispatch(cb, static_cast<uint32_t>(r[2]), static_cast<uint32_t>(r[2] >> 32), static_cast<uint32_t>(r[3]));
+        break;
+      case kIndirect:
+        vkCmdBindPipeline(cb, VK_PIPELINE_BIND_POINT_COMPUTE, hof<VkPipeline>(r[1]));
+        vkCmdPushConstants(cb, layout_, VK_SHADER_STAGE_COMPUTE_BIT, 0, push_bytes, r + 3);
+        vkCmdDispatchIndirect(cb, ring_.buf, r[2]);
+        break;
+      case kCopy: {
+        VkBufferCopy c{r[3], r[4], r[5]};
+        vkCmdCopyBuffer(cb, hof<::VkBuffer>(r[1]), hof<::VkBuffer>(r[2]), 1, &c);
+        break;
+      }
+      case kFill: vkCmdFillBuffer(cb, hof<::VkBuffer>(r[1]), r[2], r[3], 0); break;
+    }
+    barrier(cb);
+  }
+  vk_check(vkEndCommandBuffer(cb), "vkEndCommandBuffer");
+}
+
+void Runtime::wait_fence(int f) {
+  Fence& fe = fences_[f];
+  if (!fe.in_flight) return;
+  vk_check(vkWaitForFences(dev_, 1, &fe.fence, VK_TRUE, UINT64_MAX), "vkWaitForFences");
+  vk_check(vkResetFences(dev_, 1, &fe.fence), "vkResetFences");
+  fe.in_flight = false;
+  // a vkQueueSubmit fence also covers every earlier submission to the queue
+  done_serial_ = std::max(done_serial_, fe.serial);
+}
+
+bool Runtime::complete(uint64_t serial) {
+  if (serial <= done_serial_) return true;
+  for (int f = 0; f < kFences; ++f)
+    if (fences_[f].in_flight && fences_[f].serial >= serial && vkGetFenceStatus(dev_, fences_[f].fence) == VK_SUCCESS) {
+      wait_fence(f);
+      return true;
+    }
+  return serial <= done_serial_;
+}
+
+void Runtime::drop_cache() {
+  for (Entry& e : entries_) e.cached = false;
 }
 
 void Runtime::submit(bool wait) {
-  if (recording_) {
-    vk_check(vkEndCommandBuffer(cmd_), "vkEndCommandBuffer");
-    recording_ = false;
-    if (pending_) {
-      Slot& sl = slots_[cur_];
-      VkSubmitInfo si{VK_STRUCTURE_TYPE_SUBMIT_INFO};
-      si.commandBufferCount = 1;
-      si.pCommandBuffers = &sl.cb;
-      vk_check(vkQueueSubmit(queue_, 1, &si, sl.fence), "vkQueueSubmit");
-      sl.in_flight = true;
-      ++submits_;
-      cur_ = (cur_ + 1) % kSlots;
+  if (!tape_.empty()) {
+    const int f = next_fence_;  // the oldest submission's fence: free it first
+    wait_fence(f);
+    Entry* use = nullptr;
+    if (replay_)
+      for (Entry& e : entries_)
+        if (e.cached && e.hash == tape_hash_ && e.tape.size() == tape_.size() &&
+            std::memcmp(e.tape.data(), tape_.data(), tape_.size() * 8) == 0 && complete(e.serial)) {
+          use = &e;
+          break;
+        }
+    if (use) {
+      ++replayed_;
+    } else {
+      if (debug_tape_ && replay_) report_mismatch();
+      // the least recently used command buffer the device is done with, uncached ones first
+      for (Entry& e : entries_) {
+        if (!complete(e.serial)) continue;
+        if (!use || (use->cached && !e.cached) || (use->cached == e.cached && e.used < use->used)) use = &e;
+      }
+      check(use != nullptr, "vulkan: no free command buffer ({} in flight at most)", kFences);
+      const auto t0 = std::chrono::steady_clock::now();
+      record(use->cb, replay_);
+      record_ns_ += static_cast<uint64_t>(
+          std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
+      ++recorded_;
+      use->cached = replay_;
+      if (replay_) {
+        use->tape.assign(tape_.begin(), tape_.end());
+        use->hash = tape_hash_;
+      }
     }
-    pending_ = false;  // an empty command buffer is not submitted: begin_if_needed resets it
+    VkSubmitInfo si{VK_STRUCTURE_TYPE_SUBMIT_INFO};
+    si.commandBufferCount = 1;
+    si.pCommandBuffers = &use->cb;
+    vk_check(vkQueueSubmit(queue_, 1, &si, fences_[f].fence), "vkQueueSubmit");
+    use->serial = use->used = ++serial_;
+    fences_[f].in_flight = true;
+    fences_[f].serial = serial_;
+    next_fence_ = (f + 1) % kFences;
+    ++submits_;
+    tape_.clear();
+    tape_hash_ = kHashSeed;
   }
   if (!wait) return;
-  // the oldest submission first (the queue runs them in order)
-  for (int i = 1; i <= kSlots; ++i) {
-    Slot& sl = slots_[(cur_ + i) % kSlots];
-    if (!sl.in_flight) continue;
-    vk_check(vkWaitForFences(dev_, 1, &sl.fence, VK_TRUE, UINT64_MAX), "vkWaitForFences");
-    vk_check(vkResetFences(dev_, 1, &sl.fence), "vkResetFences");
-    sl.in_flight = false;
-  }
+  for (int i = 0; i < kFences; ++i) wait_fence((next_fence_ + i) % kFences);  // oldest first
   ring_head_ = 0;  // nothing in flight reads the ring any more
+}
+
+void Runtime::report_mismatch() const {
+  // the cached tape closest to this one: the most recently used of the same length, else any
+  const Entry* best = nullptr;
+  for (const Entry& e : entries_)
+    if (e.cached && (!best || (e.tape.size() == tape_.size()) > (best->tape.size() == tape_.size()) ||
+                     ((e.tape.size() == tape_.size()) == (best->tape.size() == tape_.size()) && e.used > best->used)))
+      best = &e;
+  if (!best) {
+    std::fprintf(stderr, "vulkan tape: %zu words recorded (nothing cached)\n", tape_.size());
+    return;
+  }
+  size_t i = 0, rec = 0;
+  while (i < tape_.size() && i < best->tape.size()) {
+    const size_t n = record_words(tape_.data() + i);
+    if (n != record_words(best->tape.data() + i) || i + n > best->tape.size() ||
+        std::memcmp(tape_.data() + i, best->tape.data() + i, n * 8) != 0) {
+      size_t w = 0;
+      while (w < n && tape_[i + w] == best->tape[i + w]) ++w;
+      const uint64_t op = tape_[i] & 0xFF;
+      auto it = op <= kIndirect ? pipe_names_.find(tape_[i + 1]) : pipe_names_.end();
+      std::fprintf(stderr, "vulkan tape: %zu words vs cached %zu: record %zu (op %llu %s) differs at word %zu: %#llx vs %#llx\n",
+                   tape_.size(), best->tape.size(), rec, static_cast<unsigned long long>(op),
+                   it != pipe_names_.end() ? it->second.c_str() : "", w,
+                   static_cast<unsigned long long>(w < n ? tape_[i + w] : 0),
+                   static_cast<unsigned long long>(w < n && i + w < best->tape.size() ? best->tape[i + w] : 0));
+      return;
+    }
+    i += n;
+    ++rec;
+  }
+  std::fprintf(stderr, "vulkan tape: %zu words vs cached %zu: equal for the first %zu records\n", tape_.size(),
+               best->tape.size(), rec);
 }
 
 void Runtime::sync() { submit(true); }
@@ -365,6 +507,8 @@ void Runtime::flush() { submit(false); }
 void Runtime::destroy(Pipeline& p) {
   if (!p.pipe) return;
   submit_and_wait();
+  drop_cache();
+  pipe_names_.erase(hword(p.pipe));
   vkDestroyPipeline(dev_, p.pipe, nullptr);
   p.pipe = VK_NULL_HANDLE;
 }
@@ -387,41 +531,69 @@ VkPipeline Runtime::pipeline_for(Pipeline& p) {
   ci.stage.pName = "main";
   ci.layout = layout_;
   vk_check(vkCreateComputePipelines(dev_, cache_, 1, &ci, nullptr, &p.pipe), "vkCreateComputePipelines");
+  pipe_names_[hword(p.pipe)] = p.shader;
   return p.pipe;
+}
+
+void Runtime::put(uint64_t w) {
+  tape_.push_back(w);
+  tape_hash_ = (tape_hash_ ^ w) * 0x9E3779B97F4A7C15ull;
+  tape_hash_ ^= tape_hash_ >> 29;
+}
+
+void Runtime::put_push(const void* push, uint32_t push_bytes) {
+  for (uint32_t o = 0; o < push_bytes; o += 8) {
+    uint64_t w = 0;
+    std::memcpy(&w, static_cast<const uint8_t*>(push) + o, std::min<uint32_t>(8, push_bytes - o));
+    put(w);
+  }
 }
 
 void Runtime::dispatch(Pipeline& p, const void* push, uint32_t push_bytes, uint32_t gx, uint32_t gy, uint32_t gz) {
   if (gx == 0 || gy == 0 || gz == 0) return;
   check(push_bytes <= 128, "vulkan: {} push constants exceed 128 bytes", p.shader);
   const VkPipeline pipe = pipeline_for(p);
-  begin_if_needed();
-  vkCmdBindPipeline(cmd_, VK_PIPELINE_BIND_POINT_COMPUTE, pipe);
-  vkCmdPushConstants(cmd_, layout_, VK_SHADER_STAGE_COMPUTE_BIT, 0, push_bytes, push);
-  vkCmdDispatch(cmd_, gx, gy, gz);
-  barrier();
-  pending_ = true;
+  put(kDispatch | uint64_t{push_bytes} << 8);
+  put(hword(pipe));
+  put(uint64_t{gx} | uint64_t{gy} << 32);
+  put(gz);
+  put_push(push, push_bytes);
+}
+
+void Runtime::dispatch_indirect(Pipeline& p, const void* push, uint32_t push_bytes, uint64_t args) {
+  check(push_bytes <= 128, "vulkan: {} push constants exceed 128 bytes", p.shader);
+  check(args >= ring_.addr && args + 12 <= ring_.addr + ring_.bytes && args % 4 == 0,
+        "vulkan: {}: indirect group counts at {:#x} are not staged", p.shader, args);
+  const VkPipeline pipe = pipeline_for(p);
+  put(kIndirect | uint64_t{push_bytes} << 8);
+  put(hword(pipe));
+  put(args - ring_.addr);
+  put_push(push, push_bytes);
 }
 
 void Runtime::copy(uint64_t dst, uint64_t src, uint64_t bytes) {
   if (bytes == 0 || dst == src) return;
   uint64_t so = 0, dof = 0;
-  const Alloc& s = src == ring_.addr || (src > ring_.addr && src < ring_.addr + ring_.bytes) ? ring_ : resolve(src, bytes, &so);
+  const Alloc& s = src >= ring_.addr && src < ring_.addr + ring_.bytes ? ring_ : resolve(src, bytes, &so);
   if (&s == &ring_) so = src - ring_.addr;
   const Alloc& d = resolve(dst, bytes, &dof);
-  begin_if_needed();
-  VkBufferCopy r{so, dof, bytes};
-  vkCmdCopyBuffer(cmd_, s.buf, d.buf, 1, &r);
-  barrier();
-  pending_ = true;
+  put(kCopy);
+  put(hword(s.buf));
+  put(hword(d.buf));
+  put(so);
+  put(dof);
+  put(bytes);
 }
 
 void Runtime::fill_zero(uint64_t dst, uint64_t bytes) {
   if (bytes == 0) return;
   uint64_t off = 0;
   const Alloc& d = resolve(dst, bytes, &off);
-  begin_if_needed();
   if (off % 4 == 0 && bytes % 4 == 0) {
-    vkCmdFillBuffer(cmd_, d.buf, off, bytes, 0);
+    put(kFill);
+    put(hword(d.buf));
+    put(off);
+    put(bytes);
   } else {  // unaligned: copy zeros from the ring
     uint64_t done = 0;
     while (done < bytes) {
@@ -429,20 +601,17 @@ void Runtime::fill_zero(uint64_t dst, uint64_t bytes) {
       std::vector<uint8_t> z;  // rare path (odd-sized f16 rows): not used by the forward pass
       z.assign(part, 0);
       const uint64_t at = stage(z.data(), part);
-      begin_if_needed();
-      VkBufferCopy r{at - ring_.addr, off + done, part};
-      vkCmdCopyBuffer(cmd_, ring_.buf, d.buf, 1, &r);
+      copy(dst + done, at, part);
       done += part;
     }
   }
-  barrier();
-  pending_ = true;
 }
 
 void Runtime::reserve_staging(uint64_t bytes) {
   bytes = std::max<uint64_t>(bytes, 1u << 20);
   if (ring_.buf && ring_.bytes >= bytes) return;
   sync();
+  drop_cache();
   if (ring_.buf) {
     vkDestroyBuffer(dev_, ring_.buf, nullptr);
     vkFreeMemory(dev_, ring_.mem, nullptr);
@@ -482,10 +651,12 @@ void Runtime::download(void* host, uint64_t src, uint64_t bytes) {
     const Alloc& s = resolve(src + done, part, &so);
     if (ring_head_ + part > ring_.bytes) submit_and_wait();
     const uint64_t at = ring_head_;
-    begin_if_needed();
-    VkBufferCopy r{so, at, part};
-    vkCmdCopyBuffer(cmd_, s.buf, ring_.buf, 1, &r);
-    pending_ = true;
+    put(kCopy);
+    put(hword(s.buf));
+    put(hword(ring_.buf));
+    put(so);
+    put(at);
+    put(part);
     submit_and_wait();
     std::memcpy(h + done, static_cast<const uint8_t*>(ring_.mapped) + at, part);
     done += part;

@@ -9,16 +9,30 @@
 // 128 MiB; a tensor or cache bigger than that is read directly). The limit that remains is the
 // size of one allocation (maxMemoryAllocationSize / maxBufferSize), checked with a clear error.
 //
-// Ordering. Ops, copies, uploads and fills are recorded in issue order into a command buffer
-// with a full compute/transfer barrier between them (and one at the start of every command
-// buffer, which orders it after everything submitted before it on the queue). flush() submits
-// what is recorded without waiting: recording goes on in the next of kSlots command buffers, each
-// with its fence, while the device runs the earlier ones. download and sync submit and wait for
-// everything in flight; so does a full staging ring. Host data that an op reads (the micro-batch,
-// an upload) is copied into a host-visible staging ring first, so the caller's memory may change
-// right after the call; the ring is written front to back and restarts at its beginning only when
-// nothing in flight can still read it (everything submitted has completed). Nothing is allocated
-// per op: the ring and the command buffers are reused.
+// Ordering. Ops, copies, uploads and fills are issued in order; a full compute/transfer barrier
+// separates them (and one starts every command buffer, which orders it after everything submitted
+// before it on the queue). flush() submits what is issued without waiting, so the host can issue
+// the next ops while the device runs; download and sync submit and wait for everything in flight;
+// so does a full staging ring. Host data that an op reads (the micro-batch, an upload) is copied
+// into a host-visible staging ring first, so the caller's memory may change right after the call;
+// the ring is written front to back and restarts at its beginning only when nothing in flight can
+// still read it (everything submitted has completed).
+//
+// The tape and replay. An op is not recorded into a command buffer at once: it is appended to the
+// tape, a flat list of 64-bit words holding exactly what the command buffer would get (pipeline,
+// push-constant bytes, group counts or the staged address of indirect counts, copy and fill
+// regions). At submit the tape is compared with the tapes of the command buffers recorded before
+// (a hash, then the whole words); on a match the cached command buffer is submitted again (the
+// commands it holds are those the tape describes, so it equals a fresh recording), otherwise the
+// tape is recorded into a free command buffer, which is kept for the next match. A decode step
+// starts on an idle runtime, so the ring restarts at the same offset, staged addresses repeat and
+// steps of one shape give the same tape: the new inputs are in the ring, the command buffer is
+// replayed. What changes per step is staged data (positions, visible-row counts read by the
+// shaders; group counts read by vkCmdDispatchIndirect), never the tape, except where a shape
+// really changes (attention's chunk splits every 64 positions). Freeing a buffer or a pipeline drops
+// every cached command buffer (they may reference it). KIMI_VULKAN_REPLAY=0 records every
+// submission fresh (the A/B switch); the results are the same bits either way. Nothing is
+// allocated per op: the ring, the tape and the command buffers are reused.
 #pragma once
 #include <vulkan/vulkan.h>
 
@@ -80,6 +94,9 @@ class Runtime {
 
   // ---- command stream (in issue order) ----
   void dispatch(Pipeline& p, const void* push, uint32_t push_bytes, uint32_t gx, uint32_t gy = 1, uint32_t gz = 1);
+  // a dispatch whose group counts are 3 uint32 at `args`, a staged address (stage()): they may
+  // change from step to step without changing the tape
+  void dispatch_indirect(Pipeline& p, const void* push, uint32_t push_bytes, uint64_t args);
   void copy(uint64_t dst, uint64_t src, uint64_t bytes);
   void fill_zero(uint64_t dst, uint64_t bytes);
   void upload(uint64_t dst, const void* host, uint64_t bytes);
@@ -97,12 +114,23 @@ class Runtime {
   uint64_t bytes_to_device() const { return to_dev_; }
   uint64_t bytes_from_device() const { return from_dev_; }
   uint64_t submits() const { return submits_; }
+  // command buffers recorded from the tape, and cached ones submitted again (replayed)
+  uint64_t recorded() const { return recorded_; }
+  uint64_t replayed() const { return replayed_; }
+  double record_seconds() const { return record_ns_ * 1e-9; }  // host time spent recording them
+  bool replay_enabled() const { return replay_; }
 
  private:
-  void begin_if_needed();
-  void barrier();
-  void submit(bool wait);  // end and submit the recording command buffer; wait: for all in flight
+  void barrier(VkCommandBuffer cb);
+  void submit(bool wait);  // submit the tape; wait: for everything in flight
   void submit_and_wait() { submit(true); }
+  void put(uint64_t w);  // a tape word (and the running hash)
+  void put_push(const void* push, uint32_t push_bytes);
+  void record(VkCommandBuffer cb, bool reusable);  // the tape into cb
+  bool complete(uint64_t serial);                  // submission `serial` has finished (no wait)
+  void wait_fence(int f);
+  void drop_cache();  // cached command buffers may reference something freed
+  void report_mismatch() const;
   VkPipeline pipeline_for(Pipeline& p);
   uint32_t find_memory(uint32_t type_bits, VkMemoryPropertyFlags want, VkMemoryPropertyFlags avoid) const;
   Alloc make_buffer(uint64_t bytes, bool host_visible, const char* what);
@@ -114,21 +142,37 @@ class Runtime {
   VkQueue queue_ = VK_NULL_HANDLE;
   uint32_t qfam_ = 0;
   VkCommandPool pool_ = VK_NULL_HANDLE;
-  static constexpr int kSlots = 3;  // command buffers in rotation (recording + in flight)
-  struct Slot {
-    VkCommandBuffer cb = VK_NULL_HANDLE;
+  // submissions in flight at most (each with its fence); command buffers: kept for replay or free
+  static constexpr int kFences = 3;
+  static constexpr int kEntries = 24;
+  struct Fence {
     VkFence fence = VK_NULL_HANDLE;
     bool in_flight = false;
+    uint64_t serial = 0;  // the submission it signals
   };
-  Slot slots_[kSlots];
-  int cur_ = 0;                       // the slot being recorded
-  VkCommandBuffer cmd_ = VK_NULL_HANDLE;  // slots_[cur_].cb while recording
+  struct Entry {
+    VkCommandBuffer cb = VK_NULL_HANDLE;
+    std::vector<uint64_t> tape;  // what cb holds, when cached
+    uint64_t hash = 0;
+    bool cached = false;
+    uint64_t serial = 0;  // its last submission
+    uint64_t used = 0;    // for least-recently-used reuse
+  };
+  Fence fences_[kFences];
+  int next_fence_ = 0;
+  Entry entries_[kEntries];
+  uint64_t serial_ = 0, done_serial_ = 0;  // last submission, last one known complete
+  std::vector<uint64_t> tape_;             // the ops issued since the last submit
+  static constexpr uint64_t kHashSeed = 0x6a09e667f3bcc908ull;
+  uint64_t tape_hash_ = kHashSeed;
+  bool replay_ = true;
+  bool debug_tape_ = false;  // KIMI_VULKAN_TAPE_DEBUG=1: why a tape was not replayed (stderr)
+  std::map<uint64_t, std::string> pipe_names_;  // for that report
+  uint64_t recorded_ = 0, replayed_ = 0, record_ns_ = 0;
   VkPipelineLayout layout_ = VK_NULL_HANDLE;
   VkPipelineCache cache_ = VK_NULL_HANDLE;
   std::map<std::string, VkShaderModule> modules_;
   VkPhysicalDeviceMemoryProperties memprops_{};
-  bool recording_ = false;
-  bool pending_ = false;  // commands recorded since the last submit
 
   std::map<uint64_t, Alloc> allocs_;  // by device address
   uint64_t device_bytes_ = 0;

@@ -75,6 +75,9 @@ BackendStats VulkanBackend::stats() const {
   s.device_bytes = rt_.device_bytes();
   s.weight_bytes = weight_bytes_;
   s.submits = rt_.submits();
+  s.cmd_recorded = rt_.recorded();
+  s.cmd_replayed = rt_.replayed();
+  s.record_seconds = rt_.record_seconds();
   return s;
 }
 

@@ -7,7 +7,9 @@
 // edges). Per position, the head sum runs over each thread's 8 heads, then over the 8 head
 // groups in order, then over the head blocks in order (a later dispatch of more head blocks
 // continues the sums in memory: the host splits very wide heads x dims products on a cpu device,
-// whose invocations may loop only 65535 times). Keys are f16 or f32 rows of DI elements.
+// whose invocations may loop only 65535 times). Keys are f16 or f32 rows of DI elements. The
+// visible-row count and the group counts (an indirect dispatch) are staged data, not push constants,
+// so that decode steps replay one command buffer (vk_runtime.h).
 #version 460
 #include "common.glsl"
 
@@ -18,7 +20,8 @@
 layout(local_size_x = 64) in;
 layout(push_constant) uniform PC {
   uint64_t keys, q, w, scores;
-  uint DI, HI, nvis, f16;
+  uint64_t dyn;  // staged: the dispatch's group counts (3 uints), then the visible rows
+  uint DI, HI, f16;
   uint h_first, h_end;  // this dispatch's heads (a multiple of TH, and the end)
   uint accumulate;      // 1: add to the scores an earlier dispatch wrote (later heads)
 } pc;
@@ -31,9 +34,10 @@ void main() {
   const uint tid = gl_LocalInvocationID.x, tp = tid >> 3u, th = tid & 7u;
   F32 q = F32(pc.q);
   F32 w = F32(pc.w);
-  for (uint s0 = gl_WorkGroupID.x * TP; s0 < pc.nvis; s0 += gl_NumWorkGroups.x * TP) {
+  const uint nvis = uint(I32(pc.dyn).v[3]);  // from memory: a step's count never changes the command buffer
+  for (uint s0 = gl_WorkGroupID.x * TP; s0 < nvis; s0 += gl_NumWorkGroups.x * TP) {
     float total = 0.0;  // position s0 + tid
-    if (pc.accumulate != 0u && s0 + tid < pc.nvis) total = F32(pc.scores).v[s0 + tid];
+    if (pc.accumulate != 0u && s0 + tid < nvis) total = F32(pc.scores).v[s0 + tid];
     for (uint h0 = pc.h_first; h0 < pc.h_end; h0 += TH) {
       float d[8][8];
       for (uint i = 0u; i < 8u; ++i)
@@ -43,7 +47,7 @@ void main() {
         for (uint e = tid; e < TP * KB; e += 64u) {
           const uint r = e / KB, kk = e % KB, s = s0 + r, k = k0 + kk;
           float kv = 0.0;
-          if (s < pc.nvis && k < pc.DI) {
+          if (s < nvis && k < pc.DI) {
             const uint64_t at = uint64_t(s) * pc.DI + k;
             kv = pc.f16 != 0u ? f16_at(pc.keys + 2ul * at) : F32(pc.keys + 4ul * at).v[0];
           }
@@ -73,6 +77,6 @@ void main() {
       barrier();
       for (uint g = 0u; g < 8u; ++g) total += red[g][tid];
     }
-    if (s0 + tid < pc.nvis) F32(pc.scores).v[s0 + tid] = total;
+    if (s0 + tid < nvis) F32(pc.scores).v[s0 + tid] = total;
   }
 }

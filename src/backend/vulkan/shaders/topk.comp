@@ -16,7 +16,7 @@
 layout(local_size_x = 256) in;
 layout(push_constant) uniform PC {
   uint64_t scores, sel, sel_n;
-  uint n, k;
+  uint64_t dyn;  // staged n, k (data, not push constants: decode steps replay one command buffer)
 } pc;
 
 shared uint hist[256];
@@ -33,17 +33,18 @@ uint key_of(float x) {
 
 void main() {
   const uint tid = gl_LocalInvocationID.x;
+  const uint N = uint(I32(pc.dyn).v[0]), K = uint(I32(pc.dyn).v[1]);
   F32 sc = F32(pc.scores);
   if (tid == 0u) {
     s_prefix = 0u;
-    s_rem = pc.k;
+    s_rem = K;
   }
   for (int shift = 24; shift >= 0; shift -= 8) {
     hist[tid] = 0u;  // NT == 256 bins
     barrier();
     const uint prefix = s_prefix;
     const uint hi_mask = shift == 24 ? 0u : ~((1u << uint(shift + 8)) - 1u);
-    for (uint i = tid; i < pc.n; i += NT) {
+    for (uint i = tid; i < N; i += NT) {
       const uint u = key_of(sc.v[i]);
       if ((u & hi_mask) == prefix) atomicAdd(hist[(u >> uint(shift)) & 255u], 1u);
     }
@@ -63,8 +64,8 @@ void main() {
     barrier();
   }
   const uint T = s_prefix, rem = s_rem;
-  const uint seg = (pc.n + NT - 1u) / NT;
-  const uint b0 = min(pc.n, tid * seg), b1 = min(pc.n, b0 + seg);
+  const uint seg = (N + NT - 1u) / NT;
+  const uint b0 = min(N, tid * seg), b1 = min(N, b0 + seg);
   uint gt = 0u, eq = 0u;
   for (uint i = b0; i < b1; ++i) {
     const uint u = key_of(sc.v[i]);
@@ -97,5 +98,5 @@ void main() {
     }
     if (take) out_sel.v[o++] = int(i);
   }
-  if (tid == 0u) I32(pc.sel_n).v[0] = int(pc.k);
+  if (tid == 0u) I32(pc.sel_n).v[0] = int(K);
 }

@@ -86,13 +86,10 @@ ExpertOffload::ExpertOffload(const Model& m, Backend& dev, Backend& host, const 
     check(chunk_ >= 1, "--moe-offload-pool {}: holds no expert (two halves of at least {} each)",
           format_bytes(uint64_t(o.pool_bytes)), format_bytes(half_bytes(1)));
   } else {
+    // 1/8 of the free memory; 4 GiB when the backend does not say how much it has
     const uint64_t cap = dev.memory_capacity(), used = dev.stats().device_bytes;
-    if (cap == 0) {
-      chunk_ = E_;
-    } else {
-      const uint64_t budget = cap > used ? (cap - used) / 8 : 0;
-      chunk_ = std::min<int64_t>(E_, int64_t(budget / (2 * (expert_bytes_ + 3 * kAlign))));
-    }
+    const uint64_t budget = cap == 0 ? uint64_t(4) << 30 : cap > used ? (cap - used) / 8 : 0;
+    chunk_ = std::min<int64_t>(E_, int64_t(budget / (2 * (expert_bytes_ + 3 * kAlign))));
     if (chunk_ < 1) {
       plan_ = head + ": off (no room on the device for the pool of two experts; --moe-offload-pool)";
       return;

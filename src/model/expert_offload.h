@@ -33,8 +33,8 @@ struct ExpertOffloadOptions {
   enum class Mode { Off, Auto, On };
   Mode mode = Mode::Auto;     // auto: when the measured rates say the device is faster; on: always
   int64_t min_tokens = 0;     // smallest micro-batch offloaded (>= 2); 0 = 32 x experts / experts used
-  int64_t pool_bytes = -1;    // the device pool (both halves); -1 = auto: 1/8 of the device's free memory,
-                              // at most two halves of every expert of a layer
+  int64_t pool_bytes = -1;    // the device pool (both halves); -1 = auto: 1/8 of the device's free memory
+                              // (4 GiB when it does not say), at most two halves of every expert of a layer
 };
 
 // The rates the choice is made with, measured by a probe when the context is made (auto mode).

@@ -70,6 +70,13 @@ int cmd_serve(int argc, char** argv) {
   app.add_flag("-q,--quiet", o.quiet, "no log line per generation request");
   app.add_option("--grace", o.grace_s, "shutdown grace period in seconds")->check(CLI::NonNegativeNumber);
   if (int rc = kimi::app::parse_engine_cli(app, argc, argv); rc >= 0) return rc;
+  // SIGINT/SIGTERM are handled by a dedicated thread (blocked everywhere else: set before any thread starts,
+  // the accelerators' driver threads included, or a signal may land on one of them and end the process at once)
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
   o.sched.prompt_cache = !no_cache;
   o.sched.cache_ram = cache_ram_mib < 0 ? kimi::server::default_prompt_cache_ram() : uint64_t(cache_ram_mib) << 20;
   o.sched.cache_disk = uint64_t(cache_disk_mib) << 20;
@@ -87,6 +94,7 @@ int cmd_serve(int argc, char** argv) {
   o.collective = kimi::app::collective();
   o.split_mode = kimi::app::split_mode(ea);
   o.extra_backends = kimi::app::open_accelerators(ea);
+  o.stream = kimi::app::stream_options(ea);
   o.fixed_seed = app.count("--seed") > 0;
   o.verbose = ea.verbose;
   o.load_in_background = true;  // bound first: /health says 503 "loading model" until it is loaded
@@ -97,12 +105,6 @@ int cmd_serve(int argc, char** argv) {
     std::fflush(stdout);
   };
 
-  // SIGINT/SIGTERM are handled by a dedicated thread (blocked everywhere else)
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGINT);
-  sigaddset(&set, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &set, nullptr);
 #if !defined(_WIN32)  // Windows has no SIGPIPE (a send to a closed socket fails with an error)
   std::signal(SIGPIPE, SIG_IGN);
 #endif

@@ -278,7 +278,7 @@ void add_engine_options(CLI::App& app, EngineArgs& a, const EngineSpec& spec) {
   app.add_option("--gpu-experts", a.gpu_experts,
                  "hybrid mode (--cpu-moe / --n-cpu-moe with an accelerator): keep the N most-picked routed experts of "
                  "each such layer on the accelerator too and run their picks there (auto: as many as fit in its free "
-                 "memory); the picks come from --expert-counts")
+                 "memory); ranked by --expert-counts and the picks counted while running (--expert-rerank)")
       ->check(CLI::Validator(
           [](std::string& v) -> std::string {
             if (v == "auto" || (!v.empty() && v.size() < 7 && v.find_first_not_of("0123456789") == std::string::npos))
@@ -288,8 +288,16 @@ void add_engine_options(CLI::App& app, EngineArgs& a, const EngineSpec& spec) {
           "N|auto", "experts"))
       ->capture_default_str();
   app.add_option("--expert-counts", a.expert_counts,
-                 "an imatrix file of this model (kimi imatrix): its per-expert token counts rank the experts "
-                 "--gpu-experts keeps");
+                 "an imatrix file of this model (kimi imatrix, or --expert-counts-out): its per-expert token counts "
+                 "rank the experts --gpu-experts keeps first (without it: counted while running)");
+  app.add_option("--expert-rerank", a.expert_rerank,
+                 "--gpu-experts: re-rank the resident experts by the picks counted so far every N tokens (the first "
+                 "after 64, then doubling up to N), re-uploading only the experts that changed; 0 = never")
+      ->check(CLI::Range(int64_t(0), int64_t(1) << 40))
+      ->capture_default_str();
+  app.add_option("--expert-counts-out", a.expert_counts_out,
+                 "--gpu-experts: write the per-expert pick counts (the starting counts plus the picks seen) to FILE "
+                 "when the program ends, as an imatrix file --expert-counts reads");
   app.add_option("--hybrid-overlap", a.hybrid_overlap,
                  "hybrid mode: the accelerator runs each MoE layer's shared and hot experts while the CPU runs its "
                  "routed experts (off: one after the other; the results are the same)")
@@ -354,30 +362,38 @@ ContextOptions context_options(const EngineArgs& a, int n_ctx, int n_batch) {
   o.precision = a.precision == "f32" ? Precision::F32 : Precision::Fast;
   o.cache_type = a.cache_type == "f32" ? CacheType::F32 : CacheType::F16;
   o.indexer_int8 = a.indexer_int8;
-  o.stream.offload.mode = a.moe_offload == "on"    ? ExpertOffloadOptions::Mode::On
-                          : a.moe_offload == "off" ? ExpertOffloadOptions::Mode::Off
-                                                   : ExpertOffloadOptions::Mode::Auto;
-  o.stream.offload.min_tokens = a.moe_offload_min;
-  o.stream.offload.pool_bytes = a.moe_offload_pool == "auto" ? -1 : parse_mem_budget(a.moe_offload_pool);
   o.placement = placement_rules(a);
   o.collective = collective();
   o.split_mode = split_mode(a);
   o.extra_backends = open_accelerators(a);
-  o.stream.budget_bytes = parse_mem_budget(a.mem_budget);
-  o.stream.mode = a.stream_mode == "madvise" ? StreamMode::Madvise : StreamMode::Pread;
-  o.stream.io_threads = a.stream_threads;
-  o.stream.hot = hot_expert_options(a);
-  o.stream.hybrid_overlap = a.hybrid_overlap != "off";
+  o.stream = stream_options(a);
   return o;
+}
+
+ExpertStreamOptions stream_options(const EngineArgs& a) {
+  ExpertStreamOptions s;
+  s.offload.mode = a.moe_offload == "on"    ? ExpertOffloadOptions::Mode::On
+                   : a.moe_offload == "off" ? ExpertOffloadOptions::Mode::Off
+                                            : ExpertOffloadOptions::Mode::Auto;
+  s.offload.min_tokens = a.moe_offload_min;
+  s.offload.pool_bytes = a.moe_offload_pool == "auto" ? -1 : parse_mem_budget(a.moe_offload_pool);
+  s.budget_bytes = parse_mem_budget(a.mem_budget);
+  s.mode = a.stream_mode == "madvise" ? StreamMode::Madvise : StreamMode::Pread;
+  s.io_threads = a.stream_threads;
+  s.hot = hot_expert_options(a);
+  s.hybrid_overlap = a.hybrid_overlap != "off";
+  return s;
 }
 
 HotExpertOptions hot_expert_options(const EngineArgs& a) {
   HotExpertOptions h;
   h.per_layer = a.gpu_experts == "auto" ? -1 : std::stoll(a.gpu_experts);
+  check(h.per_layer != 0 || a.expert_counts_out.empty(),
+        "--expert-counts-out: needs --gpu-experts N|auto (the hot experts count the picks)");
   if (h.per_layer == 0) return h;
-  check(!a.expert_counts.empty(),
-        "--gpu-experts {}: needs --expert-counts FILE (the per-expert counts of a `kimi imatrix` run of this model)",
-        a.gpu_experts);
+  h.rerank_tokens = a.expert_rerank;
+  h.counts_out = a.expert_counts_out;
+  if (a.expert_counts.empty()) return h;  // counted while running, from zero
   imatrix::Data d;
   try {
     d = imatrix::Data::load(a.expert_counts);

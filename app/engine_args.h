@@ -62,6 +62,8 @@ struct EngineArgs {
   std::string gpu_experts = "0";               // --gpu-experts N|auto
   std::string expert_counts;                   // --expert-counts FILE (an imatrix's per-expert counts)
   std::string hybrid_overlap = "on";           // --hybrid-overlap on|off (model/moe.cpp)
+  int64_t expert_rerank = 1024;                // --expert-rerank N: tokens between re-rankings (0 = never)
+  std::string expert_counts_out;               // --expert-counts-out FILE: the counts at exit (imatrix format)
 };
 
 // What differs between the commands that take EngineArgs.
@@ -107,6 +109,9 @@ int64_t parse_mem_budget(const std::string& s);
 
 // --gpu-experts / --expert-counts -> the hot experts' options (reads the imatrix file); kimi::Error for a bad file.
 HotExpertOptions hot_expert_options(const EngineArgs& a);
+// The routed experts' options (ContextOptions::stream): --mem-budget, --stream-*, --moe-offload*, the hot experts,
+// --hybrid-overlap; kimi::Error as hot_expert_options.
+ExpertStreamOptions stream_options(const EngineArgs& a);
 
 // The backends this build has, in device order (index 0 is the host CPU).
 const std::vector<std::string>& compiled_devices();

@@ -3,9 +3,11 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <new>
 
+#include "io/imatrix.h"
 #include "util/error.h"
 #include "util/file_read.h"
 #include "util/progress.h"
@@ -50,6 +52,8 @@ ExpertStreamStats ExpertStreamStats::minus(const ExpertStreamStats& o) const {
   d.wait_s -= o.wait_s;
   d.hot_picks -= o.hot_picks;
   d.host_picks -= o.host_picks;
+  d.hot_reranks -= o.hot_reranks;
+  d.hot_reloads -= o.hot_reloads;
   d.offload_steps -= o.offload_steps;
   d.offload_declined -= o.offload_declined;
   d.offload_picks -= o.offload_picks;
@@ -68,6 +72,8 @@ void ExpertStreamStats::add(const ExpertStreamStats& o) {
   wait_s += o.wait_s;
   hot_picks += o.hot_picks;
   host_picks += o.host_picks;
+  hot_reranks += o.hot_reranks;
+  hot_reloads += o.hot_reloads;
   offload_steps += o.offload_steps;
   offload_declined += o.offload_declined;
   offload_picks += o.offload_picks;
@@ -78,8 +84,10 @@ void ExpertStreamStats::add(const ExpertStreamStats& o) {
 }
 
 std::string ExpertStreamStats::hot_summary() const {
-  return fmt::format("routed expert picks on {} ({} resident experts per layer): {:.1f} % ({} of {})", hot_device,
-                     hot_per_layer, 100.0 * hot_share(), hot_picks, hot_picks + host_picks);
+  std::string s = fmt::format("routed expert picks on {} ({} resident experts per layer): {:.1f} % ({} of {})", hot_device,
+                              hot_per_layer, 100.0 * hot_share(), hot_picks, hot_picks + host_picks);
+  if (hot_reranks) s += fmt::format(", re-ranked {} times ({} experts re-uploaded)", hot_reranks, hot_reloads);
+  return s;
 }
 
 std::string ExpertStreamStats::summary(double wall_s) const {
@@ -100,19 +108,22 @@ std::string ExpertStreamStats::summary(double wall_s) const {
 
 HotExperts::HotExperts(const Model& m, Backend& dev, const std::vector<uint8_t>& on_host, const HotExpertOptions& o,
                        int64_t n_tokens)
-    : dev_(dev) {
+    : dev_(dev), model_(m) {
   const HParams& hp = m.hparams();
   const int64_t E = hp.n_expert, k = hp.n_expert_used;
   layers_.resize(hp.n_layer);
+  counts_.resize(hp.n_layer);
   std::vector<uint32_t> hot_layers;
   uint64_t expert_bytes = 0;  // one expert's gate + up + down, the largest layer's
   for (uint32_t il = 0; il < hp.n_layer && il < on_host.size(); ++il) {
     if (!on_host[il] || !m.layer(il).ffn_gate_exps) continue;
     check(hp.file_experts() == hp.n_expert, "--gpu-experts: the file holds a shard of the experts ({} of {})",
           hp.file_experts(), hp.n_expert);
-    if (il >= o.counts.size() || o.counts[il].empty()) continue;
-    check(int64_t(o.counts[il].size()) == E, "--gpu-experts: the expert counts of layer {} list {} experts, the model has {}",
-          il, o.counts[il].size(), E);
+    const bool given = il < o.counts.size() && !o.counts[il].empty();
+    check(!given || int64_t(o.counts[il].size()) == E,
+          "--gpu-experts: the expert counts of layer {} list {} experts, the model has {}", il,
+          given ? o.counts[il].size() : 0, E);
+    counts_[il] = given ? o.counts[il] : std::vector<double>(size_t(E), 0.0);
     hot_layers.push_back(il);
     const LayerWeights& L = m.layer(il);
     expert_bytes = std::max(expert_bytes, L.ffn_gate_exps.slice_bytes + L.ffn_up_exps.slice_bytes +
@@ -135,37 +146,48 @@ HotExperts::HotExperts(const Model& m, Backend& dev, const std::vector<uint8_t>&
   }
   per_layer_ = std::clamp<int64_t>(per, 0, E);
   if (per_layer_ == 0) return;
-  std::vector<uint8_t> stage;
+  rerank_tokens_ = std::max<int64_t>(o.rerank_tokens, 0);
+  next_rerank_ = std::min<int64_t>(64, rerank_tokens_);
+  counts_out_ = o.counts_out;
+  order_.resize(size_t(E));
+  top_.assign(size_t(E), 0);
+  free_.resize(size_t(per_layer_));
+  static const char* const kWhat[3] = {"hot experts gate", "hot experts up", "hot experts down"};
   for (uint32_t il : hot_layers) {
     const LayerWeights& L = m.layer(il);
     Layer& h = layers_[il];
-    std::vector<int32_t> order(static_cast<size_t>(E));
-    for (int64_t e = 0; e < E; ++e) order[size_t(e)] = int32_t(e);
-    const std::vector<double>& c = o.counts[il];
-    std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return c[size_t(a)] > c[size_t(b)]; });
+    for (int64_t e = 0; e < E; ++e) order_[size_t(e)] = int32_t(e);
+    const std::vector<double>& c = counts_[il];
+    std::stable_sort(order_.begin(), order_.end(), [&](int32_t a, int32_t b) { return c[size_t(a)] > c[size_t(b)]; });
     h.n = per_layer_;
     h.slot.assign(size_t(E), -1);
-    for (int64_t i = 0; i < h.n; ++i) h.slot[size_t(order[size_t(i)])] = int32_t(i);
-    // the placed name says which experts the stack holds (a device that keeps one upload per name and
-    // contents must not hand another context's different choice back)
-    uint64_t ids = 1469598103934665603ull;
-    for (int64_t i = 0; i < h.n; ++i) ids = (ids ^ uint64_t(order[size_t(i)])) * 1099511628211ull;
-    const std::string tag = fmt::format(".hot{}.{:x}", h.n, ids);
+    h.expert.assign(order_.begin(), order_.begin() + h.n);  // slot i = the i-th most picked
+    for (int64_t i = 0; i < h.n; ++i) h.slot[size_t(h.expert[size_t(i)])] = int32_t(i);
+    // one device buffer per stack (not a placed weight: re-ranking rewrites its slots), the experts in their
+    // GGUF blocks, uploaded slot by slot
     const WeightView* w[3] = {&L.ffn_gate_exps, &L.ffn_up_exps, &L.ffn_down_exps};
     MatView* dst[3] = {&h.mats.gate, &h.mats.up, &h.mats.down};
     uint64_t* sl[3] = {&h.mats.gate_slice, &h.mats.up_slice, &h.mats.down_slice};
     for (int j = 0; j < 3; ++j) {
       const uint64_t sb = w[j]->slice_bytes;
-      stage.resize(size_t(sb * uint64_t(h.n)));
-      // slots in expert-id order of the chosen ones (slot i = the i-th most picked)
-      for (int64_t i = 0; i < h.n; ++i)
-        std::memcpy(stage.data() + sb * uint64_t(i), w[j]->slice(order[size_t(i)]).data, size_t(sb));
+      stacks_.push_back(dev.alloc(sb * uint64_t(h.n), kWhat[j]));
+      auto* base = stacks_.back()->as<uint8_t>();
+      for (int64_t i = 0; i < h.n; ++i) dev.upload(base + sb * uint64_t(i), w[j]->slice(h.expert[size_t(i)]).data, sb);
       *dst[j] = w[j]->mat;
       dst[j]->packed = nullptr;
-      dst[j]->data = dev.place_weight(w[j]->info->name + tag, stage.data(), stage.size());
+      dst[j]->data = base;
       *sl[j] = sb;
-      bytes_ += stage.size();
+      bytes_ += sb * uint64_t(h.n);
     }
+  }
+}
+
+HotExperts::~HotExperts() {
+  if (counts_out_.empty()) return;
+  try {
+    save_counts(counts_out_);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "kimi: --expert-counts-out: %s\n", e.what());
   }
 }
 
@@ -175,10 +197,12 @@ const HotExperts::Layer* HotExperts::layer(uint32_t il) const {
 
 void HotExperts::split(uint32_t il, int32_t* host_sel, const float* host_weights, int64_t count) {
   const Layer& h = layers_[il];
+  std::vector<double>& c = counts_[il];
   check(count <= int64_t(hsel_.size()), "hot experts: {} picks beyond the {} reserved", count, hsel_.size());
   for (int64_t i = 0; i < count; ++i) {
     const int32_t e = host_sel[i];
     const int32_t slot = e >= 0 && size_t(e) < h.slot.size() ? h.slot[size_t(e)] : -1;
+    if (e >= 0 && size_t(e) < c.size()) c[size_t(e)] += 1.0;
     if (slot >= 0) {
       hsel_[size_t(i)] = slot, hw_[size_t(i)] = host_weights[i];
       host_sel[i] = -1;
@@ -192,9 +216,75 @@ void HotExperts::split(uint32_t il, int32_t* host_sel, const float* host_weights
   dev_.upload(dev_weights(), hw_.data(), uint64_t(count) * 4);
 }
 
+void HotExperts::begin_pass(int64_t n) {
+  if (per_layer_ > 0 && rerank_tokens_ > 0 && since_ >= next_rerank_) {
+    rerank();
+    since_ = 0;
+    next_rerank_ = std::min(next_rerank_ * 2, rerank_tokens_);
+  }
+  since_ += n;
+}
+
+void HotExperts::rerank() {
+  const int64_t E = int64_t(order_.size());
+  for (uint32_t il = 0; il < layers_.size(); ++il) {
+    Layer& h = layers_[il];
+    if (h.n == 0) continue;
+    const std::vector<double>& c = counts_[il];
+    for (int64_t e = 0; e < E; ++e) order_[size_t(e)] = int32_t(e);
+    // more picks first; ties: a resident expert first (no upload for a tie), then the lower id
+    std::sort(order_.begin(), order_.end(), [&](int32_t a, int32_t b) {
+      if (c[size_t(a)] != c[size_t(b)]) return c[size_t(a)] > c[size_t(b)];
+      const bool ra = h.slot[size_t(a)] >= 0, rb = h.slot[size_t(b)] >= 0;
+      if (ra != rb) return ra;
+      return a < b;
+    });
+    for (int64_t i = 0; i < h.n; ++i) top_[size_t(order_[size_t(i)])] = 1;
+    int64_t n_free = 0;  // slots whose expert left the top n: as many as the top n's experts not resident
+    for (int64_t s = 0; s < h.n; ++s)
+      if (!top_[size_t(h.expert[size_t(s)])]) free_[size_t(n_free++)] = int32_t(s);
+    const LayerWeights& L = model_.layer(il);
+    const WeightView* w[3] = {&L.ffn_gate_exps, &L.ffn_up_exps, &L.ffn_down_exps};
+    const MatView* st[3] = {&h.mats.gate, &h.mats.up, &h.mats.down};
+    int64_t used = 0;
+    for (int64_t i = 0; i < h.n; ++i) {
+      const int32_t e = order_[size_t(i)];
+      top_[size_t(e)] = 0;
+      if (h.slot[size_t(e)] >= 0) continue;
+      const int32_t s = free_[size_t(used++)];
+      h.slot[size_t(h.expert[size_t(s)])] = -1;
+      h.slot[size_t(e)] = s;
+      h.expert[size_t(s)] = e;
+      for (int j = 0; j < 3; ++j) {
+        const uint64_t sb = w[j]->slice_bytes;
+        dev_.upload(const_cast<uint8_t*>(st[j]->data) + sb * uint64_t(s), w[j]->slice(e).data, sb);
+      }
+      ++reloads_;
+    }
+    check(used == n_free, "hot experts: re-ranking of layer {} lost track of its slots", il);
+  }
+  ++reranks_;
+}
+
+void HotExperts::save_counts(const std::string& path) const {
+  imatrix::Data d;
+  d.datasets.push_back("routed expert picks counted by kimi (--gpu-experts)");
+  for (uint32_t il = 0; il < counts_.size(); ++il) {
+    if (counts_[il].empty()) continue;
+    imatrix::Entry& e = d.entries[fmt::format("blk.{}.ffn_gate_exps.weight", il)];
+    e.n_in = 1;
+    e.n_mat = int64_t(counts_[il].size());
+    e.sum2.assign(counts_[il].size(), 0.0);
+    e.count = counts_[il];
+  }
+  d.write_gguf(path);
+}
+
 void HotExperts::add_stats(ExpertStreamStats& s) const {
   s.hot_picks += hot_picks_;
   s.host_picks += host_picks_;
+  s.hot_reranks += reranks_;
+  s.hot_reloads += reloads_;
   s.hot_per_layer = per_layer_;
   s.hot_device = dev_.name();
 }

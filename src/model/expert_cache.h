@@ -39,9 +39,16 @@ enum class StreamMode { Pread, Madvise };
 struct HotExpertOptions {
   int64_t per_layer = 0;  // experts per layer kept on the accelerator: 0 = off, -1 = auto (fill its free memory)
   // picks per expert of each layer ([layer][expert], e.g. an imatrix file's ffn_gate_exps counts): the
-  // experts with the most picks are kept (ties: the lower id); a layer without counts keeps none
+  // experts with the most picks are kept (ties: the lower id); a layer without counts starts from zeros
+  // (experts 0..N-1) and ranks by the picks counted while running
   std::vector<std::vector<double>> counts;
   uint64_t reserve_bytes = 512ull << 20;  // auto: device memory left free besides 10 % of it
+  // counted while running: every pick the host sees is added to the counts, and before a forward pass the
+  // resident experts are re-ranked by them (only the slots whose expert changed are re-uploaded) once this many
+  // tokens ran since the last re-ranking; the first re-ranking comes after min(64, rerank_tokens) tokens, each
+  // gap doubles up to rerank_tokens. 0 = never (the starting counts decide for good)
+  int64_t rerank_tokens = 1024;
+  std::string counts_out;  // when the context ends: the counts written as an imatrix file (--expert-counts reads it)
 };
 
 struct ExpertStreamOptions {
@@ -69,9 +76,11 @@ struct ExpertStreamStats {
   // hot experts (HotExperts): routed expert picks run by the accelerator's resident experts / by the host
   uint64_t hot_picks = 0, host_picks = 0;
   int64_t hot_per_layer = 0;  // experts kept per layer (0: none)
+  uint64_t hot_reranks = 0, hot_reloads = 0;  // re-rankings done, experts re-uploaded by them (all layers)
   std::string hot_device;
   double hot_share() const { return hot_picks + host_picks ? double(hot_picks) / double(hot_picks + host_picks) : 0.0; }
-  // "routed expert picks on vulkan:0 (12 resident experts per layer): 36.5 % (1234 of 3380)"
+  // "routed expert picks on vulkan:0 (12 resident experts per layer): 36.5 % (1234 of 3380)", and when re-ranked
+  // ", re-ranked 3 times (41 experts re-uploaded)"
   std::string hot_summary() const;
   // prefill offload (ExpertOffload): layer steps whose host picks ran on the accelerator, steps the rates
   // left on the CPU, their picks, the expert bytes uploaded, chunks; the choice made at load (-v)
@@ -101,12 +110,14 @@ class HotExperts {
   // Throws kimi::Error when counts name a layer/expert count that does not match the model.
   HotExperts(const Model& m, Backend& dev, const std::vector<uint8_t>& on_host, const HotExpertOptions& o,
              int64_t n_tokens);
+  ~HotExperts();  // writes HotExpertOptions::counts_out (a failure is reported on stderr)
   HotExperts(const HotExperts&) = delete;
   HotExperts& operator=(const HotExperts&) = delete;
 
   struct Layer {
     int64_t n = 0;                // resident experts
     std::vector<int32_t> slot;    // [E]: expert -> slot in the stack, -1 = on the host only
+    std::vector<int32_t> expert;  // [n]: slot -> expert
     ExpertMats mats;              // the stacks on the device
   };
   // nullptr when layer il keeps no expert on the device
@@ -114,7 +125,18 @@ class HotExperts {
   // Splits count = n * k picks of layer il: host_sel[i] becomes -1 for a resident expert's pick; the device
   // selection (its slot, or -1 = skipped for a host pick, weight 0) and weights go to dev_sel() / dev_weights().
   // Both backends' moe_experts skip a pick of expert -1 (as for the experts of another rank).
+  // The picks are also counted (counts()).
   void split(uint32_t il, int32_t* host_sel, const float* host_weights, int64_t count);
+  // Between forward passes (no device work of this object in flight or recorded): a pass of n tokens starts;
+  // re-ranks first when rerank_tokens (see HotExpertOptions) ran since the last time. Allocates nothing.
+  void begin_pass(int64_t n);
+  // Re-ranks every layer by its counts now (ties: a resident expert first, then the lower id) and re-uploads
+  // the slots whose expert changed.
+  void rerank();
+  const std::vector<double>& counts(uint32_t il) const { return counts_[il]; }
+  // The counts of every layer as an imatrix file (blk.N.ffn_gate_exps.weight.counts; in_sum2 is one zero per
+  // expert, so the file ranks experts but does not guide quantization). Throws kimi::Error.
+  void save_counts(const std::string& path) const;
   int32_t* dev_sel() const { return dsel_->as<int32_t>(); }
   float* dev_weights() const { return dw_->as<float>(); }
   float* dev_acc() const { return dacc_->as<float>(); }
@@ -124,12 +146,18 @@ class HotExperts {
 
  private:
   Backend& dev_;
+  const Model& model_;
   std::vector<Layer> layers_;
   std::unique_ptr<Buffer> dsel_, dw_, dacc_;
+  std::vector<std::unique_ptr<Buffer>> stacks_;  // gate, up, down stacks of each layer with experts here
   std::vector<int32_t> hsel_;
   std::vector<float> hw_;
-  int64_t per_layer_ = 0;
-  uint64_t bytes_ = 0, hot_picks_ = 0, host_picks_ = 0;
+  std::vector<std::vector<double>> counts_;    // [layer][E]: starting counts + picks seen
+  std::vector<int32_t> order_, free_;          // re-ranking scratch: [E], [per layer]
+  std::vector<uint8_t> top_;                   // [E]
+  int64_t per_layer_ = 0, rerank_tokens_ = 0, next_rerank_ = 0, since_ = 0;
+  std::string counts_out_;
+  uint64_t bytes_ = 0, hot_picks_ = 0, host_picks_ = 0, reranks_ = 0, reloads_ = 0;
 };
 
 class ExpertCache {

@@ -270,6 +270,7 @@ void Forward::run_local(const BatchEntry* e, int64_t n, float* logits) {
 
   TensorSplit* tp = tensor_split();
   const bool layer_mode = dist_ && !tp;
+  if (hot_) hot_->begin_pass(n);  // between passes: the hot experts may be re-ranked by the picks counted so far
 
   // embeddings (layer mode: on rank 0, which runs the first layers)
   int dev = place_.input;

@@ -178,6 +178,7 @@ void Server::Impl::load() {
   co.collective = o.collective;
   co.split_mode = o.split_mode;
   co.extra_backends = o.extra_backends;
+  co.stream = o.stream;
   co.n_batch_max = o.sched.chunk * o.sched.max_chunks + o.sched.parallel;
   sched = std::make_unique<Scheduler>(*model, *tok, co, o.sched);
   lim.max_token_bytes = tok->max_token_bytes();

@@ -35,6 +35,7 @@ struct ServerOptions {
   SplitMode split_mode = SplitMode::Tensor;  // (docs/distributed.md)
   PlacementRules placement;         // which backend holds each weight (-ngl, --cpu-moe, -ot)
   std::vector<Backend*> extra_backends;  // accelerators (devices 1..; not owned, outlive the server)
+  ExpertStreamOptions stream;       // routed experts: streamed from disk, hot experts, overlap (ContextOptions::stream)
   int ctx = 4096;                   // positions per sequence
   SamplerParams sampling = {.temp = 1.0f};  // for requests that leave a field out (Limits::sampling)
   bool fixed_seed = false;          // requests without "seed" use sampling.seed (else a random one)

@@ -12,12 +12,14 @@
 #include <chrono>
 #include <cmath>
 #include <fstream>
+#include <memory>
 #include <sstream>
 #include <random>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "io/imatrix.h"
 #include "test_util.h"
 #include "unit/vulkan_fixture.h"
 
@@ -294,11 +296,11 @@ TEST(AppVulkan, GpuExpertsMatchCpu) {
     EXPECT_GT(j["hot_experts"][k].get<double>(), 0.0) << k;
     EXPECT_LT(j["hot_experts"][k].get<double>(), 1.0) << k;
   }
-  // without counts: a one-line error naming the option
-  const auto bad = test::run_kimi("eval -m " + g + " --tokens 1 --device vulkan --cpu-moe --gpu-experts 2 --logits-out " +
-                                  d.file("z.f32"));
+  // counts to save without hot experts to count them: a one-line error naming the option
+  const auto bad = test::run_kimi("eval -m " + g + " --tokens 1 --device vulkan --cpu-moe --expert-counts-out " +
+                                  d.file("c.imatrix") + " --logits-out " + d.file("z.f32"));
   EXPECT_NE(bad.exit_code, 0);
-  EXPECT_NE(bad.out.find("--expert-counts"), std::string::npos) << bad.out;
+  EXPECT_NE(bad.out.find("--expert-counts-out: needs --gpu-experts"), std::string::npos) << bad.out;
 }
 
 // Overlap in hybrid mode (docs/gpu.md, "Overlap"): the GPU runs a MoE layer's shared experts and hot experts
@@ -351,7 +353,8 @@ std::string complete_ids(int port, const std::vector<int>& prompt, int n) {
 
 // The server's batched decode in hybrid mode with mixed GPU/CPU experts (--gpu-experts 3 of 8, the rest on the
 // CPU): 4 greedy requests sent at once (decoded together in 4 slots) answer what each answers alone, and what
-// the CPU server answers.
+// the CPU server answers; the same with the experts counted while serving and re-ranked every 8 tokens, whose
+// counts, written at exit (--expert-counts-out), rank the experts of the next start at least as well as their ids.
 TEST(AppVulkan, ServeBatchedHybridHotExpertsAsAlone) {
   if (!have_vulkan()) GTEST_SKIP() << "no Vulkan device on this machine: Vulkan CLI tests skipped";
   test::TempDir d;
@@ -361,25 +364,63 @@ TEST(AppVulkan, ServeBatchedHybridHotExpertsAsAlone) {
                            counts);
   ASSERT_EQ(im.exit_code, 0) << im.out;
   const std::string common = "-np 4 --cache-slots 0 --no-prompt-cache ";
+  const std::string hybrid = common + "--device vulkan -ngl 99 --cpu-moe --gpu-experts 3 ";
+  const std::string learned = d.file("learned.imatrix");
   Served cpu(g, common, d.file("cpu.log"));
-  Served gpu(g, common + "--device vulkan -ngl 99 --cpu-moe --gpu-experts 3 --expert-counts " + counts,
-             d.file("gpu.log"));
+  Served gpu(g, hybrid + "--expert-counts " + counts, d.file("gpu.log"));
+  // the counts gathered while serving (no starting counts, a re-ranking every 8 tokens), written at exit
+  auto counted = std::make_unique<Served>(g, hybrid + "--expert-rerank 8 --expert-counts-out " + learned,
+                                          d.file("counted.log"));
   ASSERT_TRUE(cpu.wait_ready()) << test::read_file(d.file("cpu.log"));
   ASSERT_TRUE(gpu.wait_ready()) << test::read_file(d.file("gpu.log"));
+  ASSERT_TRUE(counted->wait_ready()) << test::read_file(d.file("counted.log"));
   const int N = 4, n_gen = 12;
   std::vector<std::vector<int>> prompts(N);
   for (int i = 0; i < N; ++i)
     for (int t = 0; t < 5 + 3 * i; ++t) prompts[size_t(i)].push_back((t * 131 + i * 57 + 11) % 1000);
-  std::vector<std::string> alone(N), together(N), on_cpu(N);
-  for (int i = 0; i < N; ++i) alone[size_t(i)] = complete_ids(gpu.port, prompts[size_t(i)], n_gen);
+  std::vector<std::string> on_cpu(N);
   for (int i = 0; i < N; ++i) on_cpu[size_t(i)] = complete_ids(cpu.port, prompts[size_t(i)], n_gen);
-  std::vector<std::thread> th;
-  for (int i = 0; i < N; ++i)
-    th.emplace_back([&, i] { together[size_t(i)] = complete_ids(gpu.port, prompts[size_t(i)], n_gen); });
-  for (auto& t : th) t.join();
-  for (int i = 0; i < N; ++i) {
-    EXPECT_FALSE(alone[size_t(i)].empty()) << i;
-    EXPECT_EQ(together[size_t(i)], alone[size_t(i)]) << "request " << i << " decoded with the others";
-    EXPECT_EQ(alone[size_t(i)], on_cpu[size_t(i)]) << "request " << i << " vs the CPU server";
+  for (Served* s : {&gpu, counted.get()}) {
+    SCOPED_TRACE(s == &gpu ? "--expert-counts" : "counted while serving");
+    std::vector<std::string> alone(N), together(N);
+    for (int i = 0; i < N; ++i) alone[size_t(i)] = complete_ids(s->port, prompts[size_t(i)], n_gen);
+    std::vector<std::thread> th;
+    for (int i = 0; i < N; ++i)
+      th.emplace_back([&, i] { together[size_t(i)] = complete_ids(s->port, prompts[size_t(i)], n_gen); });
+    for (auto& t : th) t.join();
+    for (int i = 0; i < N; ++i) {
+      EXPECT_FALSE(alone[size_t(i)].empty()) << i;
+      EXPECT_EQ(together[size_t(i)], alone[size_t(i)]) << "request " << i << " decoded with the others";
+      EXPECT_EQ(alone[size_t(i)], on_cpu[size_t(i)]) << "request " << i << " vs the CPU server";
+    }
   }
+  counted.reset();  // SIGTERM: the server ends and writes its counts
+  // every pick counted: the same number in every MoE layer, at least one per token run (2 rounds of 38 prompt
+  // tokens and 11 generated ones per request that ran through the model; the last is sampled only)
+  const imatrix::Data saved = imatrix::Data::load(learned);
+  double first = -1;
+  int layers = 0;
+  for (const auto& [name, e] : saved.entries) {
+    double sum = 0;
+    for (double c : e.count) sum += c;
+    if (first < 0) first = sum;
+    EXPECT_EQ(sum, first) << name;
+    EXPECT_EQ(e.count.size(), 8u) << name;  // the tiny preset's experts
+    ++layers;
+  }
+  EXPECT_GT(layers, 0);
+  EXPECT_GE(first, 2.0 * (38 + 4 * 11));
+  auto bench_share = [&](const std::string& flags) {
+    const auto r = test::run_kimi("bench -m " + g + " --device vulkan -ngl 99 --cpu-moe --gpu-experts 3 " + flags +
+                                  " -p 16 -n 8 -r 1 --no-ceiling -o json");
+    EXPECT_EQ(r.exit_code, 0) << r.out;
+    const auto j = nlohmann::json::parse(r.out.substr(std::min(r.out.find('{'), r.out.size())), nullptr, false);
+    return j.is_discarded() || !j.contains("hot_experts") ? -1.0 : j["hot_experts"]["tg_share"].get<double>();
+  };
+  const double from_file = bench_share("--expert-counts " + learned + " --expert-rerank 0");
+  const double by_id = bench_share("--expert-rerank 0");  // no counts, never re-ranked: experts 0, 1, 2
+  std::printf("[ --gpu-experts 3 ] decode picks on the GPU: %.3f ranked by the counts served, %.3f experts 0-2\n",
+              from_file, by_id);
+  EXPECT_GT(from_file, 0.0);
+  EXPECT_GE(from_file, by_id);
 }

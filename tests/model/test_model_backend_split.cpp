@@ -14,6 +14,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -22,6 +23,8 @@
 #include "backend/cpu/cpu_backend.h"
 #include "backend_workload.h"
 #include "engine_fixture.h"
+#include "io/imatrix.h"
+#include "model/expert_cache.h"
 #include "model/model.h"
 #include "runtime/context.h"
 #include "test_util.h"
@@ -471,13 +474,18 @@ TEST(ModelBackendSplit, HotExpertsSplitThePicks) {
     EXPECT_EQ(s.hot_per_layer, per < 0 ? E : per) << what;  // auto: dev1 states no memory limit
     EXPECT_EQ(s.hot_picks + s.host_picks, uint64_t(14 * k * moe_layers)) << what;
     EXPECT_GT(s.hot_picks, 0u) << what;
-    if (per == 1) EXPECT_GT(s.host_picks, s.hot_picks) << what;
-    if (per == E || per < 0) EXPECT_EQ(s.host_picks, 0u) << what;
+    if (per == 1) {
+      EXPECT_GT(s.host_picks, s.hot_picks) << what;
+    }
+    if (per == E || per < 0) {
+      EXPECT_EQ(s.host_picks, 0u) << what;
+    }
     if (per == E / 2) {
       EXPECT_GT(s.host_picks, 0u) << what;
     }
   }
-  // without counts nothing is kept; with counts for the wrong expert count the context refuses
+  // without counts the experts 0..N-1 start resident (ranked while running); with counts for the wrong expert
+  // count the context refuses
   {
     ThreadPool pool(2);
     FakeDevice dev1(pool, Precision::F32);
@@ -486,7 +494,7 @@ TEST(ModelBackendSplit, HotExpertsSplitThePicks) {
     os.placement.cpu_moe = true;
     os.extra_backends = {&dev1};
     os.stream.hot.per_layer = 2;
-    EXPECT_EQ(Context(m, os).expert_stream_stats().hot_per_layer, 0);
+    EXPECT_EQ(Context(m, os).expert_stream_stats().hot_per_layer, 2);
     os.stream.hot.counts.assign(hp.n_layer, std::vector<double>(size_t(E + 1), 1.0));
     try {
       Context c(m, os);
@@ -551,4 +559,167 @@ TEST(ModelBackendSplit, HybridOverlapGivesTheSameBits) {
       expect_same(runs[0], runs[1], "overlap on vs off, --gpu-experts " + std::to_string(per));
     }
   }
+}
+
+// Expert counts gathered while running (HotExperts::split counts every pick the host sees; begin_pass re-ranks
+// between forward passes): picks that favor two experts per layer make exactly those two resident after the
+// re-ranking, the device stacks then hold their bytes, only the changed slots are re-uploaded, and a re-ranking
+// on the same counts changes nothing.
+TEST(ModelBackendSplit, HotExpertsRerankByCountedPicks) {
+  TinyModel t(16);
+  const Model& m = *t.m;
+  const HParams& hp = m.hparams();
+  const int64_t E = hp.n_expert, k = hp.n_expert_used;
+  ASSERT_GE(E, 6);
+  ASSERT_GE(k, 2);
+  ThreadPool pool(1);
+  FakeDevice dev1(pool, Precision::F32);
+  std::vector<uint8_t> on_host(hp.n_layer, 0);
+  for (uint32_t il = 0; il < hp.n_layer; ++il) on_host[il] = hp.is_moe(il) ? 1 : 0;
+  HotExpertOptions o;
+  o.per_layer = 2;
+  o.rerank_tokens = 8;  // no counts: experts 0 and 1 start resident; the first re-ranking after 8 tokens
+  const int64_t n_tok = 4;
+  HotExperts hot(m, dev1, on_host, o, n_tok);
+  // layer il favors experts E-1-il%2 and E-3 (every token picks both), the other picks rotate over the rest
+  auto favored = [&](uint32_t il, int64_t e) { return e == E - 1 - int64_t(il % 2) || e == E - 3; };
+  std::vector<int32_t> sel(size_t(n_tok * k));
+  std::vector<float> w(size_t(n_tok * k), 0.5f);
+  std::vector<std::vector<double>> want(hp.n_layer, std::vector<double>(size_t(E), 0.0));
+  int64_t passes = 0, moe_layers = 0;
+  for (int pass = 0; pass < 3; ++pass, ++passes) {
+    hot.begin_pass(n_tok);
+    EXPECT_EQ(hot.layer(1) != nullptr, hp.is_moe(1));
+    for (uint32_t il = 0; il < hp.n_layer; ++il) {
+      if (!hot.layer(il)) continue;
+      if (pass == 0) ++moe_layers;
+      for (int64_t tk = 0; tk < n_tok; ++tk) {
+        int64_t j = 0;
+        for (int64_t e = 0; e < E; ++e)
+          if (favored(il, e)) sel[size_t(tk * k + j++)] = int32_t(e);
+        for (int64_t x = pass * n_tok + tk; j < k; ++x) {  // distinct others, rotating
+          const int64_t e = x % E;
+          bool dup = favored(il, e);
+          for (int64_t q = 0; q < j; ++q) dup = dup || sel[size_t(tk * k + q)] == e;
+          if (!dup) sel[size_t(tk * k + j++)] = int32_t(e);
+        }
+        for (int64_t q = 0; q < k; ++q) want[il][size_t(sel[size_t(tk * k + q)])] += 1.0;
+      }
+      const HotExperts::Layer& h = *hot.layer(il);
+      const std::vector<int32_t> before = h.expert;
+      hot.split(il, sel.data(), w.data(), n_tok * k);
+      for (int64_t i = 0; i < n_tok * k; ++i)  // a resident expert's pick left the host
+        if (sel[size_t(i)] >= 0) EXPECT_LT(h.slot[size_t(sel[size_t(i)])], 0);
+      EXPECT_EQ(h.expert, before);  // split never moves experts
+    }
+  }
+  ASSERT_GT(moe_layers, 0);
+  ExpertStreamStats st;
+  hot.add_stats(st);
+  EXPECT_EQ(st.hot_reranks, 1u);  // before the third pass (8 tokens ran)
+  EXPECT_EQ(st.hot_picks + st.host_picks, uint64_t(passes * n_tok * k * moe_layers));
+  for (uint32_t il = 0; il < hp.n_layer; ++il) {
+    const HotExperts::Layer* h = hot.layer(il);
+    if (!h) continue;
+    EXPECT_EQ(hot.counts(il), want[il]) << "layer " << il;
+    // resident: exactly the two most-picked experts, and the stacks hold their bytes
+    for (int64_t e = 0; e < E; ++e) EXPECT_EQ(h->slot[size_t(e)] >= 0, favored(il, e)) << "layer " << il << " expert " << e;
+    const LayerWeights& L = m.layer(il);
+    const WeightView* wv[3] = {&L.ffn_gate_exps, &L.ffn_up_exps, &L.ffn_down_exps};
+    const MatView* st3[3] = {&h->mats.gate, &h->mats.up, &h->mats.down};
+    for (int64_t s = 0; s < h->n; ++s)
+      for (int j = 0; j < 3; ++j) {
+        const uint64_t sb = wv[j]->slice_bytes;
+        std::vector<uint8_t> got(sb);
+        dev1.download(got.data(), st3[j]->data + sb * uint64_t(s), sb);
+        EXPECT_EQ(0, std::memcmp(got.data(), wv[j]->slice(h->expert[size_t(s)]).data, sb))
+            << "layer " << il << " slot " << s << " matrix " << j;
+      }
+  }
+  EXPECT_EQ(st.hot_reloads, uint64_t(2 * moe_layers));  // both slots of every layer changed, once
+  hot.rerank();  // the same counts: nothing moves
+  ExpertStreamStats st2;
+  hot.add_stats(st2);
+  EXPECT_EQ(st2.hot_reloads, st.hot_reloads);
+  EXPECT_NE(st2.hot_summary().find("re-ranked 2 times (" + std::to_string(2 * moe_layers) + " experts re-uploaded)"),
+            std::string::npos)
+      << st2.hot_summary();
+}
+
+// The whole model in hybrid mode with the hot experts counted while running (no starting counts, a re-ranking
+// every few tokens): the logits stay within rel RMS 1e-5 of the CPU's (F32) with top-1 equal, every pick is
+// counted, and the counts written at the end (--expert-counts-out) are the picks seen, in the imatrix format
+// --expert-counts reads.
+TEST(ModelBackendSplit, HotExpertsCountedWhileRunningMatchCpu) {
+  TinyModel t(16);
+  const Model& m = *t.m;
+  const HParams& hp = m.hparams();
+  const int64_t k = hp.n_expert_used;
+  ContextOptions o;
+  o.n_threads = 2;
+  o.n_ctx_max = 64;
+  o.n_seq_max = 2;
+  o.n_batch_max = 8;
+  o.precision = Precision::F32;
+  const kimi::test::Run ref = drive(m, o);
+  kimi::test::TempDir d;
+  ThreadPool pool(2);
+  FakeDevice dev1(pool, Precision::F32);
+  ContextOptions os = o;
+  os.placement.n_gpu_layers = -1;
+  os.placement.cpu_moe = true;
+  os.extra_backends = {&dev1};
+  os.stream.hot.per_layer = 2;
+  os.stream.hot.rerank_tokens = 4;
+  const kimi::test::Run got = drive(m, os);
+  ASSERT_EQ(got.logits.size(), ref.logits.size());
+  for (size_t r = 0; r < ref.logits.size(); ++r) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < ref.logits[r].size(); ++i) {
+      const double x = ref.logits[r][i], y = got.logits[r][i];
+      num += (x - y) * (x - y), den += x * x;
+    }
+    EXPECT_LT(std::sqrt(num / den), 1e-5) << "logits row " << r;
+    EXPECT_EQ(std::max_element(got.logits[r].begin(), got.logits[r].end()) - got.logits[r].begin(),
+              std::max_element(ref.logits[r].begin(), ref.logits[r].end()) - ref.logits[r].begin())
+        << "top-1 of row " << r;
+  }
+  // counters and the saved counts over 11 prompt tokens and 5 decoded ones
+  const std::string out = d.file("counts.imatrix");
+  os.stream.hot.counts_out = out;
+  ExpertStreamStats s;
+  {
+    Context c(m, os);
+    Batch b;
+    std::vector<int32_t> p;
+    for (int i = 0; i < 11; ++i) p.push_back((i * 37 + 5) % c.n_vocab());
+    b.add_sequence(p, 0, 0, true);
+    c.decode(b);
+    for (int i = 0; i < 5; ++i) {
+      b.clear();
+      b.add((i * 11 + 3) % c.n_vocab(), 0, c.seq_len(0), true);
+      c.decode(b);
+    }
+    s = c.expert_stream_stats();
+  }
+  EXPECT_GT(s.hot_reranks, 0u);
+  const imatrix::Data saved = imatrix::Data::load(out);
+  int64_t moe_layers = 0;
+  for (uint32_t il = 0; il < hp.n_layer; ++il) {
+    if (!hp.is_moe(il)) continue;
+    ++moe_layers;
+    const auto it = saved.entries.find("blk." + std::to_string(il) + ".ffn_gate_exps.weight");
+    ASSERT_NE(it, saved.entries.end()) << "layer " << il;
+    double sum = 0;
+    for (double c : it->second.count) sum += c;
+    EXPECT_EQ(sum, double(16 * k)) << "layer " << il;
+    EXPECT_EQ(int64_t(it->second.count.size()), hp.n_expert);
+  }
+  EXPECT_EQ(s.hot_picks + s.host_picks, uint64_t(16 * k * moe_layers));
+  // the saved counts start the next context: its first ranking keeps their two most picked experts
+  os.stream.hot.counts_out.clear();
+  os.stream.hot.counts.assign(hp.n_layer, {});
+  for (const auto& [name, e] : saved.entries) os.stream.hot.counts[std::stoul(name.substr(4))] = e.count;
+  Context c2(m, os);
+  EXPECT_EQ(c2.expert_stream_stats().hot_per_layer, 2);
 }

@@ -76,7 +76,7 @@ ExpertOffload::ExpertOffload(const Model& m, Backend& dev, Backend& host, const 
                         "(--moe-offload-min)", head, n_tokens_, min_tokens_);
     return;
   }
-  // the pool: two halves of C experts, each half the gate stack, then up, then down
+  // the pool: two halves of C experts, each half a gate, an up and a down stack (three allocations)
   auto half_bytes = [&](int64_t c) {
     return align_up(uint64_t(c) * gate_slice_) + align_up(uint64_t(c) * up_slice_) + align_up(uint64_t(c) * down_slice_);
   };
@@ -86,19 +86,22 @@ ExpertOffload::ExpertOffload(const Model& m, Backend& dev, Backend& host, const 
     check(chunk_ >= 1, "--moe-offload-pool {}: holds no expert (two halves of at least {} each)",
           format_bytes(uint64_t(o.pool_bytes)), format_bytes(half_bytes(1)));
   } else {
-    // 1/8 of the free memory; 4 GiB when the backend does not say how much it has
+    // 1/8 of the free memory; 4 GiB when the backend does not say how much it has; a stack at most 1 GiB
+    // (one allocation each: devices limit the size of one, lavapipe to 2 GiB)
     const uint64_t cap = dev.memory_capacity(), used = dev.stats().device_bytes;
     const uint64_t budget = cap == 0 ? uint64_t(4) << 30 : cap > used ? (cap - used) / 8 : 0;
-    chunk_ = std::min<int64_t>(E_, int64_t(budget / (2 * (expert_bytes_ + 3 * kAlign))));
+    const uint64_t widest = std::max({gate_slice_, up_slice_, down_slice_});
+    chunk_ = std::min<int64_t>({E_, int64_t(budget / (2 * (expert_bytes_ + 3 * kAlign))),
+                                int64_t((uint64_t(1) << 30) / std::max<uint64_t>(widest, 1))});
     if (chunk_ < 1) {
       plan_ = head + ": off (no room on the device for the pool of two experts; --moe-offload-pool)";
       return;
     }
   }
-  off_up_ = align_up(uint64_t(chunk_) * gate_slice_);
-  off_down_ = off_up_ + align_up(uint64_t(chunk_) * up_slice_);
   for (int h = 0; h < 2; ++h) {
-    pool_[h] = dev.alloc(half_bytes(chunk_), "prefill offload pool");
+    pool_[h][0] = dev.alloc(uint64_t(chunk_) * gate_slice_, "prefill offload pool (gate)");
+    pool_[h][1] = dev.alloc(uint64_t(chunk_) * up_slice_, "prefill offload pool (up)");
+    pool_[h][2] = dev.alloc(uint64_t(chunk_) * down_slice_, "prefill offload pool (down)");
     sel_[h] = dev.alloc(uint64_t(n_tokens * k_) * 4, "prefill offload routing");
     w_[h] = dev.alloc(uint64_t(n_tokens * k_) * 4, "prefill offload weights");
     acc_[h] = dev.alloc(uint64_t(n_tokens * width_) * 4, "prefill offload chunk sum");
@@ -130,13 +133,23 @@ ExpertOffload::~ExpertOffload() = default;
 
 // gate, up and down slices of expert e (host memory) into slot `slot` of pool half `half`
 void ExpertOffload::upload_expert(const ExpertMats& hm, int32_t e, int half, int64_t slot) {
-  uint8_t* base = pool_[half]->as<uint8_t>();
-  const uint64_t sl[3] = {hm.gate_slice, hm.up_slice, hm.down_slice}, off[3] = {0, off_up_, off_down_};
+  const uint64_t sl[3] = {hm.gate_slice, hm.up_slice, hm.down_slice};
   const MatView* mv[3] = {&hm.gate, &hm.up, &hm.down};
   for (int w = 0; w < 3; ++w) {
     const uint8_t* src = hm.slices ? hm.slices[3 * size_t(e) + size_t(w)] : mv[w]->data + uint64_t(e) * sl[w];
-    dev_.upload(base + off[w] + uint64_t(slot) * sl[w], src, sl[w]);
+    dev_.upload(pool_[half][w]->as<uint8_t>() + uint64_t(slot) * sl[w], src, sl[w]);
   }
+}
+
+// the views of pool half `half` for a layer whose experts hm describes (its slices at their own strides)
+ExpertMats ExpertOffload::half_mats(const ExpertMats& hm, int half) const {
+  ExpertMats dm = hm;
+  dm.slices = nullptr;
+  dm.gate.data = pool_[half][0]->as<uint8_t>();
+  dm.up.data = pool_[half][1]->as<uint8_t>();
+  dm.down.data = pool_[half][2]->as<uint8_t>();
+  dm.gate.packed = dm.up.packed = dm.down.packed = nullptr;
+  return dm;
 }
 
 // The rates of auto mode, measured on layer il's experts: Pn tokens picking among the first Ep experts
@@ -164,10 +177,7 @@ void ExpertOffload::probe(const Model& m, uint32_t il, int64_t n_tokens) {
   dev_.upload(dx->data(), x, uint64_t(Pn * W) * 4);
   dev_.upload(sel_[0]->data(), hsel->data(), uint64_t(P) * 4);
   dev_.upload(w_[0]->data(), hw->data(), uint64_t(P) * 4);
-  ExpertMats dm = hm;
-  dm.gate.data = pool_[0]->as<uint8_t>(), dm.up.data = pool_[0]->as<uint8_t>() + off_up_;
-  dm.down.data = pool_[0]->as<uint8_t>() + off_down_;
-  dm.gate.packed = dm.up.packed = dm.down.packed = nullptr;
+  const ExpertMats dm = half_mats(hm, 0);
   const float beta = m.hparams().situ_beta, lambda = m.hparams().situ_lambda;
   double up = 1e30, dv = 1e30, cpu = 1e30, rd = 1e30;
   dev_.sync();
@@ -242,11 +252,7 @@ bool ExpertOffload::run(uint32_t il, const ExpertMats& hm, const float* x, int64
     }
     dev_.upload(sel_[h]->data(), csel_.data(), uint64_t(count) * 4);
     dev_.upload(w_[h]->data(), cw_.data(), uint64_t(count) * 4);
-    ExpertMats dm = hm;
-    dm.slices = nullptr;
-    dm.gate.data = pool_[h]->as<uint8_t>(), dm.up.data = pool_[h]->as<uint8_t>() + off_up_;
-    dm.down.data = pool_[h]->as<uint8_t>() + off_down_;
-    dm.gate.packed = dm.up.packed = dm.down.packed = nullptr;
+    const ExpertMats dm = half_mats(hm, h);
     // chunk 0 writes the layer's sum, each later chunk is added to it: one fixed order
     float* out = c == 0 ? acc : acc_[h]->as<float>();
     dev_.moe_experts(dm, x, n, width, sel_[h]->as<int32_t>(), w_[h]->as<float>(), k, hi - lo, situ_beta, situ_lambda,

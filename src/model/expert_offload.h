@@ -10,7 +10,7 @@
 // to copy stay at most one layer's experts. Above a batch size the copy over PCIe is cheaper than the
 // CPU's work (ik_llama.cpp's rule of thumb: experts / active x 32 tokens, ~1800 for K3.1).
 //
-// ExpertOffload holds a fixed device pool of two halves, each the gate, up and down slices of C experts,
+// ExpertOffload holds a fixed device pool of two halves, each a gate, an up and a down stack of C experts,
 // allocated once when the context is made. A step lists the distinct experts of the host's picks in id
 // order and walks them C at a time: chunk c is uploaded into half c % 2 and run there (moe_experts on
 // the half with the picks remapped to its slots, the others skipped), its sum added to the layer's in
@@ -85,6 +85,7 @@ class ExpertOffload {
  private:
   void probe(const Model& m, uint32_t il, int64_t n_tokens);
   void upload_expert(const ExpertMats& host_mats, int32_t e, int half, int64_t slot);
+  ExpertMats half_mats(const ExpertMats& host_mats, int half) const;
 
   Backend& dev_;
   Backend& host_;
@@ -94,8 +95,8 @@ class ExpertOffload {
   uint64_t expert_bytes_ = 0, gate_slice_ = 0, up_slice_ = 0, down_slice_ = 0;
   std::vector<uint8_t> on_host_;
   std::vector<MatView> gate_, up_, down_;  // per layer: the layer's matrix views (shape and type)
-  std::unique_ptr<Buffer> pool_[2], sel_[2], w_[2], acc_[2];
-  uint64_t off_up_ = 0, off_down_ = 0;     // in a half: the gate stack at 0, then up, then down
+  std::unique_ptr<Buffer> pool_[2][3];     // [half][gate, up, down]: the stacks of C experts
+  std::unique_ptr<Buffer> sel_[2], w_[2], acc_[2];
   // per step (sized once): distinct experts in id order, expert -> position among them, the remapped picks
   std::vector<int32_t> used_, pos_, csel_;
   std::vector<float> cw_;

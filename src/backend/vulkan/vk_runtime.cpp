@@ -421,6 +421,8 @@ void Runtime::submit(bool wait) {
   if (!tape_.empty()) {
     const int f = next_fence_;  // the oldest submission's fence: free it first
     wait_fence(f);
+    using clk = std::chrono::steady_clock;
+    const auto t0 = clk::now();
     Entry* use = nullptr;
     if (replay_)
       for (Entry& e : entries_)
@@ -429,7 +431,10 @@ void Runtime::submit(bool wait) {
           use = &e;
           break;
         }
-    if (use) {
+    const bool replayed = use != nullptr;
+    const auto t1 = clk::now();
+    uint64_t rec_ns = 0;
+    if (replayed) {
       ++replayed_;
     } else {
       if (debug_tape_ && replay_) report_mismatch();
@@ -439,16 +444,24 @@ void Runtime::submit(bool wait) {
         if (!use || (use->cached && !e.cached) || (use->cached == e.cached && e.used < use->used)) use = &e;
       }
       check(use != nullptr, "vulkan: no free command buffer ({} in flight at most)", kFences);
-      const auto t0 = std::chrono::steady_clock::now();
+      const auto r0 = clk::now();
       record(use->cb, replay_);
-      record_ns_ += static_cast<uint64_t>(
-          std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
+      rec_ns = static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(clk::now() - r0).count());
+      record_ns_ += rec_ns;
       ++recorded_;
       use->cached = replay_;
       if (replay_) {
         use->tape.assign(tape_.begin(), tape_.end());
         use->hash = tape_hash_;
       }
+    }
+    if (debug_tape_) {
+      size_t records = 0;
+      for (size_t i = 0; i < tape_.size(); i += record_words(tape_.data() + i)) ++records;
+      std::fprintf(stderr, "vulkan tape: submit %llu: %zu commands, %zu words, %s (lookup %.1f us, recording %.1f us)\n",
+                   static_cast<unsigned long long>(serial_ + 1), records, tape_.size(),
+                   replayed ? "replayed" : "recorded",
+                   std::chrono::duration<double, std::micro>(t1 - t0).count(), rec_ns * 1e-3);
     }
     VkSubmitInfo si{VK_STRUCTURE_TYPE_SUBMIT_INFO};
     si.commandBufferCount = 1;

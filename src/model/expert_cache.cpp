@@ -86,7 +86,9 @@ void ExpertStreamStats::add(const ExpertStreamStats& o) {
 std::string ExpertStreamStats::hot_summary() const {
   std::string s = fmt::format("routed expert picks on {} ({} resident experts per layer): {:.1f} % ({} of {})", hot_device,
                               hot_per_layer, 100.0 * hot_share(), hot_picks, hot_picks + host_picks);
-  if (hot_reranks) s += fmt::format(", re-ranked {} times ({} experts re-uploaded)", hot_reranks, hot_reloads);
+  if (hot_reranks)
+    s += fmt::format(", re-ranked {} ({} experts re-uploaded)",
+                     hot_reranks == 1 ? std::string("once") : fmt::format("{} times", hot_reranks), hot_reloads);
   return s;
 }
 

@@ -217,20 +217,23 @@ TEST_F(VulkanGemm, GroupedExpertsEqualUngrouped) {
   }
 }
 
-// The decode row kernel (mm.comp) on its own: every weight type against the CPU on both shader
-// paths (subgroups: 2 rows per subgroup, block types by 32-value units with 4- and 16-byte loads;
-// portable: one row per workgroup). 37 rows (not a multiple of the rows per subgroup or per
-// workgroup) x the type's smallest row and a row of more units than a subgroup has lanes; 1, 3 and
-// 9 tokens (a full 8-token tile and a partial one); the weight placed 0, 2 and 7 bytes past an
-// aligned address (every start of the 4-byte words and the 16-byte loads' fallback) and the
-// activations one float past 16 bytes (their scalar path); plain types at their element's
-// alignment. The CPU reads the same bytes aligned.
-TEST_F(VulkanGemm, RowKernelWideLoadsEveryType) {
-  for (const char* portable : {"0", "1"}) {
-    ::setenv("KIMI_VULKAN_PORTABLE", portable, 1);
+// The block decoders' wide loads at every alignment, every weight type against the CPU through
+// the decode row kernel (mm.comp) on both shader paths (subgroups: 2 rows per subgroup, block types
+// by 32-value units; portable: one row per workgroup) and through the tiled GEMM forced for every n
+// (its dq8 runs of 8 values). 37 rows (not a multiple of the rows per subgroup or per workgroup) x
+// the type's smallest row and a row of more units than a subgroup has lanes; 1, 3 and 9 tokens (a
+// full 8-token tile and a partial one); the weight placed 0, 2 and 7 bytes past an aligned address
+// (every start of the 4-byte words and the 16-byte loads' fallback) and the activations one float
+// past 16 bytes (their scalar path); plain types at their element's alignment. The CPU reads the
+// same bytes aligned.
+TEST_F(VulkanGemm, WideLoadsEveryTypeAnyAlignment) {
+  for (const char* mode : {"subgroup", "portable", "gemm"}) {
+    if (std::string(mode) == "portable") ::setenv("KIMI_VULKAN_PORTABLE", "1", 1);
+    if (std::string(mode) == "gemm") ::setenv("KIMI_VULKAN_GEMM_MIN", "1", 1);
     auto gpu = make_vulkan_backend(test::first_vulkan_device(), Precision::F32);
     ::unsetenv("KIMI_VULKAN_PORTABLE");
-    SCOPED_TRACE(std::string("KIMI_VULKAN_PORTABLE=") + portable);
+    ::unsetenv("KIMI_VULKAN_GEMM_MIN");
+    SCOPED_TRACE(mode);
     uint32_t seed = 300;
     for (GgmlType t : kTypes) {
       const bool plain = t == GgmlType::F32 || t == GgmlType::F16 || t == GgmlType::BF16;

@@ -6,6 +6,52 @@ uint u16at(uint64_t a, uint o) { return b8(a, o) | (b8(a, o + 1u) << 8); }
 float hf(uint64_t a, uint o) { return half_bits(u16at(a, o)); }
 int s8(uint64_t a, uint o) { int v = int(b8(a, o)); return v >= 128 ? v - 256 : v; }
 
+// Wide loads of block bytes (both kernels): aligned 4-byte words (16-byte where the blocks sit on 16
+// bytes) with funnel shifts for any byte alignment; a word is read only if one of the wanted bytes
+// lies in it, so no load reaches past the tensor's last word.
+layout(buffer_reference, std430, buffer_reference_align = 4) buffer WU32 { uint v[]; };
+layout(buffer_reference, std430, buffer_reference_align = 16) buffer WU4 { uvec4 v[]; };
+
+// bits s .. s+31 of the 64-bit value hi:lo (0 <= s < 64)
+uint fsh(uint lo, uint hi, uint s) { return uint(packUint2x32(uvec2(lo, hi)) >> s); }
+// the 16 bytes at any byte address a: four aligned 4-byte loads, five where a is not 4-aligned
+uvec4 ld16w(uint64_t a) {
+  WU32 p = WU32(a & ~3ul);
+  const uint s = uint(a & 3ul) * 8u;
+  const uint w0 = p.v[0], w1 = p.v[1], w2 = p.v[2], w3 = p.v[3];
+  uint w4 = 0u;
+  if (s != 0u) w4 = p.v[4];
+  return uvec4(fsh(w0, w1, s), fsh(w1, w2, s), fsh(w2, w3, s), fsh(w3, w4, s));
+}
+// the 4 bytes at any byte address a: one aligned 4-byte load, two where a is not 4-aligned
+uint ld4w(uint64_t a) {
+  WU32 p = WU32(a & ~3ul);
+  const uint s = uint(a & 3ul) * 8u;
+  uint w1 = 0u;
+  if (s != 0u) w1 = p.v[1];
+  return fsh(p.v[0], w1, s);
+}
+// the same with one 16-byte load where a is 16-aligned (types whose blocks all share an alignment,
+// so the branch is uniform)
+uvec4 ld16(uint64_t a) {
+  if ((a & 15ul) == 0ul) return WU4(a).v[0];
+  return ld16w(a);
+}
+// the 2 bytes at an even address as one 16-bit load (block types' f16 fields; bytes if odd)
+uint ld2(uint64_t a) {
+  if ((a & 1ul) == 0ul) return uint(U16(a).v[0]);
+  return u16at(a, 0u);
+}
+// 4 low nibbles / signed bytes / 4 bits of the 4 bytes of a word, as a vec4
+vec4 nib4(uint w) { return vec4((uvec4(w, w >> 8, w >> 16, w >> 24)) & 15u); }
+vec4 sb4(uint w) { return vec4(ivec4(int(w << 24) >> 24, int(w << 16) >> 24, int(w << 8) >> 24, int(w) >> 24)); }
+vec4 bits4(uint w, uint o) { return vec4((uvec4(w) >> (uvec4(0u, 1u, 2u, 3u) + o)) & 1u); }  // bits o .. o+3
+vec4 bit4(uint w, uint j) { return vec4((uvec4(w, w >> 8, w >> 16, w >> 24) >> j) & 1u); }
+float hsum(vec4 v) { return dot(v, vec4(1.0)); }
+// byte i (0..7) of two words
+uint byte8(uvec2 w, uint i) { return (w[i >> 2] >> (8u * (i & 3u))) & 255u; }
+uvec2 ld8w(uint64_t a) { return uvec2(ld4w(a), ld4w(a + 4ul)); }
+
 // Plain types (PLAIN_TYPE) may have any row length: dq1(row, j) decodes one value for the tail.
 #if defined(VARIANT_F32)
 #define PLAIN_TYPE 1
@@ -48,20 +94,18 @@ void dq8(uint64_t row, uint c, out float v[8]) {
 #elif defined(VARIANT_Q8_0)  // {f16 d; int8 q[32]} = 34 bytes
 void dq8(uint64_t row, uint c, out float v[8]) {
   uint64_t blk = row + uint64_t(c / 4u) * 34ul;
-  float d = hf(blk, 0u);
-  uint o = 2u + (c % 4u) * 8u;
-  for (uint i = 0u; i < 8u; ++i) v[i] = d * float(s8(blk, o + i));
+  float d = half_bits(ld2(blk));
+  const uvec2 w = ld8w(blk + uint64_t(2u + (c % 4u) * 8u));
+  for (uint i = 0u; i < 8u; ++i) v[i] = d * float(int(byte8(w, i) << 24) >> 24);
 }
 #elif defined(VARIANT_Q4_0)  // {f16 d; u8 qs[16]} = 18 bytes: j < 16 low nibbles, j >= 16 high
 void dq8(uint64_t row, uint c, out float v[8]) {
   uint64_t blk = row + uint64_t(c / 4u) * 18ul;
-  float d = hf(blk, 0u);
+  float d = half_bits(ld2(blk));
   uint j0 = (c % 4u) * 8u;
-  for (uint i = 0u; i < 8u; ++i) {
-    uint j = j0 + i;
-    uint q = j < 16u ? (b8(blk, 2u + j) & 15u) : (b8(blk, 2u + j - 16u) >> 4);
-    v[i] = d * float(int(q) - 8);
-  }
+  const uvec2 w = ld8w(blk + uint64_t(2u + j0 % 16u));
+  const uint sh = j0 < 16u ? 0u : 4u;
+  for (uint i = 0u; i < 8u; ++i) v[i] = d * float(int((byte8(w, i) >> sh) & 15u) - 8);
 }
 #elif defined(VARIANT_Q5_0) || defined(VARIANT_Q5_1)
 // Q5_0 {f16 d; u8 qh[4]; u8 qs[16]} = 22 bytes, value (q - 16) d
@@ -73,17 +117,21 @@ void dq8(uint64_t row, uint c, out float v[8]) {
   const uint BS = 24u, QH = 4u;
 #endif
   uint64_t blk = row + uint64_t(c / 4u) * uint64_t(BS);
-  float d = hf(blk, 0u);
-  uint qh = b8(blk, QH) | (b8(blk, QH + 1u) << 8) | (b8(blk, QH + 2u) << 16) | (b8(blk, QH + 3u) << 24);
+  float d = half_bits(ld2(blk));
+#if defined(VARIANT_Q5_1)
+  float m = half_bits(ld2(blk + 2ul));
+#endif
+  uint qh = ld4w(blk + uint64_t(QH));
   uint j0 = (c % 4u) * 8u;
+  const uvec2 w = ld8w(blk + uint64_t(QH + 4u + j0 % 16u));
+  const uint sh = j0 < 16u ? 0u : 4u;
   for (uint i = 0u; i < 8u; ++i) {
     uint j = j0 + i;
-    uint lo = j < 16u ? (b8(blk, QH + 4u + j) & 15u) : (b8(blk, QH + 4u + j - 16u) >> 4);
-    uint q = lo | (((qh >> j) & 1u) << 4);
+    uint q = ((byte8(w, i) >> sh) & 15u) | (((qh >> j) & 1u) << 4);
 #if defined(VARIANT_Q5_0)
     v[i] = d * float(int(q) - 16);
 #else
-    v[i] = d * float(q) + hf(blk, 2u);
+    v[i] = d * float(q) + m;
 #endif
   }
 }
@@ -94,25 +142,14 @@ void dq8(uint64_t row, uint c, out float v[8]) {
   uint e = b8(blk, 0u);
   float h = uintBitsToFloat(e < 2u ? (0x00200000u << e) : ((e - 1u) << 23));
   uint j0 = (c % 4u) * 8u;
-  for (uint i = 0u; i < 8u; ++i) {
-    uint j = j0 + i;
-    uint q = j < 16u ? (b8(blk, 1u + j) & 15u) : (b8(blk, 1u + j - 16u) >> 4);
-    v[i] = KV_MXFP4[q] * h;
-  }
+  const uvec2 w = ld8w(blk + uint64_t(1u + j0 % 16u));
+  const uint sh = j0 < 16u ? 0u : 4u;
+  for (uint i = 0u; i < 8u; ++i) v[i] = KV_MXFP4[(byte8(w, i) >> sh) & 15u] * h;
 }
 #elif defined(VARIANT_Q4_K) || defined(VARIANT_Q5_K)
 // Q4_K {f16 d; f16 dmin; u8 scales[12]; u8 qs[128]} = 144 bytes
 // Q5_K {f16 d; f16 dmin; u8 scales[12]; u8 qh[32]; u8 qs[128]} = 176 bytes
 // 256 values in 4 chunks of 64: 32 low nibbles (sub-block 2k) then 32 high nibbles (2k+1)
-void scale_min_k4(uint64_t blk, uint j, out uint d, out uint m) {
-  if (j < 4u) {
-    d = b8(blk, 4u + j) & 63u;
-    m = b8(blk, 4u + j + 4u) & 63u;
-  } else {
-    d = (b8(blk, 4u + j + 4u) & 15u) | ((b8(blk, 4u + j - 4u) >> 6) << 4);
-    m = (b8(blk, 4u + j + 4u) >> 4) | ((b8(blk, 4u + j) >> 6) << 4);
-  }
-}
 void dq8(uint64_t row, uint c, out float v[8]) {
 #if defined(VARIANT_Q4_K)
   const uint BS = 144u, QS = 16u;
@@ -122,16 +159,29 @@ void dq8(uint64_t row, uint c, out float v[8]) {
   uint64_t blk = row + uint64_t(c / 32u) * uint64_t(BS);
   uint e0 = (c % 32u) * 8u;          // element in the block
   uint chunk = e0 / 64u, within = e0 % 64u, hi = within / 32u, l0 = within % 32u;
+  // the header (d, dmin, scales) as one 16-byte load where the blocks sit on 16 bytes
+  const uvec4 hd = ld16(blk);
+  const uint j = 2u * chunk + hi;
+  const uint sj = (hd[1u + j / 4u] >> (8u * (j % 4u))) & 255u, sj4 = (hd[1u + (j + 4u) / 4u] >> (8u * (j % 4u))) & 255u;
   uint sc, mn;
-  scale_min_k4(blk, 2u * chunk + hi, sc, mn);
-  float d = hf(blk, 0u) * float(sc), m = hf(blk, 2u) * float(mn);
-  for (uint i = 0u; i < 8u; ++i) {
-    uint l = l0 + i;
-    uint qb = b8(blk, QS + chunk * 32u + l);
-    uint q = hi == 0u ? (qb & 15u) : (qb >> 4);
+  if (j < 4u) {
+    sc = sj & 63u;
+    mn = sj4 & 63u;
+  } else {
+    const uint sjm4 = (hd[(j - 4u) / 4u + 1u] >> (8u * (j % 4u))) & 255u;
+    sc = (sj4 & 15u) | ((sjm4 >> 6) << 4);
+    mn = (sj4 >> 4) | ((sj >> 6) << 4);
+  }
+  const vec2 dm = unpackHalf2x16(hd.x);
+  float d = dm.x * float(sc), m = dm.y * float(mn);
+  const uvec2 w = ld8w(blk + uint64_t(QS + chunk * 32u + l0));
 #if defined(VARIANT_Q5_K)
-    uint u = 1u << (2u * chunk + hi);
-    if ((b8(blk, 16u + l) & u) != 0u) q += 16u;
+  const uvec2 wh = ld8w(blk + uint64_t(16u + l0));
+#endif
+  for (uint i = 0u; i < 8u; ++i) {
+    uint q = (byte8(w, i) >> (4u * hi)) & 15u;
+#if defined(VARIANT_Q5_K)
+    q += ((byte8(wh, i) >> j) & 1u) << 4;
 #endif
     v[i] = d * float(q) - m;
   }
@@ -143,15 +193,14 @@ void dq8(uint64_t row, uint c, out float v[8]) {
   uint64_t blk = row + uint64_t(c / 32u) * 210ul;
   uint e0 = (c % 32u) * 8u;
   uint half_ = e0 / 128u, r = e0 % 128u, run = r / 32u, l0 = r % 32u;
-  float d = hf(blk, 208u);
-  uint ql = half_ * 64u, qh = 128u + half_ * 32u, scb = 192u + half_ * 8u;
+  float d = half_bits(ld2(blk + 208ul));
+  uint ql = half_ * 64u + (run & 1u) * 32u, qh = 128u + half_ * 32u, scb = 192u + half_ * 8u;
+  const uvec2 wl = ld8w(blk + uint64_t(ql + l0)), wh = ld8w(blk + uint64_t(qh + l0));
+  int s = s8(blk, scb + l0 / 16u + 2u * run);  // l0 .. l0+7 share one 16-value scale
   for (uint i = 0u; i < 8u; ++i) {
-    uint l = l0 + i;
-    uint lo = (run & 1u) == 0u ? b8(blk, ql + l) : b8(blk, ql + l + 32u);
-    lo = run < 2u ? (lo & 15u) : (lo >> 4);
-    uint h = (b8(blk, qh + l) >> (2u * run)) & 3u;
+    uint lo = (byte8(wl, i) >> (run < 2u ? 0u : 4u)) & 15u;
+    uint h = (byte8(wh, i) >> (2u * run)) & 3u;
     int q = int(lo | (h << 4)) - 32;
-    int s = s8(blk, scb + l / 16u + 2u * run);
     v[i] = d * float(s) * float(q);
   }
 }
@@ -177,11 +226,14 @@ void dq8(uint64_t row, uint c, out float v[8]) {
   float d = hf(blk, 108u) * float(int(lo | (hi << 4)) - 32), m = 0.0;
 #endif
   uint shift = 2u * ((e0 % 128u) / 32u);
-  for (uint i = 0u; i < 8u; ++i) {
-    uint e = e0 + i;
-    int q = int((b8(blk, QS + 32u * (e / 128u) + e % 32u) >> shift) & 3u);
+  const uvec2 wq = ld8w(blk + uint64_t(QS + 32u * (e0 / 128u) + e0 % 32u));
 #if defined(VARIANT_Q3_K)
-    if ((b8(blk, e % 32u) & (1u << (e / 32u))) == 0u) q -= 4;
+  const uvec2 wm = ld8w(blk + uint64_t(e0 % 32u));
+#endif
+  for (uint i = 0u; i < 8u; ++i) {
+    int q = int((byte8(wq, i) >> shift) & 3u);
+#if defined(VARIANT_Q3_K)
+    if ((byte8(wm, i) & (1u << (e0 / 32u))) == 0u) q -= 4;
 #endif
     v[i] = d * float(q) - m;
   }
@@ -195,11 +247,9 @@ void dq8(uint64_t row, uint c, out float v[8]) {
   uint e0 = (c % 32u) * 8u, ib = e0 / 32u;
   uint ls = ((b8(blk, 4u + ib / 2u) >> (4u * (ib % 2u))) & 15u) | (((u16at(blk, 2u) >> (2u * ib)) & 3u) << 4);
   float d = hf(blk, 0u) * float(int(ls) - 32);
-  for (uint i = 0u; i < 8u; ++i) {
-    uint j = (e0 + i) % 32u;
-    uint qb = b8(blk, 8u + ib * 16u + (j % 16u));
-    v[i] = d * KV_IQ4NL[j < 16u ? (qb & 15u) : (qb >> 4)];
-  }
+  const uint j0 = e0 % 32u;
+  const uvec2 w = ld8w(blk + uint64_t(8u + ib * 16u + j0 % 16u));
+  for (uint i = 0u; i < 8u; ++i) v[i] = d * KV_IQ4NL[(byte8(w, i) >> (j0 < 16u ? 0u : 4u)) & 15u];
 }
 #else
 #error "dequant.glsl: no VARIANT_* type given"
@@ -213,45 +263,6 @@ void dq8(uint64_t row, uint c, out float v[8]) {
 // read only if one of the unit's bytes lies in it, so no load reaches past the tensor's last word.
 #if !defined(PLAIN_TYPE)
 #define HAVE_DOT32 1
-layout(buffer_reference, std430, buffer_reference_align = 4) buffer WU32 { uint v[]; };
-layout(buffer_reference, std430, buffer_reference_align = 16) buffer WU4 { uvec4 v[]; };
-
-// bits s .. s+31 of the 64-bit value hi:lo (0 <= s < 64)
-uint fsh(uint lo, uint hi, uint s) { return uint(packUint2x32(uvec2(lo, hi)) >> s); }
-// the 16 bytes at any byte address a: four aligned 4-byte loads, five where a is not 4-aligned
-uvec4 ld16w(uint64_t a) {
-  WU32 p = WU32(a & ~3ul);
-  const uint s = uint(a & 3ul) * 8u;
-  const uint w0 = p.v[0], w1 = p.v[1], w2 = p.v[2], w3 = p.v[3];
-  uint w4 = 0u;
-  if (s != 0u) w4 = p.v[4];
-  return uvec4(fsh(w0, w1, s), fsh(w1, w2, s), fsh(w2, w3, s), fsh(w3, w4, s));
-}
-// the 4 bytes at any byte address a: one aligned 4-byte load, two where a is not 4-aligned
-uint ld4w(uint64_t a) {
-  WU32 p = WU32(a & ~3ul);
-  const uint s = uint(a & 3ul) * 8u;
-  uint w1 = 0u;
-  if (s != 0u) w1 = p.v[1];
-  return fsh(p.v[0], w1, s);
-}
-// the same with one 16-byte load where a is 16-aligned (types whose blocks all share an alignment,
-// so the branch is uniform)
-uvec4 ld16(uint64_t a) {
-  if ((a & 15ul) == 0ul) return WU4(a).v[0];
-  return ld16w(a);
-}
-// the 2 bytes at an even address as one 16-bit load (block types' f16 fields; bytes if odd)
-uint ld2(uint64_t a) {
-  if ((a & 1ul) == 0ul) return uint(U16(a).v[0]);
-  return u16at(a, 0u);
-}
-// 4 low nibbles / signed bytes / 4 bits of the 4 bytes of a word, as a vec4
-vec4 nib4(uint w) { return vec4((uvec4(w, w >> 8, w >> 16, w >> 24)) & 15u); }
-vec4 sb4(uint w) { return vec4(ivec4(int(w << 24) >> 24, int(w << 16) >> 24, int(w << 8) >> 24, int(w) >> 24)); }
-vec4 bits4(uint w, uint o) { return vec4((uvec4(w) >> (uvec4(0u, 1u, 2u, 3u) + o)) & 1u); }  // bits o .. o+3
-vec4 bit4(uint w, uint j) { return vec4((uvec4(w, w >> 8, w >> 16, w >> 24) >> j) & 1u); }
-float hsum(vec4 v) { return dot(v, vec4(1.0)); }
 #endif
 
 #if defined(VARIANT_MXFP4)
@@ -330,7 +341,7 @@ float dot32(uint64_t row, uint u, vec4 x[8]) {
 #endif
   const uint j = u % 8u, c = j / 2u, sh = 4u * (j % 2u);
   const uvec4 h = ld16(blk);  // d, dmin, scales[12]
-  // scale_min_k4: byte k of scales is byte k % 4 of word 1 + k / 4 of the header
+  // ggml's 6-bit scale and min j: byte k of scales is byte k % 4 of word 1 + k / 4 of the header
   const uint sj = (h[1u + j / 4u] >> (8u * (j % 4u))) & 255u;
   const uint sj4 = (h[1u + (j + 4u) / 4u] >> (8u * (j % 4u))) & 255u;
   uint sc, mn;

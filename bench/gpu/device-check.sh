@@ -119,8 +119,9 @@ rmdir "$work" 2>/dev/null
     echo "## $(basename "$f" .log)"
     echo
     echo '```'
-    # the speed rows, the placement, the device and its measured ceilings, decode/prefill as % of them
-    grep -E '^\| |^placement|^device |^tg: |^pp: |% of the device|ceiling|routed expert picks' "$f"
+    # the speed rows, the placement, the device and its measured ceilings, decode/prefill as % of them, the
+    # hybrid runs' prefill offload choice (--moe-offload auto, the default) and what ran offloaded
+    grep -E '^\| |^placement|^device |^tg: |^pp: |% of the device|ceiling|routed expert picks|^prefill offload' "$f"
     echo '```'
     echo
   done

@@ -136,7 +136,12 @@ void dq8(uint64_t row, uint c, out float v[8]) {
   }
 }
 #elif defined(VARIANT_MXFP4)  // {u8 e (E8M0); u8 qs[16]} = 17 bytes, ggml's doubled values x half scale
-const float KV_MXFP4[16] = float[16](0., 1., 2., 3., 4., 6., 8., 12., 0., -1., -2., -3., -4., -6., -8., -12.);
+// doubled E2M1 magnitudes 0 1 2 3 4 6 8 12 as nibbles of one constant; bit 3 is the sign
+// (no table in private memory: a dynamically indexed constant array can land in local memory)
+float e2m1x2(uint c) {
+  const int m = int((0xC8643210u >> ((c & 7u) * 4u)) & 15u);
+  return float((c & 8u) != 0u ? -m : m);  // code 8 is +0, as ggml's table has it
+}
 void dq8(uint64_t row, uint c, out float v[8]) {
   uint64_t blk = row + uint64_t(c / 4u) * 17ul;
   uint e = b8(blk, 0u);
@@ -144,7 +149,7 @@ void dq8(uint64_t row, uint c, out float v[8]) {
   uint j0 = (c % 4u) * 8u;
   const uvec2 w = ld8w(blk + uint64_t(1u + j0 % 16u));
   const uint sh = j0 < 16u ? 0u : 4u;
-  for (uint i = 0u; i < 8u; ++i) v[i] = KV_MXFP4[(byte8(w, i) >> sh) & 15u] * h;
+  for (uint i = 0u; i < 8u; ++i) v[i] = e2m1x2((byte8(w, i) >> sh) & 15u) * h;
 }
 #elif defined(VARIANT_Q4_K) || defined(VARIANT_Q5_K)
 // Q4_K {f16 d; f16 dmin; u8 scales[12]; u8 qs[128]} = 144 bytes
@@ -241,7 +246,10 @@ void dq8(uint64_t row, uint c, out float v[8]) {
 #elif defined(VARIANT_IQ4_XS)
 // {f16 d; u16 scales_h; u8 scales_l[4]; u8 qs[128]} = 136 bytes; 8 sub-blocks of 32 with 6-bit
 // scales (+32), values from the IQ4_NL table; sub-block bytes: low nibble j, high nibble j+16
-const float KV_IQ4NL[16] = float[16](-127., -104., -83., -65., -49., -35., -22., -10., 1., 13., 25., 38., 53., 69., 89., 113.);
+// the IQ4_NL table as 16 signed bytes of a constant vector (a dynamically indexed constant array can
+// land in local memory): -127 -104 -83 -65 -49 -35 -22 -10 1 13 25 38 53 69 89 113
+const uvec4 KV_IQ4NL_B = uvec4(0xBFAD9881u, 0xF6EADDCFu, 0x26190D01u, 0x71594535u);
+float kv_iq4nl(uint c) { return float(int(KV_IQ4NL_B[c >> 2] << (24u - 8u * (c & 3u))) >> 24); }
 void dq8(uint64_t row, uint c, out float v[8]) {
   uint64_t blk = row + uint64_t(c / 32u) * 136ul;
   uint e0 = (c % 32u) * 8u, ib = e0 / 32u;
@@ -249,7 +257,7 @@ void dq8(uint64_t row, uint c, out float v[8]) {
   float d = hf(blk, 0u) * float(int(ls) - 32);
   const uint j0 = e0 % 32u;
   const uvec2 w = ld8w(blk + uint64_t(8u + ib * 16u + j0 % 16u));
-  for (uint i = 0u; i < 8u; ++i) v[i] = d * KV_IQ4NL[(byte8(w, i) >> (j0 < 16u ? 0u : 4u)) & 15u];
+  for (uint i = 0u; i < 8u; ++i) v[i] = d * kv_iq4nl((byte8(w, i) >> (j0 < 16u ? 0u : 4u)) & 15u);
 }
 #else
 #error "dequant.glsl: no VARIANT_* type given"
@@ -266,11 +274,6 @@ void dq8(uint64_t row, uint c, out float v[8]) {
 #endif
 
 #if defined(VARIANT_MXFP4)
-// doubled E2M1 magnitudes 0 1 2 3 4 6 8 12 as nibbles of one constant; bit 3 is the sign
-float e2m1x2(uint c) {
-  const float m = float((0xC8643210u >> ((c & 7u) * 4u)) & 15u);
-  return (c & 8u) != 0u ? -m : m;
-}
 vec4 mx4(uint w) { return vec4(e2m1x2(w & 15u), e2m1x2((w >> 8) & 15u), e2m1x2((w >> 16) & 15u), e2m1x2((w >> 24) & 15u)); }
 float dot32(uint64_t row, uint u, vec4 x[8]) {
   // 17 bytes from any byte alignment: always the five words that hold them
@@ -455,8 +458,8 @@ float dot32(uint64_t row, uint u, vec4 x[8]) {
   for (uint i = 0u; i < 4u; ++i) {
     const uvec4 lo = uvec4(q[i], q[i] >> 8, q[i] >> 16, q[i] >> 24) & 15u;
     const uvec4 hi = uvec4(q[i] >> 4, q[i] >> 12, q[i] >> 20, q[i] >> 28) & 15u;
-    sum += dot(vec4(KV_IQ4NL[lo.x], KV_IQ4NL[lo.y], KV_IQ4NL[lo.z], KV_IQ4NL[lo.w]), x[i]) +
-           dot(vec4(KV_IQ4NL[hi.x], KV_IQ4NL[hi.y], KV_IQ4NL[hi.z], KV_IQ4NL[hi.w]), x[i + 4u]);
+    sum += dot(vec4(kv_iq4nl(lo.x), kv_iq4nl(lo.y), kv_iq4nl(lo.z), kv_iq4nl(lo.w)), x[i]) +
+           dot(vec4(kv_iq4nl(hi.x), kv_iq4nl(hi.y), kv_iq4nl(hi.z), kv_iq4nl(hi.w)), x[i + 4u]);
   }
   return unpackHalf2x16(h.x).x * float(int(ls) - 32) * sum;
 }

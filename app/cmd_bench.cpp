@@ -352,8 +352,11 @@ int cmd_bench(int argc, char** argv) {
     std::printf("tg: %s\n", tg_xs.offload_summary().c_str());
   for (kimi::Backend* be : accels) {
     const kimi::BackendStats s = be->stats();
-    std::printf("device %s: %.1f MiB held (weights %.1f MiB), %llu submits\n", be->name(), s.device_bytes / 1048576.0,
-                s.weight_bytes / 1048576.0, static_cast<unsigned long long>(s.submits));
+    std::printf("device %s: %.1f MiB held (weights %.1f MiB), %llu submits; command buffers %llu recorded (%.2f ms), "
+                "%llu replayed\n",
+                be->name(), s.device_bytes / 1048576.0, s.weight_bytes / 1048576.0,
+                static_cast<unsigned long long>(s.submits), static_cast<unsigned long long>(s.cmd_recorded),
+                s.record_seconds * 1e3, static_cast<unsigned long long>(s.cmd_replayed));
   }
   if (with_ceiling) ceiling.print(stdout);
   for (const DevReport& r : dev_reports) {

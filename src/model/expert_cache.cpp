@@ -59,6 +59,7 @@ ExpertStreamStats ExpertStreamStats::minus(const ExpertStreamStats& o) const {
   d.offload_picks -= o.offload_picks;
   d.offload_bytes -= o.offload_bytes;
   d.offload_chunks -= o.offload_chunks;
+  d.offload_split_steps -= o.offload_split_steps;
   return d;
 }
 
@@ -79,6 +80,7 @@ void ExpertStreamStats::add(const ExpertStreamStats& o) {
   offload_picks += o.offload_picks;
   offload_bytes += o.offload_bytes;
   offload_chunks += o.offload_chunks;
+  offload_split_steps += o.offload_split_steps;
   if (!o.offload_plan.empty()) offload_plan = o.offload_plan, offload_device = o.offload_device;
   if (o.hot_per_layer) hot_per_layer = o.hot_per_layer, hot_device = o.hot_device;
 }

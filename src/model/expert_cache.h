@@ -85,6 +85,7 @@ struct ExpertStreamStats {
   // prefill offload (ExpertOffload): layer steps whose host picks ran on the accelerator, steps the rates
   // left on the CPU, their picks, the expert bytes uploaded, chunks; the choice made at load (-v)
   uint64_t offload_steps = 0, offload_declined = 0, offload_picks = 0, offload_bytes = 0, offload_chunks = 0;
+  uint64_t offload_split_steps = 0;  // of offload_steps: the host ran the picks of the experts not offloaded
   std::string offload_plan, offload_device;
   // "routed experts offloaded to vulkan:0: 14 layer steps (0 left on the CPU by the rates), 3584 picks, ..."
   std::string offload_summary() const;

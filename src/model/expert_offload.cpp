@@ -42,7 +42,7 @@ int64_t default_offload_min_tokens(int64_t n_expert, int64_t n_used) {
 
 ExpertOffload::ExpertOffload(const Model& m, Backend& dev, Backend& host, const std::vector<uint8_t>& on_host,
                              const ExpertOffloadOptions& o, int64_t n_tokens)
-    : dev_(dev), host_(host), mode_(o.mode), device_(dev.name()) {
+    : dev_(dev), host_(host), mode_(o.mode), max_experts_(o.max_experts), device_(dev.name()) {
   const HParams& hp = m.hparams();
   E_ = hp.n_expert;
   k_ = hp.n_expert_used;
@@ -106,8 +106,10 @@ ExpertOffload::ExpertOffload(const Model& m, Backend& dev, Backend& host, const 
     w_[h] = dev.alloc(uint64_t(n_tokens * k_) * 4, "prefill offload weights");
     acc_[h] = dev.alloc(uint64_t(n_tokens * width_) * 4, "prefill offload chunk sum");
   }
+  part_ = dev.alloc(uint64_t(n_tokens * width_) * 4, "prefill offload sum (split steps)");
   used_.assign(size_t(E_), 0);
   pos_.assign(size_t(E_), -1);
+  cnt_.assign(size_t(E_), 0);
   csel_.assign(size_t(n_tokens * k_), -1);
   cw_.assign(size_t(n_tokens * k_), 0.0f);
   active_ = true;
@@ -121,7 +123,8 @@ ExpertOffload::ExpertOffload(const Model& m, Backend& dev, Backend& host, const 
   const double c = rates_.cpu_seconds(distinct, picks, expert_bytes_),
                g = rates_.device_seconds(distinct, picks, expert_bytes_);
   plan_ = fmt::format(
-      "{}: auto for micro-batches >= {} tokens, each step when upload + device beat the CPU by the rates measured now "
+      "{}: auto for micro-batches >= {} tokens, each step's most-picked experts to the device while the CPU runs the "
+      "rest, as many as the rates measured now make fastest "
       "({:.2f} s): CPU {} of experts read, {} per pick; upload {}; device {} per pick; a full micro-batch of {} tokens "
       "({} picks of {} experts): CPU {:.3g} ms vs upload + device {:.3g} ms -> {}; {}",
       head, min_tokens_, rates_.probe_s, rate(rates_.cpu_read_Bps), per_pick(rates_.cpu_s_per_pick),
@@ -211,37 +214,67 @@ void ExpertOffload::probe(const Model& m, uint32_t il, int64_t n_tokens) {
   rates_.probe_s = now_s() - t_start;
 }
 
-bool ExpertOffload::run(uint32_t il, const ExpertMats& hm, const float* x, int64_t n, int64_t width,
-                        const int32_t* host_sel, const float* host_weights, int64_t k, float situ_beta,
-                        float situ_lambda, float* acc) {
-  if (!active_ || n < min_tokens_ || il >= on_host_.size() || !on_host_[il]) return false;
+ExpertOffload::Result ExpertOffload::run(uint32_t il, const ExpertMats& hm, const float* x, int64_t n, int64_t width,
+                                         int32_t* host_sel, const float* host_weights, int64_t k, float situ_beta,
+                                         float situ_lambda, float* acc) {
+  if (!active_ || n < min_tokens_ || il >= on_host_.size() || !on_host_[il]) return Result::None;
   const int64_t count = n * k;
   check(count <= int64_t(csel_.size()) && width <= width_ && k == k_,
         "prefill offload: a step of {} picks beyond the {} reserved", count, csel_.size());
-  // the distinct experts of the host's picks, in id order
+  // the distinct experts of the host's picks and their picks
   int64_t picks = 0, D = 0;
   for (int64_t i = 0; i < count; ++i) {
     const int32_t e = host_sel[i];
     if (e < 0 || e >= E_) continue;
     ++picks;
-    pos_[size_t(e)] = 0;
+    ++cnt_[size_t(e)];
   }
   for (int64_t e = 0; e < E_; ++e)
-    if (pos_[size_t(e)] >= 0) pos_[size_t(e)] = int32_t(D), used_[size_t(D++)] = int32_t(e);
-  auto done = [&](bool r) {
-    for (int64_t p = 0; p < D; ++p) pos_[size_t(used_[size_t(p)])] = -1;
+    if (cnt_[size_t(e)] > 0) used_[size_t(D++)] = int32_t(e);
+  auto done = [&](Result r) {
+    for (int64_t p = 0; p < D; ++p) cnt_[size_t(used_[size_t(p)])] = 0, pos_[size_t(used_[size_t(p)])] = -1;
     return r;
   };
-  if (D == 0) return done(false);
+  if (D == 0) return done(Result::None);
   const uint64_t eb = hm.gate_slice + hm.up_slice + hm.down_slice;
-  if (mode_ == ExpertOffloadOptions::Mode::Auto &&
-      (!rates_.measured() || rates_.device_seconds(D, picks, eb) >= rates_.cpu_seconds(D, picks, eb))) {
-    ++declined_;
-    return done(false);
+  // how many experts go to the device: the S most-picked ones (ties: the lower id), the rest stays on the host
+  int64_t S = D;
+  if (max_experts_ > 0) S = std::min(S, max_experts_);
+  if (mode_ == ExpertOffloadOptions::Mode::Auto || S < D) {
+    std::sort(used_.begin(), used_.begin() + D, [&](int32_t a, int32_t b) {
+      return cnt_[size_t(a)] != cnt_[size_t(b)] ? cnt_[size_t(a)] > cnt_[size_t(b)] : a < b;
+    });
   }
-  for (int64_t lo = 0, c = 0; lo < D; lo += chunk_, ++c) {
+  if (mode_ == ExpertOffloadOptions::Mode::Auto) {
+    if (!rates_.measured()) {
+      ++declined_;
+      return done(Result::None);
+    }
+    // the split with the shortest step: the device's share (upload + work) and the host's run at the same time
+    double best = rates_.cpu_seconds(D, picks, eb);
+    int64_t best_s = 0, dev_picks = 0;
+    for (int64_t j = 1; j <= S; ++j) {
+      dev_picks += cnt_[size_t(used_[size_t(j - 1)])];
+      const double dev = rates_.device_seconds(j, dev_picks, eb);
+      const double host = j < D ? rates_.cpu_seconds(D - j, picks - dev_picks, eb) : 0.0;
+      const double t = std::max(dev, host);
+      if (t < best) best = t, best_s = j;
+    }
+    if (best_s == 0) {
+      ++declined_;
+      return done(Result::None);
+    }
+    S = best_s;
+  }
+  // the offloaded experts in id order: their position in the walk; the others keep pos -1
+  std::sort(used_.begin(), used_.begin() + S);
+  for (int64_t p = 0; p < S; ++p) pos_[size_t(used_[size_t(p)])] = int32_t(p);
+  const bool all = S == D;
+  float* sum = all ? acc : part_->as<float>();
+  int64_t moved = 0;
+  for (int64_t lo = 0, c = 0; lo < S; lo += chunk_, ++c) {
     const int h = int(c % 2);
-    const int64_t hi = std::min(D, lo + chunk_);
+    const int64_t hi = std::min(S, lo + chunk_);
     for (int64_t p = lo; p < hi; ++p) upload_expert(hm, used_[size_t(p)], h, p - lo);
     for (int64_t i = 0; i < count; ++i) {
       const int32_t e = host_sel[i];
@@ -253,18 +286,24 @@ bool ExpertOffload::run(uint32_t il, const ExpertMats& hm, const float* x, int64
     dev_.upload(sel_[h]->data(), csel_.data(), uint64_t(count) * 4);
     dev_.upload(w_[h]->data(), cw_.data(), uint64_t(count) * 4);
     const ExpertMats dm = half_mats(hm, h);
-    // chunk 0 writes the layer's sum, each later chunk is added to it: one fixed order
-    float* out = c == 0 ? acc : acc_[h]->as<float>();
+    // chunk 0 writes the sum, each later chunk is added to it: one fixed order
+    float* out = c == 0 ? sum : acc_[h]->as<float>();
     dev_.moe_experts(dm, x, n, width, sel_[h]->as<int32_t>(), w_[h]->as<float>(), k, hi - lo, situ_beta, situ_lambda,
                      out);
-    if (c > 0) dev_.add(acc, out, n * width);
-    dev_.flush();  // the device may run this chunk while the host stages the next one
+    if (c > 0) dev_.add(sum, out, n * width);
+    dev_.flush();  // the device may run this chunk while the host stages the next one (or runs its share)
     bytes_ += uint64_t(hi - lo) * eb;
     ++chunks_;
   }
+  // the host keeps the picks of the experts not offloaded
+  for (int64_t i = 0; i < count; ++i) {
+    const int32_t e = host_sel[i];
+    if (e >= 0 && e < E_ && pos_[size_t(e)] >= 0) host_sel[i] = -1, ++moved;
+  }
   ++steps_;
-  picks_ += uint64_t(picks);
-  return done(true);
+  if (!all) ++split_steps_;
+  picks_ += uint64_t(moved);
+  return done(all ? Result::All : Result::Part);
 }
 
 void ExpertOffload::add_stats(ExpertStreamStats& s) const {
@@ -273,15 +312,16 @@ void ExpertOffload::add_stats(ExpertStreamStats& s) const {
   s.offload_picks += picks_;
   s.offload_bytes += bytes_;
   s.offload_chunks += chunks_;
+  s.offload_split_steps += split_steps_;
   s.offload_plan = plan_;
   s.offload_device = device_;
 }
 
 std::string ExpertStreamStats::offload_summary() const {
-  return fmt::format("routed experts offloaded to {}: {} layer steps ({} left on the CPU by the rates), {} picks, {} "
-                     "uploaded in {} chunks",
-                     offload_device, offload_steps, offload_declined, offload_picks, format_bytes(offload_bytes),
-                     offload_chunks);
+  return fmt::format("routed experts offloaded to {}: {} layer steps ({} of them split with the CPU, {} left on the "
+                     "CPU by the rates), {} picks, {} uploaded in {} chunks",
+                     offload_device, offload_steps, offload_split_steps, offload_declined, offload_picks,
+                     format_bytes(offload_bytes), offload_chunks);
 }
 
 }  // namespace kimi

@@ -15,7 +15,9 @@
 // order and walks them C at a time: chunk c is uploaded into half c % 2 and run there (moe_experts on
 // the half with the picks remapped to its slots, the others skipped), its sum added to the layer's in
 // chunk order; the device's work is started (Backend::flush) before the next chunk is staged, so the
-// next copy can overlap it where the backend runs recorded work while the host stages more.
+// next copy can overlap it where the backend runs recorded work while the host stages more. A step may also
+// be split: its most-picked experts go to the device while the host runs the others at the same time (auto
+// chooses how many from the measured rates), the host's sum then comes back and the device's is added to it.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -33,6 +35,9 @@ struct ExpertOffloadOptions {
   enum class Mode { Off, Auto, On };
   Mode mode = Mode::Auto;     // auto: when the measured rates say the device is faster; on: always
   int64_t min_tokens = 0;     // smallest micro-batch offloaded (>= 2); 0 = 32 x experts / experts used
+  // at most this many experts of a step go to the device, the most-picked ones; the host runs the others at
+  // the same time (0: no limit). auto picks the split itself, from the measured rates.
+  int64_t max_experts = 0;
   int64_t pool_bytes = -1;    // the device pool (both halves); -1 = auto: 1/8 of the device's free memory
                               // (4 GiB when it does not say), at most two halves of every expert of a layer
 };
@@ -67,13 +72,18 @@ class ExpertOffload {
   // false when nothing can ever be offloaded (mode off, micro-batches below the threshold, no room)
   bool active() const { return active_; }
 
+  // What run() did: None (the host runs every pick), All (acc holds the sum of every host pick), Part (the
+  // device ran the picks of some experts: their host_sel entries are now -1, their sum is in part_sum(); the
+  // host runs the rest and the caller adds part_sum() to the host's sum)
+  enum class Result { None, All, Part };
   // One MoE step of layer il whose host picks are host_sel / host_weights (host memory, n x k; -1 =
-  // not the host's pick, e.g. a hot expert's): when the step qualifies, the experts of those picks are
-  // uploaded chunk by chunk and run on the device, acc (device, n x width) = their weighted sum, and it
-  // returns true; false: nothing done, the caller runs them on the host. x: the experts' input on the
-  // device. host_mats: the layer's experts as the host reads them (slices set: streamed copies).
-  bool run(uint32_t il, const ExpertMats& host_mats, const float* x, int64_t n, int64_t width, const int32_t* host_sel,
-           const float* host_weights, int64_t k, float situ_beta, float situ_lambda, float* acc);
+  // not the host's pick, e.g. a hot expert's): when the step qualifies, the experts of (some of) those picks
+  // are uploaded chunk by chunk and run on the device. x: the experts' input on the device; acc: the layer's
+  // routed sum on the device (written when All). host_mats: the layer's experts as the host reads them.
+  // The device's work is started (flush) before it returns, so the host's share runs at the same time.
+  Result run(uint32_t il, const ExpertMats& host_mats, const float* x, int64_t n, int64_t width, int32_t* host_sel,
+             const float* host_weights, int64_t k, float situ_beta, float situ_lambda, float* acc);
+  float* part_sum() const { return part_->as<float>(); }
 
   // "prefill offload (vulkan:0): auto for micro-batches >= 128 tokens: ..." (the choice and its rates)
   const std::string& plan() const { return plan_; }
@@ -90,19 +100,21 @@ class ExpertOffload {
   Backend& dev_;
   Backend& host_;
   ExpertOffloadOptions::Mode mode_;
+  int64_t max_experts_ = 0;
   bool active_ = false;
   int64_t E_ = 0, k_ = 0, n_tokens_ = 0, width_ = 0, min_tokens_ = 0, chunk_ = 0;
   uint64_t expert_bytes_ = 0, gate_slice_ = 0, up_slice_ = 0, down_slice_ = 0;
   std::vector<uint8_t> on_host_;
   std::vector<MatView> gate_, up_, down_;  // per layer: the layer's matrix views (shape and type)
   std::unique_ptr<Buffer> pool_[2][3];     // [half][gate, up, down]: the stacks of C experts
-  std::unique_ptr<Buffer> sel_[2], w_[2], acc_[2];
-  // per step (sized once): distinct experts in id order, expert -> position among them, the remapped picks
-  std::vector<int32_t> used_, pos_, csel_;
+  std::unique_ptr<Buffer> sel_[2], w_[2], acc_[2], part_;
+  // per step (sized once): distinct experts, expert -> position among the offloaded ones, picks per
+  // expert, the remapped picks
+  std::vector<int32_t> used_, pos_, cnt_, csel_;
   std::vector<float> cw_;
   OffloadRates rates_;
   std::string plan_, device_;
-  uint64_t steps_ = 0, declined_ = 0, picks_ = 0, bytes_ = 0, chunks_ = 0;
+  uint64_t steps_ = 0, declined_ = 0, picks_ = 0, bytes_ = 0, chunks_ = 0, split_steps_ = 0;
 };
 
 }  // namespace kimi

@@ -79,12 +79,17 @@ void moe_ffn(const PartRun& r, const LayerWeights& L, MoeScratch& s, FfnScratch&
       shared_experts(n_latent_mm);
       be.flush();
     }
-    // prefill offload (model/expert_offload.h): a long micro-batch's host picks may run here instead
-    if (!site.offload || !site.offload->run(site.layer, em, xl, n, Lw, es.sel.p, es.weights.p, k, hp.situ_beta,
-                                            hp.situ_lambda, s.latent_acc.p)) {
+    // prefill offload (model/expert_offload.h): a long micro-batch's host picks (all, or the most-picked
+    // experts' while the host runs the others) may run here instead; host sum + offloaded sum, in this order
+    using Offload = ExpertOffload::Result;
+    const Offload off = site.offload ? site.offload->run(site.layer, em, xl, n, Lw, es.sel.p, es.weights.p, k,
+                                                         hp.situ_beta, hp.situ_lambda, s.latent_acc.p)
+                                     : Offload::None;
+    if (off != Offload::All) {
       xb.moe_experts(em, es.x.p, n, Lw, es.sel.p, es.weights.p, k, E, hp.situ_beta, hp.situ_lambda, es.acc.p);
       copy_between(be, s.latent_acc.p, xb, es.acc.p, static_cast<uint64_t>(n * Lw) * 4);
     }
+    if (off == Offload::Part) be.add(s.latent_acc.p, site.offload->part_sum(), n * Lw);
     if (hot) be.add(s.latent_acc.p, site.hot->dev_acc(), n * Lw);  // host sum + device sum, in this order
   }
 

@@ -3,7 +3,8 @@
 // the offload's logic: the distinct experts of the host's picks uploaded chunk by chunk into the pool's
 // two halves, the picks remapped per chunk, the chunk sums added in order. Against the CPU backend alone
 // in f32 on the tiny model: logits within rel RMS 1e-5 and top-1 equal (forced on with 1, 3 and every
-// expert per chunk, one chunk bit-identical; with hot experts; auto; off); every pick of the micro-batches
+// expert per chunk, one chunk bit-identical; with hot experts; steps split with the CPU (at most 3 experts
+// to the device); auto; off); every pick of the micro-batches
 // of >= 2 tokens counted offloaded and none of a single-token step; the bytes uploaded are whole experts.
 #include <gtest/gtest.h>
 
@@ -110,10 +111,13 @@ TEST(ModelExpertOffload, SecondDeviceMatchesCpu) {
     ExpertOffloadOptions::Mode mode;
     int64_t chunk;  // experts per pool half (0: the auto pool)
     int64_t hot = 0;
+    int64_t max_experts = 0;  // split steps: at most this many experts to the device
   };
   for (const Case& c : {Case{"on, 1 expert per chunk", ExpertOffloadOptions::Mode::On, 1},
                         Case{"on, 3 experts per chunk", ExpertOffloadOptions::Mode::On, 3},
                         Case{"on, auto pool", ExpertOffloadOptions::Mode::On, 0},
+                        Case{"on, at most 3 experts a step (split with the CPU)", ExpertOffloadOptions::Mode::On, 2, 0, 3},
+                        Case{"on, at most 3 experts a step + 2 hot", ExpertOffloadOptions::Mode::On, 2, 2, 3},
                         Case{"on, 2 per chunk + 2 hot experts", ExpertOffloadOptions::Mode::On, 2, 2},
                         Case{"auto", ExpertOffloadOptions::Mode::Auto, 0},
                         Case{"off", ExpertOffloadOptions::Mode::Off, 0}}) {
@@ -126,6 +130,7 @@ TEST(ModelExpertOffload, SecondDeviceMatchesCpu) {
     o.stream.offload.mode = c.mode;
     o.stream.offload.min_tokens = 2;
     o.stream.offload.pool_bytes = c.chunk > 0 ? pool_for(m, c.chunk) : -1;
+    o.stream.offload.max_experts = c.max_experts;
     if (c.hot) {
       o.stream.hot = hot;
       o.stream.hot.per_layer = c.hot;
@@ -150,8 +155,16 @@ TEST(ModelExpertOffload, SecondDeviceMatchesCpu) {
     }
     const ExpertStreamStats dec = ctx.expert_stream_stats().minus(pre);
     EXPECT_EQ(dec.offload_steps + dec.offload_declined + dec.offload_picks, 0u) << c.what;
-    if (c.mode == ExpertOffloadOptions::Mode::On) {
+    if (c.mode == ExpertOffloadOptions::Mode::On && c.max_experts > 0) {
+      // split steps: the 3 most-picked experts of each step on the device, the host ran the rest
       EXPECT_EQ(pre.offload_steps, uint64_t(2 * layers)) << c.what;
+      EXPECT_GT(pre.offload_split_steps, 0u) << c.what;
+      EXPECT_GT(pre.offload_picks, 0u) << c.what;
+      EXPECT_LT(pre.offload_picks + pre.hot_picks, uint64_t(11 * k * layers)) << c.what;
+      EXPECT_LE(pre.offload_bytes, pre.offload_steps * 3 * eb) << c.what;
+    } else if (c.mode == ExpertOffloadOptions::Mode::On) {
+      EXPECT_EQ(pre.offload_steps, uint64_t(2 * layers)) << c.what;
+      EXPECT_EQ(pre.offload_split_steps, 0u) << c.what;
       EXPECT_EQ(pre.offload_picks + pre.hot_picks, uint64_t(11 * k * layers)) << c.what;
       EXPECT_GT(pre.offload_bytes, 0u) << c.what;
       EXPECT_EQ(pre.offload_bytes % eb, 0u) << c.what;

@@ -195,6 +195,16 @@ TEST_F(ModelVulkanOffload, ForcedOnAndOffMatchCpu) {
   // a pool for every expert (one chunk a step) and the default pool give the same logits
   expect_close(ref, drive(m, hybrid(ExpertOffloadOptions::Mode::On, -1)), "offload on, auto pool");
 
+  // split steps: the 3 most-picked experts of each step on the GPU, the CPU runs the others at the same time
+  ContextOptions split = hybrid(ExpertOffloadOptions::Mode::On, pool_for(m, 2));
+  split.stream.offload.max_experts = 3;
+  const Result sp = drive(m, split);
+  expect_close(ref, sp, "offload on, at most 3 experts a step, the rest on the CPU");
+  EXPECT_GT(sp.prefill.offload_split_steps, 0u);
+  EXPECT_GT(sp.prefill.offload_picks, 0u);
+  EXPECT_LT(sp.prefill.offload_picks, on.prefill.offload_picks);
+  EXPECT_LE(sp.prefill.offload_bytes, sp.prefill.offload_steps * 3 * eb);
+
   // forced off: nothing offloaded
   const Result off = drive(m, hybrid(ExpertOffloadOptions::Mode::Off, -1));
   expect_close(ref, off, "offload off");

@@ -785,6 +785,13 @@ std::string Server::Impl::metrics() const {
          one("kimi_prompt_cache_disk_writes_total", s.cache.disk_writes));
   metric("kimi_prompt_cache_disk_loads_total", "counter", "store entries read back from --cache-dir",
          one("kimi_prompt_cache_disk_loads_total", s.cache.disk_loads));
+  if (s.hot_picks + s.host_picks > 0) {  // --gpu-experts (docs/gpu.md, "Hot experts")
+    metric("kimi_routed_expert_picks_total", "counter", "routed expert picks run by the GPU's hot experts / by the CPU",
+           fmt::format("kimi_routed_expert_picks_total{{device=\"gpu\"}} {}\nkimi_routed_expert_picks_total{{device=\"cpu\"}} {}\n",
+                       s.hot_picks, s.host_picks));
+    metric("kimi_hot_expert_reranks_total", "counter", "re-rankings of the GPU's hot experts by the picks counted",
+           one("kimi_hot_expert_reranks_total", s.hot_reranks));
+  }
   metric("kimi_queue_depth", "gauge", "requests waiting for a slot", one("kimi_queue_depth", s.queue_depth));
   metric("kimi_slots_busy", "gauge", "slots generating or prefilling", one("kimi_slots_busy", s.active));
   metric("kimi_slots_total", "gauge", "slots (--parallel)", one("kimi_slots_total", s.slots));

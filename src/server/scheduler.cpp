@@ -521,7 +521,9 @@ void Scheduler::step() {
     }
     on_token(*a, t, lg);
   }
+  const ExpertStreamStats xs = ctx_->expert_stream_stats();  // this thread runs the context: no race
   std::lock_guard<std::mutex> lk(mu_);
+  st_.hot_picks = xs.hot_picks, st_.host_picks = xs.host_picks, st_.hot_reranks = xs.hot_reranks;
   ++st_.decode_steps;
   st_.prefill_tokens += static_cast<uint64_t>(prefill_tokens);
   st_.busy_s += std::chrono::duration<double>(t1 - t0).count();

@@ -171,6 +171,8 @@ struct SchedulerStats {
   double tokens_per_s = 0;      // generated tokens/s over the last ~10 s
   double busy_s = 0;            // time spent in decode
   PromptCacheStats cache;       // the prompt-cache store (SchedulerOptions::cache_ram)
+  // hybrid mode with --gpu-experts: routed expert picks the GPU's resident experts ran / the CPU ran
+  uint64_t hot_picks = 0, host_picks = 0, hot_reranks = 0;
 };
 
 class Scheduler {

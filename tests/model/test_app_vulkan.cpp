@@ -393,6 +393,22 @@ TEST(AppVulkan, ServeBatchedHybridHotExpertsAsAlone) {
       EXPECT_EQ(together[size_t(i)], alone[size_t(i)]) << "request " << i << " decoded with the others";
       EXPECT_EQ(alone[size_t(i)], on_cpu[size_t(i)]) << "request " << i << " vs the CPU server";
     }
+    // /metrics: the picks each side ran (3 of 8 experts resident: some, not all, on the GPU), the re-rankings
+    httplib::Client mc("127.0.0.1", s->port);
+    const auto m = mc.Get("/metrics");
+    ASSERT_TRUE(m);
+    auto value = [&](const std::string& key) {
+      const auto at = m->body.find("\n" + key + " ");
+      return at == std::string::npos ? -1.0 : std::stod(m->body.substr(at + key.size() + 2));
+    };
+    const double gpu_picks = value("kimi_routed_expert_picks_total{device=\"gpu\"}");
+    const double cpu_picks = value("kimi_routed_expert_picks_total{device=\"cpu\"}");
+    EXPECT_GT(gpu_picks, 0) << m->body;
+    EXPECT_GT(cpu_picks, 0) << m->body;
+    if (s != &gpu) EXPECT_GE(value("kimi_hot_expert_reranks_total"), 1) << m->body;
+    std::printf("[ serve %s ] routed expert picks on the GPU: %.1f %% of %.0f\n",
+                s == &gpu ? "--expert-counts" : "counted while serving", 100 * gpu_picks / (gpu_picks + cpu_picks),
+                gpu_picks + cpu_picks);
   }
   counted.reset();  // SIGTERM: the server ends and writes its counts
   // every pick counted: the same number in every MoE layer, at least one per token run (2 rounds of 38 prompt

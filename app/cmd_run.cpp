@@ -122,6 +122,8 @@ int cmd_run(int argc, char** argv) {
   std::fprintf(stderr, "prompt: %zu tokens in %.3f s (%.2f tok/s); generated %d tokens in %.3f s (%.2f tok/s)\n",
                in.size(), pp_s, in.size() / std::max(pp_s, 1e-9), n_gen, tg_s,
                n_gen > 1 ? (n_gen - 1) / std::max(tg_s, 1e-9) : 0.0);
+  if (ea.verbose && xs_pp.offload_steps + xs_pp.offload_declined > 0)  // prefill offload (docs/gpu.md)
+    std::fprintf(stderr, "prompt: %s\n", xs_pp.offload_summary().c_str());
   if (ea.verbose && xs_pp.enabled)
     std::fprintf(stderr, "prompt: %s\ngenerate: %s\n", xs_pp.summary(pp_s).c_str(),
                  ctx.expert_stream_stats().minus(xs_pp).summary(tg_s).c_str());

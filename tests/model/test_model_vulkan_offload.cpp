@@ -321,6 +321,11 @@ TEST_F(ModelVulkanOffload, ProgramReportsTheOffload) {
   EXPECT_GT(j["moe_offload"]["pp"]["picks"].get<uint64_t>(), 0u);
   EXPECT_GT(j["moe_offload"]["pp"]["bytes_uploaded"].get<uint64_t>(), 0u);
   EXPECT_EQ(j["moe_offload"]["tg"]["picks"].get<uint64_t>(), 0u);
+  // kimi run -v: the prompt's offload counters after the run
+  const auto run = test::run_kimi("run -m " + g + " -p 'The sea is blue and the sky is' -n 2 --temp 0 --device vulkan "
+                                  "-ngl 99 --cpu-moe --moe-offload on --moe-offload-min 2 -v");
+  ASSERT_EQ(run.exit_code, 0) << run.out;
+  EXPECT_NE(run.out.find("prompt: routed experts offloaded to vulkan:0: "), std::string::npos) << run.out;
   const auto bad = test::run_kimi("eval -m " + g + " --tokens 1 --device vulkan --cpu-moe --moe-offload-min 1 --logits-out " +
                                   d.file("z.f32"));
   EXPECT_NE(bad.exit_code, 0);

@@ -73,7 +73,7 @@ Forward::Forward(const Model& m, const std::vector<Backend*>& backends, const Pl
       f.runs_dense = true;
     } else {
       f.runs_moe = true;
-      if (place_.experts[il] != place_.ffn[il]) dev(place_.experts[il]).runs_remote_experts = true;
+      if (place_.experts[il] != place_.ffn[il]) dev(place_.experts[il]).runs_remote_experts = true, f.moe_apart = true;
     }
   }
 
@@ -175,9 +175,11 @@ Forward::Forward(const Model& m, const std::vector<Backend*>& backends, const Pl
       s.weights.alloc(be, N * k, "routed expert weights");
       if (hp.n_latent) s.latent_in.alloc(be, N * Lw, "moe latent input");
       s.latent_acc.alloc(be, N * Lw, "moe latent sum");
+      if (v.moe_apart && !be.host_visible()) s.cross.alloc(be, MoeCrossing(N, Lw, k).floats, "moe crossing");
     }
     if (v.runs_remote_experts) {
       v.experts.x.alloc(be, N * Lw, "experts input");
+      if (be.host_visible()) v.experts.pack.alloc(be, MoeCrossing(N, Lw, k).floats, "experts crossing");
       v.experts.sel.alloc(be, N * k, "experts routing");
       v.experts.weights.alloc(be, N * k, "experts weights");
       v.experts.acc.alloc(be, N * Lw, "experts output");
@@ -511,7 +513,7 @@ uint64_t Forward::work_bytes() const {
                     &v.idx.topk_tmp, &v.kda.q, &v.kda.k, &v.kda.v, &v.kda.f_low, &v.kda.decay, &v.kda.beta,
                     &v.kda.gate, &v.kda.out, &v.ffn.gate, &v.ffn.up, &v.ffn.shared_out, &v.moe.router_logits,
                     &v.moe.router_probs, &v.moe.weights, &v.moe.latent_in, &v.moe.latent_acc, &v.experts.x,
-                    &v.experts.weights, &v.experts.acc, &v.head.rows, &v.head.logits})
+                    &v.experts.weights, &v.experts.acc, &v.head.rows, &v.head.logits, &v.moe.cross, &v.experts.pack})
       b += x->bytes();
     b += v.mla.selected.bytes() + v.mla.n_selected.bytes() + v.moe.sel.bytes() + v.experts.sel.bytes();
   }

@@ -17,6 +17,7 @@ struct Forward::Device {
   std::unique_ptr<StateStore> store;
   bool runs_any = false, runs_mla = false, runs_kda = false, runs_dense = false, runs_moe = false;
   bool runs_remote_experts = false, runs_output = false;
+  bool moe_apart = false;  // a MoE layer's FFN runs here and its routed experts on another backend
   int n_mla = 0, n_kda = 0;
   ResidualScratch res;
   MlaScratch mla;

@@ -13,26 +13,34 @@ void moe_ffn(const PartRun& r, const LayerWeights& L, MoeScratch& s, FfnScratch&
   const bool latent = hp.n_latent > 0;
   const int64_t Lw = latent ? hp.n_latent : d;
 
+  const bool apart = site.be != nullptr && site.be != &be;
+  // experts on the host for a device: the routed input, selection and weights are written side by side
+  // (MoeScratch::cross) and cross in one download
+  const bool packed = apart && s.cross.p && site.s->pack.p && site.be->host_visible();
+  const MoeCrossing cl(n, Lw, k);
+  int32_t* sel = packed ? reinterpret_cast<int32_t*>(s.cross.p + cl.sel) : s.sel.p;
+  float* weights = packed ? s.cross.p + cl.weights : s.weights.p;
+
   // 1. router: probabilities, selection (+ bias), weights (unbiased, renormalised, scaled)
   r.matmul(L.ffn_gate_inp.mat, x, n, s.router_logits.p);
   const RouterParams rp{E, k, hp.gating_func == 1, hp.expert_weights_norm, hp.expert_weights_scale};
-  be.moe_route(s.router_logits.p, L.exp_probs_b ? L.exp_probs_b.f32 : nullptr, n, rp, s.router_probs.p, s.sel.p,
-               s.weights.p);
+  be.moe_route(s.router_logits.p, L.exp_probs_b ? L.exp_probs_b.f32 : nullptr, n, rp, s.router_probs.p, sel,
+               weights);
   // streamed experts: their reads start now and overlap the latent projection and shared experts
-  const bool streamed = site.cache && !r.tp && be.host_visible() && site.cache->request(site.layer, s.sel.p, n * k);
+  const bool streamed = site.cache && !r.tp && be.host_visible() && site.cache->request(site.layer, sel, n * k);
 
   // 2. the routed experts' input: the latent projection of x (or x itself), and the shared experts
   // at full width (added at the end; dense_ffn's steps), their x projections together. Experts on
   // another backend (hybrid mode) with overlap: the latent projection only; the shared experts are
   // recorded after the routed input went to the experts' backend, so the device runs them (and its hot
   // experts) while the host runs its routed experts (docs/gpu.md, "Overlap").
-  const bool apart = site.be != nullptr && site.be != &be;
   const bool overlap = apart && site.overlap;
-  const float* xl = latent ? s.latent_in.p : x;
+  float* const lin = packed ? s.cross.p : s.latent_in.p;
+  const float* xl = latent ? lin : x;
   const MatView* wx[3];
   float* yx[3];
   int nx = 0;
-  if (latent) wx[nx] = &L.ffn_routed_down.mat, yx[nx++] = s.latent_in.p;
+  if (latent) wx[nx] = &L.ffn_routed_down.mat, yx[nx++] = lin;
   const int n_latent_mm = nx;
   if (L.ffn_gate_shexp) {
     wx[nx] = &L.ffn_gate_shexp.mat, yx[nx++] = f.gate.p;
@@ -50,6 +58,7 @@ void moe_ffn(const PartRun& r, const LayerWeights& L, MoeScratch& s, FfnScratch&
     shared_experts(0);
   } else {  // the same products in both orders (overlap on or off: bit-identical results)
     if (n_latent_mm) be.matmul_set(wx, yx, n_latent_mm, x, n);
+    if (packed && !latent) be.copy(s.cross.p, x, static_cast<uint64_t>(n * Lw) * 4), xl = s.cross.p;
     if (!overlap) shared_experts(n_latent_mm);
   }
 
@@ -58,20 +67,28 @@ void moe_ffn(const PartRun& r, const LayerWeights& L, MoeScratch& s, FfnScratch&
                       L.ffn_gate_exps.slice_bytes, L.ffn_up_exps.slice_bytes, L.ffn_down_exps.slice_bytes,
                       streamed ? site.cache->wait() : nullptr};
   if (!apart) {
-    be.moe_experts(em, xl, n, Lw, s.sel.p, s.weights.p, k, E, hp.situ_beta, hp.situ_lambda, s.latent_acc.p);
+    be.moe_experts(em, xl, n, Lw, sel, weights, k, E, hp.situ_beta, hp.situ_lambda, s.latent_acc.p);
   } else {
     Backend& xb = *site.be;
     ExpertScratch& es = *site.s;
     // one crossing each way: the routed input, selection and weights to the experts' backend (the
-    // device's recorded work up to here runs and is waited for), the routed sum back
-    copy_between(xb, es.x.p, be, xl, static_cast<uint64_t>(n * Lw) * 4);
-    copy_between(xb, es.sel.p, be, s.sel.p, static_cast<uint64_t>(n * k) * 4);
-    copy_between(xb, es.weights.p, be, s.weights.p, static_cast<uint64_t>(n * k) * 4);
+    // device's recorded work up to here runs and is waited for; one download when packed), the routed sum back
+    float* hx = es.x.p;
+    int32_t* hsel = es.sel.p;
+    float* hw = es.weights.p;
+    if (packed) {
+      copy_between(xb, es.pack.p, be, s.cross.p, static_cast<uint64_t>(cl.floats) * 4);
+      hx = es.pack.p, hsel = reinterpret_cast<int32_t*>(es.pack.p + cl.sel), hw = es.pack.p + cl.weights;
+    } else {
+      copy_between(xb, hx, be, xl, static_cast<uint64_t>(n * Lw) * 4);
+      copy_between(xb, hsel, be, sel, static_cast<uint64_t>(n * k) * 4);
+      copy_between(xb, hw, be, weights, static_cast<uint64_t>(n * k) * 4);
+    }
     // hot experts (--gpu-experts): the picks of the experts resident on this backend run here, the host
     // skips them (its selection is host memory: the experts' backend is the host's)
     const HotExperts::Layer* hot = site.hot && xb.host_visible() ? site.hot->layer(site.layer) : nullptr;
     if (hot) {
-      site.hot->split(site.layer, es.sel.p, es.weights.p, n * k);
+      site.hot->split(site.layer, hsel, hw, n * k);
       be.moe_experts(hot->mats, xl, n, Lw, site.hot->dev_sel(), site.hot->dev_weights(), k, hot->n, hp.situ_beta,
                      hp.situ_lambda, site.hot->dev_acc());
     }
@@ -82,11 +99,11 @@ void moe_ffn(const PartRun& r, const LayerWeights& L, MoeScratch& s, FfnScratch&
     // prefill offload (model/expert_offload.h): a long micro-batch's host picks (all, or the most-picked
     // experts' while the host runs the others) may run here instead; host sum + offloaded sum, in this order
     using Offload = ExpertOffload::Result;
-    const Offload off = site.offload ? site.offload->run(site.layer, em, xl, n, Lw, es.sel.p, es.weights.p, k,
-                                                         hp.situ_beta, hp.situ_lambda, s.latent_acc.p)
+    const Offload off = site.offload ? site.offload->run(site.layer, em, xl, n, Lw, hsel, hw, k, hp.situ_beta,
+                                                         hp.situ_lambda, s.latent_acc.p)
                                      : Offload::None;
     if (off != Offload::All) {
-      xb.moe_experts(em, es.x.p, n, Lw, es.sel.p, es.weights.p, k, E, hp.situ_beta, hp.situ_lambda, es.acc.p);
+      xb.moe_experts(em, hx, n, Lw, hsel, hw, k, E, hp.situ_beta, hp.situ_lambda, es.acc.p);
       copy_between(be, s.latent_acc.p, xb, es.acc.p, static_cast<uint64_t>(n * Lw) * 4);
     }
     if (off == Offload::Part) be.add(s.latent_acc.p, site.offload->part_sum(), n * Lw);

@@ -67,7 +67,19 @@ struct FfnScratch {       // dense SiTU MLP (leading layers and the MoE shared e
   Buf<float> shared_out;  // [N][d] shared-expert output (MoE layers)
 };
 
+// Hybrid mode (the routed experts on another backend than the FFN): the routed input of n tokens, their
+// selection and weights side by side in one buffer, so that one download carries them (one wait):
+// [x: n * Lw][sel: n * k int32][weights: n * k], each part starting on 64 bytes; offsets in floats.
+struct MoeCrossing {
+  int64_t sel = 0, weights = 0, floats = 0;
+  MoeCrossing(int64_t n, int64_t Lw, int64_t k) {
+    auto a = [](int64_t v) { return (v + 15) / 16 * 16; };
+    sel = a(n * Lw), weights = sel + a(n * k), floats = weights + n * k;
+  }
+};
+
 struct MoeScratch {
+  Buf<float> cross;          // MoeCrossing(N, Lw, k) on a device whose layers' experts run elsewhere, else none
   Buf<float> router_logits;  // [N][E] (then the selection scores)
   Buf<float> router_probs;   // [N][E]
   Buf<int32_t> sel;          // [N][k] chosen experts, ranked
@@ -79,6 +91,7 @@ struct MoeScratch {
 
 // The routed experts' inputs and output on a backend other than their layer's FFN backend.
 struct ExpertScratch {
+  Buf<float> pack;       // the host's copy of MoeScratch::cross (experts run for a device), else none
   Buf<float> x;          // [N][Lw]
   Buf<int32_t> sel;      // [N][k]
   Buf<float> weights;    // [N][k]

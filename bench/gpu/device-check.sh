@@ -9,6 +9,7 @@
 #    MXFP4, top 16, the Zipf router) and converts it (9.3 GiB); --tiny: the tiny preset (CI, lavapipe);
 # 2. runs `kimi bench` full-GPU (-ngl 99), hybrid (--cpu-moe: routed experts in RAM, on the CPU) and hybrid
 #    with --gpu-experts auto (the experts ranked by `kimi imatrix` over calib.txt) when this kimi has it: pp512, pp4096 and tg128 (--tiny: pp8, pp16, tg4);
+#    then hybrid tg128 with --hybrid-overlap off, the A/B of the overlap;
 # 3. OUTDIR/summary.md: t/s per run and, from each run's own measurement of the device (read bandwidth,
 #    f32 FMA peak), decode as % of the bandwidth and prefill as % of the peak; OUTDIR/*.log: each step's
 #    whole output. Everything stops by KIMI_CHECK_BUDGET_S (default 450 s: under 8 minutes in all).
@@ -107,6 +108,11 @@ for p in "${placements[@]}"; do
   # shellcheck disable=SC2086
   step "bench-$name-pp$pp_big" 200 "$kimi" bench -m "$work/model.gguf" $flags -p "$pp_big" -n 0 -r 1 -t "$(nproc)" -v || fail=1
 done
+if [[ "$bench_help" == *--hybrid-overlap* ]]; then
+  # the A/B of the overlap: hybrid decode with the GPU's shared experts run after the CPU's routed ones
+  step "bench-hybrid-nooverlap-tg$tg" 200 "$kimi" bench -m "$work/model.gguf" --device vulkan -ngl 99 --cpu-moe \
+    --hybrid-overlap off -p 0 -n "$tg" -r 1 -t "$(nproc)" -v || fail=1
+fi
 rm -f "$work/model.gguf" "$work/counts.imatrix"
 rmdir "$work" 2>/dev/null
 

@@ -213,7 +213,8 @@ TEST(AppVulkan, DevicePackCheck) {
   ASSERT_EQ(r.exit_code, 0) << r.out;
   const std::string s = test::read_file(out + "/summary.md");
   for (const char* want : {"## bench-gpu-pp8-tg4", "## bench-gpu-pp16", "## bench-hybrid-pp8-tg4", "## bench-hybrid-pp16",
-                           "## bench-hybrid-hot-pp8-tg4", "## bench-hybrid-hot-pp16", "routed expert picks on vulkan:0"})
+                           "## bench-hybrid-hot-pp8-tg4", "## bench-hybrid-hot-pp16", "## bench-hybrid-nooverlap-tg4",
+                           "routed expert picks on vulkan:0"})
     EXPECT_NE(s.find(want), std::string::npos) << want << "\n" << s;
   EXPECT_EQ(s.find("skipped"), std::string::npos) << s;
   // per run: the ceiling line, and tg's share of the bandwidth = its GB/s over the measured GB/s
@@ -238,8 +239,8 @@ TEST(AppVulkan, DevicePackCheck) {
       ++tg_checked;
     }
   }
-  EXPECT_EQ(ceilings, 6) << s;
-  EXPECT_EQ(tg_checked, 3) << s;
+  EXPECT_EQ(ceilings, 7) << s;
+  EXPECT_EQ(tg_checked, 4) << s;
 }
 
 // --gpu-experts (docs/gpu.md, "Hot experts"): hybrid mode with the most-picked routed experts of each layer

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <vector>
 
 #include "model/forward_impl.h"
 #include "util/error.h"
@@ -214,26 +216,24 @@ Forward::Forward(const Model& m, const std::vector<Backend*>& backends, const Pl
     for (uint32_t il = 0; il < hp.n_layer; ++il) on_host[il] = hp.is_moe(il) && place_.experts[il] == 0;
     xcache_ = std::make_unique<ExpertCache>(m, on_host, budget, o.stream);
   }
-  // 5. hot experts (--gpu-experts): layers whose routed experts stay on the host while their FFN runs on
-  // an accelerator (hybrid mode) keep their most-picked experts on that accelerator too (one accelerator)
+  // the hybrid layers: routed experts on the host while the rest of the FFN runs on an accelerator (one)
+  std::vector<uint8_t> hybrid(hp.n_layer, 0);
+  int acc = -1;
+  for (uint32_t il = 0; il < hp.n_layer && !dist_; ++il)
+    if (hp.is_moe(il) && place_.experts[il] == 0 && place_.ffn[il] != 0 && (acc < 0 || acc == place_.ffn[il]))
+      hybrid[il] = 1, acc = place_.ffn[il];
+  // 5. hot experts (--gpu-experts): the hybrid layers keep their most-picked experts on that accelerator too
   if (o.stream.hot.per_layer != 0 && !dist_) {
-    std::vector<uint8_t> hybrid(hp.n_layer, 0);
-    int acc = -1;
-    for (uint32_t il = 0; il < hp.n_layer; ++il)
-      if (hp.is_moe(il) && place_.experts[il] == 0 && place_.ffn[il] != 0 && (acc < 0 || acc == place_.ffn[il]))
-        hybrid[il] = 1, acc = place_.ffn[il];
-    if (acc > 0) hot_ = std::make_unique<HotExperts>(m, *dev(acc).be, hybrid, o.stream.hot, N);
+    if (acc > 0)
+      hot_ = std::make_unique<HotExperts>(m, *dev(acc).be, hybrid, o.stream.hot, N);
+    else
+      std::fprintf(stderr, "kimi: --gpu-experts: no layer runs in hybrid mode (routed experts in RAM, the rest of its "
+                           "FFN on an accelerator: --cpu-moe / --n-cpu-moe); ignored\n");
   }
   // 6. prefill offload (model/expert_offload.h): in the same hybrid layers, a long micro-batch's host picks may
   // run on the accelerator, their experts uploaded into a pool made now (after the hot experts took theirs)
-  if (!dist_ && devs_.size() > 1 && dev(0).be->host_visible()) {
-    std::vector<uint8_t> hybrid(hp.n_layer, 0);
-    int acc = -1;
-    for (uint32_t il = 0; il < hp.n_layer; ++il)
-      if (hp.is_moe(il) && place_.experts[il] == 0 && place_.ffn[il] != 0 && (acc < 0 || acc == place_.ffn[il]))
-        hybrid[il] = 1, acc = place_.ffn[il];
-    if (acc > 0) offload_ = std::make_unique<ExpertOffload>(m, *dev(acc).be, *dev(0).be, hybrid, o.stream.offload, N);
-  }
+  if (acc > 0 && dev(0).be->host_visible())
+    offload_ = std::make_unique<ExpertOffload>(m, *dev(acc).be, *dev(0).be, hybrid, o.stream.offload, N);
 }
 
 ExpertStreamStats Forward::expert_stream_stats() const {

@@ -626,8 +626,11 @@ TEST(ModelBackendSplit, HotExpertsRerankByCountedPicks) {
       const HotExperts::Layer& h = *hot.layer(il);
       const std::vector<int32_t> before = h.expert;
       hot.split(il, sel.data(), w.data(), n_tok * k);
-      for (int64_t i = 0; i < n_tok * k; ++i)  // a resident expert's pick left the host
-        if (sel[size_t(i)] >= 0) EXPECT_LT(h.slot[size_t(sel[size_t(i)])], 0);
+      for (int64_t i = 0; i < n_tok * k; ++i) {  // a resident expert's pick left the host
+        if (sel[size_t(i)] >= 0) {
+          EXPECT_LT(h.slot[size_t(sel[size_t(i)])], 0);
+        }
+      }
       EXPECT_EQ(h.expert, before);  // split never moves experts
     }
   }

@@ -12,14 +12,7 @@
 #include "backend/cpu/matmul.h"
 #include "tensor/types.h"
 
-static std::atomic<long> g_allocs{0};
-void* operator new(size_t n) {
-  g_allocs.fetch_add(1, std::memory_order_relaxed);
-  if (void* p = std::malloc(n ? n : 1)) return p;
-  throw std::bad_alloc();
-}
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete(void* p, size_t) noexcept { std::free(p); }
+#include "count_allocs.h"
 
 using namespace kimi;
 using namespace kimi::kern;

@@ -218,7 +218,7 @@ TEST_F(VulkanGemm, GroupedExpertsEqualUngrouped) {
 }
 
 // The block decoders' wide loads at every alignment, every weight type against the CPU through
-// the decode row kernel (mm.comp) on both shader paths (subgroups: 2 rows per subgroup, block types
+// the decode row kernel (mm.comp) on both shader paths (subgroups: 4 rows per subgroup, block types
 // by 32-value units; portable: one row per workgroup) and through the tiled GEMM forced for every n
 // (its dq8 runs of 8 values). 37 rows (not a multiple of the rows per subgroup or per workgroup) x
 // the type's smallest row and a row of more units than a subgroup has lanes; 1, 3 and 9 tokens (a

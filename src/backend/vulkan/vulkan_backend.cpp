@@ -218,10 +218,10 @@ void VulkanBackend::mm(const MatView& W, const float* x, int64_t n, float* y, in
        u32(static_cast<int64_t>(a.ldx), "ldx"), u32(static_cast<int64_t>(a.ldy), "ldy"),
        u32(static_cast<int64_t>(a.x_batch), "x batch"), u32(static_cast<int64_t>(a.y_batch), "y batch"), a.x_div};
   constexpr int64_t kTile = 8;  // tokens per workgroup (mm.comp TT)
-  // _sg: 2 rows per subgroup (mm.comp NR), 2 x 64 / subgroup size rows per workgroup (the shader's grid
+  // _sg: 4 rows per subgroup (mm.comp NR), 4 x 64 / subgroup size rows per workgroup (the shader's grid
   // stride covers any count, should the device run other subgroup sizes); portable: one row per workgroup
   const int64_t sg = rt_.info().subgroup_size;
-  const int64_t rows_per_group = subgroup_ && sg > 0 && sg < 64 ? 2 * (64 / sg) : 1;
+  const int64_t rows_per_group = subgroup_ && sg > 0 && sg < 64 ? 4 * (64 / sg) : 1;
   rt_.dispatch(mm_pipe(W.type), &pc, sizeof(pc), groups((W.rows + rows_per_group - 1) / rows_per_group),
                u32((n + kTile - 1) / kTile, "token tiles"), u32(batch, "matmul batch"));
 }

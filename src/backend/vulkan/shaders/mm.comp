@@ -4,7 +4,7 @@
 // slices (z = head: slice z of a stacked weight) or routed experts (sel != 0: slot z uses slice
 // sel[z] and input row z / x_div).
 // VARIANT_SG (the _sg pipelines, used where the device has subgroup arithmetic): each subgroup
-// takes NR = 2 weight rows at a time (2 NR rows per workgroup at 32 lanes, 8 NR on lavapipe), its
+// takes NR = 4 weight rows at a time (2 NR rows per workgroup at 32 lanes, 8 NR on lavapipe), its
 // lanes split the rows into units and subgroupAdd reduces them: no shared memory, no barrier. Rows
 // are walked with a grid stride, so any workgroup count covers them.
 // Portable: 64 threads on one weight row, a shared-memory tree reduction.
@@ -34,7 +34,7 @@ layout(push_constant) uniform PC {
 
 const uint TT = 8u;
 #if defined(VARIANT_SG)
-const uint NR = 2u;  // rows per subgroup (vulkan_backend.cpp sizes the dispatch by it)
+const uint NR = 4u;  // rows per subgroup (vulkan_backend.cpp sizes the dispatch by it)
 #else
 const uint NR = 1u;
 shared float red[TT][64];

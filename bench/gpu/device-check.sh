@@ -10,6 +10,7 @@
 # 2. runs `kimi bench` full-GPU (-ngl 99), hybrid (--cpu-moe: routed experts in RAM, on the CPU) and hybrid
 #    with --gpu-experts auto (the experts ranked by `kimi imatrix` over calib.txt) when this kimi has it: pp512, pp4096 and tg128 (--tiny: pp8, pp16, tg4);
 #    then hybrid tg128 with --hybrid-overlap off, the A/B of the overlap;
+# 0. (first) the decode GEMV per weight type alone (bench_vk_gemv, when the pack has it);
 # 3. OUTDIR/summary.md: t/s per run and, from each run's own measurement of the device (read bandwidth,
 #    f32 FMA peak), decode as % of the bandwidth and prefill as % of the peak; OUTDIR/*.log: each step's
 #    whole output. Everything stops by KIMI_CHECK_BUDGET_S (default 450 s: under 8 minutes in all).
@@ -75,6 +76,12 @@ step() {  # step NAME TIMEOUT_S CMD...: runs with a time limit, output to OUTDIR
   return $rc
 }
 
+# the decode GEMV alone per weight type at K3 shapes, as % of the read bandwidth it measures (when packed)
+if [[ -x "$here/bench_vk_gemv" ]]; then
+  min_time=0.2
+  (( tiny )) && min_time=0.05
+  step gemv 120 "$here/bench_vk_gemv" --benchmark_min_time="$min_time" || fail=1
+fi
 if ! step synth 180 "$kimi" synth "${synth_args[@]}" -q -o "$work/hf"; then
   echo "device-check: synth failed (see $out/synth.log)" >&2
   exit 1
@@ -120,6 +127,16 @@ rmdir "$work" 2>/dev/null
   echo
   echo "Model: kimi synth ${synth_args[*]} (+ kimi convert). Runs: kimi bench -r 1 (after one warm-up pass)."
   echo
+  if [[ -f "$out/gemv.log" ]]; then
+    echo "## gemv (the decode GEMV per weight type: weight GB/s and % of the measured read bandwidth)"
+    echo
+    echo '```'
+    awk '/^BM_vk_gemv/ { bw = ""; pct = ""
+           for (i = 2; i <= NF; ++i) { if ($i ~ /^bytes_per_second=/) bw = $i; if ($i ~ /^pct_read_bw=/) pct = $i }
+           sub(/^BM_vk_gemv\//, "", $1); sub(/\/real_time$/, "", $1); print $1, bw, pct }' "$out/gemv.log"
+    echo '```'
+    echo
+  fi
   for f in "$out"/bench-*.log; do
     [[ -f "$f" ]] || continue
     echo "## $(basename "$f" .log)"

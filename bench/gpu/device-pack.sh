@@ -12,6 +12,8 @@
 #   glibc/             the C library and its loader (ld-linux-x86-64.so.2), used only when the machine's own
 #                      C library is older than the one kimi was built against
 #   kimi               a launcher: runs bin/kimi with lib/ (and glibc/ when needed)
+#   bench_vk_gemv      the same for bin/bench_vk_gemv (the decode GEMV per weight type), when it was built
+#                      beside the given kimi (BUILD/bench/bench_vk_gemv)
 #   device-check.sh    the check to run there (bench/gpu/device-check.sh)
 #   calib.txt          text for `kimi imatrix` (the expert counts --gpu-experts ranks by): README.md
 # The folder must stay within the 64 MiB that travel with the working tree to the device machine; the
@@ -34,9 +36,18 @@ if [[ "$deps" == *"not found"* ]]; then
   exit 1
 fi
 
+# the decode GEMV benchmark per weight type (bench/gpu/bench_vk_gemv.cpp) when it was built beside kimi
+gemv="$(dirname "$bin")/bench/bench_vk_gemv"
+[[ -x "$gemv" ]] || gemv=""
+if [[ -n "$gemv" ]]; then
+  gdeps="$(ldd "$gemv" 2>/dev/null)" || { echo "device-pack: ldd cannot read '$gemv'" >&2; exit 1; }
+  [[ "$gdeps" != *"not found"* ]] || { echo "device-pack: libraries of '$gemv' are missing here" >&2; exit 1; }
+  deps+=$'\n'"$gdeps"
+fi
 rm -rf "$out.tmp"
 mkdir -p "$out.tmp/bin" "$out.tmp/lib" "$out.tmp/glibc"
 cp "$bin" "$out.tmp/bin/kimi"
+[[ -z "$gemv" ]] || cp "$gemv" "$out.tmp/bin/bench_vk_gemv"
 # glibc's own libraries stay apart: loaded with the machine's loader they must be the machine's
 is_glibc() {
   case "$1" in
@@ -57,16 +68,22 @@ done <<<"$deps"
 cp "$here/device-check.sh" "$out.tmp/device-check.sh"
 # calibration text for the expert counts of --gpu-experts (kimi imatrix on the device)
 cp "$root/README.md" "$out.tmp/calib.txt"
-cat > "$out.tmp/kimi" <<'EOF'
+# a launcher per program: bin/PROG with lib/, with the machine's C library when it is new enough, else the packed one
+launcher() {
+  cat > "$out.tmp/$1" <<EOF
 #!/usr/bin/env bash
-# runs the packed kimi: with the machine's C library when it is new enough, else with the packed one
-d="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-if LD_LIBRARY_PATH="$d/lib" "$d/bin/kimi" version >/dev/null 2>&1; then
-  LD_LIBRARY_PATH="$d/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" exec "$d/bin/kimi" "$@"
+# runs the packed $1: with the machine's C library when it is new enough, else with the packed one
+d="\$(cd "\$(dirname "\${BASH_SOURCE[0]}")" && pwd)"
+if LD_LIBRARY_PATH="\$d/lib" "\$d/bin/kimi" version >/dev/null 2>&1; then
+  LD_LIBRARY_PATH="\$d/lib\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}" exec "\$d/bin/$1" "\$@"
 fi
-exec "$d/glibc/ld-linux-x86-64.so.2" --library-path "$d/lib:$d/glibc${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$d/bin/kimi" "$@"
+exec "\$d/glibc/ld-linux-x86-64.so.2" --library-path "\$d/lib:\$d/glibc\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}" "\$d/bin/$1" "\$@"
 EOF
-chmod +x "$out.tmp/kimi" "$out.tmp/device-check.sh"
+  chmod +x "$out.tmp/$1"
+}
+launcher kimi
+[[ -z "$gemv" ]] || launcher bench_vk_gemv
+chmod +x "$out.tmp/device-check.sh"
 "$out.tmp/kimi" version >/dev/null || { echo "device-pack: the packed kimi does not start here" >&2; exit 1; }
 bytes=$(du -sb "$out.tmp" | awk '{print $1}')
 limit=$((64 * 1024 * 1024))

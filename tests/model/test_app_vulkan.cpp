@@ -11,6 +11,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <sstream>
@@ -241,6 +242,25 @@ TEST(AppVulkan, DevicePackCheck) {
   }
   EXPECT_EQ(ceilings, 7) << s;
   EXPECT_EQ(tg_checked, 4) << s;
+  // the decode GEMV benchmark travels and runs when it was built beside kimi (benchmarks on): a row per
+  // weight type with its GB/s and its share of the read bandwidth it measured
+  const std::string gemv = std::filesystem::path(KIMI_BIN).parent_path().string() + "/bench/bench_vk_gemv";
+  if (std::filesystem::exists(gemv)) {
+    EXPECT_EQ(test::read_file(pack + "/bin/bench_vk_gemv"), test::read_file(gemv));
+    const auto at = s.find("## gemv");
+    ASSERT_NE(at, std::string::npos) << s;
+    std::istringstream g(s.substr(at));
+    int rows = 0;
+    while (std::getline(g, line) && line.rfind("## bench", 0) != 0) {
+      const auto p = line.find("pct_read_bw=");
+      if (p == std::string::npos) continue;
+      const double pct = std::stod(line.substr(p + 12));
+      EXPECT_GT(pct, 0.0) << line;
+      EXPECT_LT(pct, 150.0) << line;  // a read share far above 100 % would mean a broken measurement
+      ++rows;
+    }
+    EXPECT_GE(rows, 14) << s;  // every weight type of the GEMV (MXFP4 three times)
+  }
 }
 
 // --gpu-experts (docs/gpu.md, "Hot experts"): hybrid mode with the most-picked routed experts of each layer
@@ -406,7 +426,9 @@ TEST(AppVulkan, ServeBatchedHybridHotExpertsAsAlone) {
     const double cpu_picks = value("kimi_routed_expert_picks_total{device=\"cpu\"}");
     EXPECT_GT(gpu_picks, 0) << m->body;
     EXPECT_GT(cpu_picks, 0) << m->body;
-    if (s != &gpu) EXPECT_GE(value("kimi_hot_expert_reranks_total"), 1) << m->body;
+    if (s != &gpu) {
+      EXPECT_GE(value("kimi_hot_expert_reranks_total"), 1) << m->body;
+    }
     std::printf("[ serve %s ] routed expert picks on the GPU: %.1f %% of %.0f\n",
                 s == &gpu ? "--expert-counts" : "counted while serving", 100 * gpu_picks / (gpu_picks + cpu_picks),
                 gpu_picks + cpu_picks);

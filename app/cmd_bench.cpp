@@ -381,6 +381,6 @@ int cmd_bench(int argc, char** argv) {
   return 0;
 }
 
-kimi::app::Registrar reg("bench", "measure prompt and generation speed", cmd_bench);
+kimi::app::Registrar reg_bench("bench", "measure prompt and generation speed", cmd_bench);
 
 }  // namespace

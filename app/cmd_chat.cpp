@@ -440,6 +440,6 @@ int cmd_chat(int argc, char** argv) {
   return 0;
 }
 
-kimi::app::Registrar reg("chat", "interactive chat (multi-turn, cached; stdin may be a pipe)", cmd_chat);
+kimi::app::Registrar reg_chat("chat", "interactive chat (multi-turn, cached; stdin may be a pipe)", cmd_chat);
 
 }  // namespace

@@ -41,6 +41,6 @@ int cmd_convert(int argc, char** argv) {
   return 0;
 }
 
-kimi::app::Registrar reg("convert", "convert a Hugging Face Kimi-K3/K3.1 checkpoint to GGUF", cmd_convert);
+kimi::app::Registrar reg_convert("convert", "convert a Hugging Face Kimi-K3/K3.1 checkpoint to GGUF", cmd_convert);
 
 }  // namespace

@@ -72,6 +72,6 @@ int cmd_eval(int argc, char** argv) {
   return 0;
 }
 
-kimi::app::Registrar reg("eval", "write the logits of a token sequence to a file", cmd_eval);
+kimi::app::Registrar reg_eval("eval", "write the logits of a token sequence to a file", cmd_eval);
 
 }  // namespace

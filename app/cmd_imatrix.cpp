@@ -114,7 +114,7 @@ int cmd_imatrix(int argc, char** argv) {
   return 0;
 }
 
-kimi::app::Registrar reg("imatrix", "importance matrix over a calibration text (llama.cpp GGUF imatrix format)",
+kimi::app::Registrar reg_imatrix("imatrix", "importance matrix over a calibration text (llama.cpp GGUF imatrix format)",
                          cmd_imatrix);
 
 }  // namespace

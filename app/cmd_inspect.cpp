@@ -205,6 +205,6 @@ int run(int argc, char** argv) {
   return 0;
 }
 
-kimi::app::Registrar reg("inspect", "show a GGUF file's metadata, tensors and totals (--json)", run);
+kimi::app::Registrar reg_inspect("inspect", "show a GGUF file's metadata, tensors and totals (--json)", run);
 
 }  // namespace

@@ -293,6 +293,6 @@ int cmd_perplexity(int argc, char** argv) {
   return 0;
 }
 
-kimi::app::Registrar reg("perplexity", "perplexity of a text file, KL divergence against a saved base", cmd_perplexity);
+kimi::app::Registrar reg_perplexity("perplexity", "perplexity of a text file, KL divergence against a saved base", cmd_perplexity);
 
 }  // namespace

@@ -78,7 +78,7 @@ int cmd_quantize(int argc, char** argv) {
   return 0;
 }
 
-kimi::app::Registrar reg("quantize", "quantize a GGUF (llama-quantize's names: Q4_K_M, Q2_K, IQ4_XS, ...; MoE mixes Q2_K_MOE, ...; --imatrix; indexer exempt)",
+kimi::app::Registrar reg_quantize("quantize", "quantize a GGUF (llama-quantize's names: Q4_K_M, Q2_K, IQ4_XS, ...; MoE mixes Q2_K_MOE, ...; --imatrix; indexer exempt)",
                          cmd_quantize);
 
 }  // namespace

@@ -130,6 +130,6 @@ int cmd_run(int argc, char** argv) {
   return 0;
 }
 
-kimi::app::Registrar reg("run", "generate text/tokens from a prompt", cmd_run);
+kimi::app::Registrar reg_run("run", "generate text/tokens from a prompt", cmd_run);
 
 }  // namespace

@@ -24,6 +24,6 @@ int cmd_shard(int argc, char** argv) {
   return 0;
 }
 
-kimi::app::Registrar reg("shard", "split a model into per-rank files for MPI (docs/distributed.md)", cmd_shard);
+kimi::app::Registrar reg_shard("shard", "split a model into per-rank files for MPI (docs/distributed.md)", cmd_shard);
 
 }  // namespace

@@ -77,7 +77,7 @@ int cmd_synth(int argc, char** argv) {
   return 0;
 }
 
-kimi::app::Registrar reg("synth", "write a synthetic Kimi-K3.1 HF checkpoint (random weights, real layout)",
+kimi::app::Registrar reg_synth("synth", "write a synthetic Kimi-K3.1 HF checkpoint (random weights, real layout)",
                          cmd_synth);
 
 }  // namespace

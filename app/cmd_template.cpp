@@ -56,6 +56,6 @@ int cmd_template(int argc, char** argv) {
   return 0;
 }
 
-kimi::app::Registrar reg("template", "render the Kimi-K3 chat prompt for an OpenAI-style request", cmd_template);
+kimi::app::Registrar reg_template("template", "render the Kimi-K3 chat prompt for an OpenAI-style request", cmd_template);
 
 }  // namespace

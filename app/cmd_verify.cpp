@@ -26,6 +26,6 @@ int cmd_verify(int argc, char** argv) {
   return r.ok() ? 0 : 1;
 }
 
-kimi::app::Registrar reg("verify", "check a converted GGUF against its Hugging Face source", cmd_verify);
+kimi::app::Registrar reg_verify("verify", "check a converted GGUF against its Hugging Face source", cmd_verify);
 
 }  // namespace

@@ -51,6 +51,6 @@ int cmd_version(int argc, char** argv) {
   return 0;
 }
 
-kimi::app::Registrar reg("version", "print the version, commit, build type, kernel ISA and backends", cmd_version);
+kimi::app::Registrar reg_version("version", "print the version, commit, build type, kernel ISA and backends", cmd_version);
 
 }  // namespace

@@ -251,12 +251,20 @@ TEST(AppVulkan, DevicePackCheck) {
     ASSERT_NE(at, std::string::npos) << s;
     std::istringstream g(s.substr(at));
     int rows = 0;
+    double first_ratio = 0;
     while (std::getline(g, line) && line.rfind("## bench", 0) != 0) {
-      const auto p = line.find("pct_read_bw=");
-      if (p == std::string::npos) continue;
+      const auto p = line.find("pct_read_bw="), b = line.find("bytes_per_second=");
+      if (p == std::string::npos || b == std::string::npos) continue;
       const double pct = std::stod(line.substr(p + 12));
+      size_t used = 0;
+      double bw = std::stod(line.substr(b + 17), &used);
+      const char unit = line[b + 17 + used];  // google benchmark's 1000-based k / M / G
+      bw *= unit == 'G' ? 1e9 : unit == 'M' ? 1e6 : unit == 'k' ? 1e3 : 1.0;
       EXPECT_GT(pct, 0.0) << line;
-      EXPECT_LT(pct, 150.0) << line;  // a read share far above 100 % would mean a broken measurement
+      // every row's share is its GB/s over the one read bandwidth the run measured: the same ratio
+      const double ratio = pct / bw;
+      if (rows == 0) first_ratio = ratio;
+      EXPECT_NEAR(ratio, first_ratio, 0.01 * first_ratio) << line;
       ++rows;
     }
     EXPECT_GE(rows, 14) << s;  // every weight type of the GEMV (MXFP4 three times)

@@ -1,7 +1,9 @@
 // The workload the multi-backend tests run on a tiny model (test_model_backend_split.cpp,
-// test_model_vulkan.cpp): prefill in three micro-batches, decode, a second sequence interleaved
+// test_model_vulkan*.cpp), and their greedy decode: prefill in three micro-batches, decode, a second sequence interleaved
 // with the first one's decode, a snapshot + truncate and a sequence copy; every logits row kept.
 #pragma once
+#include <algorithm>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -55,6 +57,26 @@ inline Run drive(const Model& m, ContextOptions o) {
   c.decode(b);
   take(b);
   return r;
+}
+
+// Greedy decoding after the prompt {11, 200, 37, 5, 900, 4}, one token per step for `steps` steps: the
+// tokens picked; each step's whole logits row appended to *rows when given
+inline std::vector<int32_t> greedy(const Model& m, const ContextOptions& o, int steps = 24,
+                                   std::vector<std::vector<float>>* rows = nullptr) {
+  Context c(m, o);
+  std::vector<int32_t> out;
+  Batch b;
+  b.add_sequence({11, 200, 37, 5, 900, 4}, 0, 0);
+  for (int step = 0; step < steps; ++step) {
+    c.decode(b);
+    const float* lg = c.logits(b.size() - 1);
+    if (rows) rows->emplace_back(lg, lg + c.n_vocab());
+    const int32_t next = static_cast<int32_t>(std::max_element(lg, lg + c.n_vocab()) - lg);
+    out.push_back(next);
+    b.clear();
+    b.add(next, 0, c.seq_len(0), true);
+  }
+  return out;
 }
 
 struct TinyModel {

@@ -139,21 +139,7 @@ TEST_F(ModelVulkan, FastPrecisionCloseToCpu) {
 // Greedy generation: the same tokens as the CPU, decode step by step.
 TEST_F(ModelVulkan, GreedyGenerationIdentical) {
   TinyModel t(16);
-  auto generate = [&](ContextOptions o) {
-    Context c(*t.m, o);
-    std::vector<int32_t> out;
-    Batch b;
-    b.add_sequence({11, 200, 37, 5, 900, 4}, 0, 0);
-    for (int step = 0; step < 24; ++step) {
-      c.decode(b);
-      const float* lg = c.logits(b.size() - 1);
-      const int32_t next = static_cast<int32_t>(std::max_element(lg, lg + c.n_vocab()) - lg);
-      out.push_back(next);
-      b.clear();
-      b.add(next, 0, c.seq_len(0), true);
-    }
-    return out;
-  };
+  auto generate = [&](const ContextOptions& o) { return test::greedy(*t.m, o); };
   const auto want = generate(base());
   EXPECT_EQ(generate(on_gpu(base(), full_gpu())), want);
   PlacementRules hybrid = full_gpu();
@@ -248,20 +234,7 @@ TEST_F(ModelVulkan, ReplayEqualsFreshRecording) {
   // greedy decode: every step's whole logits row
   auto generate = [&](ContextOptions o, Backend& be, std::vector<std::vector<float>>* rows) {
     o.extra_backends = {&be};
-    Context c(*t.m, o);
-    std::vector<int32_t> out;
-    Batch b;
-    b.add_sequence({11, 200, 37, 5, 900, 4}, 0, 0);
-    for (int step = 0; step < 24; ++step) {
-      c.decode(b);
-      const float* lg = c.logits(b.size() - 1);
-      rows->emplace_back(lg, lg + c.n_vocab());
-      const int32_t next = static_cast<int32_t>(std::max_element(lg, lg + c.n_vocab()) - lg);
-      out.push_back(next);
-      b.clear();
-      b.add(next, 0, c.seq_len(0), true);
-    }
-    return out;
+    return test::greedy(*t.m, o, 24, rows);
   };
   PlacementRules hybrid = full_gpu();
   hybrid.cpu_moe = true;

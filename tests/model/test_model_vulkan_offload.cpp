@@ -232,21 +232,7 @@ TEST_F(ModelVulkanOffload, AutoMeasuresAndDecides) {
 
 TEST_F(ModelVulkanOffload, GreedyGenerationIdentical) {
   TinyModel t(16);
-  auto generate = [&](ContextOptions o) {
-    Context c(*t.m, o);
-    std::vector<int32_t> out;
-    Batch b;
-    b.add_sequence({11, 200, 37, 5, 900, 4}, 0, 0);
-    for (int step = 0; step < 24; ++step) {
-      c.decode(b);
-      const float* lg = c.logits(b.size() - 1);
-      const int32_t next = static_cast<int32_t>(std::max_element(lg, lg + c.n_vocab()) - lg);
-      out.push_back(next);
-      b.clear();
-      b.add(next, 0, c.seq_len(0), true);
-    }
-    return out;
-  };
+  auto generate = [&](const ContextOptions& o) { return test::greedy(*t.m, o); };
   const auto want = generate(cpu());
   EXPECT_EQ(generate(hybrid(ExpertOffloadOptions::Mode::On, pool_for(*t.m, 3))), want);
   EXPECT_EQ(generate(hybrid(ExpertOffloadOptions::Mode::Off, -1)), want);

@@ -254,6 +254,32 @@ include_rule() {
 }
 
 # ---------------------------------------------------------------------------------------------
+# thread_local only for trivially destructible types (a number, a pointer, an enum named in
+# TRIVIAL_THREAD_LOCAL); per-thread objects with a destructor go through kimi::per_thread
+# (src/util/per_thread.h): MinGW's emulated TLS frees a thread_local's storage before its destructor
+# runs at thread exit.
+TRIVIAL_THREAD_LOCAL='TileKind'
+thread_local_rule() {
+  local lines bad=0 n=0
+  lines=$(grep -rnE '(^|[^_[:alnum:]])thread_local[[:space:]]' src app --include='*.h' --include='*.cpp' --exclude=per_thread.h \
+            | grep -vE '^[^:]+:[0-9]+:[[:space:]]*//' || true)
+  while IFS= read -r l; do
+    [[ -z "$l" ]] && continue
+    n=$((n + 1))
+    local decl="${l#*thread_local}"
+    decl="${decl#"${decl%%[![:space:]]*}"}"
+    if [[ "$decl" =~ ^(const[[:space:]]+)?(bool|char|int|unsigned|long|float|double|size_t|u?int(8|16|32|64)_t|${TRIVIAL_THREAD_LOCAL})[[:space:]]+[_[:alnum:]]+[[:space:]]*(=|\;) ]] ||
+       [[ "$decl" =~ ^(const[[:space:]]+)?[_[:alnum:]:]+[[:space:]]*\*[[:space:]]*[_[:alnum:]]+[[:space:]]*(=|\;) ]]; then
+      continue
+    fi
+    echo "${l%%:*}:$(cut -d: -f2 <<<"$l"): thread_local of a type that may have a destructor: use kimi::per_thread (util/per_thread.h)"
+    bad=$((bad + 1))
+  done <<<"$lines"
+  echo "thread-local: $n thread_local declarations checked, $bad violations"
+  ((bad == 0))
+}
+
+# ---------------------------------------------------------------------------------------------
 # Both checks on a small made-up tree with planted mistakes: each must be reported, nothing else.
 self_test() {
   local t; t=$(mktemp -d)
@@ -275,6 +301,7 @@ SRC
   printf '#include <CLI/CLI.hpp>\n#include "util/u.h"\n' > "$t/src/io/g.h"
   printf 'See [the spec](spec/README.md), [x](https://example.com/a.md) and [this](nope.md).\n' > "$t/docs/x.md"
   printf '#include <CLI/CLI.hpp>\n#include "model/m.h"\n#include "command.h"\n' > "$t/app/main.cpp"
+  printf 'thread_local int a = 0;\nthread_local float* p = nullptr;\nthread_local TileKind k = kNone;\n// thread_local std::string in a comment\nthread_local std::vector<int> v;\n  thread_local Foo f;\n' > "$t/src/util/tl.cpp"
   local want got
   want=$(cat <<'OUT'
 src/model/m.h:2: §3.9 is not a heading of k3-architecture.md
@@ -292,22 +319,28 @@ src/util/u.h:2: #include "model/m.h": util (layer 0) may not include model (laye
 src/io/g.h:1: #include <CLI/CLI.hpp>: <CLI/CLI.hpp> is only for app util
 include-rule: 8 includes checked, 0 allowed as temporary exceptions, 2 violations
 rc=1
+src/util/tl.cpp:5: thread_local of a type that may have a destructor: use kimi::per_thread (util/per_thread.h)
+src/util/tl.cpp:6: thread_local of a type that may have a destructor: use kimi::per_thread (util/per_thread.h)
+thread-local: 5 thread_local declarations checked, 2 violations
+rc=1
 OUT
 )
   got=$( (cd "$t" && root=$t && spec_refs; echo "rc=$?") 2>&1
-         (cd "$t" && root=$t && EXCEPTIONS="" && include_rule; echo "rc=$?") 2>&1)
+         (cd "$t" && root=$t && EXCEPTIONS="" && include_rule; echo "rc=$?") 2>&1
+         (cd "$t" && thread_local_rule; echo "rc=$?") 2>&1)
   rm -rf "$t"
   if [[ "$(printf '%s\n' "$got" | sort)" != "$(printf '%s\n' "$want" | sort)" ]]; then
     echo "self-test: the checks did not report exactly the planted mistakes (< expected, > got):"
     diff <(printf '%s\n' "$want" | sort) <(printf '%s\n' "$got" | sort) || true
     return 1
   fi
-  echo "self-test: both checks report exactly the planted mistakes"
+  echo "self-test: the checks report exactly the planted mistakes"
 }
 
 case $mode in
   spec-refs) spec_refs ;;
   include-rule) include_rule ;;
+  thread-local) thread_local_rule ;;
   self-test) self_test ;;
-  *) echo "usage: $0 spec-refs|include-rule|self-test [ROOT]" >&2; exit 2 ;;
+  *) echo "usage: $0 spec-refs|include-rule|thread-local|self-test [ROOT]" >&2; exit 2 ;;
 esac

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "util/error.h"
+#include "util/per_thread.h"
 
 namespace kimi {
 
@@ -14,7 +15,7 @@ void copy_between(Backend& to, void* dst, Backend& from, const void* src, uint64
   if (from.host_visible()) return to.upload(dst, src, bytes);
   if (to.host_visible()) return from.download(dst, src, bytes);
   // device to device: through a host staging buffer (grows once to the largest copy)
-  thread_local std::vector<uint8_t> staging;
+  auto& staging = per_thread<std::vector<uint8_t>, struct CopyStaging>();
   if (staging.size() < bytes) staging.resize(bytes);
   from.download(staging.data(), src, bytes);
   to.upload(dst, staging.data(), bytes);

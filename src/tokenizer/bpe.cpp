@@ -6,6 +6,7 @@
 #include <queue>
 
 #include "util/error.h"
+#include "util/per_thread.h"
 
 namespace kimi::tok {
 
@@ -142,7 +143,6 @@ struct ScanPart {
   int32_t prio;    // priority of merging this part with the next one (INT32_MAX: none)
   int32_t result;  // the merged token
 };
-thread_local std::vector<ScanPart> t_parts;
 }  // namespace
 
 void BpeEncoder::encode(std::string_view piece, std::vector<int32_t>& out) const {
@@ -164,7 +164,7 @@ void BpeEncoder::encode(std::string_view piece, std::vector<int32_t>& out) const
 }
 
 void BpeEncoder::encode_scan(std::string_view piece, std::vector<int32_t>& out) const {
-  std::vector<ScanPart>& parts = t_parts;
+  std::vector<ScanPart>& parts = per_thread<std::vector<ScanPart>, ScanPart>();
   const size_t n = piece.size();
   parts.resize(n + 1);
   for (size_t i = 0; i < n; ++i)
@@ -214,13 +214,11 @@ struct HeapEntry {
   int32_t result;
   bool operator>(const HeapEntry& o) const { return prio != o.prio ? prio > o.prio : left > o.left; }
 };
-thread_local std::vector<HeapPart> t_hparts;
-thread_local std::vector<HeapEntry> t_heap;
 }  // namespace
 
 void BpeEncoder::encode_heap(std::string_view piece, std::vector<int32_t>& out) const {
-  std::vector<HeapPart>& p = t_hparts;
-  std::vector<HeapEntry>& heap = t_heap;
+  std::vector<HeapPart>& p = per_thread<std::vector<HeapPart>, HeapPart>();
+  std::vector<HeapEntry>& heap = per_thread<std::vector<HeapEntry>, HeapEntry>();
   const size_t n = piece.size();
   p.resize(n);
   heap.clear();

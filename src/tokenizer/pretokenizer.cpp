@@ -2,13 +2,13 @@
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
-#include <pthread.h>
 
 #include <algorithm>
 #include <array>
 #include <cstdint>
 
 #include "util/error.h"
+#include "util/per_thread.h"
 
 namespace kimi::tok {
 
@@ -228,23 +228,7 @@ struct ThreadMatchState {
     pcre2_jit_stack_free(stack);
   }
 };
-// One per thread, freed when its thread ends. Held through a pthread key, not a thread_local object: with
-// MinGW's emulated TLS a thread_local's storage can be freed before its destructor runs at thread exit
-// (kimi.exe serve crashed on shutdown in ~ThreadMatchState under Wine: a use after free).
-ThreadMatchState& match_state() {
-  static const pthread_key_t key = [] {
-    pthread_key_t k;
-    if (pthread_key_create(&k, [](void* p) { delete static_cast<ThreadMatchState*>(p); }) != 0)
-      fail("pre-tokenizer: pthread_key_create failed");
-    return k;
-  }();
-  auto* s = static_cast<ThreadMatchState*>(pthread_getspecific(key));
-  if (!s) {
-    s = new ThreadMatchState;
-    pthread_setspecific(key, s);
-  }
-  return *s;
-}
+ThreadMatchState& match_state() { return per_thread<ThreadMatchState, ThreadMatchState>(); }
 std::string pcre2_message(int code) {
   PCRE2_UCHAR buf[256];
   pcre2_get_error_message(code, buf, sizeof buf);

@@ -6,6 +6,7 @@
 
 #include "backend/key_quant.h"
 #include "util/error.h"
+#include "util/per_thread.h"
 
 #include "backend/cpu/dispatch.h"
 #include "backend/cpu/ops.h"
@@ -42,7 +43,7 @@ void indexer_scores_prepared(const float* qp, int64_t H, const void* keys, bool 
 void indexer_scores(const float* q, const float* w, int64_t H, const void* keys, bool f16, int64_t D, int64_t n,
                     float* scores) {
   {
-    thread_local std::vector<float> t_qp;  // grows once
+    auto& t_qp = per_thread<std::vector<float>, struct IndexerQuery>();  // grows once
     if (t_qp.size() < idx_query_f32_floats(H, D)) t_qp.resize(idx_query_f32_floats(H, D));
     if (prep_idx_query_f32(q, w, H, D, t_qp.data())) return indexer_scores_prepared(t_qp.data(), H, keys, f16, D, n, scores);
   }

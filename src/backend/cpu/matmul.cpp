@@ -3,6 +3,7 @@
 #include "backend/cpu/matmul.h"
 
 #include <algorithm>
+#include <array>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
@@ -17,6 +18,7 @@
 #include "backend/cpu/vec.h"
 #include "tensor/quants.h"
 #include "util/error.h"
+#include "util/per_thread.h"
 
 namespace kimi::kern {
 
@@ -52,7 +54,7 @@ void validate(const MatView& W, const float* x, int64_t n_tokens, const float* y
 // Thread-local scratch that only grows (no allocation once warmed up); slot 1: the packed kernels'
 // activations (a packed matmul with rows outside its groups prepares both kinds).
 uint8_t* act_scratch(size_t bytes, int slot = 0) {
-  thread_local std::vector<uint8_t> buf[2];
+  auto& buf = per_thread<std::array<std::vector<uint8_t>, 2>, struct ActScratch>();
   auto& b = buf[slot & 1];
   if (b.size() < bytes) b.resize(bytes + 64);
   return b.data();
@@ -187,8 +189,8 @@ struct AmxScratch {
   uint8_t* panel_of(int th, int nth) const { return panels + panel * static_cast<size_t>(std::min(th, nth - 1)); }
 };
 AmxScratch amx_scratch(int64_t cols, int64_t nb, int nth) {
-  thread_local std::vector<uint32_t> t_bt;
-  thread_local std::vector<uint8_t> t_panels;
+  auto& t_bt = per_thread<std::vector<uint32_t>, struct AmxBt>();
+  auto& t_panels = per_thread<std::vector<uint8_t>, struct AmxPanels>();
   const size_t need = static_cast<size_t>(nb * cols * 8), panel = std::max(static_cast<size_t>(cols) * 64, kAmxBlockScratch);
   if (t_bt.size() < need) t_bt.resize(need);
   if (t_panels.size() < panel * nth + 64) t_panels.resize(panel * nth + 64);
@@ -249,7 +251,8 @@ int64_t matmul_amx_nib(const MatView& W, const float* x, int64_t n, float* y, Th
   const size_t ts = static_cast<size_t>(nb) * kAmxNibTileBlock;
   constexpr int64_t kRows = 64, kVecs = 8;  // an item: 64 rows (the decoded panel) x 8 token vectors
   const size_t wbytes = static_cast<size_t>(kRows * nb * 32), panel = wbytes + static_cast<size_t>(kRows * nb * 4) + 64;
-  thread_local std::vector<uint8_t> t_tiles, t_panels;
+  auto& t_tiles = per_thread<std::vector<uint8_t>, struct Int8Tiles>();
+  auto& t_panels = per_thread<std::vector<uint8_t>, struct Int8Panels>();
   if (t_tiles.size() < ts * ntv + 64) t_tiles.resize(ts * ntv + 64);
   if (t_panels.size() < panel * nth + 64) t_panels.resize(panel * nth + 64);
   auto align = [](uint8_t* p) { return p + (64 - reinterpret_cast<uintptr_t>(p) % 64) % 64; };
@@ -335,7 +338,7 @@ struct LendScratch {
 
 float* f32_scratch(int64_t n, int slot) {
   if (slot == 1 && t_lent != nullptr && n <= t_lent_n) return t_lent;
-  thread_local std::vector<float> bufs[4];
+  auto& bufs = per_thread<std::array<std::vector<float>, 4>, struct F32Scratch>();
   auto& b = bufs[slot & 3];
   if (static_cast<int64_t>(b.size()) < n) b.resize(static_cast<size_t>(n) + 16);
   return b.data();
@@ -423,8 +426,8 @@ void matmul_set(const MatView* const* W, float* const* y, int count, const float
     bool packed, amx;
     int64_t a, b;  // packed: groups [a, b); plain and amx: rows [a, b)
   };
-  thread_local std::vector<Item> t_items;  // grows on the first calls only
-  std::vector<Item>& items = t_items;      // the CALLER's list (workers read it through this reference)
+  // the CALLER's list, grown on the first calls only (workers read it through this reference)
+  std::vector<Item>& items = per_thread<std::vector<Item>, struct MatmulItems>();
   items.clear();
   using Prep = void (*)(const float*, int64_t, uint8_t*);
   Prep preps[kMaxW];

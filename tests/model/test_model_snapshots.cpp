@@ -212,6 +212,8 @@ TEST_F(Snapshots, SaveLoadToHostThenContinueEqualsColdPrefill) {
     EXPECT_EQ(a.state_identity(), b.state_identity());
     ContextOptions other = o;
     other.cache_type = CacheType::F32;
-    if (prec == Precision::Fast) EXPECT_NE(Context(*m, other).state_identity(), a.state_identity());
+    if (prec == Precision::Fast) {
+      EXPECT_NE(Context(*m, other).state_identity(), a.state_identity());
+    }
   }
 }

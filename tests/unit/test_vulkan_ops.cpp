@@ -8,33 +8,10 @@
 using namespace kimi;
 using kimi::test::rel_rms;
 using kimi::test::random_floats;
+using kimi::test::kTypes;
+using kimi::test::make_weight;
 
 namespace {
-
-// a rows x cols weight of type t from random values (quantized by the reference quantizers)
-std::vector<uint8_t> make_weight(GgmlType t, int64_t rows, int64_t cols, uint32_t seed) {
-  const auto f = random_floats(static_cast<size_t>(rows * cols), seed, 0.5f);
-  const uint64_t rb = row_bytes(t, static_cast<uint64_t>(cols));
-  std::vector<uint8_t> out(rb * static_cast<uint64_t>(rows));
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* src = f.data() + r * cols;
-    uint8_t* dst = out.data() + rb * static_cast<uint64_t>(r);
-    if (t == GgmlType::F32) {
-      std::memcpy(dst, src, static_cast<size_t>(cols) * 4);
-    } else if (t == GgmlType::F16 || t == GgmlType::BF16) {
-      auto* h = reinterpret_cast<uint16_t*>(dst);
-      for (int64_t c = 0; c < cols; ++c) h[c] = t == GgmlType::F16 ? f32_to_f16(src[c]) : f32_to_bf16(src[c]);
-    } else {
-      quantize_row(t, src, dst, cols);
-    }
-  }
-  return out;
-}
-
-const GgmlType kTypes[] = {GgmlType::F32,  GgmlType::F16,  GgmlType::BF16, GgmlType::Q8_0,
-                           GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::MXFP4,
-                           GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::Q2_K,
-                           GgmlType::Q3_K, GgmlType::IQ4_XS};
 
 int64_t cols_for(GgmlType t, bool odd) {
   if (t == GgmlType::F32 || t == GgmlType::F16 || t == GgmlType::BF16) return odd ? 203 : 256;

@@ -79,6 +79,25 @@ inline std::vector<int32_t> greedy(const Model& m, const ContextOptions& o, int 
   return out;
 }
 
+// Seq 0 of a fresh context: a prompt of n_prompt tokens in one batch (micro-batched by the context)
+inline void prefill_seq0(Context& c, int n_prompt) {
+  Batch b;
+  std::vector<int32_t> p;
+  for (int i = 0; i < n_prompt; ++i) p.push_back((i * 37 + 5) % c.n_vocab());
+  b.add_sequence(p, 0, 0, true);
+  c.decode(b);
+}
+
+// Seq 0: n_steps decode steps of one fixed token each
+inline void decode_seq0(Context& c, int n_steps) {
+  Batch b;
+  for (int i = 0; i < n_steps; ++i) {
+    b.clear();
+    b.add((i * 11 + 3) % c.n_vocab(), 0, c.seq_len(0), true);
+    c.decode(b);
+  }
+}
+
 struct TinyModel {
   TempDir d;
   std::unique_ptr<Model> m;

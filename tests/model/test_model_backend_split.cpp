@@ -465,16 +465,8 @@ TEST(ModelBackendSplit, HotExpertsSplitThePicks) {
     }
     // the split's counters over one prefill of 11 tokens and 3 decoded tokens
     Context c(m, os);
-    Batch b;
-    std::vector<int32_t> p;
-    for (int i = 0; i < 11; ++i) p.push_back((i * 37 + 5) % c.n_vocab());
-    b.add_sequence(p, 0, 0, true);
-    c.decode(b);
-    for (int i = 0; i < 3; ++i) {
-      b.clear();
-      b.add((i * 11 + 3) % c.n_vocab(), 0, c.seq_len(0), true);
-      c.decode(b);
-    }
+    kimi::test::prefill_seq0(c, 11);
+    kimi::test::decode_seq0(c, 3);
     const ExpertStreamStats s = c.expert_stream_stats();
     EXPECT_EQ(s.hot_per_layer, per < 0 ? E : per) << what;  // auto: dev1 states no memory limit
     EXPECT_EQ(s.hot_picks + s.host_picks, uint64_t(14 * k * moe_layers)) << what;
@@ -701,16 +693,8 @@ TEST(ModelBackendSplit, HotExpertsCountedWhileRunningMatchCpu) {
   ExpertStreamStats s;
   {
     Context c(m, os);
-    Batch b;
-    std::vector<int32_t> p;
-    for (int i = 0; i < 11; ++i) p.push_back((i * 37 + 5) % c.n_vocab());
-    b.add_sequence(p, 0, 0, true);
-    c.decode(b);
-    for (int i = 0; i < 5; ++i) {
-      b.clear();
-      b.add((i * 11 + 3) % c.n_vocab(), 0, c.seq_len(0), true);
-      c.decode(b);
-    }
+    kimi::test::prefill_seq0(c, 11);
+    kimi::test::decode_seq0(c, 5);
     s = c.expert_stream_stats();
   }
   EXPECT_GT(s.hot_reranks, 0u);

@@ -142,17 +142,9 @@ TEST(ModelExpertOffload, SecondDeviceMatchesCpu) {
     }
     // the counters over a prefill of 11 tokens (micro-batches of 8 and 3) and 3 decoded tokens
     Context ctx(m, o);
-    Batch b;
-    std::vector<int32_t> p;
-    for (int i = 0; i < 11; ++i) p.push_back((i * 37 + 5) % ctx.n_vocab());
-    b.add_sequence(p, 0, 0, true);
-    ctx.decode(b);
+    kimi::test::prefill_seq0(ctx, 11);
     const ExpertStreamStats pre = ctx.expert_stream_stats();
-    for (int i = 0; i < 3; ++i) {
-      b.clear();
-      b.add((i * 11 + 3) % ctx.n_vocab(), 0, ctx.seq_len(0), true);
-      ctx.decode(b);
-    }
+    kimi::test::decode_seq0(ctx, 3);
     const ExpertStreamStats dec = ctx.expert_stream_stats().minus(pre);
     EXPECT_EQ(dec.offload_steps + dec.offload_declined + dec.offload_picks, 0u) << c.what;
     if (c.mode == ExpertOffloadOptions::Mode::On && c.max_experts > 0) {

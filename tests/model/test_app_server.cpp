@@ -410,6 +410,7 @@ TEST(Server, PrefixEntryServesASharedSystemPrompt) {
 TEST(Server, CancellationFreesTheSlot) {
   ServerOptions o = base_opts();
   o.sched.parallel = 1;
+  o.ctx = 8192;  // a request long enough that no machine finishes it before the hang-up is seen
   Running r(o);
   auto busy = [&] {
     auto c = r.client();
@@ -421,7 +422,7 @@ TEST(Server, CancellationFreesTheSlot) {
     const std::string k = "kimi_requests_total{result=\"cancelled\"} ";
     return std::stoi(m.substr(m.find(k) + k.size()));
   };
-  ojson long_req = {{"prompt", ids_prompt(3, 20)}, {"max_tokens", 900}, {"temperature", 0}, {"ignore_eos", true}};
+  ojson long_req = {{"prompt", ids_prompt(3, 20)}, {"max_tokens", 8000}, {"temperature", 0}, {"ignore_eos", true}};
   // streaming: hang up after the first chunks
   ojson sreq = long_req;
   sreq["stream"] = true;

@@ -295,6 +295,11 @@ void add_engine_options(CLI::App& app, EngineArgs& a, const EngineSpec& spec) {
                  "after 64, then doubling up to N), re-uploading only the experts that changed; 0 = never")
       ->check(CLI::Range(int64_t(0), int64_t(1) << 40))
       ->capture_default_str();
+  app.add_option("--expert-decay", a.expert_decay,
+                 "--gpu-experts: the counts' half-life in tokens: a pick seen N tokens ago (or a starting count) weighs "
+                 "half as much as one seen now, so a long-running server follows its current workload; 0 = never")
+      ->check(CLI::Range(int64_t(0), int64_t(1) << 40))
+      ->capture_default_str();
   app.add_option("--expert-counts-out", a.expert_counts_out,
                  "--gpu-experts: write the per-expert pick counts (the starting counts plus the picks seen) to FILE "
                  "when the program ends, as an imatrix file --expert-counts reads");
@@ -392,6 +397,7 @@ HotExpertOptions hot_expert_options(const EngineArgs& a) {
         "--expert-counts-out: needs --gpu-experts N|auto (the hot experts count the picks)");
   if (h.per_layer == 0) return h;
   h.rerank_tokens = a.expert_rerank;
+  h.decay_tokens = a.expert_decay;
   h.counts_out = a.expert_counts_out;
   if (a.expert_counts.empty()) return h;  // counted while running, from zero
   imatrix::Data d;

@@ -63,6 +63,7 @@ struct EngineArgs {
   std::string expert_counts;                   // --expert-counts FILE (an imatrix's per-expert counts)
   std::string hybrid_overlap = "on";           // --hybrid-overlap on|off (model/moe.cpp)
   int64_t expert_rerank = 1024;                // --expert-rerank N: tokens between re-rankings (0 = never)
+  int64_t expert_decay = int64_t(1) << 20;     // --expert-decay N: the counts' half-life in tokens (0 = never)
   std::string expert_counts_out;               // --expert-counts-out FILE: the counts at exit (imatrix format)
 };
 

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <new>
@@ -151,6 +152,7 @@ HotExperts::HotExperts(const Model& m, Backend& dev, const std::vector<uint8_t>&
   per_layer_ = std::clamp<int64_t>(per, 0, E);
   if (per_layer_ == 0) return;
   rerank_tokens_ = std::max<int64_t>(o.rerank_tokens, 0);
+  grow_per_token_ = o.decay_tokens > 0 ? std::exp2(1.0 / double(o.decay_tokens)) : 1.0;
   next_rerank_ = std::min<int64_t>(64, rerank_tokens_);
   counts_out_ = o.counts_out;
   order_.resize(size_t(E));
@@ -206,7 +208,7 @@ void HotExperts::split(uint32_t il, int32_t* host_sel, const float* host_weights
   for (int64_t i = 0; i < count; ++i) {
     const int32_t e = host_sel[i];
     const int32_t slot = e >= 0 && size_t(e) < h.slot.size() ? h.slot[size_t(e)] : -1;
-    if (e >= 0 && size_t(e) < c.size()) c[size_t(e)] += 1.0;
+    if (e >= 0 && size_t(e) < c.size()) c[size_t(e)] += weight_;
     if (slot >= 0) {
       hsel_[size_t(i)] = slot, hw_[size_t(i)] = host_weights[i];
       host_sel[i] = -1;
@@ -227,6 +229,20 @@ void HotExperts::begin_pass(int64_t n) {
     next_rerank_ = std::min(next_rerank_ * 2, rerank_tokens_);
   }
   since_ += n;
+  if (grow_per_token_ != 1.0) {
+    weight_ *= std::pow(grow_per_token_, double(n));
+    if (weight_ > 0x1p200) {  // fold the weight into the counts (same ranking) before it overflows
+      for (auto& c : counts_)
+        for (double& x : c) x /= weight_;
+      weight_ = 1.0;
+    }
+  }
+}
+
+std::vector<double> HotExperts::counts(uint32_t il) const {
+  std::vector<double> c = counts_[il];
+  for (double& x : c) x /= weight_;
+  return c;
 }
 
 void HotExperts::rerank() {
@@ -279,7 +295,7 @@ void HotExperts::save_counts(const std::string& path) const {
     e.n_in = 1;
     e.n_mat = int64_t(counts_[il].size());
     e.sum2.assign(counts_[il].size(), 0.0);
-    e.count = counts_[il];
+    e.count = counts(il);
   }
   d.write_gguf(path);
 }

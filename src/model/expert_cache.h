@@ -48,6 +48,9 @@ struct HotExpertOptions {
   // tokens ran since the last re-ranking; the first re-ranking comes after min(64, rerank_tokens) tokens, each
   // gap doubles up to rerank_tokens. 0 = never (the starting counts decide for good)
   int64_t rerank_tokens = 1024;
+  // the counts fade: a pick seen this many tokens ago weighs half as much as one seen now (the starting counts
+  // too), so a long-running server follows its current workload; 0 = never (every pick counts for good)
+  int64_t decay_tokens = int64_t(1) << 20;
   std::string counts_out;  // when the context ends: the counts written as an imatrix file (--expert-counts reads it)
 };
 
@@ -134,7 +137,8 @@ class HotExperts {
   // Re-ranks every layer by its counts now (ties: a resident expert first, then the lower id) and re-uploads
   // the slots whose expert changed.
   void rerank();
-  const std::vector<double>& counts(uint32_t il) const { return counts_[il]; }
+  // Layer il's counts in picks as of now (the starting counts plus the picks seen, faded by decay_tokens).
+  std::vector<double> counts(uint32_t il) const;
   // The counts of every layer as an imatrix file (blk.N.ffn_gate_exps.weight.counts; in_sum2 is one zero per
   // expert, so the file ranks experts but does not guide quantization). Throws kimi::Error.
   void save_counts(const std::string& path) const;
@@ -153,7 +157,10 @@ class HotExperts {
   std::vector<std::unique_ptr<Buffer>> stacks_;  // gate, up, down stacks of each layer with experts here
   std::vector<int32_t> hsel_;
   std::vector<float> hw_;
-  std::vector<std::vector<double>> counts_;    // [layer][E]: starting counts + picks seen
+  // [layer][E]: starting counts + picks seen, in units of weight_: a pick adds weight_, which grows by 2 every
+  // decay_tokens (fading every older count by the same factor without touching it); rescaled before it overflows
+  std::vector<std::vector<double>> counts_;
+  double weight_ = 1.0, grow_per_token_ = 1.0;
   std::vector<int32_t> order_, free_;          // re-ranking scratch: [E], [per layer]
   std::vector<uint8_t> top_;                   // [E]
   int64_t per_layer_ = 0, rerank_tokens_ = 0, next_rerank_ = 0, since_ = 0;

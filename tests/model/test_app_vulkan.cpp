@@ -397,8 +397,9 @@ TEST(AppVulkan, ServeBatchedHybridHotExpertsAsAlone) {
   const std::string learned = d.file("learned.imatrix");
   Served cpu(g, common, d.file("cpu.log"));
   Served gpu(g, hybrid + "--expert-counts " + counts, d.file("gpu.log"));
-  // the counts gathered while serving (no starting counts, a re-ranking every 8 tokens), written at exit
-  auto counted = std::make_unique<Served>(g, hybrid + "--expert-rerank 8 --expert-counts-out " + learned,
+  // the counts gathered while serving (no starting counts, a re-ranking every 8 tokens, every pick counted in full:
+  // no fading), written at exit
+  auto counted = std::make_unique<Served>(g, hybrid + "--expert-rerank 8 --expert-decay 0 --expert-counts-out " + learned,
                                           d.file("counted.log"));
   ASSERT_TRUE(cpu.wait_ready()) << test::read_file(d.file("cpu.log"));
   ASSERT_TRUE(gpu.wait_ready()) << test::read_file(d.file("gpu.log"));

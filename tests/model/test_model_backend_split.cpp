@@ -579,6 +579,7 @@ TEST(ModelBackendSplit, HotExpertsRerankByCountedPicks) {
   HotExpertOptions o;
   o.per_layer = 2;
   o.rerank_tokens = 8;  // no counts: experts 0 and 1 start resident; the first re-ranking after 8 tokens
+  o.decay_tokens = 0;   // every pick counts 1 (the fading has its own test)
   const int64_t n_tok = 4;
   HotExperts hot(m, dev1, on_host, o, n_tok);
   // layer il favors experts E-1-il%2 and E-3 (every token picks both), the other picks rotate over the rest
@@ -674,6 +675,7 @@ TEST(ModelBackendSplit, HotExpertsCountedWhileRunningMatchCpu) {
   os.extra_backends = {&dev1};
   os.stream.hot.per_layer = 2;
   os.stream.hot.rerank_tokens = 4;
+  os.stream.hot.decay_tokens = 0;  // every pick counts 1: the saved sums are whole picks
   const kimi::test::Run got = drive(m, os);
   ASSERT_EQ(got.logits.size(), ref.logits.size());
   for (size_t r = 0; r < ref.logits.size(); ++r) {
@@ -717,6 +719,60 @@ TEST(ModelBackendSplit, HotExpertsCountedWhileRunningMatchCpu) {
   for (const auto& [name, e] : saved.entries) os.stream.hot.counts[std::stoul(name.substr(4))] = e.count;
   Context c2(m, os);
   EXPECT_EQ(c2.expert_stream_stats().hot_per_layer, 2);
+}
+
+// The counts fade with a half-life of decay_tokens: starting counts that favor expert 0 (100 picks) give way to a
+// workload that picks expert E-1 in every token once they have faded below its recent picks; each count equals
+// the sum of its picks weighted 2^-(age / half-life); without fading expert 0 stays (the control).
+TEST(ModelBackendSplit, HotExpertCountsFade) {
+  TinyModel t(16);
+  const Model& m = *t.m;
+  const HParams& hp = m.hparams();
+  const int64_t E = hp.n_expert, k = hp.n_expert_used;
+  ThreadPool pool(1);
+  std::vector<uint8_t> on_host(hp.n_layer, 0);
+  for (uint32_t il = 0; il < hp.n_layer; ++il) on_host[il] = hp.is_moe(il) ? 1 : 0;
+  const int64_t n_tok = 4, passes = 16, half = 8;
+  for (const int64_t decay : {half, int64_t(0)}) {
+    SCOPED_TRACE("decay_tokens " + std::to_string(decay));
+    FakeDevice dev1(pool, Precision::F32);
+    HotExpertOptions o;
+    o.per_layer = 1;
+    o.rerank_tokens = 0;  // re-ranked by hand below
+    o.decay_tokens = decay;
+    o.counts.assign(hp.n_layer, std::vector<double>(size_t(E), 0.0));
+    for (auto& c : o.counts) c[0] = 100.0;
+    HotExperts hot(m, dev1, on_host, o, n_tok);
+    std::vector<int32_t> sel(size_t(n_tok * k));
+    std::vector<float> w(size_t(n_tok * k), 0.5f);
+    for (int64_t p = 0; p < passes; ++p) {
+      hot.begin_pass(n_tok);
+      for (uint32_t il = 0; il < hp.n_layer; ++il) {
+        if (!hot.layer(il)) continue;
+        for (int64_t tk = 0; tk < n_tok; ++tk)
+          for (int64_t q = 0; q < k; ++q) sel[size_t(tk * k + q)] = int32_t(q == 0 ? E - 1 : 1 + (tk + q) % (E - 2));
+        hot.split(il, sel.data(), w.data(), n_tok * k);
+      }
+    }
+    hot.rerank();
+    // the picks of pass p were made after 4 (p + 1) of the 64 tokens: their age is 64 - 4 (p + 1)
+    const double now = double(passes * n_tok);
+    double want_last = 0;
+    for (int64_t p = 0; p < passes; ++p)
+      want_last += double(n_tok) * (decay ? std::exp2(-(now - double(n_tok * (p + 1))) / double(decay)) : 1.0);
+    const double want_first = 100.0 * (decay ? std::exp2(-now / double(decay)) : 1.0);
+    int64_t layers = 0;
+    for (uint32_t il = 0; il < hp.n_layer; ++il) {
+      const HotExperts::Layer* h = hot.layer(il);
+      if (!h) continue;
+      ++layers;
+      const std::vector<double> c = hot.counts(il);
+      EXPECT_NEAR(c[0], want_first, 1e-9 * want_first) << "layer " << il;
+      EXPECT_NEAR(c[size_t(E - 1)], want_last, 1e-9 * want_last) << "layer " << il;
+      EXPECT_EQ(h->expert[0], decay ? E - 1 : 0) << "layer " << il;
+    }
+    EXPECT_GT(layers, 0);
+  }
 }
 
 // Hybrid decode with hot experts counted and re-ranked every 4 tokens, overlap on: after a warm-up, 24

@@ -1,6 +1,7 @@
 #include "tokenizer/chat.h"
 
 #include <algorithm>
+#include <cctype>
 #include <charconv>
 #include <cmath>
 
@@ -497,14 +498,385 @@ std::string strip_user_marks(std::string_view marked, std::vector<std::pair<size
 
 ChatParser::ChatParser(bool start_in_think) : where_(start_in_think ? Where::Think : Where::Response) {}
 
+// ---------------------------------------------------------------------------------------------
+// Streamed arguments: each call's arguments_json is written while the call is generated, in the
+// form the server sends (nlohmann's compact dump with invalid UTF-8 replaced), so the pieces of a
+// call concatenate to exactly the JSON of the whole call. A string is written as its characters
+// arrive; bytes of a character not complete yet are held back (a piece never splits a character or
+// an escape). A json block is read by a small lexer that writes each member in the same form: a
+// string value as it arrives, a number or literal once it ends, a key with its value's first
+// character (so a block cut after a key leaves nothing of that member).
+
+namespace {
+
+std::string json_text(const ojson& v) { return v.dump(-1, ' ', false, ojson::error_handler_t::replace); }
+
+// The JSON string body (no quotes) of these bytes, as json_text writes it.
+std::string json_chars(std::string_view bytes) {
+  const std::string s = json_text(ojson(std::string(bytes)));
+  return s.substr(1, s.size() - 2);
+}
+
+// The longest prefix of `s` after which a UTF-8 decoder that replaces bad bytes the way nlohmann's
+// dump does (a byte that breaks a sequence ends it and is read again; a byte that cannot start one
+// is replaced alone) has no character open. Text split there is written the same in pieces.
+size_t utf8_settled(std::string_view s) {
+  size_t settled = 0, need = 0;
+  unsigned lo = 0x80, hi = 0xBF;
+  for (size_t i = 0; i < s.size(); ++i) {
+    const unsigned b = static_cast<unsigned char>(s[i]);
+    if (need > 0) {
+      if (b >= lo && b <= hi) {
+        lo = 0x80, hi = 0xBF;
+        if (--need == 0) settled = i + 1;
+        continue;
+      }
+      need = 0;  // broken: this byte starts anew
+      lo = 0x80, hi = 0xBF;
+    }
+    if (b < 0xC2 || b > 0xF4) {  // ASCII, or a byte replaced alone
+      settled = i + 1;
+      continue;
+    }
+    need = b < 0xE0 ? 1 : b < 0xF0 ? 2 : 3;
+    if (b == 0xE0) lo = 0xA0;
+    else if (b == 0xED) hi = 0x9F;
+    else if (b == 0xF0) lo = 0x90;
+    else if (b == 0xF4) hi = 0x8F;
+  }
+  return settled;
+}
+
+std::string utf8_of(uint32_t cp) {  // also encodes a lone surrogate (written as U+FFFD later)
+  std::string out;
+  if (cp < 0x80) {
+    out += static_cast<char>(cp);
+  } else if (cp < 0x800) {
+    out += static_cast<char>(0xC0 | (cp >> 6));
+    out += static_cast<char>(0x80 | (cp & 0x3F));
+  } else if (cp < 0x10000) {
+    out += static_cast<char>(0xE0 | (cp >> 12));
+    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+    out += static_cast<char>(0x80 | (cp & 0x3F));
+  } else {
+    out += static_cast<char>(0xF0 | (cp >> 18));
+    out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
+    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+    out += static_cast<char>(0x80 | (cp & 0x3F));
+  }
+  return out;
+}
+
+bool json_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
+
+}  // namespace
+
+void ChatParser::args_out(std::string_view s, ChatDelta& d) {
+  if (s.empty() || msg_.tool_calls.empty()) return;
+  const size_t call = msg_.tool_calls.size() - 1;
+  msg_.tool_calls[call].arguments_json += s;
+  auto& v = d.tool_call_deltas;
+  if (v.empty() || v.back().call != call || v.back().done) {
+    ToolCallDelta td;
+    td.call = call;
+    v.push_back(std::move(td));
+  }
+  v.back().arguments += s;
+}
+
+void ChatParser::args_string_bytes(std::string_view bytes, bool flush, ChatDelta& d) {
+  std::string& hold = args_.utf8_hold;
+  hold += bytes;
+  const size_t n = flush ? hold.size() : utf8_settled(hold);
+  if (n == 0) return;
+  args_out(json_chars(std::string_view(hold).substr(0, n)), d);
+  hold.erase(0, n);
+}
+
+std::string ChatParser::member_prefix(const std::string& key) const {
+  const Frame& f = args_.frames.back();
+  std::string p = f.count > 0 ? "," : "";
+  if (f.type == '{') p += json_text(ojson(key)) + ":";
+  return p;
+}
+
+void ChatParser::args_typed_open(ChatDelta& d) {
+  args_typed_end(d);
+  if (args_.block != Block::None) block_end(d);
+  Frame& root = args_.frames[0];
+  const std::string k = json_text(ojson(arg_key_));
+  args_.arg_skip = std::find(root.keys.begin(), root.keys.end(), k) != root.keys.end();
+  if (args_.arg_skip) return;
+  root.keys.push_back(k);
+  if (arg_type_ == "string" || arg_type_.empty()) {
+    args_out(member_prefix(arg_key_) + "\"", d);
+    ++root.count;
+    args_.arg_string = true;
+  }
+}
+
+void ChatParser::args_typed_end(ChatDelta& d) {
+  if (args_.arg_string) {
+    args_string_bytes("", true, d);
+    args_out("\"", d);
+  }
+  args_.arg_string = args_.arg_skip = false;
+}
+
+void ChatParser::args_close(ChatDelta& d) {
+  args_typed_end(d);
+  if (args_.block != Block::None) block_end(d);
+  args_out("}", d);
+  args_.open = false;
+}
+
+// A value of the top frame starts. deferred: a number or literal, written (with its prefix) once it ends.
+void ChatParser::value_started(ChatDelta& d, bool deferred) {
+  args_.prefix.clear();
+  if (args_.skip_depth > 0) return;
+  if (deferred) {
+    args_.prefix = member_prefix(args_.key);
+    return;
+  }
+  args_out(member_prefix(args_.key), d);
+  ++args_.frames.back().count;
+}
+
+void ChatParser::value_ended() {
+  if (args_.skip_depth == args_.frames.size()) args_.skip_depth = 0;  // the repeated key's value is over
+  args_.block = Block::After;
+  args_.first = false;
+}
+
+void ChatParser::block_close_container(ChatDelta& d) {
+  if (args_.frames.size() == 1) {  // the block's own object: the call's object stays open
+    args_.block = Block::Done;
+    return;
+  }
+  const Frame f = std::move(args_.frames.back());
+  args_.frames.pop_back();
+  if (f.shown) args_out(f.type == '{' ? "}" : "]", d);
+  value_ended();
+}
+
+void ChatParser::block_string_bytes(std::string_view bytes, ChatDelta& d) {
+  if (args_.hi_surrogate) {  // a high surrogate without its low half
+    const std::string lone = utf8_of(args_.hi_surrogate);
+    args_.hi_surrogate = 0;
+    block_string_bytes(lone, d);
+  }
+  if (args_.key_str) args_.key += bytes;
+  else if (args_.skip_depth == 0) args_string_bytes(bytes, false, d);
+}
+
+void ChatParser::block_unit(uint32_t u, ChatDelta& d) {
+  if (args_.hi_surrogate && u >= 0xDC00 && u <= 0xDFFF) {
+    const uint32_t cp = 0x10000 + ((args_.hi_surrogate - 0xD800) << 10) + (u - 0xDC00);
+    args_.hi_surrogate = 0;
+    block_string_bytes(utf8_of(cp), d);
+  } else if (u >= 0xD800 && u <= 0xDBFF) {
+    block_string_bytes("", d);  // writes a pending lone high surrogate
+    args_.hi_surrogate = u;
+  } else {
+    block_string_bytes(utf8_of(u), d);
+  }
+}
+
+void ChatParser::block_end(ChatDelta& d) {
+  Args& a = args_;
+  if ((a.block == Block::Num || a.block == Block::Lit) && a.skip_depth == 0) {
+    const ojson v = try_parse_json<ojson>(a.tok);
+    const bool ok = !v.is_discarded() && (a.block == Block::Num ? v.is_number() : (v.is_boolean() || v.is_null()));
+    if (ok) {
+      args_out(a.prefix + json_text(v), d);
+      ++a.frames.back().count;
+    }
+  } else if ((a.block == Block::Str || a.block == Block::Esc || a.block == Block::Hex) && !a.key_str &&
+             a.skip_depth == 0) {
+    a.hi_surrogate = 0;  // half a character: dropped
+    args_string_bytes("", true, d);
+    args_out("\"", d);
+  }
+  while (a.frames.size() > 1) {
+    const Frame f = std::move(a.frames.back());
+    a.frames.pop_back();
+    if (f.shown) args_out(f.type == '{' ? "}" : "]", d);
+  }
+  a.utf8_hold.clear();
+  a.tok.clear();
+  a.key.clear();
+  a.prefix.clear();
+  a.hi_surrogate = 0;
+  a.skip_depth = 0;
+  a.key_str = a.first = false;
+  a.block = Block::None;
+}
+
+void ChatParser::block_error(ChatDelta& d) {
+  block_end(d);
+  args_.block = Block::Error;
+}
+
+void ChatParser::block_char(char c, ChatDelta& d) {
+  Args& a = args_;
+  switch (a.block) {
+    case Block::None:
+    case Block::Error: return;
+    case Block::Done:
+      if (!json_space(c)) block_error(d);
+      return;
+    case Block::Start:
+      if (json_space(c)) return;
+      if (c != '{') return block_error(d);
+      a.block = Block::Key;  // the block's object is the call's object
+      a.first = true;
+      return;
+    case Block::Key:
+      if (json_space(c)) return;
+      if (c == '"') {
+        a.block = Block::Str;
+        a.key_str = true;
+        a.key.clear();
+        return;
+      }
+      if (c == '}' && a.first) return block_close_container(d);
+      return block_error(d);
+    case Block::Colon:
+      if (json_space(c)) return;
+      if (c != ':') return block_error(d);
+      a.block = Block::Value;
+      a.first = false;
+      return;
+    case Block::Value:
+      if (json_space(c)) return;
+      if (c == ']' && a.first && a.frames.back().type == '[') return block_close_container(d);
+      a.first = false;
+      if (c == '"') {
+        value_started(d, false);
+        if (a.skip_depth == 0) args_out("\"", d);
+        a.block = Block::Str;
+        a.key_str = false;
+        return;
+      }
+      if (c == '{' || c == '[') {
+        if (a.frames.size() + 1 >= static_cast<size_t>(kJsonMaxDepth)) return block_error(d);
+        value_started(d, false);
+        Frame f;
+        f.type = c;
+        f.shown = a.skip_depth == 0;
+        if (f.shown) args_out(std::string(1, c), d);
+        a.frames.push_back(std::move(f));
+        a.block = c == '{' ? Block::Key : Block::Value;
+        a.first = true;
+        return;
+      }
+      if (c == '-' || (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z')) {
+        value_started(d, true);
+        a.tok.assign(1, c);
+        a.block = c >= 'a' ? Block::Lit : Block::Num;
+        return;
+      }
+      return block_error(d);
+    case Block::After:
+      if (json_space(c)) return;
+      if (c == ',') {
+        a.block = a.frames.back().type == '{' ? Block::Key : Block::Value;
+        a.first = false;
+        return;
+      }
+      if (c == (a.frames.back().type == '{' ? '}' : ']')) return block_close_container(d);
+      return block_error(d);
+    case Block::Num:
+    case Block::Lit: {
+      const bool num = a.block == Block::Num;
+      const bool more = num ? (c >= '0' && c <= '9') || c == '.' || c == 'e' || c == 'E' || c == '+' || c == '-'
+                            : c >= 'a' && c <= 'z';
+      if (more && a.tok.size() < 64) {
+        a.tok += c;
+        return;
+      }
+      const ojson v = try_parse_json<ojson>(a.tok);
+      if (more || v.is_discarded() || (num ? !v.is_number() : !(v.is_boolean() || v.is_null()))) return block_error(d);
+      if (a.skip_depth == 0) {
+        args_out(a.prefix + json_text(v), d);
+        ++a.frames.back().count;
+      }
+      a.tok.clear();
+      value_ended();
+      return block_char(c, d);  // the character after it
+    }
+    case Block::Str:
+      if (c == '"') {
+        block_string_bytes("", d);  // a pending lone high surrogate
+        if (a.key_str) {
+          Frame& f = a.frames.back();
+          const std::string k = json_text(ojson(a.key));
+          const bool repeated = std::find(f.keys.begin(), f.keys.end(), k) != f.keys.end();
+          if (!repeated) f.keys.push_back(k);
+          if (repeated && a.skip_depth == 0) a.skip_depth = a.frames.size();  // the first value stays
+          a.key_str = false;
+          a.block = Block::Colon;
+        } else {
+          if (a.skip_depth == 0) {
+            args_string_bytes("", true, d);
+            args_out("\"", d);
+          }
+          value_ended();
+        }
+        return;
+      }
+      if (c == '\\') {
+        a.block = Block::Esc;
+        return;
+      }
+      return block_string_bytes(std::string_view(&c, 1), d);
+    case Block::Esc: {
+      char e = 0;
+      switch (c) {
+        case '"': e = '"'; break;
+        case '\\': e = '\\'; break;
+        case '/': e = '/'; break;
+        case 'b': e = '\b'; break;
+        case 'f': e = '\f'; break;
+        case 'n': e = '\n'; break;
+        case 'r': e = '\r'; break;
+        case 't': e = '\t'; break;
+        case 'u':
+          a.block = Block::Hex;
+          a.tok.clear();
+          return;
+        default: return block_error(d);
+      }
+      a.block = Block::Str;
+      return block_string_bytes(std::string_view(&e, 1), d);
+    }
+    case Block::Hex:
+      if (!std::isxdigit(static_cast<unsigned char>(c))) return block_error(d);
+      a.tok += c;
+      if (a.tok.size() < 4) return;
+      a.block = Block::Str;
+      {
+        const uint32_t u = static_cast<uint32_t>(std::stoul(a.tok, nullptr, 16));
+        a.tok.clear();
+        block_unit(u, d);
+      }
+      return;
+  }
+}
+
 void ChatParser::emit_text(std::string_view text, ChatDelta& d) {
   if (text.empty()) return;
   switch (where_) {
     case Where::Think: msg_.reasoning += text; d.reasoning += text; break;
     case Where::Response: msg_.content += text; d.content += text; break;
-    case Where::Argument: arg_value_ += text; break;
+    case Where::Argument:
+      arg_value_ += text;
+      if (args_.open && args_.arg_string) args_string_bytes(text, false, d);
+      break;
     case Where::Json:
       if (!msg_.tool_calls.empty()) msg_.tool_calls.back().raw_json += text;
+      if (args_.open)
+        for (char c : text) block_char(c, d);
       break;
     default: break;  // text between structural tags carries nothing
   }
@@ -537,18 +909,35 @@ void ChatParser::handle_tag(bool open, std::string_view header, ChatDelta& d) {
     else if (name == "response") where_ = Where::Response;
     else if (name == "tools") where_ = Where::Tools;
     else if (name == "call") {
+      if (args_.open) args_close(d);  // a call that was never closed ends here
       ParsedToolCall c;
       c.name = attr(header, "tool");
       const std::string idx = attr(header, "index");
       c.index = idx.empty() ? static_cast<int>(msg_.tool_calls.size()) + 1 : std::atoi(idx.c_str());
+      ToolCallDelta td;
+      td.call = msg_.tool_calls.size();
+      td.started = true;
+      td.name = c.name;
+      td.index = c.index;
       msg_.tool_calls.push_back(std::move(c));
+      d.tool_call_deltas.push_back(std::move(td));
+      args_ = Args{};
+      args_.open = true;
+      args_.frames.emplace_back();
+      args_out("{", d);
       where_ = Where::Call;
     } else if (name == "argument") {
       arg_key_ = attr(header, "key");
       arg_type_ = attr(header, "type");
       arg_value_.clear();
+      if (args_.open) args_typed_open(d);
       where_ = Where::Argument;
     } else if (name == "json") {
+      if (args_.open) {
+        args_typed_end(d);
+        if (args_.block != Block::None) block_end(d);
+        args_.block = Block::Start;
+      }
       where_ = Where::Json;
     }
     return;
@@ -564,19 +953,33 @@ void ChatParser::handle_tag(bool open, std::string_view header, ChatDelta& d) {
         v = try_parse_json<ojson>(arg_value_);  // depth-limited (model output)
         if (v.is_discarded()) v = arg_value_;  // malformed typed value: keep the text
       }
+      if (args_.open && where_ == Where::Argument && !args_.arg_string && !args_.arg_skip) {
+        args_out(member_prefix(arg_key_) + json_text(v), d);  // a typed value other than a string: written whole
+        ++args_.frames[0].count;
+      }
       msg_.tool_calls.back().arguments[arg_key_] = std::move(v);
     }
+    args_typed_end(d);
     where_ = Where::Call;
   } else if (name == "json") {
     if (!msg_.tool_calls.empty()) {
       ojson v = try_parse_json<ojson>(msg_.tool_calls.back().raw_json);
       if (!v.is_discarded() && v.is_object()) msg_.tool_calls.back().arguments = std::move(v);
     }
+    if (args_.block != Block::None) block_end(d);
     where_ = Where::Call;
   } else if (name == "call") {
     if (!msg_.tool_calls.empty() && !msg_.tool_calls.back().complete) {  // a repeated close completes nothing
+      if (args_.open) args_close(d);
       msg_.tool_calls.back().complete = true;
-      d.tool_calls_completed.push_back(msg_.tool_calls.size() - 1);
+      const size_t call = msg_.tool_calls.size() - 1;
+      d.tool_calls_completed.push_back(call);
+      if (d.tool_call_deltas.empty() || d.tool_call_deltas.back().call != call || d.tool_call_deltas.back().done) {
+        ToolCallDelta td;
+        td.call = call;
+        d.tool_call_deltas.push_back(std::move(td));
+      }
+      d.tool_call_deltas.back().done = true;
     }
     where_ = Where::Tools;
   } else if (name == "tools") {
@@ -638,6 +1041,7 @@ ChatDelta ChatParser::finish() {
   ChatDelta d;
   if (where_ != Where::Done) emit_text(buf_, d);
   buf_.clear();
+  if (args_.open) args_close(d);  // a call cut off: its JSON still ends as an object
   return d;
 }
 

@@ -7,6 +7,7 @@
 // `dictsort` is case-insensitive; `|string` is Python str()). See docs/tokenizer.md.
 #pragma once
 #include <nlohmann/json.hpp>
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -55,6 +56,15 @@ struct ParsedToolCall {
   ojson arguments = ojson::object();  // typed arguments (or the parsed json block)
   std::string raw_json;               // the json block text when the call used one
   bool complete = false;
+  // The arguments as compact JSON text (nlohmann's dump form: no spaces, UTF-8 unescaped, invalid
+  // UTF-8 as U+FFFD), written while the call is generated and reported in pieces
+  // (ChatDelta::tool_call_deltas): `{`, each typed argument in order (a string one character by
+  // character as it arrives), the members of a json block (each value once it is known, a string
+  // value character by character), `}` at the end of the call. A key given twice keeps its first
+  // value; a json block that breaks off or turns malformed keeps its members up to there (open
+  // strings and containers closed). Always one JSON object once the call is complete (or the
+  // parser finished); for a well-formed call it is the compact dump of `arguments` / the block.
+  std::string arguments_json;
 };
 
 struct ParsedMessage {
@@ -63,10 +73,23 @@ struct ParsedMessage {
   bool done = false;  // <|end_of_msg|> (or <|close|>message) seen
 };
 
+// A tool call as it is generated: in one push() a call may start, grow its arguments and end.
+// All `arguments` pieces of a call, in order, concatenate to its arguments_json (a piece never
+// splits a UTF-8 character or an escape sequence).
+struct ToolCallDelta {
+  size_t call = 0;        // index into message().tool_calls
+  bool started = false;   // the call began: `name` and `index` are known (first delta of a call)
+  bool done = false;      // the call ended (<|close|>call); after `arguments`
+  std::string name;       // when started
+  int index = 0;          // when started: the call's index attribute
+  std::string arguments;  // JSON text appended to the call's arguments_json
+};
+
 // What one push() added.
 struct ChatDelta {
   std::string reasoning, content;
   std::vector<size_t> tool_calls_completed;  // indices into message().tool_calls
+  std::vector<ToolCallDelta> tool_call_deltas;  // in order, one entry per call touched (started -> arguments -> done)
 };
 
 // Incremental parser of the assistant output that follows the generation prompt. Feed it the
@@ -87,6 +110,42 @@ class ChatParser {
   Where where_;
   std::string buf_, arg_key_, arg_type_, arg_value_;
   ParsedMessage msg_;
+
+  // Writing the open call's arguments_json (chat.cpp, "Streamed arguments").
+  enum class Block : uint8_t { None, Start, Value, Key, Colon, After, Str, Esc, Hex, Num, Lit, Done, Error };
+  struct Frame {
+    char type = '{';                // '{' or '['
+    bool shown = true;              // its opening bracket was written (not inside a skipped value)
+    size_t count = 0;               // members / elements written
+    std::vector<std::string> keys;  // an object's keys so far (written or skipped)
+  };
+  struct Args {
+    bool open = false;              // the last call's JSON is not closed yet
+    std::vector<Frame> frames;      // frames[0]: the call's object; then the json block's open containers
+    bool arg_string = false;        // a typed string argument is being written
+    bool arg_skip = false;          // the open typed argument repeats a key: not written
+    std::string utf8_hold;          // bytes of an unfinished UTF-8 character of the open string
+    Block block = Block::None;      // the json block's lexer
+    bool first = false;             // a container was just opened (may close at once)
+    bool key_str = false;           // the open string is a key
+    std::string tok, key, prefix;   // a key, number, literal or \\u escape being read; the member's key; what precedes the value
+    uint32_t hi_surrogate = 0;      // a \\uD800..\\uDBFF escape waiting for its low half
+    size_t skip_depth = 0;          // > 0: inside the value of a repeated key, at frames.size() == skip_depth
+  } args_;
+  void args_out(std::string_view s, ChatDelta& d);
+  void args_string_bytes(std::string_view bytes, bool flush, ChatDelta& d);
+  void args_typed_open(ChatDelta& d);  // <|open|>argument: a string one starts its member at once
+  void args_typed_end(ChatDelta& d);   // closes an open typed string argument
+  void args_close(ChatDelta& d);       // closes the call's JSON (open string, containers, the object)
+  void block_char(char c, ChatDelta& d);
+  void block_end(ChatDelta& d);        // the json block ends: finish a number or literal, close what is open
+  void block_error(ChatDelta& d);      // malformed: close what is open, ignore the rest of the block
+  void block_string_bytes(std::string_view bytes, ChatDelta& d);
+  void block_unit(uint32_t u, ChatDelta& d);  // a UTF-16 unit of an escape
+  void block_close_container(ChatDelta& d);
+  std::string member_prefix(const std::string& key) const;  // "," and the key of the next member of the top frame
+  void value_started(ChatDelta& d, bool deferred);
+  void value_ended();
 };
 
 }  // namespace kimi::tok

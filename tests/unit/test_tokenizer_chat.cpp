@@ -230,3 +230,291 @@ TEST(ChatParse, RepeatedCloseCompletesACallOnce) {
   ASSERT_EQ(p.message().tool_calls.size(), 1u);
   EXPECT_TRUE(p.message().tool_calls[0].complete);
 }
+
+// ---------------------------------------------------------------------------------------------
+// Tool-call arguments as they are generated (ToolCallDelta): the pieces of a call concatenate to
+// exactly the compact JSON the server sends for the whole call, in every chunking of the text.
+
+namespace {
+
+std::string compact(const ojson& v) { return v.dump(-1, ' ', false, ojson::error_handler_t::replace); }
+
+bool valid_utf8(std::string_view s) {
+  for (size_t i = 0; i < s.size();) {
+    const unsigned char b = static_cast<unsigned char>(s[i]);
+    const size_t n = b < 0x80 ? 1 : (b >> 5) == 6 ? 2 : (b >> 4) == 14 ? 3 : (b >> 3) == 30 ? 4 : 0;
+    if (n == 0 || i + n > s.size()) return false;
+    for (size_t k = 1; k < n; ++k)
+      if ((static_cast<unsigned char>(s[i + k]) & 0xC0) != 0x80) return false;
+    i += n;
+  }
+  return true;
+}
+
+// What the deltas of one run said about each call.
+struct StreamedCall {
+  std::string name, json;
+  int index = 0;
+  std::vector<std::string> pieces;
+  bool started = false, done = false;
+};
+
+struct StreamRun {
+  std::vector<StreamedCall> calls;
+  std::vector<size_t> completed;
+  ParsedMessage msg;
+};
+
+// Feeds `out` in the chunks given by the cut positions, then finish(); checks the order rules.
+StreamRun run_chunks(const std::string& out, const std::vector<size_t>& cuts, bool think = false) {
+  ChatParser p(think);
+  StreamRun r;
+  auto take = [&](const ChatDelta& d) {
+    r.completed.insert(r.completed.end(), d.tool_calls_completed.begin(), d.tool_calls_completed.end());
+    for (const ToolCallDelta& td : d.tool_call_deltas) {
+      if (td.started) {
+        EXPECT_EQ(td.call, r.calls.size()) << "a call starts once, in order";
+        r.calls.emplace_back();
+        r.calls.back().started = true;
+        r.calls.back().name = td.name;
+        r.calls.back().index = td.index;
+      }
+      EXPECT_LT(td.call, r.calls.size()) << "arguments before the call started";
+      if (td.call >= r.calls.size()) continue;
+      StreamedCall& c = r.calls[td.call];
+      EXPECT_FALSE(c.done) << "arguments after the call ended";
+      EXPECT_TRUE(td.started || !td.arguments.empty() || td.done) << "an empty delta";
+      if (!td.arguments.empty()) {
+        EXPECT_TRUE(valid_utf8(td.arguments)) << "a piece splits a UTF-8 character";
+        c.pieces.push_back(td.arguments);
+        c.json += td.arguments;
+        // never inside an escape sequence at the end of a piece
+        bool in_str = false;
+        int esc = 0;  // characters of an escape still to come
+        for (char ch : c.json) {
+          if (esc > 0) {
+            esc = (esc == 5 && ch == 'u') ? 4 : esc == 5 ? 0 : esc - 1;
+          } else if (in_str && ch == '\\') {
+            esc = 5;
+          } else if (ch == '"') {
+            in_str = !in_str;
+          }
+        }
+        EXPECT_EQ(esc, 0) << "a piece ends inside an escape: " << c.json;
+      }
+      if (td.done) c.done = true;
+    }
+  };
+  size_t prev = 0;
+  for (size_t cut : cuts) {
+    take(p.push(std::string_view(out).substr(prev, cut - prev)));
+    prev = cut;
+  }
+  take(p.push(std::string_view(out).substr(prev)));
+  take(p.finish());
+  r.msg = p.message();
+  EXPECT_EQ(r.calls.size(), r.msg.tool_calls.size());
+  for (size_t i = 0; i < r.calls.size() && i < r.msg.tool_calls.size(); ++i) {
+    EXPECT_EQ(r.calls[i].json, r.msg.tool_calls[i].arguments_json) << i;
+    EXPECT_EQ(r.calls[i].name, r.msg.tool_calls[i].name);
+    EXPECT_EQ(r.calls[i].index, r.msg.tool_calls[i].index);
+    EXPECT_EQ(r.calls[i].done, r.msg.tool_calls[i].complete);
+  }
+  return r;
+}
+
+// Every chunking this test uses: one byte at a time, whole, every cut into two, and random ones.
+std::vector<std::vector<size_t>> chunkings(size_t n, unsigned seed) {
+  std::vector<std::vector<size_t>> all;
+  std::vector<size_t> ones;
+  for (size_t i = 1; i < n; ++i) ones.push_back(i);
+  all.push_back(ones);
+  all.push_back({});
+  for (size_t i = 1; i < n; ++i) all.push_back({i});
+  uint64_t x = 0x9E3779B97F4A7C15ull ^ seed;
+  for (int k = 0; k < 20; ++k) {
+    std::vector<size_t> cuts;
+    for (size_t i = 0;;) {
+      x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+      i += 1 + x % 9;
+      if (i >= n) break;
+      cuts.push_back(i);
+    }
+    all.push_back(cuts);
+  }
+  return all;
+}
+
+const std::string kOpenTools = "<|close|>response<|sep|><|open|>tools<|sep|>";
+const std::string kEnd = "<|close|>tools<|sep|><|close|>message<|sep|><|end_of_msg|>";
+std::string call_open(const std::string& tool, int index) {
+  return "<|open|>call tool=\"" + tool + "\" index=\"" + std::to_string(index) + "\"<|sep|>";
+}
+const std::string kCallClose = "<|close|>call<|sep|>";
+std::string typed(const std::string& key, const std::string& type, const std::string& value) {
+  return "<|open|>argument key=\"" + key + "\" type=\"" + type + "\"<|sep|>" + value + "<|close|>argument<|sep|>";
+}
+std::string block(const std::string& text) { return "<|open|>json type=\"object\"<|sep|>" + text + "<|close|>json<|sep|>"; }
+
+// The output text, and per call the JSON value it must stream.
+void expect_streams(const std::string& out, const std::vector<ojson>& want, unsigned seed) {
+  for (const auto& cuts : chunkings(out.size(), seed)) {
+    const StreamRun r = run_chunks(out, cuts);
+    SCOPED_TRACE(testing::Message() << cuts.size() << " cuts, first " << (cuts.empty() ? 0 : cuts[0]));
+    ASSERT_EQ(r.calls.size(), want.size());
+    for (size_t i = 0; i < want.size(); ++i) {
+      EXPECT_EQ(r.calls[i].json, compact(want[i])) << i;  // the exact text
+      EXPECT_EQ(ojson::parse(r.calls[i].json), want[i]) << i;
+      EXPECT_TRUE(r.calls[i].done);
+    }
+    if (cuts.size() + 1 == out.size()) {  // one byte at a time: a long string arrives in many pieces
+      for (const auto& c : r.calls) {
+        if (c.json.size() > 40) { EXPECT_GE(c.pieces.size(), 3u) << c.json; }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+TEST(ChatParse, TypedStringArgumentsStreamExactly) {
+  const std::string s = "say \"hi\" \\ C:\\dir\nnext\tline \x01 caf\xC3\xA9 \xE6\x97\xA5\xE6\x9C\xAC \xF0\x9F\x98\x80 a<|b <x";
+  const std::string out = kOpenTools + call_open("write", 1) + typed("path", "string", "/tmp/a b.txt") +
+                          typed("content", "string", s) + typed("empty", "string", "") + kCallClose + kEnd;
+  const ojson want = ojson{{"path", "/tmp/a b.txt"}, {"content", s}, {"empty", ""}};
+  expect_streams(out, {want}, 1);
+  // the same value as the parsed arguments (what the server sent before it streamed)
+  const StreamRun r = run_chunks(out, {});
+  EXPECT_EQ(r.msg.tool_calls[0].arguments_json, compact(r.msg.tool_calls[0].arguments));
+  EXPECT_EQ(r.completed, (std::vector<size_t>{0}));
+}
+
+TEST(ChatParse, TypedValuesOfOtherTypesStreamExactly) {
+  const std::string out = kOpenTools + call_open("f", 1) + typed("n", "number", "1.50") + typed("i", "integer", "-7") +
+                          typed("b", "boolean", "true") + typed("z", "null", "null") +
+                          typed("o", "object", "{\"k\": [1, true, \"x\\\"y\"], \"e\": {}}") + typed("a", "array", "[1e2, \"\\u00e9\"]") +
+                          typed("bad", "number", "12 apples") + typed("s", "string", "last") + kCallClose + kEnd;
+  const ojson want = ojson::parse(R"({"n":1.5,"i":-7,"b":true,"z":null,"o":{"k":[1,true,"x\"y"],"e":{}},"a":[100.0,"é"],"bad":"12 apples","s":"last"})");
+  expect_streams(out, {want}, 2);
+  const StreamRun r = run_chunks(out, {});
+  EXPECT_EQ(r.msg.tool_calls[0].arguments_json, compact(r.msg.tool_calls[0].arguments));
+}
+
+TEST(ChatParse, JsonBlockStreamsItsCompactForm) {
+  const std::string text =
+      "{\n  \"path\" : \"src/a.cpp\",\n  \"edits\": [ {\"old\": \"a\\\"b\\\\c\\n\\t\\/\", \"new\": \"caf\\u00e9 \\ud83d\\ude00 \xE2\x82\xAC\"},"
+      " {\"old\": \"\", \"new\": \"x\"} ],\n  \"n\": -0.5e1, \"big\": 12345678901234567890, \"t\": true, \"f\": false, \"z\": null,"
+      " \"deep\": {\"a\": [[], {}, [1, [2, {\"b\": \"c\"}]]]}\n}\n";
+  const std::string out = kOpenTools + call_open("edit", 1) + block(text) + kCallClose + kEnd;
+  const ojson want = ojson::parse(text);
+  expect_streams(out, {want}, 3);
+  const StreamRun r = run_chunks(out, {});
+  // what the server sent before it streamed: the block parsed and dumped
+  EXPECT_EQ(r.msg.tool_calls[0].arguments_json, compact(ojson::parse(r.msg.tool_calls[0].raw_json)));
+  std::vector<StreamedCall> calls = run_chunks(out, chunkings(out.size(), 0)[0]).calls;
+  EXPECT_GE(calls[0].pieces.size(), 10u);
+}
+
+TEST(ChatParse, TwoCallsStreamOneAfterTheOther) {
+  const std::string out = "Let me look.<|close|>think<|sep|><|open|>response<|sep|>" + kOpenTools + call_open("read", 1) +
+                          typed("path", "string", "a.txt") + kCallClose + call_open("grep", 2) +
+                          block("{\"pattern\": \"TODO\", \"n\": 3}") + kCallClose + kEnd;
+  for (const auto& cuts : chunkings(out.size(), 4)) {
+    const StreamRun r = run_chunks(out, cuts, true);
+    ASSERT_EQ(r.calls.size(), 2u);
+    EXPECT_EQ(r.calls[0].name, "read");
+    EXPECT_EQ(r.calls[1].name, "grep");
+    EXPECT_EQ(r.calls[1].index, 2);
+    EXPECT_EQ(r.calls[0].json, R"({"path":"a.txt"})");
+    EXPECT_EQ(r.calls[1].json, R"({"pattern":"TODO","n":3})");
+    EXPECT_EQ(r.completed, (std::vector<size_t>{0, 1}));
+  }
+}
+
+TEST(ChatParse, StreamedArgumentsOfMalformedCallsAreStillOneObject) {
+  struct Case {
+    std::string body;  // what the call holds
+    const char* want;  // the streamed (and complete) arguments
+  };
+  const std::vector<Case> cases = {
+      // invalid UTF-8 becomes U+FFFD, as the server's JSON writer does for the whole value
+      {typed("s", "string", "a\xFF" "b\xE2\x82" "A\xF0\x9F"), "{\"s\":\"a\xEF\xBF\xBD" "b\xEF\xBF\xBD" "A\xEF\xBF\xBD\"}"},
+      // a key given twice keeps its first value
+      {typed("k", "string", "one") + typed("k", "string", "two") + typed("m", "number", "2"), R"({"k":"one","m":2})"},
+      {block(R"({"k": 1, "k": {"x": [1]}, "j": 2})"), R"({"k":1,"j":2})"},
+      // typed arguments and a json block together: one object
+      {typed("a", "string", "x") + block(R"({"b": [true], "a": 5})"), R"({"a":"x","b":[true]})"},
+      // a block cut off (the call ends inside it): what was complete, open strings and containers closed
+      {block(R"({"a": "abc", "b": [1, {"c": "de)"), R"({"a":"abc","b":[1,{"c":"de"}]})"},
+      {block(R"({"a": 1, "b": 2.)"), R"({"a":1})"},
+      {block(R"({"a": 1, "b")"), R"({"a":1})"},
+      // malformed: members up to the error, the rest of the block ignored
+      {block(R"({"a": [1, 2}, "b": 3})"), R"({"a":[1,2]})"},
+      {block(R"({"a": tru, "b": 3})"), R"({})"},
+      {block(R"([1, 2])"), R"({})"},
+      {block(R"({"a": "x\q"})"), R"({"a":"x"})"},
+      {block(R"({"a": 1} trailing)"), R"({"a":1})"},
+      // lone surrogates as U+FFFD
+      {block(R"({"s": "\ud800x\udc00"})"), "{\"s\":\"\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBDx\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD\"}"},
+  };
+  for (const Case& c : cases) {
+    const std::string out = kOpenTools + call_open("f", 1) + c.body + kCallClose + kEnd;
+    SCOPED_TRACE(c.body);
+    for (const auto& cuts : chunkings(out.size(), 5)) {
+      const StreamRun r = run_chunks(out, cuts);
+      ASSERT_EQ(r.calls.size(), 1u);
+      EXPECT_EQ(r.calls[0].json, c.want);
+      EXPECT_EQ(compact(ojson::parse(r.calls[0].json)), r.calls[0].json);  // its own compact form
+    }
+  }
+}
+
+TEST(ChatParse, CallCutOffStillStreamsAnObject) {
+  // generation ends inside a call (max_tokens): finish() closes the string and the object, but the call
+  // is not complete
+  for (const std::string& tail : {typed("a", "string", "x") + "<|open|>argument key=\"b\" type=\"string\"<|sep|>caf\xC3",
+                                 block("{\"a\": [1, \"x") , std::string("<|open|>json type=\"object\"<|sep|>{\"a\": 1, \"b\": tr")}) {
+    const std::string out = kOpenTools + call_open("f", 1) + tail;
+    for (const auto& cuts : chunkings(out.size(), 6)) {
+      const StreamRun r = run_chunks(out, cuts);
+      ASSERT_EQ(r.calls.size(), 1u);
+      EXPECT_FALSE(r.calls[0].done);
+      EXPECT_TRUE(r.completed.empty());
+      const ojson v = ojson::parse(r.calls[0].json);
+      EXPECT_TRUE(v.is_object()) << r.calls[0].json;
+      EXPECT_EQ(compact(v), r.calls[0].json);
+    }
+  }
+}
+
+// Random outputs made of the format's tags and JSON's characters: whatever the model writes, each
+// call's streamed arguments end as one JSON object in its own compact form.
+TEST(ChatParse, RandomCallsAlwaysStreamOneObject) {
+  const std::vector<std::string> parts = {
+      call_open("f", 1), kCallClose, "<|open|>json type=\"object\"<|sep|>", "<|close|>json<|sep|>",
+      "<|open|>argument key=\"a\" type=\"string\"<|sep|>", "<|open|>argument key=\"b\" type=\"number\"<|sep|>",
+      "<|close|>argument<|sep|>", "{", "}", "[", "]", ",", ":", "\"", "\\", "\\u", "d83d", "dc00", "00e9", "a", "1",
+      "-", ".", "e", "true", "null", " ", "\n", "\xC3", "\xA9", "\xFF", "<|", "<"};
+  uint64_t x = 12345;
+  for (int it = 0; it < 3000; ++it) {
+    std::string out = kOpenTools + call_open("f", 1);
+    const int n = 1 + static_cast<int>(x % 40);
+    for (int k = 0; k < n; ++k) {
+      x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+      out += parts[x % parts.size()];
+    }
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    if (x % 2) out += kCallClose;
+    std::vector<size_t> cuts;
+    for (size_t i = 1 + x % 5; i < out.size(); i += 1 + (i * 7 + x) % 6) cuts.push_back(i);
+    const StreamRun r = run_chunks(out, cuts);
+    const StreamRun whole = run_chunks(out, {});
+    ASSERT_EQ(r.calls.size(), whole.calls.size()) << out;
+    for (size_t i = 0; i < r.calls.size(); ++i) {
+      EXPECT_EQ(r.calls[i].json, whole.calls[i].json) << out;  // any chunking: the same text
+      const ojson v = ojson::parse(r.calls[i].json, nullptr, false);
+      ASSERT_TRUE(v.is_object()) << out << "\n-> " << r.calls[i].json;
+      EXPECT_EQ(compact(v), r.calls[i].json) << out;
+    }
+  }
+}

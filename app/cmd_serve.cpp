@@ -58,6 +58,9 @@ int cmd_serve(int argc, char** argv) {
   app.add_option("--max-tokens", o.max_tokens, "limit for a request's max_tokens (0 = ctx)")->check(CLI::NonNegativeNumber);
   app.add_option("--default-max-tokens", o.default_max_tokens, "chat max_tokens when the request has none (0 = up to ctx)")
       ->check(CLI::NonNegativeNumber);
+  app.add_option("--reasoning-budget", o.reasoning_budget,
+                 "thinking tokens of a request that sets no budget; then the answer is forced (-1 = no cap)")
+      ->check(CLI::Range(-1, INT32_MAX));
   app.add_option("--max-connections", o.max_connections, "requests handled concurrently (handler threads)")
       ->check(CLI::Range(1, 4096));
   app.add_option("--max-open-connections", o.max_open_connections, "open connections (slow or idle ones hold no thread)")

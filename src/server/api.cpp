@@ -517,6 +517,10 @@ ParsedRequest parse_chat_request(const std::string& body_text, const tok::Tokeni
   }
   r.gen.chat = true;
   r.gen.start_in_think = thinking;
+  // the thinking budget (an extension; Anthropic's thinking.budget_tokens arrives here): a hard cap
+  // on the think channel's tokens, the server's --reasoning-budget when not given; no effect without thinking
+  const int64_t budget = integer(b, "thinking_budget_tokens", lim.thinking_budget, 0, INT32_MAX);
+  r.gen.thinking_budget = thinking ? static_cast<int>(budget) : -1;
   common_params(b, r, lim, true);
   // tool calls held to the tools' grammar (tool_grammar.h): required / named / auto / none
   set_tool_constraint(r.gen, req.contains("tools") ? req["tools"] : ojson(),

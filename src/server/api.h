@@ -43,6 +43,9 @@ struct Limits {
   // temperature 1 by default). The seed: a random one per request unless fixed_seed.
   SamplerParams sampling = {.temp = 1.0f};
   bool fixed_seed = false;
+  // The thinking budget of a chat request that gives none (kimi serve --reasoning-budget;
+  // GenParams::thinking_budget): -1 no cap.
+  int thinking_budget = -1;
   // The compile budget of grammars, schemas and tool parameter schemas (grammar.h); its
   // `cancelled` is set per request (the client has gone).
   grammar::Budget budget;

@@ -39,10 +39,12 @@ std::string text_of(const ojson& v, const std::string& where) {
   return out;
 }
 
-// The thinking / effort fields onto K3's thinking on/off and thinking_effort.
+// The thinking / effort fields onto K3's thinking on/off, thinking_effort and the thinking budget
+// (budget_tokens: a hard cap on the think channel, chat's thinking_budget_tokens).
 void map_thinking(const ojson& b, ojson& chat) {
   bool thinking = false;  // Anthropic's default: no extended thinking
   std::string effort;
+  int64_t budget = -1;
   if (const ojson* t = get(b, "thinking")) {
     if (!t->is_object()) bad("thinking", "must be an object");
     const std::string type = str(*t, "type", "thinking", true);
@@ -53,6 +55,7 @@ void map_thinking(const ojson& b, ojson& chat) {
       if (!bt->is_number_integer() || bt->get<int64_t>() < 1) bad("thinking.budget_tokens", "must be a positive integer");
       const int64_t n = bt->get<int64_t>();
       effort = n <= 2048 ? "low" : n <= 8192 ? "medium" : n <= 32768 ? "high" : "max";
+      budget = n < 2147483647 ? n : 2147483647;  // beyond: no cap in practice
     } else if (type == "adaptive") {
       thinking = true;
       effort = "high";
@@ -78,6 +81,7 @@ void map_thinking(const ojson& b, ojson& chat) {
   }
   chat["thinking"] = thinking;
   if (thinking && !effort.empty()) chat["thinking_effort"] = effort;
+  if (thinking && budget >= 0) chat["thinking_budget_tokens"] = budget;
 }
 
 void map_tools(const ojson& b, ojson& chat, std::set<std::string>& names) {

@@ -133,6 +133,8 @@ Server::Server(const ServerOptions& opts) : impl_(std::make_unique<Impl>()) {
   I.lim.timeout_s = opts.timeout_s;
   I.lim.sampling = opts.sampling;
   I.lim.fixed_seed = opts.fixed_seed;
+  check(opts.reasoning_budget >= -1, "--reasoning-budget must be >= -1 (got {})", opts.reasoning_budget);
+  I.lim.thinking_budget = opts.reasoning_budget;
   Sampler check_sampling(opts.sampling, 1);  // a bad default (e.g. --top-p 2) fails at startup
 
   httpd::Options h;

@@ -95,6 +95,12 @@ Scheduler::Scheduler(const Model& model, const tok::Tokenizer& tok, const Contex
     if (p == "<|sep|>") sep_id_ = id;
     if (p == "<|end_of_msg|>") eom_id_ = id;
   }
+  // the thinking budget's close sequence: what the K3 template writes between an assistant turn's
+  // think channel and its response channel (tok::render_chat: close_tag("think") + open_tag("response"))
+  if (close_id_ >= 0 && open_id_ >= 0 && sep_id_ >= 0) {
+    think_close_ = tok_.encode("<|close|>think<|sep|><|open|>response<|sep|>", true);
+    if (think_close_.empty() || think_close_.front() != close_id_) think_close_.clear();
+  }
   if (const char* e = std::getenv("KIMI_GRAMMAR_FULL_SCAN")) grammar_full_scan_ = std::string(e) == "1";
   st_.slots = so_.parallel;
   st_.sequences = o.n_seq_max;
@@ -350,6 +356,7 @@ void Scheduler::start(Active& a) {
     for (int32_t tkn : P) a.sampler->accept(tkn);
   a.detok.emplace(tok_, false);
   if (gp.chat) a.parser.emplace(gp.start_in_think);
+  a.in_think = gp.chat && gp.start_in_think;
   if (gp.grammar) {
     a.matcher.emplace(gp.grammar);
     a.constrained = !gp.chat || !gp.start_in_think;  // thinking: once the response channel opens
@@ -511,7 +518,8 @@ void Scheduler::step() {
   for (Active* a : gen_now) {
     if (a->done) continue;
     const float* lg = ctx_->logits(static_cast<size_t>(a->logit_idx));
-    const int32_t t = a->constrained || tool_active(*a) ? sample_constrained(*a, lg) : a->sampler->sample(lg);
+    int32_t t = -1;
+    if (!forced_token(*a, t)) t = a->constrained || tool_active(*a) ? sample_constrained(*a, lg) : a->sampler->sample(lg);
     a->sampler->accept(t);
     ++generated;
     {
@@ -621,6 +629,35 @@ int32_t Scheduler::sample_constrained(Active& a, const float* logits) {
   return grammar_allows(a, t) ? t : best;
 }
 
+// The thinking budget (GenParams::thinking_budget): once the think channel holds that many tokens,
+// the next ones are the close sequence, taken as if sampled (decoded, counted, parsed and checked
+// like any token), so the sequence equals one whose prompt contained them. When the last thinking
+// token ended in the middle of a UTF-8 character, up to kUtf8Slack more tokens may complete it
+// first (the reasoning text stays whole characters). A tool grammar that holds the think channel
+// (tool_choice required / none) must accept the whole sequence, else thinking goes on.
+constexpr int kUtf8Slack = 3;
+
+bool Scheduler::forced_token(Active& a, int32_t& t) {
+  if (a.forcing > 0) {
+    t = think_close_[a.forcing];
+    a.forcing = a.forcing + 1 < think_close_.size() ? a.forcing + 1 : 0;
+    return true;
+  }
+  const int budget = a.job->params().thinking_budget;
+  if (!a.in_think || budget < 0 || a.think_n < budget || think_close_.empty()) return false;
+  if (a.think_utf8 > 0 && a.think_n < budget + kUtf8Slack) return false;
+  if (tool_active(a)) {
+    std::string bytes;
+    for (int32_t c : think_close_)
+      bytes += c == open_id_ ? kToolOpen : c == close_id_ ? kToolClose : c == sep_id_ ? kToolSep : tok_.token_to_piece(c);
+    if (!a.tool_matcher->accepts_bytes(bytes)) return false;
+  }
+  a.in_think = false;
+  t = think_close_[0];
+  a.forcing = think_close_.size() > 1 ? 1 : 0;
+  return true;
+}
+
 // Log-softmax of the raw logits for the sampled token `t`, and the k most likely tokens.
 static TokenLogprob token_logprob(const float* lg, int n_vocab, int32_t t, int k) {
   float mx = -INFINITY;
@@ -650,6 +687,19 @@ void Scheduler::on_token(Active& a, int32_t t, const float* logits) {
     a.t_first = Clock::now();
     std::lock_guard<std::mutex> lk(a.job->mu_);
     a.job->result_.ttft_s = std::chrono::duration<double>(a.t_first - a.job->t_submit_).count();
+  }
+  if (a.in_think) {  // a tag the model writes itself ends the think channel: the budget no longer applies
+    if (t == open_id_ || t == close_id_) {
+      a.in_think = false;
+    } else {
+      ++a.think_n;
+      if (t >= 0 && t < tok_.n_vocab() && !tok_.is_special(t)) {
+        for (unsigned char c : tok_.token_to_piece(t)) {  // where the text's last UTF-8 character stands
+          if ((c & 0xC0) == 0x80) a.think_utf8 = std::max(0, a.think_utf8 - 1);
+          else a.think_utf8 = c >= 0xF0 ? 3 : c >= 0xE0 ? 2 : c >= 0xC0 ? 1 : 0;
+        }
+      }
+    }
   }
   const GenParams& gp = a.job->params();
   if (a.tool_matcher && !a.constrained) {

@@ -53,6 +53,12 @@ struct GenParams {
   bool chat = false;              // parse the output with tok::ChatParser
   bool start_in_think = true;     // the prompt ended with the think tag open
   bool ignore_eos = false;
+  // Chat with start_in_think: at most this many tokens are generated in the think channel; the
+  // next tokens are then forced to be the template's close sequence (Scheduler::think_close(),
+  // "<|close|>think<|sep|><|open|>response<|sep|>") and the answer follows. -1: no cap; 0: the
+  // close sequence comes first (an empty think channel). A think channel the model closes itself
+  // ends the count (nothing is forced).
+  int thinking_budget = -1;
   int logprobs = -1;              // -1: none; N >= 0: each token's log-probability and the N most likely
   // The answer must be a sentence of this grammar (response_format, json_schema, grammar): the
   // whole output of a completion; in chat the response channel only (thinking and tool calls are
@@ -195,6 +201,9 @@ class Scheduler {
   std::vector<SlotInfo> slots() const;  // every sequence (the first `parallel` + cache slots)
   int n_ctx() const { return n_ctx_; }
   const SchedulerOptions& options() const { return so_; }
+  // The tokens GenParams::thinking_budget forces: the K3 template's text between a think channel
+  // and its response channel, tokenized (empty when the vocabulary lacks the tags: no cap then).
+  const std::vector<int32_t>& think_close() const { return think_close_; }
 
  private:
   struct SeqRec {
@@ -228,6 +237,10 @@ class Scheduler {
     std::optional<grammar::Matcher> tool_matcher;  // GenParams::tool_grammar
     bool tool_on = false;       // the tool grammar applies to the next token
     std::string tool_tail;      // the end of the raw output (finds GenParams::tool_trigger)
+    bool in_think = false;      // chat: still in the think channel the prompt opened
+    int think_n = 0;            // tokens generated in it (GenParams::thinking_budget)
+    int think_utf8 = 0;         // continuation bytes its text still needs to end on a whole UTF-8 character
+    size_t forcing = 0;         // > 0: the next token is think_close_[forcing] (the rest of the close sequence)
   };
 
   void loop();
@@ -235,6 +248,7 @@ class Scheduler {
   void step();
   void on_token(Active& a, int32_t t, const float* logits);
   int32_t sample_constrained(Active& a, const float* logits);
+  bool forced_token(Active& a, int32_t& t);  // the thinking budget: the next token is forced
   bool grammar_allows(const Active& a, int32_t t) const;
   bool tool_allows(const Active& a, int32_t t) const;  // GenParams::tool_grammar
   bool tool_active(const Active& a) const { return a.tool_on && !a.constrained; }
@@ -262,6 +276,7 @@ class Scheduler {
   int32_t eom_id_ = -1;                 // <|end_of_msg|>: message boundaries are right after it
   int32_t close_id_ = -1;              // <|close|>: ends the constrained response channel
   int32_t open_id_ = -1, sep_id_ = -1;  // <|open|>, <|sep|> (tool grammars: U+E000, U+E002)
+  std::vector<int32_t> think_close_;    // GenParams::thinking_budget: the tokens that close thinking
   std::vector<int32_t> marker_text_;   // text tokens whose bytes hold U+E000..U+E003 (never in a tool call)
   std::vector<uint8_t> drop_special_;  // per token id: special, not structural (chat output skips it)
   // constrained sampling (sample_constrained): the text tokens as a trie, built at the first use;

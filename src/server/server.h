@@ -47,6 +47,7 @@ struct ServerOptions {
   int max_prompt_tokens = 0;        // 0: ctx - 1
   int max_tokens = 0;               // per-request max_tokens limit (0: ctx)
   int default_max_tokens = 0;       // chat default (0: what the context allows)
+  int reasoning_budget = -1;        // thinking tokens of a chat request that gives no budget (-1: no cap)
   int max_connections = 64;         // requests handled concurrently (handler threads)
   int max_open_connections = 1024;  // open connections (slow or idle ones cost no thread)
   double head_timeout_s = 10;       // a whole request head must arrive within this

@@ -305,10 +305,6 @@ ojson call_item(const Ids& ids, size_t i, const tok::ParsedToolCall& c, bool don
           {"arguments", done ? wire_json(tool_call_input(c)) : std::string()}, {"status", done ? "completed" : "in_progress"}};
 }
 
-int count_tokens(const Endpoint& e, const std::string& text) {
-  return text.empty() ? 0 : static_cast<int>(e.tok.encode(text, false).size());
-}
-
 void send_error(httpd::Responder& res, const ApiError& err) {
   if (res.started()) return;
   httpd::Reply r;
@@ -424,7 +420,7 @@ void stream(const Endpoint& e, const ResponsesRequest& rq, Job& job, httpd::Resp
         close(buf);
         const bool incomplete = r.finish_reason == "length" || r.finish_reason == "timeout";
         const ojson final = response_object(e, rq, ids, created, incomplete ? "incomplete" : "completed", output,
-                                            usage_of(r, count_tokens(e, reasoning_all)),
+                                            usage_of(r, r.n_thinking),
                                             incomplete ? ojson{{"reason", "max_output_tokens"}} : ojson(nullptr));
         buf += ev(incomplete ? "response.incomplete" : "response.completed", {{"response", final}});
         if (write(buf)) res.end();
@@ -475,7 +471,7 @@ void openai_responses(const Endpoint& e, const httpd::Request& req, httpd::Respo
     const bool incomplete = r.finish_reason == "length" || r.finish_reason == "timeout";
     httpd::Reply rep;
     rep.body = wire_json(response_object(e, rq, ids, created, incomplete ? "incomplete" : "completed", output,
-                                         usage_of(r, count_tokens(e, out.reasoning)),
+                                         usage_of(r, r.n_thinking),
                                          incomplete ? ojson{{"reason", "max_output_tokens"}} : ojson(nullptr)));
     res.send(rep);
   } catch (const ApiError& err) {

@@ -800,6 +800,7 @@ void Scheduler::finish(Active& a, const std::string& reason, int status, const s
     r.n_cached = a.job->result_.n_cached;
   }
   r.n_generated = a.n_gen;
+  r.n_thinking = a.think_n;
   if (a.n_gen > 0) {
     r.prefill_s = std::chrono::duration<double>(a.t_first - a.t_admit).count();
     r.gen_s = std::chrono::duration<double>(Clock::now() - a.t_first).count();

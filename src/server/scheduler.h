@@ -116,6 +116,7 @@ class Job {
     std::string error;
     std::string stop_string;    // the stop string that ended the output ("": none)
     int n_prompt = 0, n_cached = 0, n_generated = 0;
+    int n_thinking = 0;         // chat: tokens generated in the think channel (the forced close not counted)
     double ttft_s = -1;         // enqueue -> first generated token
     double total_s = 0;
     double prefill_s = 0;       // admitted to a slot -> first generated token (prompt evaluation)

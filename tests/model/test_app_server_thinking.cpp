@@ -326,8 +326,8 @@ TEST(ServerThinking, GrammarsStayValidAcrossTheForcedClose) {
   }
 }
 
-// --reasoning-budget: the cap of requests that give none (Responses too: it has no budget field);
-// a request's own budget wins.
+// --reasoning-budget: the cap of requests that give none (Responses too: it has no budget field,
+// and its usage counts the B thinking tokens); a request's own budget wins.
 TEST(ServerThinking, ServerDefaultBudget) {
   server::ServerOptions o = server_opts();
   o.sched.parallel = 1;
@@ -356,6 +356,9 @@ TEST(ServerThinking, ServerDefaultBudget) {
   const ojson ref = chat({{"max_tokens", kN}, {"thinking_budget_tokens", kB}});
   EXPECT_EQ(reasoning, reasoning_of(ref));
   EXPECT_EQ(text, content_of(ref));
+  // usage: the thinking tokens the scheduler counted (the Responses API reports them)
+  EXPECT_EQ(resp["usage"]["output_tokens_details"]["reasoning_tokens"], kB) << resp["usage"].dump();
+  EXPECT_EQ(resp["usage"]["output_tokens"], kN);
 
   server::ServerOptions bad = server_opts();
   bad.reasoning_budget = -2;

@@ -570,11 +570,14 @@ void apply_chat_text(tok::ChatParser& parser, const std::string& text, JobOutput
   out.reasoning += d.reasoning;
   out.content += d.content;
   for (size_t i : d.tool_calls_completed) out.tool_calls.push_back(parser.message().tool_calls[i]);
+  for (auto& t : d.tool_call_deltas) out.tool_deltas.push_back(std::move(t));
 }
 
 ojson tool_call_json(const tok::ParsedToolCall& c, const std::string& id) {
   std::string args;
-  if (!c.raw_json.empty()) {
+  if (!c.arguments_json.empty()) {  // what a stream sent for the call, piece by piece (tok::ToolCallDelta)
+    args = c.arguments_json;
+  } else if (!c.raw_json.empty()) {
     const ojson parsed = try_parse_json<ojson>(c.raw_json);
     args = !parsed.is_discarded() && parsed.is_object() ? parsed.dump() : c.raw_json;
   } else {

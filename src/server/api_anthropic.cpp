@@ -402,17 +402,23 @@ void stream(const Endpoint& e, Job& job, httpd::Responder& res, const std::strin
       std::string buf;
       if (!out.reasoning.empty()) text_delta(buf, "thinking", out.reasoning);
       if (!out.content.empty()) text_delta(buf, "text", out.content);
-      for (const auto& c : out.tool_calls) {
-        close_block(buf);
-        ++index;
-        const std::string cid = fmt::format("toolu_{}_{}", id, n_calls++);
-        buf += sse_event("content_block_start",
-                         {{"type", "content_block_start"}, {"index", index},
-                          {"content_block", {{"type", "tool_use"}, {"id", cid}, {"name", c.name}, {"input", ojson::object()}}}});
-        buf += sse_event("content_block_delta",
-                         {{"type", "content_block_delta"}, {"index", index},
-                          {"delta", {{"type", "input_json_delta"}, {"partial_json", wire_json(tool_call_input(c))}}}});
-        buf += sse_event("content_block_stop", {{"type", "content_block_stop"}, {"index", index}});
+      // a tool call as it is generated: its block starts with the name, its input arrives in
+      // input_json_delta pieces (together exactly the whole answer's input), the block stops with the call
+      for (const auto& td : out.tool_deltas) {
+        if (td.started) {
+          close_block(buf);
+          ++index;
+          open = "tool_use";
+          const std::string cid = fmt::format("toolu_{}_{}", id, n_calls++);
+          buf += sse_event("content_block_start",
+                           {{"type", "content_block_start"}, {"index", index},
+                            {"content_block", {{"type", "tool_use"}, {"id", cid}, {"name", td.name}, {"input", ojson::object()}}}});
+        }
+        if (open != "tool_use") continue;
+        if (!td.arguments.empty())
+          buf += sse_event("content_block_delta", {{"type", "content_block_delta"}, {"index", index},
+                                                   {"delta", {{"type", "input_json_delta"}, {"partial_json", td.arguments}}}});
+        if (td.done) close_block(buf);
       }
       if (fin) {
         const Job::Result r = job.result();

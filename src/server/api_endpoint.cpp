@@ -32,6 +32,10 @@ JobOutput wait_whole(Job& job, httpd::Responder& res) {
 }
 
 ojson tool_call_input(const tok::ParsedToolCall& c) {
+  if (!c.arguments_json.empty()) {  // the parser's compact JSON, as a stream sends it (tok::ToolCallDelta)
+    const ojson v = try_parse_json<ojson>(c.arguments_json, nullptr, kJsonMaxDepth + 1);
+    if (!v.is_discarded() && v.is_object()) return v;
+  }
   if (!c.raw_json.empty()) {
     const ojson v = try_parse_json<ojson>(c.raw_json);
     if (!v.is_discarded() && v.is_object()) return v;

@@ -35,7 +35,8 @@ std::string sse_event(const std::string& type, const ojson& data);
 int64_t clamp_output_tokens(int64_t asked, const Limits& lim);
 // Waits for a non-streamed job's whole output; cancels it when the client goes away.
 JobOutput wait_whole(Job& job, httpd::Responder& res);
-// A tool call's arguments as a JSON object (the parsed typed arguments or json block).
+// A tool call's arguments as a JSON object: the parser's arguments_json, whose pieces a stream sends
+// as they are generated (tok::ToolCallDelta), so wire_json of this is exactly their concatenation.
 ojson tool_call_input(const tok::ParsedToolCall& c);
 
 // Reading a request's fields in one API's own words: bad() throws ApiError 400

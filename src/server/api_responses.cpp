@@ -300,9 +300,12 @@ ojson message_item(const Ids& ids, const std::string& text, bool done) {
   return {{"type", "message"}, {"id", ids.msg}, {"status", done ? "completed" : "in_progress"}, {"role", "assistant"},
           {"content", content}};
 }
-ojson call_item(const Ids& ids, size_t i, const tok::ParsedToolCall& c, bool done) {
-  return {{"type", "function_call"}, {"id", ids.fc(i)}, {"call_id", ids.call(i)}, {"name", c.name},
-          {"arguments", done ? wire_json(tool_call_input(c)) : std::string()}, {"status", done ? "completed" : "in_progress"}};
+ojson call_item(const Ids& ids, size_t i, const std::string& name, const std::string& arguments, const char* status) {
+  return {{"type", "function_call"}, {"id", ids.fc(i)}, {"call_id", ids.call(i)}, {"name", name},
+          {"arguments", arguments}, {"status", status}};
+}
+ojson call_item(const Ids& ids, size_t i, const tok::ParsedToolCall& c) {
+  return call_item(ids, i, c.name, wire_json(tool_call_input(c)), "completed");
 }
 
 void send_error(httpd::Responder& res, const ApiError& err) {
@@ -335,8 +338,10 @@ void stream(const Endpoint& e, const ResponsesRequest& rq, Job& job, httpd::Resp
   head += ev("response.in_progress", {{"response", initial}});
   if (!write(head)) return;
   ojson output = ojson::array();  // finished items
-  enum Open { None, Reasoning, Message } open = None;
-  std::string text;  // of the open item
+  enum Open { None, Reasoning, Message, Call } open = None;
+  std::string text;  // of the open item (a call: its arguments so far)
+  std::string call_name;
+  bool call_done = false;
   std::string reasoning_all;
   int out_index = -1;
   size_t n_calls = 0;
@@ -356,6 +361,13 @@ void stream(const Endpoint& e, const ResponsesRequest& rq, Job& job, httpd::Resp
       const ojson item = message_item(ids, text, true);
       buf += ev("response.output_item.done", {{"output_index", out_index}, {"item", item}});
       output.push_back(item);
+    } else if (open == Call) {  // a call cut off (max_output_tokens) ends incomplete and stays out of `output`
+      const size_t i = n_calls - 1;
+      buf += ev("response.function_call_arguments.done",
+                {{"item_id", ids.fc(i)}, {"output_index", out_index}, {"name", call_name}, {"arguments", text}});
+      const ojson item = call_item(ids, i, call_name, text, call_done ? "completed" : "incomplete");
+      buf += ev("response.output_item.done", {{"output_index", out_index}, {"item", item}});
+      if (call_done) output.push_back(item);
     }
     open = None;
     text.clear();
@@ -392,18 +404,28 @@ void stream(const Endpoint& e, const ResponsesRequest& rq, Job& job, httpd::Resp
       std::string buf;
       if (!out.reasoning.empty()) delta(buf, Reasoning, out.reasoning);
       if (!out.content.empty()) delta(buf, Message, out.content);
-      for (const auto& c : out.tool_calls) {
-        close(buf);
-        ++out_index;
-        const size_t i = n_calls++;
-        const std::string args = wire_json(tool_call_input(c));
-        buf += ev("response.output_item.added", {{"output_index", out_index}, {"item", call_item(ids, i, c, false)}});
-        buf += ev("response.function_call_arguments.delta", {{"item_id", ids.fc(i)}, {"output_index", out_index}, {"delta", args}});
-        buf += ev("response.function_call_arguments.done",
-                  {{"item_id", ids.fc(i)}, {"output_index", out_index}, {"name", c.name}, {"arguments", args}});
-        const ojson item = call_item(ids, i, c, true);
-        buf += ev("response.output_item.done", {{"output_index", out_index}, {"item", item}});
-        output.push_back(item);
+      // a function call as it is generated: the item is added with its name, the arguments arrive in
+      // delta pieces (together exactly the whole answer's arguments), the item is done with the call
+      for (const auto& td : out.tool_deltas) {
+        if (td.started) {
+          close(buf);
+          open = Call;
+          ++out_index;
+          call_name = td.name;
+          call_done = false;
+          const size_t i = n_calls++;
+          buf += ev("response.output_item.added", {{"output_index", out_index}, {"item", call_item(ids, i, td.name, "", "in_progress")}});
+        }
+        if (open != Call) continue;
+        if (!td.arguments.empty()) {
+          text += td.arguments;
+          buf += ev("response.function_call_arguments.delta",
+                    {{"item_id", ids.fc(n_calls - 1)}, {"output_index", out_index}, {"delta", td.arguments}});
+        }
+        if (td.done) {
+          call_done = true;
+          close(buf);
+        }
       }
       if (fin) {
         const Job::Result r = job.result();
@@ -416,7 +438,8 @@ void stream(const Endpoint& e, const ResponsesRequest& rq, Job& job, httpd::Resp
           if (write(buf)) res.end();
           return;
         }
-        if (output.empty() && open == None) delta(buf, Message, "");  // an answer has at least its (empty) message
+        if (output.empty() && (open == None || (open == Call && !call_done)))
+          delta(buf, Message, "");  // an answer has at least its (empty) message
         close(buf);
         const bool incomplete = r.finish_reason == "length" || r.finish_reason == "timeout";
         const ojson final = response_object(e, rq, ids, created, incomplete ? "incomplete" : "completed", output,
@@ -467,7 +490,7 @@ void openai_responses(const Endpoint& e, const httpd::Request& req, httpd::Respo
     if (!out.reasoning.empty()) output.push_back(reasoning_item(ids, out.reasoning, true));
     if (!out.content.empty() || (out.tool_calls.empty() && out.reasoning.empty()))
       output.push_back(message_item(ids, out.content, true));
-    for (size_t i = 0; i < out.tool_calls.size(); ++i) output.push_back(call_item(ids, i, out.tool_calls[i], true));
+    for (size_t i = 0; i < out.tool_calls.size(); ++i) output.push_back(call_item(ids, i, out.tool_calls[i]));
     const bool incomplete = r.finish_reason == "length" || r.finish_reason == "timeout";
     httpd::Reply rep;
     rep.body = wire_json(response_object(e, rq, ids, created, incomplete ? "incomplete" : "completed", output,

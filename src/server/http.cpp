@@ -676,13 +676,21 @@ std::vector<Job::Result> Server::Impl::stream(const std::vector<std::shared_ptr<
           }
           if (!lpj.is_null())  // tokens whose text is held back or structural: their records still come
             buf += sse(chat_chunk(id, model_id, created, ojson::object(), "", idx, lpj));
-          for (const auto& c : out.tool_calls) {
-            ojson tc = tool_call_json(c, n == 1 ? fmt::format("call_{}_{}", id, n_tool[k])
-                                                : fmt::format("call_{}_{}_{}", id, k, n_tool[k]));
-            ojson d = {{"tool_calls", ojson::array({ojson{{"index", n_tool[k]}, {"id", tc["id"]}, {"type", "function"},
-                                                          {"function", tc["function"]}}})}};
-            ++n_tool[k];
-            buf += sse(chat_chunk(id, model_id, created, d, "", idx));
+          // tool calls as they are generated: a chunk with the id and name when a call starts, then its
+          // arguments in pieces (the chat index counts the calls of the choice, as in the whole answer)
+          for (const auto& td : out.tool_deltas) {
+            if (td.started) {
+              const std::string cid = n == 1 ? fmt::format("call_{}_{}", id, n_tool[k]) : fmt::format("call_{}_{}_{}", id, k, n_tool[k]);
+              const ojson d = {{"tool_calls", ojson::array({ojson{{"index", n_tool[k]}, {"id", cid}, {"type", "function"},
+                                                                  {"function", {{"name", td.name}, {"arguments", ""}}}}})}};
+              ++n_tool[k];
+              buf += sse(chat_chunk(id, model_id, created, d, "", idx));
+            }
+            if (!td.arguments.empty() && n_tool[k] > 0) {
+              const ojson d = {{"tool_calls", ojson::array({ojson{{"index", n_tool[k] - 1},
+                                                                  {"function", {{"arguments", td.arguments}}}}})}};
+              buf += sse(chat_chunk(id, model_id, created, d, "", idx));
+            }
           }
         } else if (!out.text.empty() || (logprobs && !out.logprobs.empty())) {
           const ojson lpj = logprobs ? completion_logprobs_json(out.logprobs, *tok, text_off[k]) : ojson(nullptr);

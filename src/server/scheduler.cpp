@@ -20,6 +20,7 @@ void JobOutput::append(JobOutput&& o) {
   reasoning += o.reasoning;
   content += o.content;
   for (auto& c : o.tool_calls) tool_calls.push_back(std::move(c));
+  for (auto& t : o.tool_deltas) tool_deltas.push_back(std::move(t));
   for (auto& l : o.logprobs) logprobs.push_back(std::move(l));
 }
 
@@ -785,6 +786,7 @@ void Scheduler::finish(Active& a, const std::string& reason, int status, const s
       JobOutput o;
       o.reasoning = std::move(d.reasoning);
       o.content = std::move(d.content);
+      o.tool_deltas = std::move(d.tool_call_deltas);  // a call cut off: its arguments' closing brackets
       a.job->push(std::move(o));
     }
   }

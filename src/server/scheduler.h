@@ -89,10 +89,12 @@ struct JobOutput {
   std::string text;                             // raw text after stop filtering (completions)
   std::string reasoning, content;               // chat: parsed channels
   std::vector<tok::ParsedToolCall> tool_calls;  // chat: completed tool calls
+  std::vector<tok::ToolCallDelta> tool_deltas;  // chat: tool calls as they are generated (streams)
   std::vector<TokenLogprob> logprobs;           // GenParams::logprobs >= 0: one per generated token
   void append(JobOutput&& o);
   bool empty() const {
-    return text.empty() && reasoning.empty() && content.empty() && tool_calls.empty() && logprobs.empty();
+    return text.empty() && reasoning.empty() && content.empty() && tool_calls.empty() && tool_deltas.empty() &&
+           logprobs.empty();
   }
 };
 

@@ -610,3 +610,195 @@ TEST(ServerAgents, EveryFieldWithEveryTypeIsAnAnswerOrA400) {
     EXPECT_GT(n, 300) << path;
   }
 }
+
+// ------------------------------------------------------------------------------------------------
+// Tool calls stream as they are generated: the call's start (id, name), its arguments in several
+// pieces, in each API's event order; the pieces concatenate to exactly the arguments of the whole
+// (non-streamed) answer to the same greedy request.
+
+namespace {
+const ojson kNamedChatChoice = {{"type", "function"}, {"function", {{"name", "get_weather"}}}};
+}  // namespace
+
+TEST(ServerAgents, ChatStreamsToolCallArgumentsInPieces) {
+  const ojson body = {{"messages", kUser}, {"tools", chat_tools()}, {"tool_choice", kNamedChatChoice}, {"thinking", false},
+                      {"max_tokens", 200}, {"temperature", 0}};
+  int st = 0;
+  const ojson whole = srv().post("/v1/chat/completions", body, &st);
+  ASSERT_EQ(st, 200) << whole.dump();
+  ASSERT_EQ(whole["choices"][0]["finish_reason"], "tool_calls") << whole.dump();
+  const ojson& wcall = whole["choices"][0]["message"]["tool_calls"][0];
+  const std::string want = wcall["function"]["arguments"];
+  ojson sb = body;
+  sb["stream"] = true;
+  bool saw_done = false;
+  const std::vector<ojson> ev = sse_events(srv().post_stream("/v1/chat/completions", sb), &saw_done);
+  EXPECT_TRUE(saw_done);
+  std::string args, name, id, finish;
+  int starts = 0, pieces = 0;
+  for (const ojson& e : ev) {
+    ASSERT_EQ(e["object"], "chat.completion.chunk") << e.dump();
+    const ojson& c = e["choices"][0];
+    if (!c["finish_reason"].is_null()) {
+      EXPECT_TRUE(finish.empty()) << "one finish_reason";
+      finish = c["finish_reason"];
+      continue;
+    }
+    EXPECT_TRUE(finish.empty()) << "nothing after the finish_reason: " << e.dump();
+    if (!c["delta"].contains("tool_calls")) continue;
+    const ojson& tc = c["delta"]["tool_calls"];
+    ASSERT_EQ(tc.size(), 1u) << e.dump();
+    EXPECT_EQ(tc[0]["index"], 0) << e.dump();
+    if (tc[0].contains("id")) {  // the first chunk of the call: id, type, name and empty arguments
+      ++starts;
+      EXPECT_EQ(pieces, 0) << "the call starts before its arguments";
+      id = tc[0]["id"];
+      EXPECT_EQ(tc[0]["type"], "function");
+      name = tc[0]["function"]["name"];
+      EXPECT_EQ(tc[0]["function"]["arguments"], "");
+    } else {
+      EXPECT_EQ(starts, 1) << e.dump();
+      EXPECT_FALSE(tc[0]["function"].contains("name")) << e.dump();
+      args += tc[0]["function"]["arguments"].get<std::string>();
+      ++pieces;
+    }
+  }
+  EXPECT_EQ(starts, 1);
+  EXPECT_GE(pieces, 2) << "the arguments arrive in more than one delta";
+  EXPECT_EQ(finish, "tool_calls");
+  EXPECT_EQ(name, "get_weather");
+  EXPECT_EQ(id, "call_" + ev[0]["id"].get<std::string>() + "_0");  // as the whole answer names it (another request: its id)
+  EXPECT_EQ(wcall["id"], "call_" + whole["id"].get<std::string>() + "_0");
+  EXPECT_EQ(args, want);  // the exact text of the whole answer
+  const ojson parsed = ojson::parse(args);
+  EXPECT_EQ(parsed, ojson::parse(want));
+  expect_args_fit(parsed);
+}
+
+TEST(ServerAgents, AnthropicStreamsToolInputInPieces) {
+  const ojson atools = ojson::array({{{"name", "get_weather"}, {"input_schema", kWeatherSchema}}});
+  const ojson body = {{"model", "m"}, {"max_tokens", 200}, {"temperature", 0}, {"messages", kUser}, {"tools", atools},
+                      {"tool_choice", {{"type", "tool"}, {"name", "get_weather"}}}};
+  int st = 0;
+  const ojson whole = srv().post("/v1/messages", body, &st);
+  ASSERT_EQ(st, 200) << whole.dump();
+  ASSERT_EQ(whole["stop_reason"], "tool_use") << whole.dump();
+  ojson use;
+  for (const auto& b : whole["content"])
+    if (b["type"] == "tool_use") use = b;
+  ASSERT_TRUE(use.is_object()) << whole.dump();
+  ojson sb = body;
+  sb["stream"] = true;
+  const auto ev = named_events(srv().post_stream("/v1/messages", sb));
+  ASSERT_GE(ev.size(), 6u);
+  // message_start, ping, then blocks; a tool_use block: start (name, input {}), input_json_delta
+  // pieces, stop; then message_delta and message_stop
+  EXPECT_EQ(ev[0].first, "message_start");
+  EXPECT_EQ(ev[1].first, "ping");
+  EXPECT_EQ(ev[ev.size() - 2].first, "message_delta");
+  EXPECT_EQ(ev.back().first, "message_stop");
+  EXPECT_EQ(ev[ev.size() - 2].second["delta"]["stop_reason"], "tool_use");
+  std::string partial;
+  int open = -1, tool_block = -1, pieces = 0, stops = 0;
+  for (size_t i = 2; i + 2 < ev.size(); ++i) {
+    const auto& [name, d] = ev[i];
+    EXPECT_EQ(d["type"], name);
+    if (name == "content_block_start") {
+      EXPECT_EQ(open, -1) << "blocks do not overlap";
+      open = d["index"];
+      if (d["content_block"]["type"] == "tool_use") {
+        EXPECT_EQ(tool_block, -1) << "one call";
+        tool_block = open;
+        EXPECT_EQ(d["content_block"]["name"], "get_weather");
+        EXPECT_EQ(d["content_block"]["id"], "toolu_" + ev[0].second["message"]["id"].get<std::string>() + "_0");
+        EXPECT_EQ(d["content_block"]["input"], ojson::object());
+      }
+    } else if (name == "content_block_delta") {
+      EXPECT_EQ(d["index"], open);
+      if (d["index"] == tool_block) {
+        EXPECT_EQ(d["delta"]["type"], "input_json_delta");
+        partial += d["delta"]["partial_json"].get<std::string>();
+        ++pieces;
+      }
+    } else if (name == "content_block_stop") {
+      EXPECT_EQ(d["index"], open);
+      if (open == tool_block) ++stops;
+      open = -1;
+    } else {
+      ADD_FAILURE() << "unexpected event " << name;
+    }
+  }
+  EXPECT_EQ(open, -1);
+  EXPECT_EQ(stops, 1);
+  EXPECT_GE(pieces, 2) << "the input arrives in more than one input_json_delta";
+  EXPECT_EQ(partial, use["input"].dump());  // the whole answer's input, as compact text
+  EXPECT_EQ(ojson::parse(partial), use["input"]);
+  expect_args_fit(ojson::parse(partial));
+}
+
+TEST(ServerAgents, ResponsesStreamsFunctionCallArgumentsInPieces) {
+  const ojson rtools = ojson::array({{{"type", "function"}, {"name", "get_weather"}, {"parameters", kWeatherSchema}}});
+  const ojson body = {{"model", "m"}, {"input", "Weather?"}, {"tools", rtools},
+                      {"tool_choice", {{"type", "function"}, {"name", "get_weather"}}},
+                      {"reasoning", {{"effort", "none"}}}, {"max_output_tokens", 200}, {"temperature", 0}};
+  int st = 0;
+  const ojson whole = srv().post("/v1/responses", body, &st);
+  ASSERT_EQ(st, 200) << whole.dump();
+  ojson wcall;
+  for (const auto& it : whole["output"])
+    if (it["type"] == "function_call") wcall = it;
+  ASSERT_TRUE(wcall.is_object()) << whole.dump();
+  const std::string want = wcall["arguments"];
+  ojson sb = body;
+  sb["stream"] = true;
+  const auto ev = named_events(srv().post_stream("/v1/responses", sb));
+  ASSERT_GE(ev.size(), 6u);
+  EXPECT_EQ(ev[0].first, "response.created");
+  EXPECT_EQ(ev[1].first, "response.in_progress");
+  EXPECT_EQ(ev.back().first, "response.completed");
+  // the call's events: added (arguments ""), deltas, arguments.done, item done -- in this order, nothing between
+  std::vector<std::string> kinds;
+  std::string args, item_id;
+  int index = -1;
+  for (size_t i = 0; i < ev.size(); ++i) {
+    const auto& [name, d] = ev[i];
+    EXPECT_EQ(d["sequence_number"], i);
+    const bool of_call = (d.contains("item") && d["item"]["type"] == "function_call") || name.find("function_call") != std::string::npos;
+    if (!of_call) continue;
+    kinds.push_back(name);
+    if (name == "response.output_item.added") {
+      index = d["output_index"];
+      EXPECT_EQ(d["item"]["name"], "get_weather");
+      EXPECT_EQ(d["item"]["arguments"], "");
+      EXPECT_EQ(d["item"]["status"], "in_progress");
+      EXPECT_EQ(d["item"]["call_id"], "call_" + ev[0].second["response"]["id"].get<std::string>() + "_0");
+      item_id = d["item"]["id"];
+    } else {
+      EXPECT_EQ(d["output_index"], index) << name;
+    }
+    if (name == "response.function_call_arguments.delta") {
+      EXPECT_EQ(d["item_id"], item_id);
+      args += d["delta"].get<std::string>();
+    }
+    if (name == "response.function_call_arguments.done") { EXPECT_EQ(d["arguments"], args); }
+    if (name == "response.output_item.done") {
+      EXPECT_EQ(d["item"]["arguments"], args);
+      EXPECT_EQ(d["item"]["status"], "completed");
+    }
+  }
+  ASSERT_GE(kinds.size(), 5u);
+  EXPECT_EQ(kinds.front(), "response.output_item.added");
+  for (size_t i = 1; i + 2 < kinds.size(); ++i) EXPECT_EQ(kinds[i], "response.function_call_arguments.delta") << i;
+  EXPECT_EQ(kinds[kinds.size() - 2], "response.function_call_arguments.done");
+  EXPECT_EQ(kinds.back(), "response.output_item.done");
+  EXPECT_GE(kinds.size() - 3, 2u) << "the arguments arrive in more than one delta";
+  EXPECT_EQ(args, want);  // the exact text of the whole answer
+  const ojson& fin = ev.back().second["response"];
+  ojson fcall;
+  for (const auto& it : fin["output"])
+    if (it["type"] == "function_call") fcall = it;
+  ASSERT_TRUE(fcall.is_object()) << fin.dump();
+  EXPECT_EQ(fcall["arguments"], want);
+  EXPECT_EQ(ojson::parse(args), ojson::parse(want));
+  expect_args_fit(ojson::parse(args));
+}

@@ -1,9 +1,11 @@
 #!/usr/bin/env node
 // The official SDKs against `kimi serve` on a tiny random-weight model (loopback, offline):
 // @anthropic-ai/sdk (Messages: plain, streamed, count_tokens, a forced tool call -> tool result ->
-// final answer, streamed tool call, a 400) and openai (Responses: the same). The SDKs parse the
-// server's wire format themselves; the tool arguments are checked against the schema here, by an
-// independent validator.
+// final answer, streamed tool call, a 400) and openai (Responses: the same; chat completions: a
+// streamed tool call). The SDKs parse the server's wire format themselves; the tool arguments are
+// checked against the schema here, by an independent validator. A streamed tool call's arguments
+// arrive in several pieces, which each SDK's own stream helper accumulates into exactly the
+// arguments of the same request answered whole (greedy).
 // usage: node sdk_test.js <kimi binary>
 // Without the npm packages (npm ci --prefix tests/agents) the test skips (exit 77), unless
 // KIMI_REQUIRE_AGENTS=1 or CI=true, where it fails.
@@ -118,6 +120,32 @@ async function anthropicTests(base, key) {
     });
     check(fin.type === "message" && fin.stop_reason !== "tool_use", `anthropic: final answer ${fin.stop_reason}`);
   }
+  // streamed tool input: several input_json_delta pieces, accumulated by the SDK's MessageStream into
+  // the input of the whole answer to the same greedy request
+  {
+    const req = { model: "kimi", max_tokens: 300, temperature: 0, messages: user, tools,
+                  tool_choice: { type: "tool", name: "get_weather" } };
+    const whole = await client.messages.create(req);
+    const s = client.messages.stream(req);
+    const order = [];
+    let pieces = 0, lastSnapshot = null;
+    s.on("streamEvent", (e) => { if (e.type !== "ping") order.push(e.type === "content_block_delta" ? e.delta.type : e.type); });
+    s.on("inputJson", (partial, snapshot) => { pieces++; lastSnapshot = snapshot; });
+    const sm = await s.finalMessage();
+    const wu = whole.content.find((b) => b.type === "tool_use"), su = sm.content.find((b) => b.type === "tool_use");
+    check(wu && su, "anthropic: a tool_use whole and streamed");
+    if (wu && su) {
+      check(pieces >= 2, `anthropic: tool input in ${pieces} input_json_delta piece(s), want >= 2`);
+      check(JSON.stringify(su.input) === JSON.stringify(wu.input) && JSON.stringify(lastSnapshot) === JSON.stringify(wu.input),
+            `anthropic: streamed input ${JSON.stringify(su.input)} vs whole ${JSON.stringify(wu.input)}`);
+      const why = fitsSchema(su.input);
+      check(why === "", `anthropic: streamed tool input ${JSON.stringify(su.input)}: ${why}`);
+      const want = ["message_start", "content_block_start", ...Array(pieces).fill("input_json_delta"), "content_block_stop",
+                    "message_delta", "message_stop"];
+      check(JSON.stringify(order) === JSON.stringify(want), `anthropic: stream events ${order.join(",")}`);
+      console.log(`anthropic sdk: streamed tool input ${JSON.stringify(su.input)} in ${pieces} pieces`);
+    }
+  }
   // a tool_result for an id no tool_use has: 400 in Anthropic's shape, which the SDK reads
   try {
     await client.messages.create({ model: "kimi", max_tokens: 4,
@@ -176,6 +204,35 @@ async function responsesTests(base, key) {
     });
     check(fin.object === "response" && !fin.output.some((o) => o.type === "function_call"), "responses: final answer");
   }
+  // streamed function call arguments: several delta events, accumulated by the SDK's ResponseStream
+  // into the arguments of the whole answer to the same greedy request
+  {
+    const req = { model: "kimi", input: [{ role: "user", content: "Weather in Oslo?" }], tools, temperature: 0,
+                  tool_choice: { type: "function", name: "get_weather" }, max_output_tokens: 300, reasoning: { effort: "none" } };
+    const whole = await client.responses.create(req);
+    const s = client.responses.stream(req);
+    const order = [];
+    let deltas = "", pieces = 0, doneArgs = null;
+    s.on("event", (e) => { if (/function_call|output_item/.test(e.type)) order.push(e.type); });
+    s.on("response.function_call_arguments.delta", (e) => { deltas += e.delta; pieces++; });
+    s.on("response.function_call_arguments.done", (e) => { doneArgs = e.arguments; });
+    const fr = await s.finalResponse();
+    const wc = whole.output.find((o) => o.type === "function_call"), sc = fr.output.find((o) => o.type === "function_call");
+    check(wc && sc, "responses: a function_call whole and streamed");
+    if (wc && sc) {
+      check(pieces >= 2, `responses: arguments in ${pieces} delta event(s), want >= 2`);
+      check(sc.arguments === wc.arguments && deltas === wc.arguments && doneArgs === wc.arguments,
+            `responses: streamed arguments ${sc.arguments} / deltas ${deltas} vs whole ${wc.arguments}`);
+      let args = null;
+      try { args = JSON.parse(sc.arguments); } catch (e) { check(false, `responses: streamed arguments not JSON: ${sc.arguments}`); }
+      const why = fitsSchema(args);
+      check(why === "", `responses: streamed arguments ${sc.arguments}: ${why}`);
+      const want = ["response.output_item.added", ...Array(pieces).fill("response.function_call_arguments.delta"),
+                    "response.function_call_arguments.done", "response.output_item.done"];
+      check(JSON.stringify(order) === JSON.stringify(want), `responses: stream events ${order.join(",")}`);
+      console.log(`openai responses sdk: streamed arguments ${sc.arguments} in ${pieces} pieces`);
+    }
+  }
   try {
     await client.responses.create({ model: "kimi", input: "x", previous_response_id: r.id });
     check(false, "responses: previous_response_id was accepted");
@@ -183,6 +240,35 @@ async function responsesTests(base, key) {
     check(e.status === 400 && /previous_response_id/.test(e.message), `responses: 400 for previous_response_id (${e.message})`);
   }
   console.log(`openai responses sdk: ok (${JSON.stringify(text).slice(0, 40)})`);
+}
+
+// OpenAI chat completions: a forced tool call streamed through the SDK's ChatCompletionStream, its
+// arguments in several delta chunks, accumulated into exactly the arguments of the whole answer.
+async function chatTests(base, key) {
+  const client = new OpenAI({ baseURL: base + "/v1", apiKey: key, maxRetries: 0, timeout: STEP_MS });
+  const tools = [{ type: "function", function: { name: "get_weather", description: "Weather forecast", parameters: SCHEMA } }];
+  const req = { model: "kimi", messages: [{ role: "user", content: "Weather in Lima?" }], tools, max_tokens: 300, temperature: 0,
+                tool_choice: { type: "function", function: { name: "get_weather" } }, thinking: false };
+  const whole = await client.chat.completions.create(req);
+  const wc = whole.choices[0].message.tool_calls && whole.choices[0].message.tool_calls[0];
+  check(whole.choices[0].finish_reason === "tool_calls" && wc, `chat: a forced call (${whole.choices[0].finish_reason})`);
+  const s = client.chat.completions.stream(req);
+  let pieces = 0, deltas = "", doneArgs = null;
+  s.on("tool_calls.function.arguments.delta", (e) => { if (e.arguments_delta) { pieces++; deltas += e.arguments_delta; } });
+  s.on("tool_calls.function.arguments.done", (e) => { doneArgs = e.arguments; });
+  const fin = await s.finalChatCompletion();
+  const sc = fin.choices[0].message.tool_calls && fin.choices[0].message.tool_calls[0];
+  check(fin.choices[0].finish_reason === "tool_calls" && sc, `chat: a streamed forced call (${fin.choices[0].finish_reason})`);
+  if (!wc || !sc) return;
+  check(pieces >= 2, `chat: arguments in ${pieces} delta chunk(s), want >= 2`);
+  check(sc.function.name === "get_weather" && sc.type === "function" && sc.id.startsWith("call_"), `chat: streamed call ${JSON.stringify(sc)}`);
+  check(sc.function.arguments === wc.function.arguments && deltas === wc.function.arguments && doneArgs === wc.function.arguments,
+        `chat: streamed arguments ${sc.function.arguments} vs whole ${wc.function.arguments}`);
+  let args = null;
+  try { args = JSON.parse(sc.function.arguments); } catch (e) { check(false, `chat: arguments not JSON: ${sc.function.arguments}`); }
+  const why = fitsSchema(args);
+  check(why === "", `chat: streamed arguments ${sc.function.arguments}: ${why}`);
+  console.log(`openai chat sdk: ok (${sc.function.arguments.slice(0, 60)}, ${pieces} pieces)`);
 }
 
 (async () => {
@@ -194,6 +280,7 @@ async function responsesTests(base, key) {
     const base = await startServer(gguf, key);
     await anthropicTests(base, key);
     await responsesTests(base, key);
+    await chatTests(base, key);
   } catch (e) {
     console.error("FAIL: " + (e && e.stack ? e.stack : e));
     failures++;

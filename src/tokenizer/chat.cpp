@@ -905,6 +905,9 @@ std::string_view tag_name(std::string_view header) { return header.substr(0, hea
 void ChatParser::handle_tag(bool open, std::string_view header, ChatDelta& d) {
   const std::string_view name = tag_name(header);
   if (open) {
+    // text of the think or response channel inside a call: the call's arguments end there (a stream
+    // sends them before that text; what the call holds after it is not part of them)
+    if ((name == "think" || name == "response") && args_.open) args_close(d);
     if (name == "think") where_ = Where::Think;
     else if (name == "response") where_ = Where::Response;
     else if (name == "tools") where_ = Where::Tools;
@@ -1039,7 +1042,9 @@ ChatDelta ChatParser::push(std::string_view text) {
 
 ChatDelta ChatParser::finish() {
   ChatDelta d;
-  if (where_ != Where::Done) emit_text(buf_, d);
+  // held text is the start of a tag: in a channel it is text after all; inside a call (cut off) the
+  // arguments end without it
+  if (where_ != Where::Done && !(args_.open && (where_ == Where::Argument || where_ == Where::Json))) emit_text(buf_, d);
   buf_.clear();
   if (args_.open) args_close(d);  // a call cut off: its JSON still ends as an object
   return d;

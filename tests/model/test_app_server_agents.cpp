@@ -802,3 +802,74 @@ TEST(ServerAgents, ResponsesStreamsFunctionCallArgumentsInPieces) {
   EXPECT_EQ(ojson::parse(args), ojson::parse(want));
   expect_args_fit(ojson::parse(args));
 }
+
+// A call cut off by max_tokens: the streamed arguments still end as one JSON object, the stream ends
+// like the whole answer (length / incomplete), which lists no such call; Responses ends the item as
+// incomplete and leaves it out of the final output, as the whole answer does. A call that was complete
+// before the cut is in both, with the same arguments.
+TEST(ServerAgents, ToolCallsCutByMaxTokensStreamValidJson) {
+  int cut_calls = 0;
+  const ojson rtools = ojson::array({{{"type", "function"}, {"name", "get_weather"}, {"parameters", kWeatherSchema}}});
+  for (int max_tokens = 40; max_tokens <= 140; max_tokens += 10) {
+    SCOPED_TRACE(max_tokens);
+    const ojson body = {{"messages", kUser}, {"tools", chat_tools()}, {"tool_choice", kNamedChatChoice}, {"thinking", false},
+                        {"max_tokens", max_tokens}, {"temperature", 0}};
+    int st = 0;
+    const ojson whole = srv().post("/v1/chat/completions", body, &st);
+    ASSERT_EQ(st, 200) << whole.dump();
+    ojson sb = body;
+    sb["stream"] = true;
+    bool saw_done = false;
+    const std::vector<ojson> ev = sse_events(srv().post_stream("/v1/chat/completions", sb), &saw_done);
+    std::string args, finish;
+    bool started = false;
+    for (const ojson& e : ev) {
+      const ojson& c = e["choices"][0];
+      if (!c["finish_reason"].is_null()) finish = c["finish_reason"];
+      if (!c["delta"].contains("tool_calls")) continue;
+      started = true;
+      args += c["delta"]["tool_calls"][0]["function"]["arguments"].get<std::string>();
+    }
+    EXPECT_EQ(finish, whole["choices"][0]["finish_reason"]);
+    if (started) {
+      const ojson v = ojson::parse(args, nullptr, false);
+      EXPECT_TRUE(v.is_object()) << args;
+    }
+    const ojson& wmsg = whole["choices"][0]["message"];
+    if (wmsg.contains("tool_calls")) {
+      EXPECT_TRUE(started);
+      EXPECT_EQ(args, wmsg["tool_calls"][0]["function"]["arguments"]);
+    } else if (started) {
+      EXPECT_EQ(finish, "length");
+      ++cut_calls;
+    }
+    // Responses: the same request
+    const ojson rbody = {{"model", "m"}, {"input", kUser}, {"tools", rtools}, {"tool_choice", {{"type", "function"}, {"name", "get_weather"}}},
+                         {"reasoning", {{"effort", "none"}}}, {"max_output_tokens", max_tokens}, {"temperature", 0}};
+    const ojson rwhole = srv().post("/v1/responses", rbody, &st);
+    ASSERT_EQ(st, 200) << rwhole.dump();
+    ojson rsb = rbody;
+    rsb["stream"] = true;
+    const auto rev = named_events(srv().post_stream("/v1/responses", rsb));
+    ASSERT_FALSE(rev.empty());
+    std::string rargs;
+    bool listed = false;
+    for (const auto& it : rwhole["output"]) listed = listed || it["type"] == "function_call";
+    for (const auto& [name, d] : rev) {
+      if (name == "response.function_call_arguments.delta") rargs += d["delta"].get<std::string>();
+      if (name == "response.output_item.done" && d["item"]["type"] == "function_call") {
+        EXPECT_EQ(d["item"]["arguments"], rargs);
+        EXPECT_TRUE(ojson::parse(rargs, nullptr, false).is_object()) << rargs;
+        EXPECT_EQ(d["item"]["status"], listed ? "completed" : "incomplete");
+      }
+    }
+    const ojson& fin = rev.back().second["response"];
+    EXPECT_EQ(fin["status"], rwhole["status"]);
+    ASSERT_EQ(fin["output"].size(), rwhole["output"].size()) << fin.dump() << "\n" << rwhole.dump();
+    for (size_t i = 0; i < fin["output"].size(); ++i) {
+      EXPECT_EQ(fin["output"][i]["type"], rwhole["output"][i]["type"]);
+      if (fin["output"][i]["type"] == "function_call") { EXPECT_EQ(fin["output"][i]["arguments"], rwhole["output"][i]["arguments"]); }
+    }
+  }
+  EXPECT_GE(cut_calls, 1) << "some max_tokens cuts the call after it started";
+}

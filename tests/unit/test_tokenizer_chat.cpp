@@ -454,6 +454,9 @@ TEST(ChatParse, StreamedArgumentsOfMalformedCallsAreStillOneObject) {
       {block(R"([1, 2])"), R"({})"},
       {block(R"({"a": "x\q"})"), R"({"a":"x"})"},
       {block(R"({"a": 1} trailing)"), R"({"a":1})"},
+      // the response channel opened inside the call: the arguments end there
+      {typed("a", "string", "x") + "<|open|>response<|sep|>text" + typed("b", "number", "1"), R"({"a":"x"})"},
+      {block(R"({"a": [1, )") + "<|open|>response<|sep|>" + block(R"({"b": 2})"), R"({"a":[1]})"},
       // lone surrogates as U+FFFD
       {block(R"({"s": "\ud800x\udc00"})"), "{\"s\":\"\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBDx\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD\"}"},
   };
@@ -473,7 +476,8 @@ TEST(ChatParse, CallCutOffStillStreamsAnObject) {
   // generation ends inside a call (max_tokens): finish() closes the string and the object, but the call
   // is not complete
   for (const std::string& tail : {typed("a", "string", "x") + "<|open|>argument key=\"b\" type=\"string\"<|sep|>caf\xC3",
-                                 block("{\"a\": [1, \"x") , std::string("<|open|>json type=\"object\"<|sep|>{\"a\": 1, \"b\": tr")}) {
+                                 block("{\"a\": [1, \"x") , std::string("<|open|>json type=\"object\"<|sep|>{\"a\": 1, \"b\": tr"),
+                                 typed("a", "string", "x") + "<|open|>argument key=\"b\" type=\"string\"<|sep|>y<|close|>argument"}) {
     const std::string out = kOpenTools + call_open("f", 1) + tail;
     for (const auto& cuts : chunkings(out.size(), 6)) {
       const StreamRun r = run_chunks(out, cuts);
@@ -483,6 +487,7 @@ TEST(ChatParse, CallCutOffStillStreamsAnObject) {
       const ojson v = ojson::parse(r.calls[0].json);
       EXPECT_TRUE(v.is_object()) << r.calls[0].json;
       EXPECT_EQ(compact(v), r.calls[0].json);
+      EXPECT_EQ(r.calls[0].json.find("<|"), std::string::npos) << "a tag's beginning is not an argument";
     }
   }
 }
@@ -494,7 +499,7 @@ TEST(ChatParse, RandomCallsAlwaysStreamOneObject) {
       call_open("f", 1), kCallClose, "<|open|>json type=\"object\"<|sep|>", "<|close|>json<|sep|>",
       "<|open|>argument key=\"a\" type=\"string\"<|sep|>", "<|open|>argument key=\"b\" type=\"number\"<|sep|>",
       "<|close|>argument<|sep|>", "{", "}", "[", "]", ",", ":", "\"", "\\", "\\u", "d83d", "dc00", "00e9", "a", "1",
-      "-", ".", "e", "true", "null", " ", "\n", "\xC3", "\xA9", "\xFF", "<|", "<"};
+      "-", ".", "e", "true", "null", " ", "\n", "\xC3", "\xA9", "\xFF", "<|", "<", "<|open|>response<|sep|>"};
   uint64_t x = 12345;
   for (int it = 0; it < 3000; ++it) {
     std::string out = kOpenTools + call_open("f", 1);

@@ -308,6 +308,14 @@ TEST(ServerThinking, GrammarsStayValidAcrossTheForcedClose) {
     const ojson args = ojson::parse(c["function"]["arguments"].get<std::string>());
     EXPECT_TRUE(args.contains("city") && args["city"].is_string()) << args.dump();
   }
+  // tool_choice none: the grammar holds think and response (no tools section); the same close
+  const JobRun none = run_job({{"messages", kUser}, {"temperature", 0}, {"max_tokens", kN}, {"ignore_eos", true},
+                               {"tools", tools}, {"tool_choice", "none"}, {"thinking_budget_tokens", kB}});
+  const size_t at_none = find_seq(none.ids, srv().s->scheduler().think_close());
+  ASSERT_NE(at_none, std::string::npos);
+  EXPECT_GE(at_none, static_cast<size_t>(kB));
+  EXPECT_LE(at_none, static_cast<size_t>(kB + 3));
+  EXPECT_NE(none.result.finish_reason, "grammar_dead_end");
   // without a budget the grammar-held thinking runs on past B
   const JobRun unbudgeted = run_job({{"messages", kUser}, {"temperature", 0}, {"max_tokens", kN}, {"tools", tools},
                             {"tool_choice", "required"}});

@@ -10,6 +10,8 @@
 #include <thread>
 #include <vector>
 
+#include "model/model.h"
+#include "runtime/context.h"
 #include "server/api.h"
 #include "server/server.h"
 #include "test_util.h"
@@ -97,6 +99,50 @@ inline std::vector<ojson> sse_events(const std::string& body, bool* saw_done) {
     ev.push_back(ojson::parse(d));
   }
   return ev;
+}
+
+// The events of a named-event SSE body (Anthropic, Responses): (event name, data JSON).
+inline std::vector<std::pair<std::string, ojson>> named_events(const std::string& body) {
+  std::vector<std::pair<std::string, ojson>> ev;
+  std::string name;
+  size_t p = 0;
+  while (p < body.size()) {
+    size_t e = body.find('\n', p);
+    if (e == std::string::npos) e = body.size();
+    const std::string line = body.substr(p, e - p);
+    p = e + 1;
+    if (line.rfind("event: ", 0) == 0) name = line.substr(7);
+    if (line.rfind("data: ", 0) == 0) ev.emplace_back(name, ojson::parse(line.substr(6)));
+  }
+  return ev;
+}
+
+// Independent reference of the server's greedy answers: the engine directly (F32), one fresh sequence holding
+// `prompt` (one batch), n greedy tokens (argmax, the lower id on ties).
+inline std::vector<int32_t> reference_greedy_ids(const Model& m, const std::vector<int32_t>& prompt, int n) {
+  ContextOptions co;
+  co.n_threads = 1;
+  co.n_ctx_max = 1024;
+  co.n_batch_max = 512;
+  co.precision = Precision::F32;
+  Context ctx(m, co);
+  Batch b;
+  b.add_sequence(prompt, 0, 0, true);
+  ctx.decode(b);
+  const float* lg = ctx.logits(b.size() - 1);
+  std::vector<int32_t> out;
+  for (int i = 0; i < n; ++i) {
+    int32_t best = 0;
+    for (int32_t v = 1; v < ctx.n_vocab(); ++v)
+      if (lg[v] > lg[best]) best = v;
+    out.push_back(best);
+    if (i + 1 == n) break;
+    b.clear();
+    b.add(best, 0, ctx.seq_len(0), true);
+    ctx.decode(b);
+    lg = ctx.logits(0);
+  }
+  return out;
 }
 
 }  // namespace kimi::test

@@ -25,6 +25,7 @@
 #include "runtime/sampling.h"
 #include "server/api.h"
 #include "server/server.h"
+#include "server_fixture.h"
 #include "test_util.h"
 #include "tokenizer/chat.h"
 #include "tokenizer/tokenizer.h"
@@ -49,24 +50,7 @@ ServerOptions base_opts() {
   return o;
 }
 
-struct Running {
-  explicit Running(const ServerOptions& o) : s(std::make_unique<Server>(o)) {
-    port = s->bind();
-    t = std::thread([this] { s->run(); });
-  }
-  ~Running() {
-    s->shutdown();
-    t.join();
-  }
-  httplib::Client client() const {
-    httplib::Client c("127.0.0.1", port);
-    c.set_read_timeout(60, 0);
-    return c;
-  }
-  std::unique_ptr<Server> s;
-  int port = 0;
-  std::thread t;
-};
+using Running = test::RunningServer;
 
 ojson post_json(const Running& r, const std::string& path, const ojson& body, int* status = nullptr,
                 const httplib::Headers& h = {}) {
@@ -78,22 +62,7 @@ ojson post_json(const Running& r, const std::string& path, const ojson& body, in
   return ojson::parse(res->body, nullptr, false);
 }
 
-std::vector<ojson> sse_events(const std::string& body, bool* saw_done) {
-  std::vector<ojson> ev;
-  *saw_done = false;
-  size_t p = 0;
-  while (p < body.size()) {
-    size_t e = body.find('\n', p);
-    if (e == std::string::npos) e = body.size();
-    const std::string line = body.substr(p, e - p);
-    p = e + 1;
-    if (line.rfind("data: ", 0) != 0) continue;
-    const std::string d = line.substr(6);
-    if (d == "[DONE]") { *saw_done = true; continue; }
-    ev.push_back(ojson::parse(d));
-  }
-  return ev;
-}
+using test::sse_events;
 
 // POST with a streaming receiver; `keep` returns false to hang up.
 std::string post_stream(const Running& r, const std::string& path, const ojson& body,
@@ -135,28 +104,9 @@ long rss_kb() {
 std::string reference_greedy(const std::vector<int32_t>& prompt, int n) {
   auto m = Model::load(test::tiny_gguf());
   auto tk = tok::Tokenizer::from_gguf(m->reader());
-  ContextOptions co;
-  co.n_threads = 1;
-  co.n_ctx_max = 1024;
-  co.n_batch_max = 512;
-  co.precision = Precision::F32;
-  Context ctx(*m, co);
-  Batch b;
-  b.add_sequence(prompt, 0, 0, true);
-  ctx.decode(b);
   tok::Detokenizer dt(tk);
   std::string out;
-  const float* lg = ctx.logits(b.size() - 1);
-  for (int i = 0; i < n; ++i) {
-    int32_t best = 0;
-    for (int32_t v = 1; v < ctx.n_vocab(); ++v)
-      if (lg[v] > lg[best]) best = v;
-    out += dt.push(best);
-    b.clear();
-    b.add(best, 0, ctx.seq_len(0), true);
-    ctx.decode(b);
-    lg = ctx.logits(0);
-  }
+  for (const int32_t id : test::reference_greedy_ids(*m, prompt, n)) out += dt.push(id);
   return out + dt.flush();
 }
 

@@ -31,21 +31,6 @@ RunningServer& srv() {
 
 const ojson kUser = ojson::array({{{"role", "user"}, {"content", "Hello, who are you?"}}});
 
-// The events of a named-event SSE body: (event name, data JSON).
-std::vector<std::pair<std::string, ojson>> named_events(const std::string& body) {
-  std::vector<std::pair<std::string, ojson>> ev;
-  std::string name;
-  size_t p = 0;
-  while (p < body.size()) {
-    size_t e = body.find('\n', p);
-    if (e == std::string::npos) e = body.size();
-    const std::string line = body.substr(p, e - p);
-    p = e + 1;
-    if (line.rfind("event: ", 0) == 0) name = line.substr(7);
-    if (line.rfind("data: ", 0) == 0) ev.emplace_back(name, ojson::parse(line.substr(6)));
-  }
-  return ev;
-}
 
 // Greedy chat completion of the same conversation (the reference of the other APIs).
 ojson chat_greedy(const ojson& messages, int max_tokens, bool thinking, const ojson& extra = ojson::object()) {

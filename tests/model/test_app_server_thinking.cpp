@@ -49,37 +49,15 @@ ojson chat(const ojson& extra, int want_status = 200, const RunningServer& s = s
   EXPECT_EQ(st, want_status) << body.dump() << " -> " << r.dump();
   return r;
 }
+const Model& tiny_model() {
+  static const auto m = Model::load(tiny_gguf());
+  return *m;
+}
+
 std::string reasoning_of(const ojson& r) { return r["choices"][0]["message"].value("reasoning_content", std::string()); }
 std::string content_of(const ojson& r) {
   const ojson& c = r["choices"][0]["message"]["content"];
   return c.is_string() ? c.get<std::string>() : std::string();
-}
-
-// Independent reference: greedy decoding on the engine directly, the whole prompt in one batch.
-std::vector<int32_t> reference_greedy_ids(const std::vector<int32_t>& prompt, int n) {
-  static auto m = Model::load(tiny_gguf());
-  ContextOptions co;
-  co.n_threads = 1;
-  co.n_ctx_max = 1024;
-  co.n_batch_max = 512;
-  co.precision = Precision::F32;
-  Context ctx(*m, co);
-  Batch b;
-  b.add_sequence(prompt, 0, 0, true);
-  ctx.decode(b);
-  const float* lg = ctx.logits(b.size() - 1);
-  std::vector<int32_t> out;
-  for (int i = 0; i < n; ++i) {
-    int32_t best = 0;
-    for (int32_t v = 1; v < ctx.n_vocab(); ++v)
-      if (lg[v] > lg[best]) best = v;
-    out.push_back(best);
-    b.clear();
-    b.add(best, 0, ctx.seq_len(0), true);
-    ctx.decode(b);
-    lg = ctx.logits(0);
-  }
-  return out;
 }
 
 // A chat request body through the server's own translation (parse_chat_request), run as a job on
@@ -125,21 +103,6 @@ size_t find_seq(const std::vector<int32_t>& ids, const std::vector<int32_t>& seq
   return std::string::npos;
 }
 
-// The events of a named-event SSE body: (event name, data JSON).
-std::vector<std::pair<std::string, ojson>> named_events(const std::string& body) {
-  std::vector<std::pair<std::string, ojson>> ev;
-  std::string name;
-  size_t p = 0;
-  while (p < body.size()) {
-    size_t e = body.find('\n', p);
-    if (e == std::string::npos) e = body.size();
-    const std::string line = body.substr(p, e - p);
-    p = e + 1;
-    if (line.rfind("event: ", 0) == 0) name = line.substr(7);
-    if (line.rfind("data: ", 0) == 0) ev.emplace_back(name, ojson::parse(line.substr(6)));
-  }
-  return ev;
-}
 
 }  // namespace
 
@@ -218,10 +181,10 @@ TEST(ServerThinking, ForcedCloseContinuesLikeAPromptThatContainsIt) {
     const size_t head = b + close.size();
     std::vector<int32_t> p = r.prompt;
     p.insert(p.end(), r.ids.begin(), r.ids.begin() + static_cast<std::ptrdiff_t>(head));
-    const std::vector<int32_t> ref = reference_greedy_ids(p, kN - static_cast<int>(head));
+    const std::vector<int32_t> ref = reference_greedy_ids(tiny_model(), p, kN - static_cast<int>(head));
     EXPECT_EQ(std::vector<int32_t>(r.ids.begin() + static_cast<std::ptrdiff_t>(head), r.ids.end()), ref);
     if (budget > 0) {  // and the thinking itself is the model's own greedy thinking
-      const std::vector<int32_t> think = reference_greedy_ids(r.prompt, budget);
+      const std::vector<int32_t> think = reference_greedy_ids(tiny_model(), r.prompt, budget);
       EXPECT_EQ(std::vector<int32_t>(r.ids.begin(), r.ids.begin() + budget), think);
     }
   }

@@ -522,9 +522,11 @@ ParsedRequest parse_chat_request(const std::string& body_text, const tok::Tokeni
   const int64_t budget = integer(b, "thinking_budget_tokens", lim.thinking_budget, 0, INT32_MAX);
   r.gen.thinking_budget = thinking ? static_cast<int>(budget) : -1;
   common_params(b, r, lim, true);
-  // tool calls held to the tools' grammar (tool_grammar.h): required / named / auto / none
+  // tool calls held to the tools' grammar (tool_grammar.h): required / named / auto / none;
+  // parallel_tool_calls false: one call at most (without tools it changes nothing)
+  const bool parallel = boolean(b, "parallel_tool_calls", true);
   set_tool_constraint(r.gen, req.contains("tools") ? req["tools"] : ojson(),
-                      field(b, "tool_choice") ? *field(b, "tool_choice") : ojson(), thinking);
+                      field(b, "tool_choice") ? *field(b, "tool_choice") : ojson(), thinking, !parallel);
   return r;
 }
 

@@ -128,6 +128,11 @@ void map_tools(const ojson& b, ojson& chat, std::set<std::string>& names) {
     } else {
       bad("tool_choice.type", fmt::format("'{}' is not one of auto, any, tool, none", type));
     }
+    // one tool call at most (chat's parallel_tool_calls false)
+    if (const ojson* dp = get(*tc, "disable_parallel_tool_use")) {
+      if (!dp->is_boolean()) bad("tool_choice.disable_parallel_tool_use", "must be a boolean");
+      if (dp->get<bool>()) chat["parallel_tool_calls"] = false;
+    }
   }
 }
 

@@ -90,6 +90,12 @@ void map_tools(const ojson& b, ojson& chat, ojson& echo) {
       bad("tool_choice", "must be a string or an object");
     }
   }
+  // false: one tool call at most (echoed as given; default true)
+  if (const ojson* pc = get(b, "parallel_tool_calls")) {
+    if (!pc->is_boolean()) bad("parallel_tool_calls", "must be a boolean");
+    chat["parallel_tool_calls"] = *pc;
+    echo["parallel_tool_calls"] = *pc;
+  }
 }
 
 }  // namespace
@@ -267,9 +273,10 @@ struct Ids {
 
 ojson response_object(const Endpoint& e, const ResponsesRequest& rq, const Ids& ids, int64_t created,
                       const std::string& status, const ojson& output, const ojson& usage, const ojson& incomplete) {
+  const ojson parallel = rq.echo.contains("parallel_tool_calls") ? rq.echo["parallel_tool_calls"] : ojson(true);
   ojson r = {{"id", ids.resp}, {"object", "response"}, {"created_at", created}, {"status", status},
              {"error", nullptr}, {"incomplete_details", incomplete}, {"model", e.model_id}, {"output", output},
-             {"parallel_tool_calls", true}, {"previous_response_id", nullptr}, {"store", false},
+             {"parallel_tool_calls", parallel}, {"previous_response_id", nullptr}, {"store", false},
              {"truncation", "disabled"}, {"usage", usage}};
   for (const char* k : {"instructions", "max_output_tokens", "metadata", "reasoning", "temperature", "top_p", "tools",
                         "tool_choice", "text"})

@@ -337,7 +337,8 @@ ojson relax_schema(const ojson& s) {
   return out;
 }
 
-std::string tool_gbnf(const std::vector<ToolSpec>& tools, ToolMode mode, const std::string& forced, bool thinking) {
+std::string tool_gbnf(const std::vector<ToolSpec>& tools, ToolMode mode, const std::string& forced, bool thinking,
+                      bool one_call) {
   std::string rules;
   std::string calls;
   if (mode != ToolMode::None) {
@@ -347,8 +348,10 @@ std::string tool_gbnf(const std::vector<ToolSpec>& tools, ToolMode mode, const s
     }
     if (calls.empty()) calls = "\"\\uE003\"";  // (no tool to call: nothing can follow)
   }
-  // one call of a named tool; else up to kMaxToolCalls in one message
-  const std::string tools_section = fmt::format("t-call{{1,{}}} ", forced.empty() ? kMaxToolCalls : 1) + C + " " +
+  // one call of a named tool or when the client allows one call only; else up to kMaxToolCalls in
+  // one message. After the last call only the section's close can follow.
+  const int most = forced.empty() && !one_call ? kMaxToolCalls : 1;
+  const std::string tools_section = (most == 1 ? std::string("t-call ") : fmt::format("t-call{{1,{}}} ", most)) + C + " " +
                                     lit("tools") + " " + S;
   const std::string think_end = std::string("t-txt ") + C + " " + lit("think") + " " + S + " " + O + " " + lit("response") + " " + S;
   std::string root;
@@ -370,7 +373,7 @@ std::string tool_gbnf(const std::vector<ToolSpec>& tools, ToolMode mode, const s
   return g;
 }
 
-void set_tool_constraint(GenParams& gen, const ojson& tools, const ojson& tool_choice, bool thinking) {
+void set_tool_constraint(GenParams& gen, const ojson& tools, const ojson& tool_choice, bool thinking, bool one_call) {
   if (!tools.is_array() || tools.empty()) return;
   ToolMode mode = ToolMode::Auto;
   std::string forced;
@@ -390,7 +393,7 @@ void set_tool_constraint(GenParams& gen, const ojson& tools, const ojson& tool_c
     specs.push_back(std::move(s));
   }
   try {
-    gen.tool_grammar = grammar::Grammar::parse(tool_gbnf(specs, mode, forced, thinking));
+    gen.tool_grammar = grammar::Grammar::parse(tool_gbnf(specs, mode, forced, thinking, one_call));
   } catch (const std::exception& e) {
     throw ApiError(400, fmt::format("tools: the tool-call grammar of these tools cannot be built: {}", e.what()),
                    "invalid_request_error", "tools");

@@ -14,7 +14,9 @@
 // Modes (tool_choice): required / a named tool — from the first generated token: the think channel
 // (thinking on) is free text, the response is empty, then one or more calls (of that tool);
 // (one call when a tool is named, else 1..kMaxToolCalls); auto — lazy: free until the output ends with "<|open|>tools<|sep|>", then the calls; none — from
-// the first token: think and response free, no tools section.
+// the first token: think and response free, no tools section. `one_call` (the clients' "one tool
+// call at most": parallel_tool_calls false, disable_parallel_tool_use true): the tools section holds
+// exactly one call and then only its close (and the end of the message), in every mode.
 #pragma once
 #include <memory>
 #include <string>
@@ -45,7 +47,8 @@ struct ToolSpec {
 // thinking: the prompt ended inside the think channel (else inside the response channel).
 // A schema (or part of one) the converter cannot hold to is relaxed (relax_schema); a tool whose
 // schema still fails gets "any JSON object".
-std::string tool_gbnf(const std::vector<ToolSpec>& tools, ToolMode mode, const std::string& forced, bool thinking);
+std::string tool_gbnf(const std::vector<ToolSpec>& tools, ToolMode mode, const std::string& forced, bool thinking,
+                      bool one_call = false);
 
 // The schema reduced to what schema_to_gbnf supports: keywords that only narrow the valid values
 // (pattern, format, minimum, ...) are dropped, `allOf` merged, additionalProperties beside
@@ -57,9 +60,10 @@ nlohmann::ordered_json relax_schema(const nlohmann::ordered_json& schema);
 // OpenAI chat shapes, already checked; null when absent): required or a named function -> from the
 // first token (a response grammar, which would constrain an empty response, is dropped); auto ->
 // lazy; none -> no tools section. No tools: nothing. thinking: the prompt ends in the think channel.
+// one_call: at most one call in the message (chat's parallel_tool_calls false).
 // Throws ApiError 400 (param "tools") when the grammar cannot be built.
 void set_tool_constraint(GenParams& gen, const nlohmann::ordered_json& tools, const nlohmann::ordered_json& tool_choice,
-                         bool thinking);
+                         bool thinking, bool one_call = false);
 
 // Prefixes every rule that `gbnf` defines (and every reference to one) with `prefix`; references
 // to rules it does not define are left as they are.

@@ -5,7 +5,8 @@
 // streamed tool call). The SDKs parse the server's wire format themselves; the tool arguments are
 // checked against the schema here, by an independent validator. A streamed tool call's arguments
 // arrive in several pieces, which each SDK's own stream helper accumulates into exactly the
-// arguments of the same request answered whole (greedy).
+// arguments of the same request answered whole (greedy). One tool call at most: the field of each API,
+// set through the SDK, gives one call where the same request otherwise gives several.
 // usage: node sdk_test.js <kimi binary>
 // Without the npm packages (npm ci --prefix tests/agents) the test skips (exit 77), unless
 // KIMI_REQUIRE_AGENTS=1 or CI=true, where it fails.
@@ -271,6 +272,43 @@ async function chatTests(base, key) {
   console.log(`openai chat sdk: ok (${sc.function.arguments.slice(0, 60)}, ${pieces} pieces)`);
 }
 
+// One tool call at most, set through each SDK's own field: Anthropic tool_choice.disable_parallel_tool_use,
+// Responses and chat parallel_tool_calls false. On this model the same greedy forced request writes
+// several calls when they are allowed (checked first, so the test fails if that premise breaks).
+async function oneCallTests(base, key) {
+  const anthropic = new Anthropic({ baseURL: base, apiKey: key, maxRetries: 0, timeout: STEP_MS });
+  const openai = new OpenAI({ baseURL: base + "/v1", apiKey: key, maxRetries: 0, timeout: STEP_MS });
+  const user = [{ role: "user", content: "Weather in Oslo and Paris?" }];
+  const schema = { type: "object", properties: { zone: { enum: ["UTC", "CET"] } }, required: ["zone"] };
+  const atools = [{ name: "get_weather", input_schema: SCHEMA }, { name: "get_time", input_schema: schema }];
+  const counts = {};
+  for (const disable of [false, true]) {
+    const m = await anthropic.messages.create({ model: "kimi", max_tokens: 240, temperature: 0, messages: user, tools: atools,
+                                                tool_choice: { type: "any", disable_parallel_tool_use: disable } });
+    counts["anthropic " + disable] = m.content.filter((b) => b.type === "tool_use").length;
+    if (disable) check(m.stop_reason === "tool_use", `one call: anthropic stop_reason ${m.stop_reason}`);
+  }
+  const rtools = atools.map((t) => ({ type: "function", name: t.name, parameters: t.input_schema, strict: false }));
+  for (const parallel of [true, false]) {
+    const r = await openai.responses.create({ model: "kimi", input: user, tools: rtools, tool_choice: "required", temperature: 0,
+                                              max_output_tokens: 240, reasoning: { effort: "none" }, parallel_tool_calls: parallel });
+    counts["responses " + !parallel] = r.output.filter((o) => o.type === "function_call").length;
+    check(r.parallel_tool_calls === parallel, `one call: responses echoes parallel_tool_calls ${r.parallel_tool_calls}`);
+  }
+  const ctools = atools.map((t) => ({ type: "function", function: { name: t.name, parameters: t.input_schema } }));
+  for (const parallel of [true, false]) {
+    const c = await openai.chat.completions.create({ model: "kimi", messages: user, tools: ctools, tool_choice: "required",
+                                                     temperature: 0, max_tokens: 240, thinking: false, parallel_tool_calls: parallel });
+    counts["chat " + !parallel] = (c.choices[0].message.tool_calls || []).length;
+    if (!parallel) check(c.choices[0].finish_reason === "tool_calls", `one call: chat finish_reason ${c.choices[0].finish_reason}`);
+  }
+  for (const api of ["anthropic", "responses", "chat"]) {
+    check(counts[api + " false"] >= 2, `one call: ${api} with several calls allowed gives ${counts[api + " false"]} call(s), want >= 2`);
+    check(counts[api + " true"] === 1, `one call: ${api} with one call at most gives ${counts[api + " true"]} call(s)`);
+  }
+  console.log(`one call at most: ${JSON.stringify(counts)}`);
+}
+
 (async () => {
   try {
     const hf = path.join(tmp, "hf"), gguf = path.join(tmp, "tiny.gguf");
@@ -281,6 +319,7 @@ async function chatTests(base, key) {
     await anthropicTests(base, key);
     await responsesTests(base, key);
     await chatTests(base, key);
+    await oneCallTests(base, key);
   } catch (e) {
     console.error("FAIL: " + (e && e.stack ? e.stack : e));
     failures++;

@@ -858,3 +858,206 @@ TEST(ServerAgents, ToolCallsCutByMaxTokensStreamValidJson) {
   }
   EXPECT_GE(cut_calls, 1) << "some max_tokens cuts the call after it started";
 }
+
+// ------------------------------------------------------------------------------------------------
+// One tool call at most: chat / Responses `parallel_tool_calls: false`, Anthropic
+// `tool_choice.disable_parallel_tool_use: true`.
+
+TEST(ServerAgents, OneCallToolGrammarAcceptsOneCallAndRefusesASecond) {
+  // the reference: the K3 template's own rendering of an assistant turn with two calls
+  const ojson calls = ojson::array(
+      {{{"id", "a"}, {"type", "function"}, {"function", {{"name", "get_weather"}, {"arguments", {{"city", "Oslo"}, {"days", 3}}}}}},
+       {{"id", "b"}, {"type", "function"}, {"function", {{"name", "get_time"}, {"arguments", {{"zone", "UTC"}}}}}}});
+  const ojson req = {{"messages", ojson::array({{{"role", "user"}, {"content", "x"}},
+                                                {{"role", "assistant"}, {"content", ""}, {"tool_calls", calls}}})},
+                     {"thinking", false}, {"add_generation_prompt", false}};
+  const std::string r = tok::render_chat_request(req);
+  const std::string open_resp = "<|open|>message role=\"assistant\"<|sep|><|open|>response<|sep|>";
+  const size_t a = r.find(open_resp);
+  ASSERT_NE(a, std::string::npos) << r;
+  const size_t b = r.find("<|end_of_msg|>", a);
+  const std::string two = as_markers(r.substr(a + open_resp.size(), b - a - open_resp.size()));
+  const std::string second = std::string(server::kToolOpen) + "call tool=\"get_time\"";
+  const size_t at = two.find(second);
+  ASSERT_NE(at, std::string::npos) << two;
+  const std::string one = two.substr(0, at) + server::kToolClose + "tools" + server::kToolSep;  // the first call alone
+  std::vector<server::ToolSpec> specs;
+  for (const auto& t : chat_tools()) specs.push_back({t["function"]["name"], t["function"]["parameters"]});
+  const std::string tools_open = std::string(server::kToolOpen) + "tools" + server::kToolSep;
+  for (const auto mode : {server::ToolMode::Required, server::ToolMode::Auto}) {
+    // auto: the lazy grammar starts after the trigger
+    const size_t skip = mode == server::ToolMode::Auto ? two.find(tools_open) + tools_open.size() : 0;
+    ASSERT_NE(skip, std::string::npos);
+    for (const bool one_call : {false, true}) {
+      SCOPED_TRACE(testing::Message() << "mode " << static_cast<int>(mode) << " one_call " << one_call);
+      const auto g = server::grammar::Grammar::parse(server::tool_gbnf(specs, mode, "", false, one_call));
+      server::grammar::Matcher m2(g);  // both calls: only with several calls allowed
+      EXPECT_EQ(m2.advance_bytes(two.substr(skip)) && m2.can_end(), !one_call);
+      server::grammar::Matcher m1(g);  // one call, then the section's close: always
+      EXPECT_TRUE(m1.advance_bytes(one.substr(skip)) && m1.can_end());
+      server::grammar::Matcher ms(g);  // after the first call: a second call's start only with several calls
+      ASSERT_TRUE(ms.advance_bytes(two.substr(skip, at - skip)));
+      EXPECT_EQ(ms.accepts_bytes(server::kToolOpen), !one_call);
+      EXPECT_TRUE(ms.accepts_bytes(std::string(server::kToolClose) + "tools" + server::kToolSep));
+    }
+  }
+}
+
+namespace {
+
+// A second tiny model (seed 3, as tests/agents/sdk_test.js): greedy, its forced calls go on call after
+// call, so several calls in one message are what it writes when they are allowed.
+RunningServer& srv3() {
+  static RunningServer s([] {
+    server::ServerOptions o = agent_opts();
+    o.model_path = tiny_gguf(3);
+    return o;
+  }());
+  return s;
+}
+
+}  // namespace
+
+TEST(ServerAgents, OneToolCallAtMostInEveryApi) {
+  // chat: parallel_tool_calls
+  for (const ojson& parallel : {ojson(nullptr), ojson(true), ojson(false)}) {
+    SCOPED_TRACE("chat parallel_tool_calls " + parallel.dump());
+    ojson body = {{"messages", kUser}, {"tools", chat_tools()}, {"tool_choice", "required"}, {"thinking", false},
+                  {"max_tokens", 240}, {"temperature", 0}};
+    if (!parallel.is_null()) body["parallel_tool_calls"] = parallel;
+    const bool one = parallel == false;
+    int st = 0;
+    const ojson whole = srv3().post("/v1/chat/completions", body, &st);
+    ASSERT_EQ(st, 200) << whole.dump();
+    const ojson& msg = whole["choices"][0]["message"];
+    ASSERT_TRUE(msg.contains("tool_calls")) << whole.dump();
+    if (!one) {  // the premise: with several calls allowed this request gets more than one
+      ASSERT_GE(msg["tool_calls"].size(), 2u) << whole.dump();
+      continue;
+    }
+    ASSERT_EQ(msg["tool_calls"].size(), 1u) << whole.dump();
+    EXPECT_EQ(whole["choices"][0]["finish_reason"], "tool_calls");
+    ojson sb = body;
+    sb["stream"] = true;
+    bool saw_done = false;
+    std::string args, name, finish;
+    int starts = 0;
+    for (const ojson& e : sse_events(srv3().post_stream("/v1/chat/completions", sb), &saw_done)) {
+      const ojson& c = e["choices"][0];
+      if (!c["finish_reason"].is_null()) finish = c["finish_reason"];
+      if (!c["delta"].contains("tool_calls")) continue;
+      for (const ojson& tc : c["delta"]["tool_calls"]) {
+        EXPECT_EQ(tc["index"], 0) << e.dump();
+        if (tc.contains("id")) ++starts, name = tc["function"]["name"];
+        args += tc["function"]["arguments"].get<std::string>();
+      }
+    }
+    EXPECT_TRUE(saw_done);
+    EXPECT_EQ(starts, 1);
+    EXPECT_EQ(finish, "tool_calls");
+    EXPECT_EQ(name, msg["tool_calls"][0]["function"]["name"]);
+    EXPECT_EQ(args, msg["tool_calls"][0]["function"]["arguments"]);
+  }
+  // Anthropic: tool_choice.disable_parallel_tool_use
+  ojson atools = ojson::array();
+  for (const auto& t : chat_tools()) atools.push_back({{"name", t["function"]["name"]}, {"input_schema", t["function"]["parameters"]}});
+  for (const bool disable : {false, true}) {
+    SCOPED_TRACE(testing::Message() << "anthropic disable_parallel_tool_use " << disable);
+    const ojson body = {{"model", "m"}, {"max_tokens", 240}, {"temperature", 0}, {"messages", kUser}, {"tools", atools},
+                        {"tool_choice", {{"type", "any"}, {"disable_parallel_tool_use", disable}}}};
+    int st = 0;
+    const ojson whole = srv3().post("/v1/messages", body, &st);
+    ASSERT_EQ(st, 200) << whole.dump();
+    std::vector<ojson> uses;
+    for (const auto& b : whole["content"])
+      if (b["type"] == "tool_use") uses.push_back(b);
+    if (!disable) {
+      ASSERT_GE(uses.size(), 2u) << whole.dump();
+      continue;
+    }
+    ASSERT_EQ(uses.size(), 1u) << whole.dump();
+    EXPECT_EQ(whole["stop_reason"], "tool_use");
+    ojson sb = body;
+    sb["stream"] = true;
+    std::string partial, name, stop;
+    int starts = 0, tool_block = -1;
+    for (const auto& [ev, d] : named_events(srv3().post_stream("/v1/messages", sb))) {
+      if (ev == "content_block_start" && d["content_block"]["type"] == "tool_use") {
+        ++starts;
+        tool_block = d["index"];
+        name = d["content_block"]["name"];
+      }
+      if (ev == "content_block_delta" && d["index"] == tool_block) partial += d["delta"]["partial_json"].get<std::string>();
+      if (ev == "message_delta") stop = d["delta"]["stop_reason"];
+    }
+    EXPECT_EQ(starts, 1);
+    EXPECT_EQ(stop, "tool_use");
+    EXPECT_EQ(name, uses[0]["name"]);
+    EXPECT_EQ(partial, uses[0]["input"].dump());
+  }
+  // Responses: parallel_tool_calls, echoed
+  ojson rtools = ojson::array();
+  for (const auto& t : chat_tools())
+    rtools.push_back({{"type", "function"}, {"name", t["function"]["name"]}, {"parameters", t["function"]["parameters"]}});
+  for (const ojson& parallel : {ojson(nullptr), ojson(false)}) {
+    SCOPED_TRACE("responses parallel_tool_calls " + parallel.dump());
+    ojson body = {{"model", "m"}, {"input", kUser}, {"tools", rtools}, {"tool_choice", "required"},
+                  {"reasoning", {{"effort", "none"}}}, {"max_output_tokens", 240}, {"temperature", 0}};
+    if (!parallel.is_null()) body["parallel_tool_calls"] = parallel;
+    const bool one = parallel == false;
+    int st = 0;
+    const ojson whole = srv3().post("/v1/responses", body, &st);
+    ASSERT_EQ(st, 200) << whole.dump();
+    EXPECT_EQ(whole["parallel_tool_calls"], !one);  // the real value (default true)
+    std::vector<ojson> calls;
+    for (const auto& it : whole["output"])
+      if (it["type"] == "function_call") calls.push_back(it);
+    if (!one) {
+      ASSERT_GE(calls.size(), 2u) << whole.dump();
+      continue;
+    }
+    ASSERT_EQ(calls.size(), 1u) << whole.dump();
+    EXPECT_EQ(whole["status"], "completed");
+    ojson sb = body;
+    sb["stream"] = true;
+    const auto ev = named_events(srv3().post_stream("/v1/responses", sb));
+    ASSERT_FALSE(ev.empty());
+    int added = 0;
+    std::string args;
+    for (const auto& [name, d] : ev) {
+      if (name == "response.output_item.added" && d["item"]["type"] == "function_call") ++added;
+      if (name == "response.function_call_arguments.delta") args += d["delta"].get<std::string>();
+    }
+    EXPECT_EQ(added, 1);
+    EXPECT_EQ(args, calls[0]["arguments"]);
+    EXPECT_EQ(ev.front().second["response"]["parallel_tool_calls"], false);
+    ASSERT_EQ(ev.back().first, "response.completed");
+    const ojson& fin = ev.back().second["response"];
+    EXPECT_EQ(fin["parallel_tool_calls"], false);
+    std::vector<ojson> fcalls;
+    for (const auto& it : fin["output"])
+      if (it["type"] == "function_call") fcalls.push_back(it);
+    ASSERT_EQ(fcalls.size(), 1u) << fin.dump();
+    EXPECT_EQ(fcalls[0]["name"], calls[0]["name"]);
+    EXPECT_EQ(fcalls[0]["arguments"], calls[0]["arguments"]);
+  }
+}
+
+TEST(ServerAgents, OneToolCallFieldsThatAreNotBooleansAre400) {
+  const std::vector<ojson> bad = {"false", 0, ojson::array(), ojson::object()};
+  for (const ojson& v : bad) {
+    SCOPED_TRACE(v.dump());
+    int st = 0;
+    ojson r = srv().post("/v1/chat/completions",
+                         ojson{{"messages", kUser}, {"tools", chat_tools()}, {"max_tokens", 2}, {"parallel_tool_calls", v}}, &st);
+    EXPECT_EQ(st, 400) << r.dump();
+    EXPECT_EQ(r["error"]["param"], "parallel_tool_calls") << r.dump();
+    r = srv().post("/v1/responses", ojson{{"input", "hi"}, {"max_output_tokens", 2}, {"parallel_tool_calls", v}}, &st);
+    EXPECT_EQ(st, 400) << r.dump();
+    EXPECT_EQ(r["error"]["param"], "parallel_tool_calls") << r.dump();
+    const ojson atools = ojson::array({{{"name", "get_weather"}, {"input_schema", kWeatherSchema}}});
+    r = srv().post("/v1/messages", ojson{{"max_tokens", 2}, {"messages", kUser}, {"tools", atools},
+                                         {"tool_choice", {{"type", "auto"}, {"disable_parallel_tool_use", v}}}}, &st);
+    expect_anthropic_error(r, st, 400, "tool_choice.disable_parallel_tool_use");
+  }
+}

@@ -7,7 +7,9 @@
 //              arguments or json blocks, in any tag order); bit 1 = start_in_think. It is fed to
 //              one ChatParser at once and to another in chunks (sizes from the input), and the
 //              two parsed messages must be identical (the parser promises "any chunking"), as
-//              must the concatenated deltas and the message text.
+//              must the concatenated deltas and the message text; each tool call starts once in the
+//              deltas, its streamed argument pieces concatenate to its arguments_json, and that is one
+//              JSON object in compact form (what the server sends: its own dump, byte for byte).
 // A malformed input must end in kimi::Error (render) or be parsed as text (parse); a crash, a
 // sanitizer report, any other exception or a mismatch is a bug.
 #include <cstddef>
@@ -16,6 +18,7 @@
 #include <cstdlib>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "tokenizer/chat.h"
 #include "util/error.h"
@@ -33,10 +36,23 @@ namespace {
 struct Fed {
   std::string reasoning, content;
   size_t completed = 0;
+  std::vector<std::string> args;  // [call]: the argument pieces so far
+  std::vector<int> started, done;  // [call]: start / done deltas seen
   void add(const tok::ChatDelta& d) {
     reasoning += d.reasoning;
     content += d.content;
     completed += d.tool_calls_completed.size();
+    for (const auto& t : d.tool_call_deltas) {
+      if (t.call >= args.size()) {
+        if (t.call != args.size()) mismatch("a tool-call delta skips a call");
+        args.emplace_back(), started.push_back(0), done.push_back(0);
+      }
+      if (t.started) ++started[t.call];
+      if (!started[t.call]) mismatch("argument pieces before the call's start delta");
+      if (done[t.call] && (!t.arguments.empty() || t.done)) mismatch("a tool-call delta after the call's done delta");
+      args[t.call] += t.arguments;
+      if (t.done) ++done[t.call];
+    }
   }
 };
 
@@ -48,7 +64,7 @@ void same_message(const tok::ParsedMessage& a, const tok::ParsedMessage& b) {
   for (size_t i = 0; i < a.tool_calls.size(); ++i) {
     const auto &x = a.tool_calls[i], &y = b.tool_calls[i];
     if (x.name != y.name || x.index != y.index || x.raw_json != y.raw_json || x.complete != y.complete ||
-        x.arguments != y.arguments)
+        x.arguments != y.arguments || x.arguments_json != y.arguments_json)
       mismatch("chunked parse: a tool call differs");
   }
 }
@@ -59,6 +75,18 @@ void check_fed(const Fed& f, const tok::ParsedMessage& m) {
   size_t complete = 0;
   for (const auto& c : m.tool_calls) complete += c.complete;
   if (f.completed != complete) mismatch("completed tool-call deltas do not match the message");
+  if (f.args.size() > m.tool_calls.size()) mismatch("deltas name more tool calls than the message holds");
+  for (size_t i = 0; i < m.tool_calls.size(); ++i) {
+    const std::string& a = m.tool_calls[i].arguments_json;
+    const std::string pieces = i < f.args.size() ? f.args[i] : std::string();
+    if (pieces != a) mismatch("argument pieces do not concatenate to the call's arguments_json");
+    if (i < f.started.size() && f.started[i] != 1) mismatch("a tool call started more than once");
+    if (a.empty()) continue;
+    const ojson v = ojson::parse(a, nullptr, false);
+    if (v.is_discarded() || !v.is_object()) mismatch("a call's arguments_json is not one JSON object");
+    if (v.dump(-1, ' ', false, ojson::error_handler_t::replace) != a)
+      mismatch("a call's arguments_json is not in the compact form the server writes");
+  }
 }
 }  // namespace
 

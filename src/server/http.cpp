@@ -385,7 +385,9 @@ httpd::Reply Server::Impl::props() const {
                 {"max_tokens", lim.default_max_tokens > 0 ? ojson(lim.default_max_tokens) : ojson(nullptr)},
                 {"completion_max_tokens", 16},
                 {"thinking", true},
-                {"thinking_effort", "max"}};
+                {"thinking_effort", "max"},
+                // --reasoning-budget: the thinking cap of a request that gives none (null: no cap)
+                {"thinking_budget_tokens", lim.thinking_budget >= 0 ? ojson(lim.thinking_budget) : ojson(nullptr)}};
   return json_reply(ojson{{"model", o.model_id},
                           {"model_path", o.model_path},
                           {"n_ctx", o.ctx},

@@ -76,9 +76,16 @@ Scheduler::Scheduler(const Model& model, const tok::Tokenizer& tok, const Contex
   check(so_.max_chunks >= 1, "--max-chunks must be >= 1 (got {})", so_.max_chunks);
   // with the prompt-cache store, spare live sequences are not needed (the store keeps conversations)
   if (so_.cache_slots < 0) so_.cache_slots = so_.prompt_cache && so_.cache_ram > 0 ? 0 : so_.parallel;
+  // the thinking budget's close sequence: what the K3 template writes between an assistant turn's
+  // think channel and its response channel (tok::render_chat: close_tag("think") + open_tag("response")),
+  // kept below only when the vocabulary has the structural tags
+  think_close_ = tok_.encode("<|close|>think<|sep|><|open|>response<|sep|>", true);
   ContextOptions o = copts;
   o.n_seq_max = so_.parallel + so_.cache_slots;
-  o.n_batch_max = std::max(o.n_batch_max, so_.chunk * so_.max_chunks + so_.parallel);
+  // a step holds up to max_chunks prefill chunks and, per generating request, its sampled token
+  // and the forced tokens known after it (the close sequence)
+  o.n_batch_max = std::max(o.n_batch_max, so_.chunk * so_.max_chunks +
+                                              so_.parallel * static_cast<int>(1 + think_close_.size()));
   ctx_ = std::make_unique<Context>(model_, o);
   n_ctx_ = o.n_ctx_max;
   any_prefix_ = model_.hparams().n_kda_layers() == 0;
@@ -96,12 +103,8 @@ Scheduler::Scheduler(const Model& model, const tok::Tokenizer& tok, const Contex
     if (p == "<|sep|>") sep_id_ = id;
     if (p == "<|end_of_msg|>") eom_id_ = id;
   }
-  // the thinking budget's close sequence: what the K3 template writes between an assistant turn's
-  // think channel and its response channel (tok::render_chat: close_tag("think") + open_tag("response"))
-  if (close_id_ >= 0 && open_id_ >= 0 && sep_id_ >= 0) {
-    think_close_ = tok_.encode("<|close|>think<|sep|><|open|>response<|sep|>", true);
-    if (think_close_.empty() || think_close_.front() != close_id_) think_close_.clear();
-  }
+  if (!think_close_.empty() && (close_id_ < 0 || open_id_ < 0 || sep_id_ < 0 || think_close_.front() != close_id_))
+    think_close_.clear();
   if (const char* e = std::getenv("KIMI_GRAMMAR_FULL_SCAN")) grammar_full_scan_ = std::string(e) == "1";
   st_.slots = so_.parallel;
   st_.sequences = o.n_seq_max;
@@ -438,8 +441,15 @@ void Scheduler::step() {
   for (auto& up : active_) {
     Active& a = *up;
     if (!a.generating) continue;
-    a.logit_idx = static_cast<int>(batch_.size());
-    batch_.add(a.pending, a.seq, static_cast<int32_t>(seqs_[static_cast<size_t>(a.seq)].toks.size()), true);
+    // the sampled token, then the forced ones known to follow it (one chunk of the sequence): logits
+    // at the last row (sampling), at the others only for the forced tokens' logprobs
+    feed_forced(a);
+    const bool lp = a.job->params().logprobs >= 0;
+    const int32_t base = static_cast<int32_t>(seqs_[static_cast<size_t>(a.seq)].toks.size());
+    batch_.add(a.pending, a.seq, base, lp || a.ahead.empty());
+    for (size_t i = 0; i < a.ahead.size(); ++i)
+      batch_.add(a.ahead[i], a.seq, base + 1 + static_cast<int32_t>(i), lp || i + 1 == a.ahead.size());
+    a.logit_idx = static_cast<int>(batch_.size()) - 1;
   }
   int chunks = 0;
   for (auto& up : active_) {
@@ -481,13 +491,22 @@ void Scheduler::step() {
     return;
   }
   const auto t1 = Clock::now();
+  {
+    // counted before any request of this step finishes (a client may read the stats right after)
+    std::lock_guard<std::mutex> lk(mu_);
+    ++st_.decode_steps;
+    st_.prefill_tokens += static_cast<uint64_t>(prefill_tokens);
+    st_.busy_s += std::chrono::duration<double>(t1 - t0).count();
+  }
   int generated = 0;
   // generating requests: the pending token is now in the cache
   std::vector<Active*> gen_now;
   for (auto& up : active_) {
     Active& a = *up;
     if (!a.generating) continue;
-    seqs_[static_cast<size_t>(a.seq)].toks.push_back(a.pending);
+    std::vector<int32_t>& toks = seqs_[static_cast<size_t>(a.seq)].toks;
+    toks.push_back(a.pending);
+    toks.insert(toks.end(), a.ahead.begin(), a.ahead.end());
     gen_now.push_back(&a);
   }
   for (const Part& p : parts) {
@@ -517,25 +536,37 @@ void Scheduler::step() {
     }
   }
   for (Active* a : gen_now) {
-    if (a->done) continue;
-    const float* lg = ctx_->logits(static_cast<size_t>(a->logit_idx));
-    int32_t t = -1;
-    if (!forced_token(*a, t)) t = a->constrained || tool_active(*a) ? sample_constrained(*a, lg) : a->sampler->sample(lg);
-    a->sampler->accept(t);
-    ++generated;
-    {
-      // count before on_token: it may finish the job and wake the client, which can read /metrics
-      std::lock_guard<std::mutex> lk(mu_);
-      ++st_.generated_tokens;
+    // one row per token this step decoded for the sequence: the token that follows row i is the
+    // forced a->ahead[i] (already decoded, its logits only for logprobs), after the last row it is
+    // sampled (or forced, when the chunk was cut short); exactly what one token per step gives
+    const size_t n_rows = a->ahead.size() + 1;
+    const std::vector<int32_t> ahead = std::move(a->ahead);
+    a->ahead.clear();
+    for (size_t i = 0; i < n_rows && !a->done; ++i) {
+      const bool last = i + 1 == n_rows;
+      const float* lg = last || a->job->params().logprobs >= 0
+                            ? ctx_->logits(static_cast<size_t>(a->logit_idx) - (n_rows - 1 - i))
+                            : nullptr;
+      int32_t t = -1;
+      const bool forced = forced_token(*a, t);
+      if (!last && (!forced || t != ahead[i]))
+        fail("internal: sequence {} decoded the forced token {}, but {} is due", a->seq, ahead[i], forced ? t : -1);
+      if (!forced) t = a->constrained || tool_active(*a) ? sample_constrained(*a, lg) : a->sampler->sample(lg);
+      a->sampler->accept(t);
+      ++generated;
+      {
+        // count before on_token: it may finish the job and wake the client, which can read /metrics
+        std::lock_guard<std::mutex> lk(mu_);
+        ++st_.generated_tokens;
+        if (forced) ++st_.forced_tokens;
+        if (!last) ++st_.forced_batched;
+      }
+      on_token(*a, t, lg);
     }
-    on_token(*a, t, lg);
   }
   const ExpertStreamStats xs = ctx_->expert_stream_stats();  // this thread runs the context: no race
   std::lock_guard<std::mutex> lk(mu_);
   st_.hot_picks = xs.hot_picks, st_.host_picks = xs.host_picks, st_.hot_reranks = xs.hot_reranks;
-  ++st_.decode_steps;
-  st_.prefill_tokens += static_cast<uint64_t>(prefill_tokens);
-  st_.busy_s += std::chrono::duration<double>(t1 - t0).count();
   rate_.emplace_back(t1, generated);
   while (rate_.size() > 2 && std::chrono::duration<double>(t1 - rate_.front().first).count() > 10) rate_.pop_front();
 }
@@ -635,15 +666,12 @@ int32_t Scheduler::sample_constrained(Active& a, const float* logits) {
 // like any token), so the sequence equals one whose prompt contained them. When the last thinking
 // token ended in the middle of a UTF-8 character, up to kUtf8Slack more tokens may complete it
 // first (the reasoning text stays whole characters). A tool grammar that holds the think channel
-// (tool_choice required / none) must accept the whole sequence, else thinking goes on.
+// (tool_choice required / none) must accept the whole sequence, else thinking goes on. Its tokens
+// are decoded in the step of the last thinking token (feed_forced), and each still reports the
+// model's own log-probability at its position (logprobs: the logits of the row before it).
 constexpr int kUtf8Slack = 3;
 
-bool Scheduler::forced_token(Active& a, int32_t& t) {
-  if (a.forcing > 0) {
-    t = think_close_[a.forcing];
-    a.forcing = a.forcing + 1 < think_close_.size() ? a.forcing + 1 : 0;
-    return true;
-  }
+bool Scheduler::close_due(const Active& a) const {
   const int budget = a.job->params().thinking_budget;
   if (!a.in_think || budget < 0 || a.think_n < budget || think_close_.empty()) return false;
   if (a.think_utf8 > 0 && a.think_n < budget + kUtf8Slack) return false;
@@ -653,10 +681,40 @@ bool Scheduler::forced_token(Active& a, int32_t& t) {
       bytes += c == open_id_ ? kToolOpen : c == close_id_ ? kToolClose : c == sep_id_ ? kToolSep : tok_.token_to_piece(c);
     if (!a.tool_matcher->accepts_bytes(bytes)) return false;
   }
-  a.in_think = false;
-  t = think_close_[0];
-  a.forcing = think_close_.size() > 1 ? 1 : 0;
   return true;
+}
+
+bool Scheduler::begin_close(Active& a) {
+  if (a.forced_next >= 0) return true;
+  if (!close_due(a)) return false;
+  a.in_think = false;
+  a.forced_next = 0;
+  return true;
+}
+
+bool Scheduler::forced_token(Active& a, int32_t& t) {
+  if (!begin_close(a)) return false;
+  t = think_close_[static_cast<size_t>(a.forced_next)];
+  if (static_cast<size_t>(++a.forced_next) == think_close_.size()) a.forced_next = -1;
+  return true;
+}
+
+// The forced tokens that follow a.pending are known before it is decoded (nothing between its
+// on_token and the next token's choice changes the request's state), so they join its row in the
+// step: the close sequence costs no decode step of its own. Cut where one token per step would
+// have ended the request by length (max_tokens, the context): those rows stay out of the cache as
+// they do today, and a request never holds more positions than n_ctx allows.
+void Scheduler::feed_forced(Active& a) {
+  a.ahead.clear();
+  if (!begin_close(a)) return;
+  const GenParams& gp = a.job->params();
+  const size_t T = seqs_[static_cast<size_t>(a.seq)].toks.size();  // a.pending goes to position T
+  size_t n = think_close_.size() - static_cast<size_t>(a.forced_next);
+  // ahead[i] is generated token number n_gen + i + 1, and on_token ends the request at max_tokens,
+  // or once the cache (which then holds all T + 1 + n rows) reaches n_ctx - 1 positions
+  n = std::min(n, static_cast<size_t>(std::max(0, gp.max_tokens - a.n_gen - 1)));
+  n = std::min(n, static_cast<size_t>(std::max<int64_t>(0, static_cast<int64_t>(n_ctx_) - static_cast<int64_t>(T) - 3)));
+  a.ahead.assign(think_close_.begin() + a.forced_next, think_close_.begin() + a.forced_next + static_cast<std::ptrdiff_t>(n));
 }
 
 // Log-softmax of the raw logits for the sampled token `t`, and the k most likely tokens.

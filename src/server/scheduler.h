@@ -1,6 +1,8 @@
 // Continuous-batching scheduler for `kimi serve`: ONE thread owns the kimi::Context. Each step
 // decodes one token for every generating request and up to `max_chunks` prefill chunks of
-// requests still reading their prompt, all in one batch.
+// requests still reading their prompt, all in one batch. A request whose next tokens are known in
+// advance (the close sequence the thinking budget forces) feeds them in the same step, after its
+// last sampled token: one chunk of that sequence, processed token by token afterwards.
 //
 // Prompt cache (correct with recurrent KDA layers): the context holds parallel + cache_slots
 // sequences. A finished request leaves its tokens in its sequence. A sequence can be resumed at
@@ -175,6 +177,10 @@ struct SchedulerStats {
   uint64_t requests_started = 0, requests_finished = 0, requests_cancelled = 0, requests_timeout = 0,
            requests_failed = 0;
   uint64_t prompt_tokens = 0, cached_tokens = 0, prefill_tokens = 0, generated_tokens = 0, decode_steps = 0;
+  // tokens the thinking budget forced (GenParams::thinking_budget; counted in generated_tokens too),
+  // and how many of them were decoded in the step of an earlier token of their sequence (the decode
+  // steps the batched close saved)
+  uint64_t forced_tokens = 0, forced_batched = 0;
   uint64_t prefix_entries = 0;
   int queue_depth = 0, active = 0, slots = 0, sequences = 0;
   double tokens_per_s = 0;      // generated tokens/s over the last ~10 s
@@ -223,6 +229,7 @@ class Scheduler {
     int save_at = -1;           // store the sequence in the prompt cache at this length (message boundary)
     bool generating = false;
     int32_t pending = -1;       // sampled, not yet decoded
+    std::vector<int32_t> ahead; // forced tokens decoded right after `pending` in this step (think_close_)
     int n_gen = 0;
     int logit_idx = -1;
     std::optional<Sampler> sampler;
@@ -243,7 +250,7 @@ class Scheduler {
     bool in_think = false;      // chat: still in the think channel the prompt opened
     int think_n = 0;            // tokens generated in it (GenParams::thinking_budget)
     int think_utf8 = 0;         // continuation bytes its text still needs to end on a whole UTF-8 character
-    size_t forcing = 0;         // > 0: the next token is think_close_[forcing] (the rest of the close sequence)
+    int forced_next = -1;       // >= 0: the next token is think_close_[forced_next] (the close sequence is on)
   };
 
   void loop();
@@ -252,6 +259,9 @@ class Scheduler {
   void on_token(Active& a, int32_t t, const float* logits);
   int32_t sample_constrained(Active& a, const float* logits);
   bool forced_token(Active& a, int32_t& t);  // the thinking budget: the next token is forced
+  bool close_due(const Active& a) const;     // the budget is spent: the close sequence comes next
+  bool begin_close(Active& a);               // starts it (when due); true while it is on
+  void feed_forced(Active& a);               // a.ahead: the forced tokens known after a.pending
   bool grammar_allows(const Active& a, int32_t t) const;
   bool tool_allows(const Active& a, int32_t t) const;  // GenParams::tool_grammar
   bool tool_active(const Active& a) const { return a.tool_on && !a.constrained; }

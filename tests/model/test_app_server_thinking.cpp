@@ -7,7 +7,10 @@
 // so without the cap the tests would fail.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <tuple>
 
 #include "model/model.h"
 #include "runtime/context.h"
@@ -61,9 +64,10 @@ std::string content_of(const ojson& r) {
 }
 
 // A chat request body through the server's own translation (parse_chat_request), run as a job on
-// the server's scheduler: the prompt tokens and every generated token id (the logprob records).
+// a server's scheduler: the prompt tokens and every generated token id and log-probability.
 struct JobRun {
   std::vector<int32_t> prompt, ids;
+  std::vector<float> lps;
   server::Job::Result result;
 };
 server::Limits limits() {
@@ -73,21 +77,59 @@ server::Limits limits() {
   lim.sampling.temp = 0;
   return lim;
 }
-JobRun run_job(const ojson& body) {
+struct Submitted {
+  std::shared_ptr<server::Job> job;
+  std::vector<int32_t> prompt;
+};
+Submitted submit_job(const ojson& body, const RunningServer& s = srv()) {
   server::ParsedRequest pr = server::parse_chat_request(body.dump(), tiny_tok(), limits());
   pr.gen.logprobs = 0;
   auto job = std::make_shared<server::Job>(pr.prompt, pr.gen);
-  EXPECT_TRUE(srv().s->scheduler().submit(job));
+  EXPECT_TRUE(s.s->scheduler().submit(job));
+  return {job, pr.prompt};
+}
+JobRun collect(const Submitted& j) {
   server::JobOutput out;
   const auto until = std::chrono::steady_clock::now() + 120s;
-  while (!job->wait(out, 100ms) && std::chrono::steady_clock::now() < until) {
+  while (!j.job->wait(out, 100ms) && std::chrono::steady_clock::now() < until) {
   }
   JobRun r;
-  r.prompt = pr.prompt;
-  r.result = job->result();
-  for (const auto& l : out.logprobs) r.ids.push_back(l.id);
+  r.prompt = j.prompt;
+  r.result = j.job->result();
+  for (const auto& l : out.logprobs) {
+    r.ids.push_back(l.id);
+    r.lps.push_back(l.logprob);
+  }
   EXPECT_EQ(static_cast<int>(r.ids.size()), r.result.n_generated);
   return r;
+}
+JobRun run_job(const ojson& body, const RunningServer& s = srv()) { return collect(submit_job(body, s)); }
+
+// Independent reference of the log-probabilities: the engine directly (F32), one fresh sequence
+// holding prompt + ids in one batch, logits at every row; the log-softmax (float64) of ids[k] over
+// the row before it.
+std::vector<double> reference_logprobs(const std::vector<int32_t>& prompt, const std::vector<int32_t>& ids) {
+  ContextOptions co;
+  co.n_threads = 1;
+  co.n_ctx_max = 1024;
+  co.n_batch_max = 512;
+  co.precision = Precision::F32;
+  Context ctx(tiny_model(), co);
+  std::vector<int32_t> all = prompt;
+  all.insert(all.end(), ids.begin(), ids.end());
+  Batch b;
+  for (size_t i = 0; i < all.size(); ++i) b.add(all[i], 0, static_cast<int32_t>(i), i + 1 >= prompt.size());
+  ctx.decode(b);
+  std::vector<double> out;
+  for (size_t k = 0; k < ids.size(); ++k) {
+    const float* lg = ctx.logits(prompt.size() - 1 + k);
+    double mx = lg[0];
+    for (int v = 1; v < ctx.n_vocab(); ++v) mx = std::max(mx, static_cast<double>(lg[v]));
+    double sum = 0;
+    for (int v = 0; v < ctx.n_vocab(); ++v) sum += std::exp(static_cast<double>(lg[v]) - mx);
+    out.push_back(static_cast<double>(lg[ids[k]]) - mx - std::log(sum));
+  }
+  return out;
 }
 
 bool structural(int32_t t) {
@@ -187,6 +229,95 @@ TEST(ServerThinking, ForcedCloseContinuesLikeAPromptThatContainsIt) {
       const std::vector<int32_t> think = reference_greedy_ids(tiny_model(), r.prompt, budget);
       EXPECT_EQ(std::vector<int32_t>(r.ids.begin(), r.ids.begin() + budget), think);
     }
+  }
+}
+
+// The forced close costs no decode step of its own: its tokens are fed in the step of the last
+// thinking token, one chunk of the sequence (budget 0: the close's first token comes from the
+// prompt's logits, the rest in one step). Same prompt and length: the run with a budget takes
+// |close| (budget 0: |close| - 1) decode steps fewer than the run without; one step per forced
+// token (the old way) takes as many as it. The answer is the same as on a server with the prompt
+// cache and another slot (srv()).
+TEST(ServerThinking, ForcedCloseTakesNoDecodeStepOfItsOwn) {
+  server::ServerOptions o = server_opts();
+  o.sched.parallel = 1;
+  o.sched.prompt_cache = false;  // every request prefills its whole prompt: the same prefill steps
+  RunningServer s(o);
+  const size_t nc = s.s->scheduler().think_close().size();
+  ASSERT_GT(nc, 1u);
+  // (decode steps, forced tokens, forced tokens decoded in an earlier token's step) of one request
+  auto run = [&](int budget, JobRun* out) {
+    ojson body = {{"messages", kUser}, {"temperature", 0}, {"max_tokens", kN}, {"ignore_eos", true}};
+    if (budget >= 0) body["thinking_budget_tokens"] = budget;
+    const server::SchedulerStats a = s.s->scheduler().stats();
+    *out = run_job(body, s);
+    const server::SchedulerStats b = s.s->scheduler().stats();
+    EXPECT_EQ(out->result.n_generated, kN);
+    EXPECT_EQ(b.generated_tokens - a.generated_tokens, static_cast<uint64_t>(kN));
+    return std::make_tuple(b.decode_steps - a.decode_steps, b.forced_tokens - a.forced_tokens,
+                           b.forced_batched - a.forced_batched);
+  };
+  JobRun free, capped, zero;
+  const auto [steps_free, forced_free, batched_free] = run(-1, &free);
+  const auto [steps_b, forced_b, batched_b] = run(kB, &capped);
+  const auto [steps_0, forced_0, batched_0] = run(0, &zero);
+  EXPECT_EQ(forced_free, 0u);
+  EXPECT_EQ(batched_free, 0u);
+  EXPECT_EQ(steps_free - steps_b, nc) << steps_free << " steps without a budget, " << steps_b << " with";
+  EXPECT_EQ(forced_b, nc);
+  EXPECT_EQ(batched_b, nc);
+  EXPECT_EQ(steps_free - steps_0, nc - 1) << steps_free << " steps without a budget, " << steps_0 << " with 0";
+  EXPECT_EQ(forced_0, nc);
+  EXPECT_EQ(batched_0, nc - 1);
+  EXPECT_EQ(find_seq(capped.ids, s.s->scheduler().think_close()), static_cast<size_t>(kB));
+  EXPECT_EQ(find_seq(zero.ids, s.s->scheduler().think_close()), 0u);
+  const ojson body = {{"messages", kUser}, {"temperature", 0}, {"max_tokens", kN}, {"ignore_eos", true},
+                      {"thinking_budget_tokens", kB}};
+  const JobRun other = run_job(body);
+  EXPECT_EQ(capped.ids, other.ids);
+  EXPECT_EQ(capped.lps, other.lps);
+}
+
+// Batch == alone: a budgeted request decoded next to another one (whose prompt chunks and decode
+// rows share its steps, --parallel 2) gives the same tokens and log-probabilities as alone, and
+// every token's log-probability, the forced ones too, is the model's own at its position (the
+// engine on a fresh prompt holding the tokens before it). Cut by max_tokens inside the close
+// sequence, the request still counts exactly max_tokens and stops where the close stood.
+TEST(ServerThinking, BudgetedAnswerInABatchIsTheSameAsAlone) {
+  const ojson x = {{"messages", kUser}, {"temperature", 0}, {"max_tokens", kN}, {"ignore_eos", true},
+                   {"thinking_budget_tokens", kB}};
+  const JobRun alone = run_job(x);
+  ASSERT_EQ(static_cast<int>(alone.ids.size()), kN);
+  std::string long_text;
+  for (int i = 0; i < 40; ++i) long_text += "Tell me about topic number " + std::to_string(i) + ", please. ";
+  const ojson y = {{"messages", ojson::array({{{"role", "user"}, {"content", long_text}}})},
+                   {"temperature", 0}, {"max_tokens", 60}, {"ignore_eos", true}};
+  // next to a long prompt's prefill chunks, then next to a short prompt's decode rows
+  const ojson z = {{"messages", ojson::array({{{"role", "user"}, {"content", "Write a poem."}}})},
+                   {"temperature", 0}, {"max_tokens", 60}, {"ignore_eos", true}};
+  for (const ojson& other : {y, z}) {
+    const Submitted so = submit_job(other);
+    const Submitted sx = submit_job(x);
+    const JobRun bx = collect(sx);
+    const JobRun bo = collect(so);
+    EXPECT_EQ(bx.ids, alone.ids);
+    EXPECT_EQ(bx.lps, alone.lps);
+    EXPECT_EQ(bo.ids, run_job(other).ids);
+  }
+
+  const std::vector<double> ref = reference_logprobs(alone.prompt, alone.ids);
+  ASSERT_EQ(ref.size(), alone.lps.size());
+  for (size_t k = 0; k < ref.size(); ++k) EXPECT_NEAR(alone.lps[k], ref[k], 1e-4) << "token " << k;
+
+  const std::vector<int32_t>& close = srv().s->scheduler().think_close();
+  for (size_t cut : {size_t{1}, close.size() / 2, close.size()}) {
+    SCOPED_TRACE("max_tokens " + std::to_string(kB + cut));
+    ojson c = x;
+    c["max_tokens"] = kB + static_cast<int>(cut);
+    const JobRun r = run_job(c);
+    EXPECT_EQ(r.result.finish_reason, "length");
+    EXPECT_EQ(r.ids, std::vector<int32_t>(alone.ids.begin(), alone.ids.begin() + kB + static_cast<std::ptrdiff_t>(cut)));
+    EXPECT_EQ(r.lps, std::vector<float>(alone.lps.begin(), alone.lps.begin() + kB + static_cast<std::ptrdiff_t>(cut)));
   }
 }
 
@@ -330,6 +461,9 @@ TEST(ServerThinking, ServerDefaultBudget) {
   // usage: the thinking tokens the scheduler counted (the Responses API reports them)
   EXPECT_EQ(resp["usage"]["output_tokens_details"]["reasoning_tokens"], kB) << resp["usage"].dump();
   EXPECT_EQ(resp["usage"]["output_tokens"], kN);
+  // /props shows the default (null: no cap)
+  EXPECT_EQ(s.get("/props")["default_generation_settings"]["thinking_budget_tokens"], kB);
+  EXPECT_TRUE(srv().get("/props")["default_generation_settings"]["thinking_budget_tokens"].is_null());
 
   server::ServerOptions bad = server_opts();
   bad.reasoning_budget = -2;

@@ -364,7 +364,16 @@ std::string tool_gbnf(const std::vector<ToolSpec>& tools, ToolMode mode, const s
       root = (thinking ? think_end + " " : std::string()) + "t-txt " + C + " " + lit("response") + " " + S + " t-end";
       break;
     case ToolMode::Auto:
-      root = tools_section + " t-end";
+      if (one_call) {  // from the first token (a call outside a tools section, or a second one, cannot be written);
+        // the answer may end wherever an unconstrained one may (an end token after any text)
+        const std::string resp = std::string("t-txt ( ") + C + " " + lit("response") + " " + S + " ( " + O + " " + lit("tools") + " " +
+                                 S + " " + tools_section + " )? t-end )?";
+        root = thinking ? std::string("t-txt ( ") + C + " " + lit("think") + " " + S + " " + O + " " + lit("response") + " " + S + " " +
+                              resp + " )?"
+                        : resp;
+      } else {  // lazy: from the trigger on
+        root = tools_section + " t-end";
+      }
       break;
   }
   std::string g = "root ::= " + root + "\n" + kText + "\nt-idx ::= [1-9] [0-9]{0,2}\nt-end ::= ( " + C + " " +
@@ -398,7 +407,7 @@ void set_tool_constraint(GenParams& gen, const ojson& tools, const ojson& tool_c
     throw ApiError(400, fmt::format("tools: the tool-call grammar of these tools cannot be built: {}", e.what()),
                    "invalid_request_error", "tools");
   }
-  gen.tool_trigger = mode == ToolMode::Auto ? kToolTrigger : "";
+  gen.tool_trigger = mode == ToolMode::Auto && !one_call ? kToolTrigger : "";
   if (mode == ToolMode::Required) gen.grammar = nullptr;  // the response is empty
 }
 

@@ -16,7 +16,9 @@
 // (one call when a tool is named, else 1..kMaxToolCalls); auto — lazy: free until the output ends with "<|open|>tools<|sep|>", then the calls; none — from
 // the first token: think and response free, no tools section. `one_call` (the clients' "one tool
 // call at most": parallel_tool_calls false, disable_parallel_tool_use true): the tools section holds
-// exactly one call and then only its close (and the end of the message), in every mode.
+// exactly one call and then only its close (and the end of the message), in every mode; auto is then
+// held from the first token too (think and response free text, then an optional tools section), so
+// no call can be written outside the section either.
 #pragma once
 #include <memory>
 #include <string>
@@ -59,7 +61,7 @@ nlohmann::ordered_json relax_schema(const nlohmann::ordered_json& schema);
 // Sets gen.tool_grammar / gen.tool_trigger for a chat request's `tools` and `tool_choice` (the
 // OpenAI chat shapes, already checked; null when absent): required or a named function -> from the
 // first token (a response grammar, which would constrain an empty response, is dropped); auto ->
-// lazy; none -> no tools section. No tools: nothing. thinking: the prompt ends in the think channel.
+// lazy (one_call: from the first token); none -> no tools section. No tools: nothing. thinking: the prompt ends in the think channel.
 // one_call: at most one call in the message (chat's parallel_tool_calls false).
 // Throws ApiError 400 (param "tools") when the grammar cannot be built.
 void set_tool_constraint(GenParams& gen, const nlohmann::ordered_json& tools, const nlohmann::ordered_json& tool_choice,

@@ -885,11 +885,10 @@ TEST(ServerAgents, OneCallToolGrammarAcceptsOneCallAndRefusesASecond) {
   for (const auto& t : chat_tools()) specs.push_back({t["function"]["name"], t["function"]["parameters"]});
   const std::string tools_open = std::string(server::kToolOpen) + "tools" + server::kToolSep;
   for (const auto mode : {server::ToolMode::Required, server::ToolMode::Auto}) {
-    // auto: the lazy grammar starts after the trigger
-    const size_t skip = mode == server::ToolMode::Auto ? two.find(tools_open) + tools_open.size() : 0;
-    ASSERT_NE(skip, std::string::npos);
     for (const bool one_call : {false, true}) {
       SCOPED_TRACE(testing::Message() << "mode " << static_cast<int>(mode) << " one_call " << one_call);
+      // auto: the lazy grammar starts after the trigger; with one call at most it holds from the first token
+      const size_t skip = mode == server::ToolMode::Auto && !one_call ? two.find(tools_open) + tools_open.size() : 0;
       const auto g = server::grammar::Grammar::parse(server::tool_gbnf(specs, mode, "", false, one_call));
       server::grammar::Matcher m2(g);  // both calls: only with several calls allowed
       EXPECT_EQ(m2.advance_bytes(two.substr(skip)) && m2.can_end(), !one_call);
@@ -901,6 +900,22 @@ TEST(ServerAgents, OneCallToolGrammarAcceptsOneCallAndRefusesASecond) {
       EXPECT_TRUE(ms.accepts_bytes(std::string(server::kToolClose) + "tools" + server::kToolSep));
     }
   }
+  // auto with one call at most, from the first token: free response text, then the tools section or
+  // the end; a call outside the section cannot start
+  const auto g = server::grammar::Grammar::parse(server::tool_gbnf(specs, server::ToolMode::Auto, "", false, true));
+  const std::string close_resp = std::string(server::kToolClose) + "response" + server::kToolSep;
+  server::grammar::Matcher text(g);
+  ASSERT_TRUE(text.advance_bytes("It is sunny, a < b."));
+  EXPECT_FALSE(text.accepts_bytes(std::string(server::kToolOpen) + "call"));
+  EXPECT_FALSE(text.accepts_bytes("<|"));
+  EXPECT_TRUE(text.advance_bytes(close_resp) && text.can_end());
+  EXPECT_FALSE(text.accepts_bytes(std::string(server::kToolOpen) + "call"));
+  EXPECT_TRUE(text.advance_bytes(one.substr(close_resp.size())) && text.can_end());
+  EXPECT_FALSE(text.can_continue() && text.accepts_bytes(server::kToolOpen));
+  // thinking: the think channel first
+  server::grammar::Matcher th(server::grammar::Grammar::parse(server::tool_gbnf(specs, server::ToolMode::Auto, "", true, true)));
+  EXPECT_TRUE(th.advance_bytes(std::string("hmm") + server::kToolClose + "think" + server::kToolSep + server::kToolOpen +
+                               "response" + server::kToolSep + "Hi" + one) && th.can_end());
 }
 
 namespace {
@@ -1059,5 +1074,37 @@ TEST(ServerAgents, OneToolCallFieldsThatAreNotBooleansAre400) {
     r = srv().post("/v1/messages", ojson{{"max_tokens", 2}, {"messages", kUser}, {"tools", atools},
                                          {"tool_choice", {{"type", "auto"}, {"disable_parallel_tool_use", v}}}}, &st);
     expect_anthropic_error(r, st, 400, "tool_choice.disable_parallel_tool_use");
+  }
+}
+
+// tool_choice auto with one call at most: the grammar holds from the first token (free text, then at
+// most one call); the answers stay answers (no dead end), streamed as whole.
+TEST(ServerAgents, OneToolCallAutoHoldsFromTheFirstToken) {
+  for (const bool thinking : {false, true}) {
+    for (uint64_t seed = 1; seed <= 3; ++seed) {
+      SCOPED_TRACE(testing::Message() << "thinking " << thinking << " seed " << seed);
+      const ojson body = {{"messages", kUser}, {"tools", chat_tools()}, {"thinking", thinking}, {"max_tokens", 60},
+                          {"seed", seed}, {"parallel_tool_calls", false}};
+      int st = 0;
+      const ojson r = srv3().post("/v1/chat/completions", body, &st);
+      ASSERT_EQ(st, 200) << r.dump();
+      const ojson& c = r["choices"][0];
+      const std::string fr = c["finish_reason"];
+      EXPECT_TRUE(fr == "stop" || fr == "length" || fr == "tool_calls") << r.dump();
+      if (c["message"].contains("tool_calls")) { EXPECT_EQ(c["message"]["tool_calls"].size(), 1u) << r.dump(); }
+      const std::string content = c["message"]["content"].is_string() ? c["message"]["content"].get<std::string>() : "";
+      EXPECT_EQ(content.find("<|"), std::string::npos) << r.dump();
+      ojson sb = body;
+      sb["stream"] = true;
+      std::string text, finish;
+      bool saw_done = false;
+      for (const ojson& e : sse_events(srv3().post_stream("/v1/chat/completions", sb), &saw_done)) {
+        const ojson& ch = e["choices"][0];
+        if (!ch["finish_reason"].is_null()) finish = ch["finish_reason"];
+        if (ch["delta"].contains("content") && ch["delta"]["content"].is_string()) text += ch["delta"]["content"].get<std::string>();
+      }
+      EXPECT_EQ(finish, fr);
+      EXPECT_EQ(text, content);
+    }
   }
 }

@@ -213,6 +213,7 @@ TEST(ServerApi, ModelsPropsSlotsEmbeddings) {
   o.model_id = "tiny-test";
   o.sampling.temp = 0.5f;
   o.sampling.top_k = 7;
+  o.reasoning_budget = 77;
   o.sched.parallel = 2;
   o.sched.cache_slots = 1;
   RunningServer r(o);
@@ -239,6 +240,7 @@ TEST(ServerApi, ModelsPropsSlotsEmbeddings) {
   EXPECT_TRUE(props["chat_template"].is_string());
   EXPECT_EQ(props["default_generation_settings"]["temperature"], 0.5);
   EXPECT_EQ(props["default_generation_settings"]["top_k"], 7);
+  EXPECT_EQ(props["default_generation_settings"]["thinking_budget_tokens"], 77);  // --reasoning-budget
 
   const auto prompt = some_prompt();
   r.post("/v1/completions", ojson{{"prompt", prompt}, {"max_tokens", 5}, {"ignore_eos", true}});

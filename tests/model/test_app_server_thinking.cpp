@@ -321,6 +321,38 @@ TEST(ServerThinking, BudgetedAnswerInABatchIsTheSameAsAlone) {
   }
 }
 
+// A stop string inside the forced close ends the answer at the token that completes it, as one
+// token per step did (the rest of the close, decoded in the same step, stays in the sequence's
+// cache, which the next identical request resumes from with the same answer).
+TEST(ServerThinking, StopStringInsideTheForcedClose) {
+  const ojson x = {{"messages", kUser}, {"temperature", 0}, {"max_tokens", kN}, {"ignore_eos", true},
+                   {"thinking_budget_tokens", kB}};
+  const JobRun alone = run_job(x);
+  const std::vector<int32_t>& close = srv().s->scheduler().think_close();
+  ASSERT_EQ(find_seq(alone.ids, close), static_cast<size_t>(kB));
+  // the token of the close whose text completes "think"
+  std::string raw;
+  size_t upto = 0;
+  for (size_t i = 0; i < close.size() && upto == 0; ++i)
+    if ((raw += tiny_tok().token_to_piece(close[i])).find("think") != std::string::npos) upto = i + 1;
+  ASSERT_GT(upto, 0u);
+  ASSERT_LT(upto, close.size());
+  ojson st = x;
+  st["stop"] = ojson::array({"think"});
+  for (int rep = 0; rep < 2; ++rep) {
+    SCOPED_TRACE(rep);
+    const JobRun r = run_job(st);
+    EXPECT_EQ(r.result.finish_reason, "stop");
+    EXPECT_EQ(r.result.stop_string, "think");
+    EXPECT_EQ(r.ids, std::vector<int32_t>(alone.ids.begin(), alone.ids.begin() + kB + static_cast<std::ptrdiff_t>(upto)));
+    const ojson c = chat(st);
+    EXPECT_EQ(c["choices"][0]["finish_reason"], "stop");
+    EXPECT_EQ(c["usage"]["completion_tokens"], kB + static_cast<int>(upto));
+    EXPECT_EQ(content_of(c), "");
+  }
+  EXPECT_EQ(run_job(x).ids, alone.ids);
+}
+
 // Budget 0 with thinking on: an empty think channel (the prompt still ends inside it, unlike
 // thinking off), the answer at once; thinking off ignores a budget.
 TEST(ServerThinking, BudgetZeroIsAnEmptyThinkChannel) {

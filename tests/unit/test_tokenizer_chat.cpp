@@ -402,7 +402,7 @@ TEST(ChatParse, TypedValuesOfOtherTypesStreamExactly) {
 
 TEST(ChatParse, JsonBlockStreamsItsCompactForm) {
   const std::string text =
-      "{\n  \"path\" : \"src/a.cpp\",\n  \"edits\": [ {\"old\": \"a\\\"b\\\\c\\n\\t\\/\", \"new\": \"caf\\u00e9 \\ud83d\\ude00 \xE2\x82\xAC\"},"
+      "{\n  \"path\" : \"lib/a.cpp\",\n  \"edits\": [ {\"old\": \"a\\\"b\\\\c\\n\\t\\/\", \"new\": \"caf\\u00e9 \\ud83d\\ude00 \xE2\x82\xAC\"},"
       " {\"old\": \"\", \"new\": \"x\"} ],\n  \"n\": -0.5e1, \"big\": 12345678901234567890, \"t\": true, \"f\": false, \"z\": null,"
       " \"deep\": {\"a\": [[], {}, [1, [2, {\"b\": \"c\"}]]]}\n}\n";
   const std::string out = kOpenTools + call_open("edit", 1) + block(text) + kCallClose + kEnd;

@@ -443,9 +443,9 @@ void Scheduler::step() {
     if (!a.generating) continue;
     // the sampled token, then the forced ones known to follow it (one chunk of the sequence): logits
     // at the last row (sampling), at the others only for the forced tokens' logprobs
-    feed_forced(a);
-    const bool lp = a.job->params().logprobs >= 0;
     const int32_t base = static_cast<int32_t>(seqs_[static_cast<size_t>(a.seq)].toks.size());
+    feed_forced(a, static_cast<size_t>(base));
+    const bool lp = a.job->params().logprobs >= 0;
     batch_.add(a.pending, a.seq, base, lp || a.ahead.empty());
     for (size_t i = 0; i < a.ahead.size(); ++i)
       batch_.add(a.ahead[i], a.seq, base + 1 + static_cast<int32_t>(i), lp || i + 1 == a.ahead.size());
@@ -469,7 +469,13 @@ void Scheduler::step() {
     }
     const bool last = a.pos + n == P.size();
     const int32_t base = static_cast<int32_t>(seqs_[static_cast<size_t>(a.seq)].toks.size());
-    for (size_t i = 0; i < n; ++i) batch_.add(P[a.pos + i], a.seq, base + static_cast<int32_t>(i), last && i + 1 == n);
+    // budget 0: the close sequence follows the prompt's last token in its chunk
+    if (last) feed_forced(a, static_cast<size_t>(base) + n - 1);
+    const bool lp = a.job->params().logprobs >= 0;
+    for (size_t i = 0; i < n; ++i)
+      batch_.add(P[a.pos + i], a.seq, base + static_cast<int32_t>(i), last && i + 1 == n && (lp || a.ahead.empty()));
+    for (size_t i = 0; i < a.ahead.size(); ++i)
+      batch_.add(a.ahead[i], a.seq, base + static_cast<int32_t>(n + i), lp || i + 1 == a.ahead.size());
     a.logit_idx = last ? static_cast<int>(batch_.size()) - 1 : -1;
     parts.push_back({&a, n});
     prefill_tokens += static_cast<int>(n);
@@ -531,6 +537,7 @@ void Scheduler::step() {
       ctx_->seq_snapshot(a.seq);  // chunk boundary of a long prompt
     }
     if (a.pos == P.size()) {
+      s.toks.insert(s.toks.end(), a.ahead.begin(), a.ahead.end());  // the forced tokens after the prompt
       a.generating = true;
       gen_now.push_back(&a);
     }
@@ -699,16 +706,16 @@ bool Scheduler::forced_token(Active& a, int32_t& t) {
   return true;
 }
 
-// The forced tokens that follow a.pending are known before it is decoded (nothing between its
-// on_token and the next token's choice changes the request's state), so they join its row in the
-// step: the close sequence costs no decode step of its own. Cut where one token per step would
+// The forced tokens that follow a.pending (at position T) are known before it is decoded (nothing
+// between its on_token and the next token's choice changes the request's state), so they join its
+// row in the step: the close sequence costs no decode step of its own. Budget 0: they follow the
+// prompt's last token (at T) in its chunk the same way. Cut where one token per step would
 // have ended the request by length (max_tokens, the context): those rows stay out of the cache as
 // they do today, and a request never holds more positions than n_ctx allows.
-void Scheduler::feed_forced(Active& a) {
+void Scheduler::feed_forced(Active& a, size_t T) {
   a.ahead.clear();
   if (!begin_close(a)) return;
   const GenParams& gp = a.job->params();
-  const size_t T = seqs_[static_cast<size_t>(a.seq)].toks.size();  // a.pending goes to position T
   size_t n = think_close_.size() - static_cast<size_t>(a.forced_next);
   // ahead[i] is generated token number n_gen + i + 1, and on_token ends the request at max_tokens,
   // or once the cache (which then holds all T + 1 + n rows) reaches n_ctx - 1 positions

@@ -261,7 +261,7 @@ class Scheduler {
   bool forced_token(Active& a, int32_t& t);  // the thinking budget: the next token is forced
   bool close_due(const Active& a) const;     // the budget is spent: the close sequence comes next
   bool begin_close(Active& a);               // starts it (when due); true while it is on
-  void feed_forced(Active& a);               // a.ahead: the forced tokens known after a.pending
+  void feed_forced(Active& a, size_t T);     // a.ahead: the forced tokens known after position T
   bool grammar_allows(const Active& a, int32_t t) const;
   bool tool_allows(const Active& a, int32_t t) const;  // GenParams::tool_grammar
   bool tool_active(const Active& a) const { return a.tool_on && !a.constrained; }

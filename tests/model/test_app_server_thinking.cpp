@@ -233,10 +233,9 @@ TEST(ServerThinking, ForcedCloseContinuesLikeAPromptThatContainsIt) {
 }
 
 // The forced close costs no decode step of its own: its tokens are fed in the step of the last
-// thinking token, one chunk of the sequence (budget 0: the close's first token comes from the
-// prompt's logits, the rest in one step). Same prompt and length: the run with a budget takes
-// |close| (budget 0: |close| - 1) decode steps fewer than the run without; one step per forced
-// token (the old way) takes as many as it. The answer is the same as on a server with the prompt
+// thinking token, one chunk of the sequence (budget 0: in the prompt's last chunk). Same prompt and
+// length: the run with a budget takes |close| decode steps fewer than the run without; one step
+// per forced token (the old way) takes as many as it. The answer is the same as on a server with the prompt
 // cache and another slot (srv()).
 TEST(ServerThinking, ForcedCloseTakesNoDecodeStepOfItsOwn) {
   server::ServerOptions o = server_opts();
@@ -266,9 +265,9 @@ TEST(ServerThinking, ForcedCloseTakesNoDecodeStepOfItsOwn) {
   EXPECT_EQ(steps_free - steps_b, nc) << steps_free << " steps without a budget, " << steps_b << " with";
   EXPECT_EQ(forced_b, nc);
   EXPECT_EQ(batched_b, nc);
-  EXPECT_EQ(steps_free - steps_0, nc - 1) << steps_free << " steps without a budget, " << steps_0 << " with 0";
+  EXPECT_EQ(steps_free - steps_0, nc) << steps_free << " steps without a budget, " << steps_0 << " with 0";
   EXPECT_EQ(forced_0, nc);
-  EXPECT_EQ(batched_0, nc - 1);
+  EXPECT_EQ(batched_0, nc);
   EXPECT_EQ(find_seq(capped.ids, s.s->scheduler().think_close()), static_cast<size_t>(kB));
   EXPECT_EQ(find_seq(zero.ids, s.s->scheduler().think_close()), 0u);
   const ojson body = {{"messages", kUser}, {"temperature", 0}, {"max_tokens", kN}, {"ignore_eos", true},
@@ -284,10 +283,6 @@ TEST(ServerThinking, ForcedCloseTakesNoDecodeStepOfItsOwn) {
 // engine on a fresh prompt holding the tokens before it). Cut by max_tokens inside the close
 // sequence, the request still counts exactly max_tokens and stops where the close stood.
 TEST(ServerThinking, BudgetedAnswerInABatchIsTheSameAsAlone) {
-  const ojson x = {{"messages", kUser}, {"temperature", 0}, {"max_tokens", kN}, {"ignore_eos", true},
-                   {"thinking_budget_tokens", kB}};
-  const JobRun alone = run_job(x);
-  ASSERT_EQ(static_cast<int>(alone.ids.size()), kN);
   std::string long_text;
   for (int i = 0; i < 40; ++i) long_text += "Tell me about topic number " + std::to_string(i) + ", please. ";
   const ojson y = {{"messages", ojson::array({{{"role", "user"}, {"content", long_text}}})},
@@ -295,30 +290,68 @@ TEST(ServerThinking, BudgetedAnswerInABatchIsTheSameAsAlone) {
   // next to a long prompt's prefill chunks, then next to a short prompt's decode rows
   const ojson z = {{"messages", ojson::array({{{"role", "user"}, {"content", "Write a poem."}}})},
                    {"temperature", 0}, {"max_tokens", 60}, {"ignore_eos", true}};
-  for (const ojson& other : {y, z}) {
-    const Submitted so = submit_job(other);
-    const Submitted sx = submit_job(x);
-    const JobRun bx = collect(sx);
-    const JobRun bo = collect(so);
-    EXPECT_EQ(bx.ids, alone.ids);
-    EXPECT_EQ(bx.lps, alone.lps);
-    EXPECT_EQ(bo.ids, run_job(other).ids);
-  }
-
-  const std::vector<double> ref = reference_logprobs(alone.prompt, alone.ids);
-  ASSERT_EQ(ref.size(), alone.lps.size());
-  for (size_t k = 0; k < ref.size(); ++k) EXPECT_NEAR(alone.lps[k], ref[k], 1e-4) << "token " << k;
-
   const std::vector<int32_t>& close = srv().s->scheduler().think_close();
-  for (size_t cut : {size_t{1}, close.size() / 2, close.size()}) {
-    SCOPED_TRACE("max_tokens " + std::to_string(kB + cut));
-    ojson c = x;
-    c["max_tokens"] = kB + static_cast<int>(cut);
-    const JobRun r = run_job(c);
-    EXPECT_EQ(r.result.finish_reason, "length");
-    EXPECT_EQ(r.ids, std::vector<int32_t>(alone.ids.begin(), alone.ids.begin() + kB + static_cast<std::ptrdiff_t>(cut)));
-    EXPECT_EQ(r.lps, std::vector<float>(alone.lps.begin(), alone.lps.begin() + kB + static_cast<std::ptrdiff_t>(cut)));
+  for (int budget : {kB, 0}) {
+    SCOPED_TRACE("budget " + std::to_string(budget));
+    const ojson x = {{"messages", kUser}, {"temperature", 0}, {"max_tokens", kN}, {"ignore_eos", true},
+                     {"thinking_budget_tokens", budget}};
+    const JobRun alone = run_job(x);
+    ASSERT_EQ(static_cast<int>(alone.ids.size()), kN);
+    ASSERT_EQ(find_seq(alone.ids, close), static_cast<size_t>(budget));
+    for (const ojson& other : {y, z}) {
+      const Submitted so = submit_job(other);
+      const Submitted sx = submit_job(x);
+      const JobRun bx = collect(sx);
+      const JobRun bo = collect(so);
+      EXPECT_EQ(bx.ids, alone.ids);
+      EXPECT_EQ(bx.lps, alone.lps);
+      EXPECT_EQ(bo.ids, run_job(other).ids);
+    }
+
+    const std::vector<double> ref = reference_logprobs(alone.prompt, alone.ids);
+    ASSERT_EQ(ref.size(), alone.lps.size());
+    for (size_t k = 0; k < ref.size(); ++k) EXPECT_NEAR(alone.lps[k], ref[k], 1e-4) << "token " << k;
+
+    for (size_t cut : {size_t{1}, close.size() / 2, close.size()}) {
+      const std::ptrdiff_t m = budget + static_cast<std::ptrdiff_t>(cut);
+      SCOPED_TRACE("max_tokens " + std::to_string(m));
+      ojson c = x;
+      c["max_tokens"] = m;
+      const JobRun r = run_job(c);
+      EXPECT_EQ(r.result.finish_reason, "length");
+      EXPECT_EQ(r.ids, std::vector<int32_t>(alone.ids.begin(), alone.ids.begin() + m));
+      EXPECT_EQ(r.lps, std::vector<float>(alone.lps.begin(), alone.lps.begin() + m));
+    }
   }
+}
+
+// At the end of the context (1024 positions) the close is cut where one token per step ends the
+// request: a prompt leaving room for B + 7 generated tokens ends by length after B + 7 tokens, inside
+// the close, with the tokens of a request cut there by max_tokens (no position past the context).
+TEST(ServerThinking, ForcedCloseCutByTheContext) {
+  constexpr int kB4 = 4, kRoom = kB4 + 7;
+  std::string text = "Hello";
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 4000; ++i) {
+    const ojson body = {{"messages", ojson::array({{{"role", "user"}, {"content", text}}})}};
+    prompt = server::parse_chat_request(body.dump(), tiny_tok(), limits()).prompt;
+    if (static_cast<int>(prompt.size()) >= 1024 - kRoom) break;
+    text += " a";
+  }
+  ASSERT_EQ(static_cast<int>(prompt.size()), 1024 - kRoom);
+  const ojson x = {{"messages", ojson::array({{{"role", "user"}, {"content", text}}})}, {"temperature", 0},
+                   {"max_tokens", 100}, {"ignore_eos", true}, {"thinking_budget_tokens", kB4}};
+  ojson ref_body = x;
+  ref_body["max_tokens"] = kRoom;
+  const JobRun ref = run_job(ref_body);
+  ASSERT_EQ(static_cast<int>(ref.ids.size()), kRoom);
+  EXPECT_EQ(find_seq(ref.ids, std::vector<int32_t>(srv().s->scheduler().think_close().begin(),
+                                                   srv().s->scheduler().think_close().begin() + (kRoom - kB4))),
+            static_cast<size_t>(kB4));
+  const JobRun r = run_job(x);
+  EXPECT_EQ(r.result.finish_reason, "length");
+  EXPECT_EQ(r.ids, ref.ids);
+  EXPECT_EQ(r.lps, ref.lps);
 }
 
 // A stop string inside the forced close ends the answer at the token that completes it, as one

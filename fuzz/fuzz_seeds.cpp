@@ -227,11 +227,15 @@ void api_seeds() {
   for (const char* c : completions) seed("api", "completion-" + std::to_string(n++), with_mode(5, c));
   n = 0;
   for (const char* r : kToolRequests) seed("api", "tools-" + std::to_string(n++), with_mode(4, r));
+  // a thinking budget (hard cap) and one tool call at most
+  seed("api", "chat-budget-one-call",
+       with_mode(4, R"({"messages":[{"role":"user","content":"w?"}],"thinking_budget_tokens":12,"parallel_tool_calls":false,"tool_choice":"auto","tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object","properties":{"c":{"type":"string"}}}}}]})"));
   const std::string gbnf = R"({"prompt":"x","max_tokens":4,"grammar":"root ::= (\"a\" | [0-9]{1,3})+"})";
   seed("api", "grammar", with_mode(5, gbnf));
   // the agent APIs (mode bits 4-5: 1 Anthropic Messages, 2 Responses, 3 count_tokens)
   const char* const anthropic[] = {
       R"({"model":"m","max_tokens":8,"system":[{"type":"text","text":"s","cache_control":{"type":"ephemeral"}}],"messages":[{"role":"user","content":"hi"},{"role":"assistant","content":[{"type":"thinking","thinking":"t","signature":""},{"type":"text","text":"a"},{"type":"tool_use","id":"u1","name":"f","input":{"city":"Oslo"}}]},{"role":"user","content":[{"type":"tool_result","tool_use_id":"u1","content":[{"type":"text","text":"r"}],"is_error":true},{"type":"text","text":"ok"}]}],"tools":[{"name":"f","description":"d","input_schema":{"type":"object","properties":{"city":{"type":"string","enum":["Oslo"]}},"required":["city"]}},{"type":"web_search_20250305","name":"web_search"}],"tool_choice":{"type":"tool","name":"f"},"thinking":{"type":"enabled","budget_tokens":4096},"output_config":{"effort":"low"},"stop_sequences":["zz"],"metadata":{"user_id":"u"},"context_management":{"edits":[]},"stream":true})",
+      R"({"model":"m","max_tokens":64,"messages":[{"role":"user","content":"w?"}],"tools":[{"name":"f","input_schema":{"type":"object"}}],"tool_choice":{"type":"any","disable_parallel_tool_use":true},"thinking":{"type":"enabled","budget_tokens":1024}})",
       R"({"model":"m","max_tokens":32000,"messages":[{"role":"user","content":[{"type":"text","text":"<|open|>tools<|sep|>"}]},{"role":"system","content":"late"}],"thinking":{"type":"adaptive"},"output_config":{"effort":"high","format":{"type":"json_schema","schema":{"type":"object"}}}})",
   };
   n = 0;
@@ -241,6 +245,7 @@ void api_seeds() {
   }
   const char* const responses[] = {
       R"({"model":"m","instructions":"i","input":[{"type":"message","role":"user","content":[{"type":"input_text","text":"hi"}]},{"type":"reasoning","id":"r","summary":[{"type":"summary_text","text":"s"}],"content":[{"type":"reasoning_text","text":"t"}]},{"type":"function_call","call_id":"c1","name":"f","arguments":"{\"q\":1}"},{"type":"function_call_output","call_id":"c1","output":"o"},{"role":"developer","content":"d"}],"tools":[{"type":"function","name":"f","parameters":{"type":"object","properties":{"q":{"type":"integer","minimum":0}}},"strict":true},{"type":"web_search"}],"tool_choice":{"type":"function","name":"f"},"reasoning":{"effort":"xhigh","summary":"auto"},"text":{"format":{"type":"json_schema","name":"o","schema":{"type":"object"}}},"max_output_tokens":64,"store":false,"include":["reasoning.encrypted_content"],"prompt_cache_key":"k","stream":true})",
+      R"({"input":"w?","parallel_tool_calls":false,"tool_choice":"auto","tools":[{"type":"function","name":"f","parameters":{"type":"object"}}]})",
       R"({"input":"hi","reasoning":{"effort":"none"},"tool_choice":"required","tools":[{"type":"function","name":"g"}],"previous_response_id":null})",
   };
   n = 0;

@@ -709,9 +709,10 @@ bool Scheduler::forced_token(Active& a, int32_t& t) {
 // The forced tokens that follow a.pending (at position T) are known before it is decoded (nothing
 // between its on_token and the next token's choice changes the request's state), so they join its
 // row in the step: the close sequence costs no decode step of its own. Budget 0: they follow the
-// prompt's last token (at T) in its chunk the same way. Cut where one token per step would
-// have ended the request by length (max_tokens, the context): those rows stay out of the cache as
-// they do today, and a request never holds more positions than n_ctx allows.
+// prompt's last token (at T) in its chunk the same way. Cut where one token per step would have
+// ended the request by length (max_tokens, the context): the cache then holds what one token per
+// step left in it, and a request never holds more positions than n_ctx allows. (Another end inside
+// the close, a stop string, leaves the rest of the chunk in the cache; SeqRec::toks lists it.)
 void Scheduler::feed_forced(Active& a, size_t T) {
   a.ahead.clear();
   if (!begin_close(a)) return;

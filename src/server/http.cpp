@@ -783,6 +783,9 @@ std::string Server::Impl::metrics() const {
   metric("kimi_prefill_tokens_total", "counter", "prompt tokens evaluated", one("kimi_prefill_tokens_total", s.prefill_tokens));
   metric("kimi_generated_tokens_total", "counter", "generated tokens", one("kimi_generated_tokens_total", s.generated_tokens));
   metric("kimi_decode_steps_total", "counter", "scheduler steps (batched decode calls)", one("kimi_decode_steps_total", s.decode_steps));
+  metric("kimi_thinking_forced_tokens_total", "counter",
+         "tokens of the close of thinking forced by a thinking budget (decoded in the step of the token before them)",
+         one("kimi_thinking_forced_tokens_total", s.forced_tokens));
   metric("kimi_decode_seconds_total", "counter", "time spent in batched decode", one("kimi_decode_seconds_total", s.busy_s));
   metric("kimi_prefix_cache_entries_total", "counter", "prefix entries stored at divergence points",
          one("kimi_prefix_cache_entries_total", s.prefix_entries));

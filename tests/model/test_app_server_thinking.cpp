@@ -268,6 +268,11 @@ TEST(ServerThinking, ForcedCloseTakesNoDecodeStepOfItsOwn) {
   EXPECT_EQ(steps_free - steps_0, nc) << steps_free << " steps without a budget, " << steps_0 << " with 0";
   EXPECT_EQ(forced_0, nc);
   EXPECT_EQ(batched_0, nc);
+  // /metrics counts the same forced tokens (two budgeted requests)
+  const std::string m = s.s->metrics_text();
+  const std::string key = "\nkimi_thinking_forced_tokens_total ";
+  ASSERT_NE(m.find(key), std::string::npos) << m;
+  EXPECT_EQ(std::stoull(m.substr(m.find(key) + key.size())), 2 * nc);
   EXPECT_EQ(find_seq(capped.ids, s.s->scheduler().think_close()), static_cast<size_t>(kB));
   EXPECT_EQ(find_seq(zero.ids, s.s->scheduler().think_close()), 0u);
   const ojson body = {{"messages", kUser}, {"temperature", 0}, {"max_tokens", kN}, {"ignore_eos", true},

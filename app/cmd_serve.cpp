@@ -105,6 +105,10 @@ int cmd_serve(int argc, char** argv) {
   o.on_loaded = [&] {  // scripts wait for this line: from here requests are served
     std::printf("kimi serve: listening on http://%s:%d (model %s, %d slots, ctx %d)\n", o.host.c_str(), port,
                 o.model_path.c_str(), o.sched.parallel, o.ctx);
+    if (o.ctx < 32768)
+      std::printf("kimi serve: a context of %d tokens is short for coding agents (Claude Code, Codex and the like "
+                  "send 20-100K-token prompts): give them -c 65536 or more\n",
+                  o.ctx);
     std::fflush(stdout);
   };
 

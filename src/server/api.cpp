@@ -231,9 +231,14 @@ int64_t integer(const ojson& b, const char* k, int64_t dflt, int64_t lo, int64_t
 }
 
 [[noreturn]] void too_long(const Limits& lim, bool chat, const std::string& size) {
+  // what the operator can change: the prompt limit when --max-prompt-tokens set it, else the context
+  const bool by_flag = lim.max_prompt_tokens > 0 && lim.max_prompt_tokens < lim.n_ctx - 1;
+  const std::string fix = by_flag ? "kimi serve --max-prompt-tokens sets the limit"
+                                  : "kimi serve -c N sets the context; coding agents send 20-100K-token prompts: "
+                                    "-c 65536 or more";
   throw ApiError(400,
-                 fmt::format("the prompt has {}, more than the limit of {} tokens (context {})", size, prompt_limit(lim),
-                             lim.n_ctx),
+                 fmt::format("the prompt has {}, more than the limit of {} tokens (context {}; {})", size,
+                             prompt_limit(lim), lim.n_ctx, fix),
                  "invalid_request_error", chat ? "messages" : "prompt", "context_length_exceeded");
 }
 

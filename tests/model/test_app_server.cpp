@@ -455,6 +455,7 @@ TEST(Server, BadInputsGet4xxInOpenAIShape) {
   ASSERT_TRUE(res);
   EXPECT_EQ(res->status, 400);
   EXPECT_EQ(ojson::parse(res->body)["error"]["code"], "context_length_exceeded");
+  EXPECT_NE(res->body.find("--max-prompt-tokens"), std::string::npos) << res->body;  // what raises the limit
   // still serving, no slot hung
   int st = 0;
   ojson j = post_json(r, "/v1/chat/completions", {{"messages", msgs}, {"max_tokens", 3}}, &st);
@@ -925,6 +926,7 @@ TEST(ServerHardening, OversizedPromptsAreRefusedBeforeTokenizingAndMemoryIsRetur
   while (words.size() + 2 <= limit * max_bytes && words.size() < 2 * limit * 2 + 2) words += "a ";
   ASSERT_GT(tiny_tok().encode(words).size(), limit);
   too_long(words, "more than " + std::to_string(limit) + " tokens");
+  too_long(words, "kimi serve -c N");  // the limit is the context's: the message says what raises it
   // 8 MB of text: refused by its size
   std::string big;
   big.reserve(8000000);

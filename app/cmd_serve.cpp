@@ -46,6 +46,8 @@ int cmd_serve(int argc, char** argv) {
                  "write prompt-cache entries to DIR (created) and read them back after a restart");
   app.add_option("--cache-disk", cache_disk_mib, "disk budget of --cache-dir in MiB (oldest files removed first)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
+  app.add_option("--slot-save-path", o.slot_save_path,
+                 "enable POST /slots/ID?action=save|restore|erase; the files are in DIR (created)");
   app.add_option("--chunk,-b,--batch-size,--ubatch-size", o.sched.chunk,
                  "prefill chunk size (tokens); llama-server's -b / -ub are taken as this")
       ->check(CLI::Range(1, 65536));

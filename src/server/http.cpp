@@ -1,6 +1,7 @@
 // HTTP endpoints of `kimi serve` on the small HTTP/1.1 server in httpd.h.
 #include <atomic>
 #include <cstdio>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -108,6 +109,7 @@ struct Server::Impl {
   httpd::Reply model_by_id(const std::string& id) const;
   httpd::Reply props() const;
   httpd::Reply slots() const;
+  httpd::Reply slot_action(const httpd::Request& req);  // POST /slots/{id}?action=save|restore|erase
   httpd::Reply tokenize(const httpd::Request& req) const;
   httpd::Reply detokenize(const httpd::Request& req) const;
   void generate(const httpd::Request& req, httpd::Responder& res, bool chat);
@@ -321,6 +323,20 @@ bool Server::Impl::quick(const httpd::Request& req, bool workers_free, bool drai
     }
     return true;
   }
+  if (req.path.rfind("/slots/", 0) == 0) {  // slot save / restore / erase: on a handler thread
+    if (!post) return wrong_method("POST");
+    if (o.slot_save_path.empty()) {
+      out = error_reply(501, "This server does not support slots action. Start it with `--slot-save-path`",
+                        "not_supported_error");
+      return true;
+    }
+    if (draining || stopping.load() || !ready.load(std::memory_order_acquire) || !workers_free) {
+      out = error_reply(503, !ready.load(std::memory_order_acquire) ? "the model is loading" : "the server is busy or shutting down",
+                        "server_unavailable_error");
+      return true;
+    }
+    return false;
+  }
   if (req.path == "/v1/chat/completions" || req.path == "/v1/completions" || req.path == "/tokenize" ||
       req.path == "/detokenize" || req.path == "/v1/messages" || req.path == "/v1/messages/count_tokens" ||
       req.path == "/v1/responses") {
@@ -416,6 +432,66 @@ httpd::Reply Server::Impl::slots() const {
   return json_reply(arr);
 }
 
+// llama-server's slot actions: POST /slots/{id}?action=save|restore (body {"filename": NAME}, a file
+// in --slot-save-path) and ?action=erase. The scheduler does them between steps on an idle slot.
+httpd::Reply Server::Impl::slot_action(const httpd::Request& req) {
+  const std::string sid = req.path.substr(std::strlen("/slots/"));
+  if (sid.empty() || sid.size() > 9 || sid.find_first_not_of("0123456789") != std::string::npos)
+    throw ApiError(400, fmt::format("invalid slot id '{}' in the path (POST /slots/ID?action=...)", sid),
+                   "invalid_request_error", "id_slot");
+  const int id = std::stoi(sid);
+  std::string action;
+  for (size_t p = 0; p <= req.query.size();) {
+    size_t e = req.query.find('&', p);
+    if (e == std::string::npos) e = req.query.size();
+    if (req.query.compare(p, 7, "action=") == 0 && e >= p + 7) action = req.query.substr(p + 7, e - p - 7);
+    p = e + 1;
+  }
+  if (action != "save" && action != "restore" && action != "erase")
+    throw ApiError(400, fmt::format("invalid action '{}': use ?action=save, restore or erase", action),
+                   "invalid_request_error", "action");
+  Scheduler::SlotAction r;
+  std::string filename;
+  if (action == "erase") {
+    r = sched->slot_erase(id);
+  } else {
+    const ojson b = parse_body(req.body);
+    const ojson* f = b.is_object() && b.contains("filename") ? &b["filename"] : nullptr;
+    if (!f || !f->is_string())
+      throw ApiError(400, "'filename' is required: a string, the name of a file in --slot-save-path",
+                     "invalid_request_error", "filename");
+    filename = f->get<std::string>();
+    bool plain = !filename.empty() && filename.size() <= 255 && filename.find("..") == std::string::npos;
+    for (unsigned char ch : filename) plain = plain && ch >= 0x20 && ch != 0x7f && ch != '/' && ch != '\\' && ch != ':';
+    if (!plain)
+      throw ApiError(400,
+                     fmt::format("invalid 'filename' {}: a plain file name (1 to 255 bytes, no '/', '\\', ':', '..' or "
+                                 "control characters)", ojson(filename).dump()),
+                     "invalid_request_error", "filename");
+    const std::filesystem::path path = std::filesystem::path(o.slot_save_path) / filename;
+    if (action == "save") {
+      std::error_code ec;
+      std::filesystem::create_directories(o.slot_save_path, ec);
+      r = sched->slot_save(id, path.string());
+    } else {
+      r = sched->slot_restore(id, path.string());
+      if (r.status == 400) r.error = fmt::format("cannot restore slot {} from '{}': {}", id, filename, r.error);
+    }
+  }
+  if (r.status != 200) {
+    const char* type = r.status == 404 ? "not_found_error" : r.status >= 500 ? "server_error" : "invalid_request_error";
+    return error_reply(r.status, r.error, type, r.status == 404 || r.status == 409 ? "id_slot" : action == "erase" ? "" : "filename");
+  }
+  const double ms = std::round(r.ms * 1000) / 1000;
+  if (action == "save")
+    return json_reply(ojson{{"id_slot", id}, {"filename", filename}, {"n_saved", r.n}, {"n_written", r.bytes},
+                            {"timings", {{"save_ms", ms}}}});
+  if (action == "restore")
+    return json_reply(ojson{{"id_slot", id}, {"filename", filename}, {"n_restored", r.n}, {"n_read", r.bytes},
+                            {"timings", {{"restore_ms", ms}}}});
+  return json_reply(ojson{{"id_slot", id}, {"n_erased", r.n}});
+}
+
 // On a handler thread.
 void Server::Impl::handle(const httpd::Request& req, httpd::Responder& res) {
   in_flight.fetch_add(1);
@@ -431,6 +507,7 @@ void Server::Impl::handle(const httpd::Request& req, httpd::Responder& res) {
     if (req.path == "/v1/messages/count_tokens") return anthropic_count_tokens(endpoint(req), req, res);
     if (req.path == "/v1/responses") return openai_responses(endpoint(req), req, res);
     if (req.path == "/detokenize") return void(res.send(detokenize(req)));
+    if (req.path.rfind("/slots/", 0) == 0) return void(res.send(slot_action(req)));
     res.send(error_reply(404, "no such endpoint: " + req.method + " " + req.path));
   } catch (const ApiError& e) {
     if (!res.started()) res.send(error_reply(e.status, e.what(), e.type, e.param, e.code));

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 
 #include "util/error.h"
 
@@ -494,6 +495,107 @@ void PromptCache::trim_disk() {
     total -= disk_[v].size;
     disk_.erase(disk_.begin() + static_cast<std::ptrdiff_t>(v));
   }
+}
+
+// ---- one sequence as a file (POST /slots) ----
+
+uint64_t save_sequence_file(const Context& ctx, const std::string& identity, int32_t seq,
+                            const std::vector<int32_t>& toks, const std::string& path) {
+  const auto n = static_cast<int32_t>(toks.size());
+  check(n > 0 && n == ctx.seq_len(seq), "sequence {} holds {} positions, not the {} tokens to save", seq, ctx.seq_len(seq), n);
+  check(identity.size() == kIdLen, "internal: identity '{}' is not {} characters", identity, kIdLen);
+  const uint64_t rb = ctx.seq_row_bytes(), sb = ctx.seq_state_bytes();
+  std::vector<uint8_t> rows(static_cast<size_t>(rb * static_cast<uint64_t>(n))), state(static_cast<size_t>(sb));
+  ctx.seq_save_rows(seq, 0, n, rows.data());
+  ctx.seq_save_state(seq, n, state.data());
+  std::string head(kMagic, 8);
+  head += identity;
+  put(head, static_cast<uint32_t>(n));
+  put(head, uint32_t{1});
+  put(head, rb);
+  put(head, sb);
+  head.append(reinterpret_cast<const char*>(toks.data()), toks.size() * 4);
+  put(head, int32_t{0});
+  put(head, n);
+  const std::string tmp = path + fmt::format(".tmp{}", ::getpid());
+  FILE* f = std::fopen(tmp.c_str(), "wb");
+  check(f != nullptr, "cannot create {}: {}", tmp, std::strerror(errno));
+  Checksum c;
+  bool ok = true;
+  uint64_t size = 0;
+  auto wr = [&](const void* p, size_t len) {
+    c.add(p, len);
+    ok = ok && std::fwrite(p, 1, len, f) == len;
+    size += len;
+  };
+  wr(head.data(), head.size());
+  wr(rows.data(), rows.size());
+  wr(state.data(), state.size());
+  const uint64_t sum = c.value();
+  ok = ok && std::fwrite(&sum, 1, 8, f) == 8;
+  size += 8;
+  ok = ok && std::fflush(f) == 0 && ::fsync(::fileno(f)) == 0;
+  ok = std::fclose(f) == 0 && ok;
+  std::error_code ec;
+  if (ok) fs::rename(tmp, path, ec);
+  if (!ok || ec) {
+    const std::string why = ok ? ec.message() : std::string(std::strerror(errno));
+    fs::remove(tmp, ec);
+    fail("cannot write {}: {}", path, why);
+  }
+  return size;
+}
+
+SequenceFile read_sequence_file(const Context& ctx, const std::string& identity, const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  check(static_cast<bool>(in), "no such file (or it cannot be read)");
+  std::vector<char> buf((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  check(buf.size() >= kHeadBytes + 8, "truncated: {} bytes, shorter than the header", buf.size());
+  check(std::memcmp(buf.data(), kMagic, 8) == 0, "not a kimi slot or prompt-cache file (bad magic)");
+  const std::string id(buf.data() + 8, kIdLen);
+  check(id == identity, "written for another model or engine configuration (identity {}, this server {})", id, identity);
+  uint32_t nt = 0, ns = 0;
+  uint64_t rb = 0, sb = 0;
+  std::memcpy(&nt, buf.data() + 24, 4);
+  std::memcpy(&ns, buf.data() + 28, 4);
+  std::memcpy(&rb, buf.data() + 32, 8);
+  std::memcpy(&sb, buf.data() + 40, 8);
+  check(rb == ctx.seq_row_bytes() && sb == ctx.seq_state_bytes(), "row or state size differs from this server's");
+  check(nt > 0 && ns >= 1 && ns <= nt, "bad token or segment count ({} tokens, {} segments)", nt, ns);
+  check(nt <= static_cast<uint32_t>(ctx.options().n_ctx_max), "{} tokens do not fit this server's context of {}", nt,
+        ctx.options().n_ctx_max);
+  const uint64_t want = kHeadBytes + uint64_t{nt} * 4 + uint64_t{ns} * 8 + rb * nt + sb + 8;
+  check(buf.size() == want, "truncated or padded ({} bytes, expected {})", buf.size(), want);
+  Checksum c;
+  c.add(buf.data(), buf.size() - 8);
+  uint64_t stored = 0;
+  std::memcpy(&stored, buf.data() + buf.size() - 8, 8);
+  check(c.value() == stored, "checksum mismatch (corrupt)");
+  SequenceFile out;
+  out.bytes = buf.size();
+  out.toks.resize(nt);
+  std::memcpy(out.toks.data(), buf.data() + kHeadBytes, size_t{nt} * 4);
+  const char* seg = buf.data() + kHeadBytes + size_t{nt} * 4;
+  int32_t at = 0;
+  for (uint32_t i = 0; i < ns; ++i) {
+    int32_t from = 0, to = 0;
+    std::memcpy(&from, seg + i * 8, 4);
+    std::memcpy(&to, seg + i * 8 + 4, 4);
+    check(from == at && to >= from && static_cast<uint32_t>(to) <= nt, "bad segment table");
+    at = to;
+  }
+  check(static_cast<uint32_t>(at) == nt, "the segments do not cover the tokens");
+  for (int32_t t : out.toks) check(t >= 0 && t < ctx.n_vocab(), "token id {} is out of range", t);
+  const char* data = seg + size_t{ns} * 8;
+  out.rows.assign(data, data + rb * nt);
+  out.state.assign(data + rb * nt, data + rb * nt + sb);
+  return out;
+}
+
+void load_sequence_file(Context& ctx, int32_t seq, const SequenceFile& f) {
+  const auto n = static_cast<int32_t>(f.toks.size());
+  ctx.seq_load_rows(seq, 0, n, f.rows.data());
+  ctx.seq_load_state(seq, n, f.state.data());
 }
 
 }  // namespace kimi::server

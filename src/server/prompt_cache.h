@@ -51,6 +51,22 @@ struct PromptCacheStats {
 // Default memory budget: min(25 % of physical memory, 8 GiB).
 uint64_t default_prompt_cache_ram();
 
+// One whole sequence as a file of the layout above (one row segment): POST /slots/{id}?action=save
+// and ?action=restore. save_sequence_file writes seq's first toks.size() positions (its length)
+// under identity to path through a temporary name (fsync, rename: never a half-written file) and
+// returns the bytes written. read_sequence_file reads and checks a whole file (magic, identity,
+// sizes, checksum) without touching any sequence, throwing kimi::Error that says what is wrong;
+// load_sequence_file then makes seq that sequence (tokens: SequenceFile::toks).
+struct SequenceFile {
+  std::vector<int32_t> toks;
+  std::vector<uint8_t> rows, state;
+  uint64_t bytes = 0;  // the file's size
+};
+uint64_t save_sequence_file(const Context& ctx, const std::string& identity, int32_t seq,
+                            const std::vector<int32_t>& toks, const std::string& path);
+SequenceFile read_sequence_file(const Context& ctx, const std::string& identity, const std::string& path);
+void load_sequence_file(Context& ctx, int32_t seq, const SequenceFile& f);
+
 class PromptCache {
  public:
   // ctx must outlive the cache; all calls but stats() come from the thread that runs ctx.

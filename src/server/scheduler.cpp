@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <future>
 
 #include "util/error.h"
 
@@ -187,16 +188,19 @@ SchedulerStats Scheduler::stats() const {
 void Scheduler::loop() {
   for (;;) {
     std::vector<std::shared_ptr<Job>> admitted;
+    std::deque<std::function<void()>> tasks;  // slot actions (between_steps)
     {
       std::unique_lock<std::mutex> lk(mu_);
-      cv_.wait(lk, [&] { return stop_ || !queue_.empty() || !active_.empty(); });
+      cv_.wait(lk, [&] { return stop_ || !queue_.empty() || !active_.empty() || !ctl_.empty(); });
+      tasks.swap(ctl_);
       if (stop_ && Clock::now() >= grace_end_) {
         // grace over: cancel everything still queued or running
         for (auto& j : queue_) j->cancel();
         for (auto& a : active_) a->job->cancel();
       }
-      if (stop_ && queue_.empty() && active_.empty()) break;
+      if (stop_ && queue_.empty() && active_.empty() && tasks.empty()) break;
       lk.unlock();
+      for (auto& t : tasks) t();  // before admitting: a restored slot is there for the next request
       update_slots();
       lk.lock();
       const auto now = Clock::now();  // drop queued jobs that were given up or timed out
@@ -267,6 +271,100 @@ void Scheduler::loop() {
   std::lock_guard<std::mutex> lk(mu_);
   st_.active = 0;
   st_.queue_depth = 0;
+}
+
+Scheduler::SlotAction Scheduler::between_steps(int id, const std::function<SlotAction(SeqRec&)>& fn) {
+  SlotAction r;
+  if (id < 0 || id >= static_cast<int>(seqs_.size())) {
+    r.status = 404;
+    r.error = fmt::format("slot {} does not exist (slots 0..{})", id, seqs_.size() - 1);
+    return r;
+  }
+  std::promise<SlotAction> done;
+  auto fut = done.get_future();
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (stop_ || draining_.load()) {
+      r.status = 503;
+      r.error = "server is shutting down";
+      return r;
+    }
+    ctl_.emplace_back([&, id] {
+      const auto t0 = Clock::now();
+      SlotAction a;
+      SeqRec& s = seqs_[static_cast<size_t>(id)];
+      if (s.busy) {
+        a.status = 409;
+        a.error = fmt::format("slot {} is busy processing a request; try again when it is idle", id);
+      } else {
+        try {
+          a = fn(s);
+        } catch (const std::exception& e) {
+          a.status = 500;
+          a.error = e.what();
+        }
+      }
+      a.ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+      update_slots();  // /slots shows the result as soon as the answer is sent
+      done.set_value(std::move(a));
+    });
+  }
+  cv_.notify_all();
+  return fut.get();
+}
+
+Scheduler::SlotAction Scheduler::slot_save(int id, const std::string& path) {
+  return between_steps(id, [&, id](SeqRec& s) {
+    SlotAction a;
+    if (s.toks.empty()) {
+      a.status = 400;
+      a.error = fmt::format("slot {} holds no tokens: nothing to save", id);
+      return a;
+    }
+    if (identity_.empty()) identity_ = ctx_->state_identity();
+    a.bytes = save_sequence_file(*ctx_, identity_, id, s.toks, path);
+    a.n = static_cast<int>(s.toks.size());
+    return a;
+  });
+}
+
+Scheduler::SlotAction Scheduler::slot_restore(int id, const std::string& path) {
+  return between_steps(id, [&, id](SeqRec& s) {
+    SlotAction a;
+    if (identity_.empty()) identity_ = ctx_->state_identity();
+    SequenceFile f;
+    try {
+      f = read_sequence_file(*ctx_, identity_, path);  // checked whole before the slot is touched
+    } catch (const std::exception& e) {
+      a.status = 400;
+      a.error = e.what();
+      return a;
+    }
+    try {
+      load_sequence_file(*ctx_, id, f);
+    } catch (...) {  // the sequence may be half written: empty it
+      ctx_->seq_clear(id);
+      s.toks.clear();
+      throw;
+    }
+    s.toks = std::move(f.toks);
+    s.prefix = false;
+    s.used = ++tick_;
+    a.n = static_cast<int>(s.toks.size());
+    a.bytes = f.bytes;
+    return a;
+  });
+}
+
+Scheduler::SlotAction Scheduler::slot_erase(int id) {
+  return between_steps(id, [&, id](SeqRec& s) {
+    SlotAction a;
+    a.n = static_cast<int>(s.toks.size());
+    ctx_->seq_clear(id);
+    s.toks.clear();
+    s.prefix = false;
+    return a;
+  });
 }
 
 static size_t common_prefix(const std::vector<int32_t>& a, const std::vector<int32_t>& b) {

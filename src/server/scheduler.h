@@ -29,6 +29,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -214,6 +215,21 @@ class Scheduler {
   // and its response channel, tokenized (empty when the vocabulary lacks the tags: no cap then).
   const std::vector<int32_t>& think_close() const { return think_close_; }
 
+  // POST /slots/{id}?action=save|restore|erase: run on the scheduler thread between two steps, on an
+  // idle sequence (no request can take it meanwhile), waited for. status: 200; 404 (no such slot),
+  // 409 (it runs a request), 400 (restore: a bad file, `error` says what; the slot is then unchanged),
+  // 500 (save: the file cannot be written), 503 (shutting down). n: tokens saved / restored / erased.
+  struct SlotAction {
+    int status = 200;
+    std::string error;
+    int n = 0;
+    uint64_t bytes = 0;  // written / read
+    double ms = 0;
+  };
+  SlotAction slot_save(int id, const std::string& path);
+  SlotAction slot_restore(int id, const std::string& path);
+  SlotAction slot_erase(int id);
+
  private:
   struct SeqRec {
     std::vector<int32_t> toks;  // exactly the tokens stored in the context for this sequence
@@ -278,6 +294,7 @@ class Scheduler {
   // emptied src resets src and best_r
   int restore_from_store(const std::vector<int32_t>& P, size_t cap, size_t& best_r, size_t& L, int& src);
   void store_save(Active& a, size_t n);  // the first n positions of a's sequence into the store
+  SlotAction between_steps(int id, const std::function<SlotAction(SeqRec&)>& fn);  // the slot actions
 
   const Model& model_;
   const tok::Tokenizer& tok_;
@@ -307,6 +324,8 @@ class Scheduler {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::shared_ptr<Job>> queue_;
+  std::deque<std::function<void()>> ctl_;  // slot actions, run by the scheduler thread between steps
+  std::string identity_;                    // Context::state_identity(), once a slot file needs it
   bool stop_ = false;
   std::atomic<bool> draining_{false};
   Clock::time_point grace_end_ = Clock::time_point::max();

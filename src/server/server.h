@@ -54,6 +54,7 @@ struct ServerOptions {
   double body_timeout_s = 60;       // a whole request body must arrive within this
   double timeout_s = 600;           // per request, 0 = none
   double grace_s = 10;              // shutdown grace period
+  std::string slot_save_path;       // POST /slots/{id}?action=save|restore files go here ("": 501)
   bool verbose = false;             // log every HTTP request to stderr
   bool quiet = false;               // no line per generation request (prompt / generation speed)
   // Load the model in run() (after bind()): meanwhile /health answers 503 {"status":"loading model"}

@@ -6,10 +6,12 @@
 // get a 4xx that names them and leave the slot as it was; without the flag the actions answer 501.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "server_fixture.h"
@@ -260,4 +262,42 @@ TEST(ServerSlots, WithoutSlotSavePathTheActionsAre501) {
   }
   EXPECT_EQ(s.get("/slots", &st).size(), 8u);  // GET /slots is unchanged: --parallel 4 + 4 cache slots
   EXPECT_EQ(st, 200);
+}
+
+TEST(ServerSlots, ASlotRunningARequestIsBusy) {
+  TempDir dir;
+  server::ServerOptions o = slot_opts(dir.path);
+  o.ctx = 4096;  // room for a generation far longer than the few requests below take
+  RunningServer a(o);
+  // a long generation; while its first tokens stream, its slot (0: the first free one) is busy
+  const ojson body = {{"prompt", some_ids(4, 20)}, {"max_tokens", 4000}, {"temperature", 0}, {"ignore_eos", true},
+                      {"stream", true}};
+  Res save, erase;
+  int n_slots_busy = -1;
+  bool asked = false;
+  auto c = a.client();
+  httplib::Request req;
+  req.method = "POST";
+  req.path = "/v1/completions";
+  req.body = body.dump();
+  req.set_header("Content-Type", "application/json");
+  req.content_receiver = [&](const char*, size_t, uint64_t, uint64_t) {
+    if (asked) return false;  // done: drop the stream (cancels the request)
+    asked = true;
+    n_slots_busy = a.get("/health")["slots_busy"].get<int>();
+    save = action(a, 0, "save", {{"filename", "busy.bin"}});
+    erase = action(a, 0, "erase", ojson::object());
+    return true;
+  };
+  c.send(req);
+  ASSERT_TRUE(asked);
+  EXPECT_EQ(n_slots_busy, 1);
+  expect_error(save, 409, "slot 0 is busy", "id_slot");
+  expect_error(erase, 409, "slot 0 is busy", "id_slot");
+  EXPECT_FALSE(fs::exists(dir.file("busy.bin")));
+  // once the request is gone the slot is idle again and can be saved
+  for (int i = 0; i < 200 && a.get("/health")["slots_busy"].get<int>() != 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  const Res ok = action(a, 0, "save", {{"filename", "busy.bin"}});
+  EXPECT_EQ(ok.status, 200) << ok.j.dump();
 }

@@ -479,7 +479,10 @@ httpd::Reply Server::Impl::slot_action(const httpd::Request& req) {
     }
   }
   if (r.status != 200) {
-    const char* type = r.status == 404 ? "not_found_error" : r.status >= 500 ? "server_error" : "invalid_request_error";
+    const char* type = r.status == 404   ? "not_found_error"
+                       : r.status == 501 ? "not_supported_error"
+                       : r.status >= 500 ? "server_error"
+                                         : "invalid_request_error";
     return error_reply(r.status, r.error, type, r.status == 404 || r.status == 409 ? "id_slot" : action == "erase" ? "" : "filename");
   }
   const double ms = std::round(r.ms * 1000) / 1000;

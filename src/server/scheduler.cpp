@@ -280,6 +280,11 @@ Scheduler::SlotAction Scheduler::between_steps(int id, const std::function<SlotA
     r.error = fmt::format("slot {} does not exist (slots 0..{})", id, seqs_.size() - 1);
     return r;
   }
+  if (ctx_->n_ranks() > 1) {  // the other ranks' rows and states are not reachable from here
+    r.status = 501;
+    r.error = "slot files are not supported with several MPI ranks";
+    return r;
+  }
   std::promise<SlotAction> done;
   auto fut = done.get_future();
   {

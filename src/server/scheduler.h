@@ -218,7 +218,7 @@ class Scheduler {
   // POST /slots/{id}?action=save|restore|erase: run on the scheduler thread between two steps, on an
   // idle sequence (no request can take it meanwhile), waited for. status: 200; 404 (no such slot),
   // 409 (it runs a request), 400 (restore: a bad file, `error` says what; the slot is then unchanged),
-  // 500 (save: the file cannot be written), 503 (shutting down). n: tokens saved / restored / erased.
+  // 500 (save: the file cannot be written), 501 (several MPI ranks), 503 (shutting down). n: tokens saved / restored / erased.
   struct SlotAction {
     int status = 200;
     std::string error;

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <csignal>
 #include <cstdio>
+#include <filesystem>
 #include <thread>
 
 #include "command.h"
@@ -47,7 +48,8 @@ int cmd_serve(int argc, char** argv) {
   app.add_option("--cache-disk", cache_disk_mib, "disk budget of --cache-dir in MiB (oldest files removed first)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
   app.add_option("--slot-save-path", o.slot_save_path,
-                 "enable POST /slots/ID?action=save|restore|erase; the files are in DIR (created)");
+                 "enable POST /slots/ID?action=save|restore|erase; the files are in DIR (created)")
+      ->option_text("DIR");
   app.add_option("--chunk,-b,--batch-size,--ubatch-size", o.sched.chunk,
                  "prefill chunk size (tokens); llama-server's -b / -ub are taken as this")
       ->check(CLI::Range(1, 65536));
@@ -87,6 +89,15 @@ int cmd_serve(int argc, char** argv) {
   o.sched.cache_disk = uint64_t(cache_disk_mib) << 20;
   if (!o.sched.cache_dir.empty() && (no_cache || o.sched.cache_ram == 0))
     throw kimi::Error("--cache-dir needs the prompt-cache store (drop --no-prompt-cache / --cache-ram 0)");
+  if (!o.sched.cache_dir.empty() && !o.slot_save_path.empty()) {
+    // the prompt cache removes files of its own form from its folder to keep its disk budget
+    std::error_code ec;
+    auto folder = [&](const std::string& d) { return std::filesystem::weakly_canonical(std::filesystem::path(d) / ".", ec); };
+    const bool same = folder(o.sched.cache_dir) == folder(o.slot_save_path);
+    if (same)
+      throw kimi::Error("--slot-save-path and --cache-dir name the same folder ('" + o.slot_save_path +
+                        "'): the prompt cache could remove saved slots to keep its disk budget; give them two folders");
+  }
   o.model_path = ea.model;
   o.threads = ea.threads;
   o.attn = ea.attn;

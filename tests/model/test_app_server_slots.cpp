@@ -301,3 +301,14 @@ TEST(ServerSlots, ASlotRunningARequestIsBusy) {
   const Res ok = action(a, 0, "save", {{"filename", "busy.bin"}});
   EXPECT_EQ(ok.status, 200) << ok.j.dump();
 }
+
+// The prompt cache removes files of its own form from --cache-dir to keep its disk budget: kimi serve refuses
+// to keep saved slots in the same folder (however the two paths are spelled) before it loads anything.
+TEST(ServerSlots, SlotFolderMustNotBeTheCacheFolder) {
+  TempDir dir;
+  const kimi::test::RunResult r = kimi::test::run_kimi("serve -m " + kimi::test::tiny_gguf() + " --port 0 --cache-dir " +
+                                                       dir.path + " --slot-save-path " + dir.path + "/./");
+  EXPECT_NE(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("--slot-save-path and --cache-dir name the same folder"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("listening on"), std::string::npos) << r.out;
+}

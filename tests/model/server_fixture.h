@@ -80,6 +80,16 @@ struct RunningServer {
   std::thread t;
 };
 
+// One slot, no prompt cache, quiet: every request prefills its whole prompt (the reference that cached and
+// restored answers are compared with).
+inline server::ServerOptions cold_server_opts() {
+  server::ServerOptions o = server_opts();
+  o.sched.parallel = 1;
+  o.sched.prompt_cache = false;
+  o.quiet = true;
+  return o;
+}
+
 // The `data:` events of an SSE body (JSON), and whether `data: [DONE]` came.
 inline std::vector<ojson> sse_events(const std::string& body, bool* saw_done) {
   std::vector<ojson> ev;

@@ -33,14 +33,6 @@ server::ServerOptions cache_opts(uint64_t ram = 64u << 20, const std::string& di
   return o;
 }
 
-server::ServerOptions cold_opts() {
-  server::ServerOptions o = test::server_opts();
-  o.sched.parallel = 1;
-  o.sched.prompt_cache = false;
-  o.quiet = true;
-  return o;
-}
-
 std::string words(int n, int seed) {
   static const char* w[] = {"alpha", "beta", "gamma", "delta", "tool", "read", "file", "grep", "edit", "shell"};
   std::string s;
@@ -90,7 +82,7 @@ int count_lines(const std::string& text, const std::string& what) {
 }  // namespace
 
 TEST(ServerCache, ResumeFromStoreEqualsColdPrefill) {
-  RunningServer cold(cold_opts());
+  RunningServer cold(test::cold_server_opts());
   RunningServer s(cache_opts());
   const ojson c1 = conversation(1, 1), c2 = conversation(1, 2);
   const ojson a1 = chat(s, c1);
@@ -117,7 +109,7 @@ TEST(ServerCache, ResumeFromStoreEqualsColdPrefill) {
 }
 
 TEST(ServerCache, LruEvictionUnderSmallBudget) {
-  RunningServer cold(cold_opts());
+  RunningServer cold(test::cold_server_opts());
   // the budget is a few entries' worth: measure one conversation first
   uint64_t one = 0;
   {
@@ -142,7 +134,7 @@ TEST(ServerCache, LruEvictionUnderSmallBudget) {
 }
 
 TEST(ServerCache, InterleavedConversationsAllHit) {
-  RunningServer cold(cold_opts());
+  RunningServer cold(test::cold_server_opts());
   server::ServerOptions o = cache_opts();
   o.sched.parallel = 2;
   RunningServer s(o);
@@ -167,7 +159,7 @@ TEST(ServerCache, InterleavedConversationsAllHit) {
 TEST(ServerCache, RestartWithCacheDirHits) {
   TempDir dir;
   const std::string d = dir.file("pc");
-  RunningServer cold(cold_opts());
+  RunningServer cold(test::cold_server_opts());
   int p1 = 0;
   {
     RunningServer s(cache_opts(64u << 20, d));
@@ -190,7 +182,7 @@ TEST(ServerCache, RestartWithCacheDirHits) {
 }
 
 TEST(ServerCache, BadCacheFilesAreSkippedWithAWarning) {
-  RunningServer cold(cold_opts());
+  RunningServer cold(test::cold_server_opts());
   const ojson turn2 = conversation(3, 2);
   const std::string want = answer(chat(cold, turn2));
   enum Damage { Truncated, Corrupt, Foreign };
@@ -250,7 +242,7 @@ TEST(ServerCache, AnotherModelsFilesAreForeign) {
   ASSERT_GT(n, 0u);
   server::ServerOptions o = cache_opts(64u << 20, d);
   o.model_path = test::tiny_gguf(2);  // same layout, other weights
-  server::ServerOptions c = cold_opts();
+  server::ServerOptions c = test::cold_server_opts();
   c.model_path = o.model_path;
   RunningServer cold(c);
   testing::internal::CaptureStderr();

@@ -36,14 +36,6 @@ server::ServerOptions slot_opts(const std::string& dir, const std::string& model
   return o;
 }
 
-server::ServerOptions cold_opts() {
-  server::ServerOptions o = test::server_opts();
-  o.sched.parallel = 1;
-  o.sched.prompt_cache = false;
-  o.quiet = true;
-  return o;
-}
-
 // ordinary (non-special) token ids, pseudo-random
 std::vector<int32_t> some_ids(uint32_t seed, int n) {
   std::vector<int32_t> v;
@@ -122,7 +114,7 @@ void expect_error(const Res& res, int want_status, const std::string& what, cons
 
 TEST(ServerSlots, SaveEraseRestoreContinuesAsAColdServer) {
   TempDir dir;
-  RunningServer cold(cold_opts());
+  RunningServer cold(test::cold_server_opts());
   const std::vector<int32_t> P = some_ids(1, 40);
   const std::vector<int32_t> G = test::reference_greedy_ids(tiny_model(), P, kGen);
   std::vector<int32_t> Q = P;  // the next turn: the prompt, the answer, then new tokens

@@ -90,31 +90,12 @@ inline server::ServerOptions cold_server_opts() {
   return o;
 }
 
-// The `data:` events of an SSE body (JSON), and whether `data: [DONE]` came.
-inline std::vector<ojson> sse_events(const std::string& body, bool* saw_done) {
-  std::vector<ojson> ev;
-  *saw_done = false;
-  size_t p = 0;
-  while (p < body.size()) {
-    size_t e = body.find('\n', p);
-    if (e == std::string::npos) e = body.size();
-    const std::string line = body.substr(p, e - p);
-    p = e + 1;
-    if (line.rfind("data: ", 0) != 0) continue;
-    const std::string d = line.substr(6);
-    if (d == "[DONE]") {
-      *saw_done = true;
-      continue;
-    }
-    ev.push_back(ojson::parse(d));
-  }
-  return ev;
-}
-
-// The events of a named-event SSE body (Anthropic, Responses): (event name, data JSON).
-inline std::vector<std::pair<std::string, ojson>> named_events(const std::string& body) {
+// The events of an SSE body: (event name, data JSON), in order; the name is the last `event:` line's ("" when the
+// API sends none). A `data: [DONE]` line ends no event: *saw_done says whether it came.
+inline std::vector<std::pair<std::string, ojson>> named_events(const std::string& body, bool* saw_done = nullptr) {
   std::vector<std::pair<std::string, ojson>> ev;
   std::string name;
+  if (saw_done) *saw_done = false;
   size_t p = 0;
   while (p < body.size()) {
     size_t e = body.find('\n', p);
@@ -122,8 +103,20 @@ inline std::vector<std::pair<std::string, ojson>> named_events(const std::string
     const std::string line = body.substr(p, e - p);
     p = e + 1;
     if (line.rfind("event: ", 0) == 0) name = line.substr(7);
-    if (line.rfind("data: ", 0) == 0) ev.emplace_back(name, ojson::parse(line.substr(6)));
+    if (line.rfind("data: ", 0) != 0) continue;
+    if (line.compare(6, std::string::npos, "[DONE]") == 0) {
+      if (saw_done) *saw_done = true;
+      continue;
+    }
+    ev.emplace_back(name, ojson::parse(line.substr(6)));
   }
+  return ev;
+}
+
+// The `data:` events of an SSE body (JSON), and whether `data: [DONE]` came.
+inline std::vector<ojson> sse_events(const std::string& body, bool* saw_done) {
+  std::vector<ojson> ev;
+  for (auto& [name, d] : named_events(body, saw_done)) ev.push_back(std::move(d));
   return ev;
 }
 

@@ -555,6 +555,15 @@ void Runtime::put(uint64_t w) {
   tape_hash_ ^= tape_hash_ >> 29;
 }
 
+void Runtime::put_copy(VkBuffer src_buf, VkBuffer dst_buf, uint64_t src_off, uint64_t dst_off, uint64_t bytes) {
+  put(kCopy);
+  put(hword(src_buf));
+  put(hword(dst_buf));
+  put(src_off);
+  put(dst_off);
+  put(bytes);
+}
+
 void Runtime::put_push(const void* push, uint32_t push_bytes) {
   for (uint32_t o = 0; o < push_bytes; o += 8) {
     uint64_t w = 0;
@@ -591,12 +600,7 @@ void Runtime::copy(uint64_t dst, uint64_t src, uint64_t bytes) {
   const Alloc& s = src >= ring_.addr && src < ring_.addr + ring_.bytes ? ring_ : resolve(src, bytes, &so);
   if (&s == &ring_) so = src - ring_.addr;
   const Alloc& d = resolve(dst, bytes, &dof);
-  put(kCopy);
-  put(hword(s.buf));
-  put(hword(d.buf));
-  put(so);
-  put(dof);
-  put(bytes);
+  put_copy(s.buf, d.buf, so, dof, bytes);
 }
 
 void Runtime::fill_zero(uint64_t dst, uint64_t bytes) {
@@ -665,12 +669,7 @@ void Runtime::download(void* host, uint64_t src, uint64_t bytes) {
     const Alloc& s = resolve(src + done, part, &so);
     if (ring_head_ + part > ring_.bytes) submit_and_wait();
     const uint64_t at = ring_head_;
-    put(kCopy);
-    put(hword(s.buf));
-    put(hword(ring_.buf));
-    put(so);
-    put(at);
-    put(part);
+    put_copy(s.buf, ring_.buf, so, at, part);
     submit_and_wait();
     std::memcpy(h + done, static_cast<const uint8_t*>(ring_.mapped) + at, part);
     done += part;

@@ -126,6 +126,8 @@ class Runtime {
   void submit_and_wait() { submit(true); }
   void put(uint64_t w);  // a tape word (and the running hash)
   void put_push(const void* push, uint32_t push_bytes);
+  // a buffer-to-buffer copy on the tape: bytes from src_buf at src_off to dst_buf at dst_off
+  void put_copy(VkBuffer src_buf, VkBuffer dst_buf, uint64_t src_off, uint64_t dst_off, uint64_t bytes);
   void record(VkCommandBuffer cb, bool reusable);  // the tape into cb
   bool complete(uint64_t serial);                  // submission `serial` has finished (no wait)
   void wait_fence(int f);

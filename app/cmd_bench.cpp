@@ -10,6 +10,7 @@
 #include <sys/resource.h>
 
 #include "bench_ceiling.h"
+#include "bench_verify.h"
 #include "command.h"
 #include "dist_report.h"
 #include "engine_args.h"
@@ -66,8 +67,30 @@ int cmd_bench(int argc, char** argv) {
   std::string output = "md";
   app.add_option("-o,--output", output, "output format (llama-bench's): md (table), json, jsonl (one line)")
       ->check(CLI::IsMember({"md", "json", "jsonl"}));
+  std::string verify_k;
+  app.add_option("--verify-k", verify_k,
+                 "measure speculative verify steps instead (docs/speculative.md): for each k (e.g. 1..8 or 1,2,4), "
+                 "one forward pass of k + 1 tokens with logits at every row against one decode step at depth -d, "
+                 "the expert-union share, the bytes read and the speedup at acceptance lengths 1-6 (-r repetitions, "
+                 "interleaved)");
   if (int rc = kimi::app::parse_engine_cli(app, argc, argv); rc >= 0) return rc;
   if (json && !app.count("--output")) output = "json";
+  if (!verify_k.empty()) {
+    kimi::app::VerifyBenchOptions vo;
+    vo.ks = kimi::app::parse_verify_k(verify_k);
+    vo.depth = depth;
+    vo.fill_synthetic = fill == "synthetic";
+    vo.reps = reps;
+    vo.seed = seed;
+    vo.output = output;
+    vo.model_name = ea.model;
+    vo.precision = ea.precision;
+    auto model = kimi::Model::load(ea.model, kimi::app::model_options(ea));
+    const int kmax = vo.ks.back();
+    kimi::Context ctx(*model, kimi::app::context_options(ea, depth + kmax + 2, std::max(kmax + 1, std::min(ea.batch, std::max(depth, 1)))));
+    kimi::app::print_engine_summary(ea, ctx);
+    return kimi::app::run_verify_bench(*model, ctx, vo);
+  }
 
   auto model = kimi::Model::load(ea.model, kimi::app::model_options(ea));
   const int n_ctx = depth + std::max(n_prompt, n_gen) + 1;

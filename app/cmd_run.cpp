@@ -13,6 +13,7 @@
 #include "runtime/chat_session.h"
 #include "runtime/context.h"
 #include "runtime/sampling.h"
+#include "runtime/speculative.h"
 #include "tokenizer/tokenizer.h"
 #include "util/error.h"
 
@@ -32,6 +33,8 @@ int cmd_run(int argc, char** argv) {
   app.add_option("--tokens", tokens, "prompt as comma-separated token ids");
   app.add_option("-n,--n-predict", n_predict, "tokens to generate")->check(CLI::Range(0, INT32_MAX));
   kimi::app::add_sampling_options(app, sp);
+  kimi::app::SpecArgs sa;
+  kimi::app::add_spec_options(app, sa);
   app.add_flag("--ids", ids, "print generated token ids instead of text");
   app.add_flag("--ignore-eos", ignore_eos, "do not stop at end-of-generation tokens");
   bool chat = false;
@@ -52,7 +55,9 @@ int cmd_run(int argc, char** argv) {
   kimi::check(!chat || !prompt.empty(), "--chat needs -p/--prompt");
   if (chat) prompt = kimi::render_single_turn(prompt);
 
+  const kimi::SpecParams spec = kimi::app::spec_params(sa);
   auto model = kimi::Model::load(ea.model, kimi::app::model_options(ea));
+  std::unique_ptr<kimi::Drafter> drafter = kimi::app::make_drafter(sa, *model);
   std::optional<kimi::tok::Tokenizer> tok;
   if (model->reader().has("tokenizer.ggml.tokens")) tok.emplace(kimi::tok::Tokenizer::from_gguf(model->reader()));
   std::vector<int32_t> in;
@@ -77,7 +82,13 @@ int cmd_run(int argc, char** argv) {
               "the prompt ({} tokens) + -n {} need {} positions, which exceeds the context size (-c {})", in.size(),
               n_predict, n_pos, ea.ctx);
   const int n_ctx = static_cast<int>(std::min<int64_t>(n_ctx_need, INT32_MAX));
-  kimi::Context ctx(*model, kimi::app::context_options(ea, n_ctx, std::min<int>(ea.batch, static_cast<int>(in.size()))));
+  int n_batch = std::min<int>(ea.batch, static_cast<int>(in.size()));
+  kimi::ContextOptions co = kimi::app::context_options(ea, n_ctx, n_batch);
+  if (drafter) {  // a verify step in one micro-batch; one snapshot slot for the step's rollback
+    co.n_batch_max = std::max(co.n_batch_max, std::min(ea.batch, 3 * spec.n_max + 2));
+    co.n_snapshots_max += 1;
+  }
+  kimi::Context ctx(*model, co);
   kimi::app::print_engine_summary(ea, ctx);
   kimi::Sampler sampler(sp, ctx.n_vocab());
   for (int32_t t : in) sampler.accept(t);
@@ -95,25 +106,28 @@ int cmd_run(int argc, char** argv) {
   auto t1 = clk::now();
   const kimi::ExpertStreamStats xs_pp = ctx.expert_stream_stats();
   int n_gen = 0;
-  const float* lg = ctx.logits(b.size() - 1);
-  for (int i = 0; i < n_predict; ++i) {
-    const int32_t next = sampler.sample(lg);
-    sampler.accept(next);
+  kimi::Speculator gen(ctx, 0, sampler, drafter.get(), spec);
+  bool done = n_predict == 0;
+  auto emit = [&](int32_t t) {  // prints t; true when generation ends with it
     ++n_gen;
     if (text_out) {
-      const std::string& piece = tok->token_to_piece(next);
+      const std::string& piece = tok->token_to_piece(t);
       std::fwrite(piece.data(), 1, piece.size(), stdout);
     } else {
-      std::printf("%s%d", i ? " " : "", next);
+      std::printf("%s%d", n_gen > 1 ? " " : "", t);
     }
     std::fflush(stdout);
-    if (!ignore_eos && ((tok && tok->is_eog(next)) || next == model->hparams().eos_id)) break;
-    if (i + 1 == n_predict) break;
-    b.clear();
-    b.add(next, 0, ctx.seq_len(0), true);
-    ctx.decode(b);
-    lg = ctx.logits(0);
+    return (!ignore_eos && ((tok && tok->is_eog(t)) || t == model->hparams().eos_id)) || n_gen == n_predict;
+  };
+  if (!done) {
+    const int32_t first = sampler.sample(ctx.logits(b.size() - 1));
+    sampler.accept(first);
+    done = emit(first);
+    gen.start(in, first);
   }
+  while (!done)
+    for (int32_t t : gen.step(n_predict - n_gen))
+      if ((done = emit(t))) break;
   auto t2 = clk::now();
   std::printf("\n");
   std::fflush(stdout);  // the text ends before the stats on stderr
@@ -122,6 +136,17 @@ int cmd_run(int argc, char** argv) {
   std::fprintf(stderr, "prompt: %zu tokens in %.3f s (%.2f tok/s); generated %d tokens in %.3f s (%.2f tok/s)\n",
                in.size(), pp_s, in.size() / std::max(pp_s, 1e-9), n_gen, tg_s,
                n_gen > 1 ? (n_gen - 1) / std::max(tg_s, 1e-9) : 0.0);
+  if (drafter) {
+    const kimi::SpecStats& st = gen.stats();
+    std::fprintf(stderr,
+                 "speculative (%s%s): %llu steps, %llu with a draft: %llu drafted, %llu accepted (%.1f %%), %.2f accepted "
+                 "per verify step, %.2f tokens per step, verify step %.2fx a decode step%s\n",
+                 sa.type.c_str(), sa.type == "auto" ? ", ngram" : "", static_cast<unsigned long long>(st.steps),
+                 static_cast<unsigned long long>(st.verify_steps), static_cast<unsigned long long>(st.drafted),
+                 static_cast<unsigned long long>(st.accepted), 100.0 * st.accept_rate(), st.accept_len(),
+                 st.tokens_per_step(), st.verify_cost(),
+                 st.paused ? fmt::format(", {} steps without drafting (did not pay)", st.paused).c_str() : "");
+  }
   if (ea.verbose && xs_pp.offload_steps + xs_pp.offload_declined > 0)  // prefill offload (docs/gpu.md)
     std::fprintf(stderr, "prompt: %s\n", xs_pp.offload_summary().c_str());
   if (ea.verbose && xs_pp.enabled)

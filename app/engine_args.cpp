@@ -325,7 +325,7 @@ int parse_engine_cli(CLI::App& app, int argc, char** argv) {
   // llama.cpp's multi-letter short flags, spelled as the long flag of the same meaning
   static const char* const kAliases[][2] = {{"-ngl", "--n-gpu-layers"}, {"-ot", "--override-tensor"},
                                             {"-np", "--parallel"},       {"-ub", "--ubatch-size"},
-                                            {"-fa", "--flash-attn"}};
+                                            {"-fa", "--flash-attn"},     {"-md", "--model-draft"}};
   std::vector<std::string> args(argv, argv + argc);
   for (size_t i = 1; i < args.size() && args[i] != "--"; ++i)
     for (const auto& al : kAliases)
@@ -333,6 +333,46 @@ int parse_engine_cli(CLI::App& app, int argc, char** argv) {
   std::vector<char*> ptrs;
   for (auto& s : args) ptrs.push_back(s.data());
   return parse_cli(app, argc, ptrs.data());
+}
+
+void add_spec_options(CLI::App& app, SpecArgs& a) {
+  app.add_option("--spec", a.type,
+                 "speculative decoding (docs/speculative.md): off, ngram (prompt lookup: propose what followed the "
+                 "last tokens earlier in the text), dspark (the DSpark draft model of -md), auto (ngram while it "
+                 "pays: off where verifying drafts is slower than plain decoding)")
+      ->check(CLI::IsMember({"off", "auto", "ngram", "dspark"}))
+      ->capture_default_str();
+  app.add_option("--model-draft", a.draft_model, "draft model GGUF for --spec dspark (llama.cpp: -md)");
+  app.add_option("--draft-max", a.draft_max, "tokens drafted per step at most")
+      ->check(CLI::Range(0, 256))
+      ->capture_default_str();
+  app.add_option("--draft-min", a.draft_min, "shortest draft worth verifying (shorter: a plain step)")
+      ->check(CLI::Range(0, 256))
+      ->capture_default_str();
+}
+
+SpecParams spec_params(const SpecArgs& a) {
+  check(a.draft_min <= a.draft_max, "--draft-min ({}) must not exceed --draft-max ({})", a.draft_min, a.draft_max);
+  const SpecType t = parse_spec_type(a.type, "--spec");
+  check(t == SpecType::Dspark || a.draft_model.empty(), "-md/--model-draft is used only with --spec dspark");
+  SpecParams p;
+  p.n_max = a.draft_max;
+  p.n_min = a.draft_min;
+  p.adaptive = t == SpecType::Auto;
+  return p;
+}
+
+std::unique_ptr<Drafter> make_drafter(const SpecArgs& a, const Model& target) {
+  (void)target;
+  switch (parse_spec_type(a.type, "--spec")) {
+    case SpecType::Off: return nullptr;
+    case SpecType::Auto:
+    case SpecType::Ngram: return std::make_unique<NgramDrafter>();
+    case SpecType::Dspark:
+      check(!a.draft_model.empty(), "--spec dspark needs the draft model: -md/--model-draft FILE");
+      fail("--spec dspark: the DSpark draft ('{}') is not supported by this build yet", a.draft_model);
+  }
+  return nullptr;
 }
 
 ModelOptions model_options(const EngineArgs& a) {

@@ -22,6 +22,8 @@
 #include "model/model.h"
 #include "runtime/context.h"
 #include "runtime/sampling.h"
+#include "runtime/speculative.h"
+#include <memory>
 
 namespace kimi::app {
 
@@ -85,8 +87,24 @@ void add_engine_options(CLI::App& app, EngineArgs& a, const EngineSpec& spec = {
 // are the defaults; the Sampler checks the ranges).
 void add_sampling_options(CLI::App& app, SamplerParams& p);
 
+// Speculative decoding (runtime/speculative.h, docs/speculative.md): --spec, -md/--model-draft,
+// --draft-max, --draft-min (llama.cpp's names), for run, chat and serve.
+struct SpecArgs {
+  std::string type = "off";  // --spec auto|off|ngram|dspark
+  std::string draft_model;   // -md/--model-draft FILE (the DSpark draft)
+  int draft_max = 8;         // --draft-max N
+  int draft_min = 0;         // --draft-min N
+};
+void add_spec_options(CLI::App& app, SpecArgs& a);
+// The parameters of the loop (auto: adaptive); kimi::Error naming the flag for a bad combination.
+SpecParams spec_params(const SpecArgs& a);
+// One drafter for one sequence (nullptr for --spec off): ngram and auto get the n-gram drafter;
+// dspark needs -md FILE.
+std::unique_ptr<Drafter> make_drafter(const SpecArgs& a, const Model& target);
+
 // kimi::parse_cli (util/cli.h) after spelling the llama.cpp-style multi-letter short flags -ngl,
-// -ot, -np, -ub, -fa as --n-gpu-layers, --override-tensor, --parallel, --ubatch-size, --flash-attn
+// -ot, -np, -ub, -fa, -md as --n-gpu-layers, --override-tensor, --parallel, --ubatch-size, --flash-attn,
+// --model-draft
 // where the command has that flag (CLI11 has one-letter short flags only).
 int parse_engine_cli(CLI::App& app, int argc, char** argv);
 

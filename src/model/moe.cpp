@@ -26,6 +26,20 @@ void moe_ffn(const PartRun& r, const LayerWeights& L, MoeScratch& s, FfnScratch&
   const RouterParams rp{E, k, hp.gating_func == 1, hp.expert_weights_norm, hp.expert_weights_scale};
   be.moe_route(s.router_logits.p, L.exp_probs_b ? L.exp_probs_b.f32 : nullptr, n, rp, s.router_probs.p, sel,
                weights);
+  if (r.times && be.host_visible() && E <= 4096) {  // how many distinct experts this step's picks touch
+    uint64_t seen[64] = {};
+    uint64_t distinct = 0;
+    for (int64_t i = 0; i < n * k; ++i) {
+      const uint32_t e = static_cast<uint32_t>(sel[i]);
+      if (e >= static_cast<uint32_t>(E)) continue;
+      const uint64_t bit = uint64_t{1} << (e & 63);
+      distinct += (seen[e >> 6] & bit) == 0;
+      seen[e >> 6] |= bit;
+    }
+    ++r.times->moe_steps;
+    r.times->expert_picks += static_cast<uint64_t>(n * k);
+    r.times->expert_distinct += distinct;
+  }
   // streamed experts: their reads start now and overlap the latent projection and shared experts
   const bool streamed = site.cache && !r.tp && be.host_visible() && site.cache->request(site.layer, sel, n * k);
 

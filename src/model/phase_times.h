@@ -19,6 +19,10 @@ struct PhaseTimes {
     Count
   };
   double s[Count] = {};
+  // routed-expert picks of the MoE layer steps whose router ran on the host, and the distinct experts
+  // among each step's picks, summed (their ratio: the expert-union share of a multi-token step;
+  // kimi bench --verify-k)
+  uint64_t moe_steps = 0, expert_picks = 0, expert_distinct = 0;
   static const char* name(int p) {
     static const char* const names[Count] = {"kda", "mla", "indexer", "moe", "ffn", "head", "other"};
     return p >= 0 && p < Count ? names[p] : "?";

@@ -254,6 +254,23 @@ std::vector<int32_t> Context::seq_snapshot_positions(int32_t seq) const {
   return r;
 }
 
+bool Context::seq_has_snapshot(int32_t seq, int32_t pos) const {
+  check_seq(*impl_, seq, "seq_has_snapshot");
+  for (const auto& sn : impl_->seqs[static_cast<size_t>(seq)].snaps)
+    if (sn.pos == pos) return true;
+  return false;
+}
+
+void Context::seq_snapshot_drop(int32_t seq, int32_t pos) {
+  check_seq(*impl_, seq, "seq_snapshot_drop");
+  auto& v = impl_->seqs[static_cast<size_t>(seq)].snaps;
+  for (size_t i = 0; i < v.size(); ++i)
+    if (v[i].pos == pos) {
+      v.erase(v.begin() + static_cast<std::ptrdiff_t>(i));
+      return;
+    }
+}
+
 static std::string snap_list(const Context::Impl::Seq& s) {
   if (s.snaps.empty()) return "none";
   std::string r;

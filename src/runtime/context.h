@@ -103,6 +103,9 @@ class Context {
   void seq_copy(int32_t src, int32_t dst);          // dst becomes an exact copy (incl. snapshot)
   void seq_snapshot(int32_t seq);                   // save KDA states at the current length
   int32_t seq_snapshot_pos(int32_t seq) const;      // -1 when none; else the latest (largest)
+  bool seq_has_snapshot(int32_t seq, int32_t pos) const;  // a snapshot at exactly pos
+  // Forget the snapshot at pos (none there: no-op); its slot is free for the next one.
+  void seq_snapshot_drop(int32_t seq, int32_t pos);
   // All snapshot positions of seq, ascending (each <= seq_len(seq)).
   std::vector<int32_t> seq_snapshot_positions(int32_t seq) const;
   // dst becomes a copy of the first n positions of src: n == 0 (dst cleared), n == seq_len(src)

@@ -23,7 +23,8 @@ void Sampler::reset() {
 
 void Sampler::accept(int32_t token) { history_.push_back(token); }
 
-int32_t Sampler::sample(const float* logits) {
+// the candidates with the repetition penalty applied; the greedy pick (argmax, lowest id on ties)
+int32_t Sampler::penalise_and_argmax(const float* logits) {
   cand_.resize(static_cast<size_t>(n_vocab_));
   for (int i = 0; i < n_vocab_; ++i) cand_[static_cast<size_t>(i)] = {logits[i], i};
   // repetition penalty (each distinct token once)
@@ -41,9 +42,14 @@ int32_t Sampler::sample(const float* logits) {
     for (auto& c : cand_)
       if (c.id < 0) c.id = -1 - c.id;
   }
+  if (p_.temp > 0.0f) return -1;
   auto better = [](const Cand& a, const Cand& b) { return a.logit > b.logit || (a.logit == b.logit && a.id < b.id); };
-  if (p_.temp <= 0.0f) return std::min_element(cand_.begin(), cand_.end(), better)->id;
+  return std::min_element(cand_.begin(), cand_.end(), better)->id;
+}
 
+// after penalise_and_argmax with temp > 0: top-k, softmax, top-p, min-p over cand_
+size_t Sampler::distribution(double& total) {
+  auto better = [](const Cand& a, const Cand& b) { return a.logit > b.logit || (a.logit == b.logit && a.id < b.id); };
   size_t n = cand_.size();
   if (p_.top_k > 0 && static_cast<size_t>(p_.top_k) < n) {
     std::partial_sort(cand_.begin(), cand_.begin() + p_.top_k, cand_.end(), better);
@@ -78,8 +84,16 @@ int32_t Sampler::sample(const float* logits) {
     while (keep < n && probs_[keep] >= thr) ++keep;
     n = keep;
   }
-  double total = 0;
+  total = 0;
   for (size_t i = 0; i < n; ++i) total += probs_[i];
+  return n;
+}
+
+int32_t Sampler::sample(const float* logits) {
+  if (p_.temp <= 0.0f) return penalise_and_argmax(logits);
+  penalise_and_argmax(logits);
+  double total = 0;
+  const size_t n = distribution(total);
   std::uniform_real_distribution<double> U(0.0, total);
   const double r = U(rng_);
   double acc = 0;
@@ -87,6 +101,51 @@ int32_t Sampler::sample(const float* logits) {
     acc += probs_[i];
     if (r < acc) return cand_[i].id;
   }
+  return cand_[n - 1].id;
+}
+
+int32_t Sampler::verify(const float* logits, int32_t draft, const float* q_probs, bool& accepted) {
+  if (p_.temp <= 0.0f) {
+    const int32_t t = penalise_and_argmax(logits);
+    accepted = t == draft;
+    return t;
+  }
+  penalise_and_argmax(logits);
+  double total = 0;
+  const size_t n = distribution(total);
+  double p_d = 0;  // the target's probability of the drafted token
+  for (size_t i = 0; i < n; ++i)
+    if (cand_[i].id == draft) {
+      p_d = probs_[i] / total;
+      break;
+    }
+  const double q_d = q_probs ? double(q_probs[draft]) : 1.0;
+  std::uniform_real_distribution<double> U01(0.0, 1.0);
+  const double u = U01(rng_);
+  if (p_d > 0 && (q_d <= 0 || u * q_d < p_d)) {  // keep with probability min(1, p/q)
+    accepted = true;
+    return draft;
+  }
+  accepted = false;
+  // rejected: draw from max(0, p - q), renormalised (probs_ becomes that residual)
+  double w = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const int32_t id = cand_[i].id;
+    const double q = q_probs ? double(q_probs[id]) : (id == draft ? 1.0 : 0.0);
+    const double r = std::max(0.0, probs_[i] / total - q);
+    probs_[i] = static_cast<float>(r);
+    w += r;
+  }
+  if (!(w > 0)) return cand_[0].id;  // p <= q everywhere: only through rounding; the target's best
+  std::uniform_real_distribution<double> U(0.0, w);
+  const double r = U(rng_);
+  double acc = 0;
+  for (size_t i = 0; i < n; ++i) {
+    acc += probs_[i];
+    if (r < acc) return cand_[i].id;
+  }
+  for (size_t i = n; i-- > 0;)
+    if (probs_[i] > 0) return cand_[i].id;
   return cand_[n - 1].id;
 }
 

@@ -26,6 +26,12 @@ class Sampler {
   Sampler(const SamplerParams& p, int n_vocab);
   // Picks a token from n_vocab logits (not modified). Does not record it: call accept().
   int32_t sample(const float* logits);
+  // Speculative verification (runtime/speculative.h) of a drafted token `draft` against these
+  // logits. Greedy: the token sample() returns; accepted = it is `draft`. Sampling: `draft` is kept
+  // with probability min(1, p(draft) / q(draft)) (p: the final distribution sample() draws from,
+  // q: q_probs[draft], or 1 when q_probs is nullptr), else the token is drawn from max(0, p - q)
+  // renormalised (q: q_probs, or 1 at draft only). Does not record the token: call accept().
+  int32_t verify(const float* logits, int32_t draft, const float* q_probs, bool& accepted);
   void accept(int32_t token);  // record a token (prompt or generated) for the repetition penalty
   void reset();                // forget accepted tokens, re-seed
   const SamplerParams& params() const { return p_; }
@@ -36,6 +42,9 @@ class Sampler {
   std::mt19937_64 rng_;
   std::vector<int32_t> history_;
   struct Cand { float logit; int32_t id; };
+  // greedy: the argmax; else fills cand_[0..n) and probs_[0..n) (unnormalised, sum in total)
+  int32_t penalise_and_argmax(const float* logits);
+  size_t distribution(double& total);
   std::vector<Cand> cand_;     // scratch, sized n_vocab once
   std::vector<float> probs_;
 };

@@ -1,0 +1,215 @@
+// Speculative decoding: the n-gram drafter and the draft-verify-accept loop of one sequence
+// (runtime/speculative.h, docs/speculative.md).
+#include "runtime/speculative.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "util/error.h"
+
+namespace kimi {
+
+// ---- n-gram / prompt lookup ----
+
+NgramDrafter::NgramDrafter(const NgramOptions& o) : o_(o) {
+  check(o.n_min_match >= 1 && o.n_max_match >= o.n_min_match,
+        "ngram drafter: match lengths must satisfy 1 <= min ({}) <= max ({})", o.n_min_match, o.n_max_match);
+}
+
+int NgramDrafter::propose(std::span<const int32_t> t, int n_max, std::vector<int32_t>& draft) {
+  draft.clear();
+  const int64_t N = static_cast<int64_t>(t.size());
+  if (n_max <= 0) return 0;
+  for (int64_t n = std::min<int64_t>(o_.n_max_match, N - 1); n >= o_.n_min_match; --n) {
+    const int32_t* suf = t.data() + (N - n);
+    // the latest earlier occurrence of the last n tokens (start i < N - n)
+    for (int64_t i = N - n - 1; i >= 0; --i) {
+      if (t[static_cast<size_t>(i)] != suf[0] || !std::equal(suf, suf + n, t.data() + i)) continue;
+      // what followed it; past the end it continues with the draft itself (a repeating pattern
+      // continues with its period)
+      for (int64_t j = i + n; static_cast<int>(draft.size()) < n_max; ++j)
+        draft.push_back(j < N ? t[static_cast<size_t>(j)] : draft[static_cast<size_t>(j - N)]);
+      return static_cast<int>(draft.size());
+    }
+  }
+  return 0;
+}
+
+// ---- flags ----
+
+SpecType parse_spec_type(const std::string& s, const char* what) {
+  if (s == "off" || s == "none") return SpecType::Off;
+  if (s == "auto") return SpecType::Auto;
+  if (s == "ngram") return SpecType::Ngram;
+  if (s == "dspark") return SpecType::Dspark;
+  fail("{}: unknown speculative decoding type '{}' (use auto, off, ngram or dspark)", what, s);
+}
+
+const char* spec_type_name(SpecType t) {
+  switch (t) {
+    case SpecType::Off: return "off";
+    case SpecType::Auto: return "auto";
+    case SpecType::Ngram: return "ngram";
+    case SpecType::Dspark: return "dspark";
+  }
+  return "?";
+}
+
+void SpecStats::add(const SpecStats& o) {
+  steps += o.steps;
+  verify_steps += o.verify_steps;
+  drafted += o.drafted;
+  accepted += o.accepted;
+  emitted += o.emitted;
+  recomputed += o.recomputed;
+}
+
+// ---- the loop ----
+
+Speculator::Speculator(Context& ctx, int32_t seq, Sampler& sampler, Drafter* drafter, const SpecParams& p)
+    : ctx_(ctx), seq_(seq), sampler_(sampler), drafter_(drafter), kda_(ctx.model().hparams().n_kda_layers() > 0) {
+  set_params(p);
+  hist_.reserve(static_cast<size_t>(ctx.options().n_ctx_max) + 1);
+}
+
+void Speculator::set_params(const SpecParams& p) {
+  check(p.n_max >= 0 && p.n_max <= 256, "speculative: --draft-max must be in 0..256 (got {})", p.n_max);
+  check(p.n_min >= 0 && p.n_min <= std::max(p.n_max, 0),
+        "speculative: --draft-min ({}) must be in 0..--draft-max ({})", p.n_min, p.n_max);
+  p_ = p;
+  const size_t k = static_cast<size_t>(p.n_max);
+  draft_.reserve(k);
+  out_.reserve(k + 1);
+  rows_.reserve(k + 1);
+  batch_.entries.reserve(3 * k + 2);  // pending tokens (<= 2 n_max + 1) and a draft
+}
+
+void Speculator::start(std::span<const int32_t> history, int32_t next) {
+  check(static_cast<size_t>(ctx_.seq_len(seq_)) == history.size(),
+        "speculative: sequence {} holds {} positions but the history has {} tokens", seq_, ctx_.seq_len(seq_),
+        history.size());
+  hist_.assign(history.begin(), history.end());
+  hist_.push_back(next);
+  pending_ = 1;
+  out_.clear();
+  rows_.clear();
+}
+
+const std::vector<int32_t>& Speculator::step(int max_new) {
+  check(max_new >= 1, "speculative: a step must be allowed at least one token (got {})", max_new);
+  check(pending_ >= 1, "speculative: step() before start()");
+  const int32_t L = ctx_.seq_len(seq_);
+  const int p = pending_;
+  const int room = ctx_.options().n_ctx_max - L - p;  // positions left for a draft
+  check(room >= 0, "speculative: sequence {} is full ({} positions)", seq_, ctx_.options().n_ctx_max);
+  int k = 0;
+  bool may_draft = drafter_ && p_.n_max > 0;
+  if (may_draft && p_.adaptive) {
+    if (n_plain_meas_ == 0) {
+      may_draft = false;  // a plain step first: the time to compare with
+    } else if (pause_ > 0) {
+      --pause_;
+      may_draft = false;
+      ++st_.paused;
+    }
+  }
+  // Drafting pauses while more than n_max tokens wait to be decoded again after rollbacks; the
+  // plain step that follows commits them (a bound on the batch: 2 n_max + 1 + n_max rows).
+  if (may_draft && p <= p_.n_max + 1) {
+    const int n = std::min({p_.n_max, max_new - 1, room});
+    if (n > 0) {
+      k = std::min(drafter_->propose(hist_, n, draft_), n);
+      if (k < std::max(p_.n_min, 1)) k = 0;
+    }
+  }
+  batch_.clear();
+  const size_t H = hist_.size();
+  for (int i = 0; i < p; ++i) batch_.add(hist_[H - static_cast<size_t>(p - i)], seq_, L + i, i == p - 1);
+  for (int j = 0; j < k; ++j) batch_.add(draft_[static_cast<size_t>(j)], seq_, L + p + j, true);
+  const bool snap = k > 0 && kda_;
+  const bool had_snap = snap && ctx_.seq_has_snapshot(seq_, L);
+  if (snap) ctx_.seq_snapshot(seq_);  // the KDA states where this step starts
+  const auto t0 = std::chrono::steady_clock::now();
+  ctx_.decode(batch_);
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+
+  out_.clear();
+  rows_.clear();
+  int m = 0;  // drafted tokens kept
+  for (int i = 0; i <= k; ++i) {
+    const size_t row = static_cast<size_t>(p - 1 + i);
+    const float* lg = ctx_.logits(row);
+    bool acc = false;
+    const int32_t t = i < k ? sampler_.verify(lg, draft_[static_cast<size_t>(i)], drafter_->draft_probs(i), acc)
+                            : sampler_.sample(lg);
+    sampler_.accept(t);
+    out_.push_back(t);
+    rows_.push_back(row);
+    if (!acc) break;
+    ++m;
+  }
+  hist_.insert(hist_.end(), out_.begin(), out_.end());
+  ++st_.steps;
+  st_.emitted += out_.size();
+  (k > 0 ? st_.verify_s : st_.plain_s) += secs;
+  if (p_.adaptive) {
+    auto mean = [](double& m, int& n, double x) {
+      m = n == 0 ? x : m + (x - m) / 8.0;
+      n = std::min(n + 1, 1 << 20);
+    };
+    if (k == 0 && p == 1) {
+      mean(t_plain_, n_plain_meas_, secs);
+    } else if (k > 0) {
+      int nv = n_verify_meas_;
+      mean(t_verify_, n_verify_meas_, secs);
+      mean(n_verify_, nv, double(out_.size()));
+      // verify steps emit n_verify_ tokens in t_verify_; plain steps one in t_plain_
+      if (n_verify_meas_ >= 4 && n_verify_ * t_plain_ < t_verify_) {
+        pause_ = backoff_;
+        backoff_ = std::min(backoff_ * 2, 256);
+        n_verify_meas_ = 0;  // judge the next try afresh
+      } else if (n_verify_meas_ >= 4) {
+        backoff_ = 8;
+      }
+    }
+  }
+  if (k > 0) {
+    ++st_.verify_steps;
+    st_.drafted += static_cast<uint64_t>(k);
+    st_.accepted += static_cast<uint64_t>(m);
+    drafter_->accepted(m);
+  }
+  if (k == 0 || m == k) {  // everything decoded is kept
+    pending_ = 1;
+    if (snap && !had_snap) ctx_.seq_snapshot_drop(seq_, L);
+  } else if (kda_) {
+    // back to the start of the step (rows and KDA states); the tokens kept are decoded again at
+    // the head of the next step's batch
+    ctx_.seq_truncate(seq_, L);
+    if (!had_snap) ctx_.seq_snapshot_drop(seq_, L);
+    pending_ = p + m + 1;
+    st_.recomputed += static_cast<uint64_t>(p + m);
+  } else {  // rows only: drop the rejected ones
+    ctx_.seq_truncate(seq_, L + p + m);
+    pending_ = 1;
+  }
+  return out_;
+}
+
+const float* Speculator::logits(size_t i) const {
+  check(i < rows_.size(), "speculative: logits({}) of a step with {} tokens", i, rows_.size());
+  return ctx_.logits(rows_[i]);
+}
+
+void Speculator::settle() {
+  if (pending_ <= 1) return;
+  const int32_t L = ctx_.seq_len(seq_);
+  const size_t H = hist_.size();
+  batch_.clear();
+  for (int i = 0; i + 1 < pending_; ++i)
+    batch_.add(hist_[H - static_cast<size_t>(pending_ - i)], seq_, L + i, false);
+  ctx_.decode(batch_);
+  pending_ = 1;
+}
+
+}  // namespace kimi

@@ -1,0 +1,184 @@
+// Exact speculative decoding (docs/speculative.md): a drafter proposes the next few tokens of a
+// sequence, the target model verifies them all in one forward pass (logits at every drafted
+// position), the longest prefix the target agrees with is kept and the rest rolled back.
+//
+//   kimi::NgramDrafter drafter({.n = 3});
+//   kimi::Speculator spec(ctx, /*seq*/0, sampler, &drafter, {.n_max = 8});
+//   spec.start(prompt, first);            // prompt decoded in ctx; `first` sampled from its logits
+//   while (...) {
+//     const auto& toks = spec.step(n_left);   // 1..n_max+1 new tokens, in order
+//     for (size_t i = 0; i < toks.size(); ++i) use(toks[i], spec.logits(i));
+//   }
+//
+// Exactness. Greedy: every emitted token is the argmax of the target's logits after exactly the
+// tokens before it, so the output is the output without speculation. Sampling: a drafted token d
+// is kept with probability min(1, p(d) / q(d)) (p: the sampler's final distribution of the target
+// at that position, q: the drafter's; a drafter without a distribution proposes with q = 1 at d),
+// else the token is drawn from max(0, p - q) renormalised — the standard rule, which leaves the
+// distribution of the output that of the target alone.
+//
+// Rollback. MLA and indexer cache rows are by position (truncating the length drops them). KDA
+// conv and recurrent states are recurrent: a verify step snapshots them where the step starts
+// (Context::seq_snapshot); after a rejection the sequence goes back there and the tokens kept
+// since (the ones already verified) are decoded again at the head of the next step's batch, where
+// they cost rows, not a pass (docs/speculative.md "Rollback" gives the measured trade-off).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "runtime/context.h"
+#include "runtime/sampling.h"
+
+namespace kimi {
+
+// Hidden states of the target model at chosen layers, for a drafter that reads them (K3's DSpark
+// draft taps layers 2/23/47/71/89). rows: positions pos0 .. pos0 + n_rows - 1 of the sequence,
+// the ones the target has just decoded and kept; each row holds layers.size() vectors of n_embd
+// floats (layer-major inside the row). Host memory, valid during the call only.
+struct TargetTaps {
+  std::span<const int> layers;
+  int64_t n_embd = 0;
+  int32_t pos0 = 0;
+  int64_t n_rows = 0;
+  const float* data = nullptr;  // [n_rows][layers.size()][n_embd]
+};
+
+// What proposes tokens. One Drafter per sequence (it may keep per-sequence state: an index of the
+// text, a draft model's cache); models shared between drafters belong to their owner.
+class Drafter {
+ public:
+  virtual ~Drafter() = default;
+  virtual std::string name() const = 0;
+  // Propose up to n_max tokens continuing `tokens` (the whole sequence so far: prompt and output;
+  // its last token is the one the target decodes next). Write them to `draft` (cleared by the
+  // callee; its capacity is reserved by the caller, so no allocation is needed). Return how many
+  // (0: nothing to propose; the step then decodes one token the plain way).
+  virtual int propose(std::span<const int32_t> tokens, int n_max, std::vector<int32_t>& draft) = 0;
+  // The drafter's distribution q over the vocabulary for draft[i] of the last proposal (n_vocab
+  // floats, summing to 1), or nullptr when the token was chosen without one (q = 1 at draft[i]).
+  // Only read with sampling (temperature > 0).
+  virtual const float* draft_probs(int i) const {
+    (void)i;
+    return nullptr;
+  }
+  // After verification: the target kept the first n_accepted of the last proposal, then emitted
+  // one token of its own (the correction or the bonus token).
+  virtual void accepted(int n_accepted) { (void)n_accepted; }
+  // The sequence was cleared or replaced (a new prompt): forget what belongs to it.
+  virtual void reset() {}
+  // Target layers whose hidden states this drafter reads (empty: none). The engine hands them over
+  // with observe() for every position the target keeps.
+  virtual std::span<const int> tap_layers() const { return {}; }
+  virtual void observe(const TargetTaps& taps) { (void)taps; }
+};
+
+// Prompt lookup / n-gram drafting (no model): find the latest earlier occurrence of the last n
+// tokens (n from n_max_match down to n_min_match) in the sequence and propose what followed it.
+struct NgramOptions {
+  int n_min_match = 2;  // shortest suffix matched
+  int n_max_match = 4;  // longest suffix tried first
+};
+
+class NgramDrafter final : public Drafter {
+ public:
+  explicit NgramDrafter(const NgramOptions& o = {});
+  std::string name() const override { return "ngram"; }
+  int propose(std::span<const int32_t> tokens, int n_max, std::vector<int32_t>& draft) override;
+
+ private:
+  NgramOptions o_;
+};
+
+enum class SpecType { Off, Auto, Ngram, Dspark };
+// "off" | "auto" | "ngram" | "dspark" (kimi::Error naming `what` otherwise)
+SpecType parse_spec_type(const std::string& s, const char* what);
+const char* spec_type_name(SpecType t);
+
+struct SpecParams {
+  int n_max = 8;  // --draft-max: tokens drafted per step at most
+  int n_min = 0;  // --draft-min: a proposal shorter than this is not verified (plain step)
+  // --spec auto: draft only while it pays. The loop times its own steps (wall clock, the placement
+  // in use): tokens per second of the verify steps (emitted / time) against plain decode steps;
+  // when verifying is slower it pauses drafting for a number of steps (8, doubling up to 256 while
+  // it keeps losing), then tries again. Never changes which tokens come out, only how fast.
+  bool adaptive = false;
+};
+
+// Counters of a Speculator (or a sum of them).
+struct SpecStats {
+  uint64_t steps = 0;         // target forward passes
+  uint64_t verify_steps = 0;  // of them with a draft
+  uint64_t drafted = 0;       // tokens proposed and verified
+  uint64_t accepted = 0;      // drafted tokens kept
+  uint64_t emitted = 0;       // tokens produced (accepted + one of the target's per step)
+  uint64_t recomputed = 0;    // kept tokens decoded again after a KDA rollback
+  uint64_t paused = 0;        // plain steps taken because drafting did not pay (--spec auto)
+  double verify_s = 0, plain_s = 0;  // wall time of the verify / plain steps
+  uint64_t plain_steps() const { return steps - verify_steps; }
+  // verify step time over plain step time (0: not both measured)
+  double verify_cost() const {
+    return verify_steps && plain_steps() && plain_s > 0
+               ? (verify_s / double(verify_steps)) / (plain_s / double(plain_steps()))
+               : 0.0;
+  }
+  double accept_rate() const { return drafted ? double(accepted) / double(drafted) : 0.0; }
+  // tokens per target forward pass (1 = no gain)
+  double tokens_per_step() const { return steps ? double(emitted) / double(steps) : 0.0; }
+  // mean tokens accepted per verify step
+  double accept_len() const { return verify_steps ? double(accepted) / double(verify_steps) : 0.0; }
+  void add(const SpecStats& o);
+};
+
+// The draft-verify-accept loop of one sequence in a Context. The context must allow
+// n_ctx >= positions used + n_max + 1 and n_batch >= 1; a verify batch longer than n_batch is split
+// into micro-batches by the context (still exact).
+class Speculator {
+ public:
+  // drafter == nullptr: plain decoding through the same interface
+  Speculator(Context& ctx, int32_t seq, Sampler& sampler, Drafter* drafter, const SpecParams& p);
+  // history: every token of seq so far (ctx.seq_len(seq) == history.size()); next: the token
+  // sampled from the logits of its last position, not yet decoded.
+  void start(std::span<const int32_t> history, int32_t next);
+  // One target forward pass. Returns the new tokens (at least 1, at most max_new, at most
+  // n_max + 1), each already accepted into the sampler. max_new >= 1.
+  const std::vector<int32_t>& step(int max_new);
+  // The target's logits (n_vocab floats) that tokens()[i] of the last step was sampled from; valid
+  // until the context decodes again.
+  const float* logits(size_t i) const;
+  const std::vector<int32_t>& tokens() const { return out_; }
+  // prompt + every token emitted so far (the first of start() included)
+  const std::vector<int32_t>& history() const { return hist_; }
+  // Tokens of history() not yet in the context's sequence (1 after a step without rollback)
+  int pending() const { return pending_; }
+  // Decode the pending tokens but the last, so that ctx.seq_len(seq) == history().size() - 1 (the
+  // usual state between plain decode steps). Costs a forward pass only when something is pending.
+  void settle();
+  const SpecStats& stats() const { return st_; }
+  void set_drafter(Drafter* d) { drafter_ = d; }
+  Drafter* drafter() const { return drafter_; }
+  const SpecParams& params() const { return p_; }
+  void set_params(const SpecParams& p);
+
+ private:
+  Context& ctx_;
+  int32_t seq_;
+  Sampler& sampler_;
+  Drafter* drafter_;
+  SpecParams p_;
+  bool kda_;
+  std::vector<int32_t> hist_;
+  int pending_ = 0;  // the last pending_ tokens of hist_ are not in the context
+  std::vector<int32_t> draft_, out_;
+  std::vector<size_t> rows_;  // logits entry of out_[i] in the last batch
+  Batch batch_;
+  SpecStats st_;
+  // --spec auto: running means of the step times and tokens (exponential, weight 1/8)
+  double t_plain_ = 0, t_verify_ = 0, n_verify_ = 0;
+  int n_plain_meas_ = 0, n_verify_meas_ = 0;
+  int pause_ = 0, backoff_ = 8;
+};
+
+}  // namespace kimi

@@ -12,7 +12,7 @@
 #include "engine_args.h"
 #include "util/error.h"
 #ifdef KIMI_HAVE_MPI
-#include "dist/mpi_collective.h"
+#include "mpi/mpi_collective.h"
 #endif
 
 namespace kimi::app {

@@ -31,7 +31,7 @@ tokenizer     3
 backend/cpu   4
 backend/vulkan 4
 convert       4
-dist          4
+mpi           4
 model         4
 runtime       5
 server        6
@@ -41,7 +41,7 @@ EOF
 # External headers that only some modules may include: header prefix, then the modules allowed.
 read -r -d '' EXTERNAL <<'EOF' || true
 CLI/        app util
-mpi.h       dist
+mpi.h       mpi
 EOF
 
 # Temporary exceptions: file, included header (as written in the #include), and why it is still

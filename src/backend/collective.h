@@ -1,5 +1,5 @@
 // The communicator the forward pass uses when one model runs on several processes (ranks), e.g.
-// over MPI (src/dist/, docs/distributed.md). The model code calls it at a few block boundaries
+// over MPI (src/mpi/, docs/distributed.md). The model code calls it at a few block boundaries
 // (gather the rows or heads each rank computed, combine the routed experts' partial sums, hand the
 // residual stream to the next rank in layer mode); it never sees MPI. A null Collective* means one
 // process: nothing is split and nothing is communicated.

@@ -1,6 +1,6 @@
 // MpiCollective (mpi_collective.h): exchanges as non-blocking point-to-point messages polled with
 // a deadline, so that a lost rank is named instead of hanging the job.
-#include "dist/mpi_collective.h"
+#include "mpi/mpi_collective.h"
 
 #include <mpi.h>
 

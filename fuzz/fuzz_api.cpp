@@ -18,6 +18,7 @@
 #include "io/gguf.h"
 #include "server/api.h"
 #include "server/api_anthropic.h"
+#include "server/api_openai.h"
 #include "server/api_responses.h"
 #include "tokenizer/chat.h"
 #include "tokenizer/tokenizer.h"
@@ -44,7 +45,7 @@ size_t respond(const server::ParsedRequest& req, const server::ojson& body, cons
   for (int32_t id : t.encode(text, true)) server::apply_chat_text(parser, detok.push(id), out);
   server::apply_chat_text(parser, detok.flush(), out);
   server::Job::Result res;
-  res.finish_reason = out.tool_calls.empty() ? "stop" : "tool_calls";
+  res.finish_reason = out.tool_calls.empty() ? server::FinishReason::Stop : server::FinishReason::ToolCalls;
   res.n_prompt = static_cast<int>(req.prompt.size());
   return server::chat_response("id", req.model, 0, {server::Choice{out, res}}, &t).dump().size();
 }

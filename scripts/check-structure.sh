@@ -44,6 +44,28 @@ CLI/        app util
 mpi.h       mpi
 EOF
 
+# The floors inside src/server (docs/architecture.md, "The server"): a file of src/server may include
+# server headers of its own unit and of units on a LOWER floor only (no back-arrows: the scheduler
+# and the tool grammar know no wire format; the API translation files do not include each other).
+# One row per unit: floor, unit, its files (stems: NAME.h / NAME.cpp). A file of src/server that
+# includes a server header must be in this table.
+read -r -d '' SERVER_FLOORS <<'EOF' || true
+0  httpd         httpd
+0  grammar       grammar json_schema
+0  prompt_cache  prompt_cache
+0  web_ui        web_ui
+0  api_error     api_error
+1  job           job
+2  tool_grammar  tool_grammar
+3  scheduler     scheduler
+4  api           api
+5  job_driver    job_driver
+6  api_openai    api_openai
+6  api_anthropic api_anthropic
+6  api_responses api_responses
+7  server        server http
+EOF
+
 # Temporary exceptions: file, included header (as written in the #include), and why it is still
 # there. Each row is deleted when the work named in it lands; a row that no longer matches any
 # #include is reported as a note (not a failure, so that the work can land first).
@@ -207,9 +229,16 @@ include_rule() {
     printf '%s\n' "$MODULES" | sed '/^#/d; /^$/d; s/^/M /'
     printf '%s\n' "$EXTERNAL" | sed '/^#/d; /^$/d; s/^/X /'
     printf '%s\n' "$EXCEPTIONS" | sed '/^#/d; /^$/d; s/^/T /'
+    printf '%s\n' "$SERVER_FLOORS" | sed '/^#/d; /^$/d; s/^/S /'
     echo "---"
     printf '%s\n' "$incs"
   } | awk '
+    # the stem of a src/server file or server/ header ("" when it is not one)
+    function server_stem(p) {
+      if (p !~ /^(src\/)?server\/[^\/]+\.(h|cpp)$/) return ""
+      sub(/^(src\/)?server\//, "", p); sub(/\.(h|cpp)$/, "", p)
+      return p
+    }
     # module of a path below src/ (or app/): the longest module prefix
     function module_of(p,   m, best) {
       best = ""
@@ -222,6 +251,7 @@ include_rule() {
       if ($1 == "M") layer[$2] = $3 + 0
       else if ($1 == "X") { ext[$2] = " "; for (i = 3; i <= NF; i++) ext[$2] = ext[$2] $i " " }
       else if ($1 == "T") { nt++; tfile[nt] = $2; thdr[nt] = $3; used[nt] = 0 }
+      else if ($1 == "S") for (i = 4; i <= NF; i++) { sfloor[$i] = $2 + 0; sunit[$i] = $3 }
       next
     }
     NF >= 4 {
@@ -236,6 +266,13 @@ include_rule() {
         if (to == "") next                                  # not a module header (e.g. a generated one)
         if (to != from && !(layer[to] < layer[from]))
           msg = from " (layer " layer[from] ") may not include " to " (layer " layer[to] ")"
+        fs = server_stem(file); hs = server_stem(hdr)
+        if (msg == "" && fs != "" && hs != "") {
+          if (!(fs in sfloor)) msg = "src/server/" fs " is on no floor of the server table (SERVER_FLOORS)"
+          else if (!(hs in sfloor)) msg = "server/" hs " is on no floor of the server table (SERVER_FLOORS)"
+          else if (sunit[fs] != sunit[hs] && !(sfloor[hs] < sfloor[fs]))
+            msg = "server floor " sfloor[fs] " (" sunit[fs] ") may not include floor " sfloor[hs] " (" sunit[hs] ")"
+        }
       } else {
         for (x in ext) if (index(hdr, x) == 1 && index(ext[x], " " from " ") == 0)
           { msg = "<" hdr "> is only for" ext[x]; sub(/ $/, "", msg) }
@@ -280,10 +317,14 @@ thread_local_rule() {
 }
 
 # ---------------------------------------------------------------------------------------------
-# Both checks on a small made-up tree with planted mistakes: each must be reported, nothing else.
+# The checks on a small made-up tree with planted mistakes (the server floors: a back-arrow, a
+# wire header below its floor, two peer APIs): each must be reported, nothing else.
 self_test() {
   local t; t=$(mktemp -d)
-  mkdir -p "$t/docs/spec" "$t/src/util" "$t/src/model" "$t/src/io" "$t/app"
+  mkdir -p "$t/docs/spec" "$t/src/util" "$t/src/model" "$t/src/io" "$t/src/server" "$t/app"
+  printf '#include "server/api.h"\n#include "util/u.h"\n' > "$t/src/server/job.h"
+  printf '#include "server/job.h"\n#include "server/api_openai.h"\n' > "$t/src/server/api.h"
+  printf '#include "server/api_anthropic.h"\n' > "$t/src/server/api_openai.cpp"
   printf '# A\n\n## 3. Forward\n\n### 3.3 KDA\n\n1. one\n7. seven\n' > "$t/docs/spec/k3-architecture.md"
   printf '# B\n\n### Decision 2 — GGUF\n' > "$t/docs/spec/README.md"
   cat > "$t/src/model/m.h" <<'SRC'
@@ -317,7 +358,10 @@ spec-refs: 8 references resolved, 9 unresolved
 rc=1
 src/util/u.h:2: #include "model/m.h": util (layer 0) may not include model (layer 4)
 src/io/g.h:1: #include <CLI/CLI.hpp>: <CLI/CLI.hpp> is only for app util
-include-rule: 8 includes checked, 0 allowed as temporary exceptions, 2 violations
+src/server/job.h:1: #include "server/api.h": server floor 1 (job) may not include floor 4 (api)
+src/server/api.h:2: #include "server/api_openai.h": server floor 4 (api) may not include floor 6 (api_openai)
+src/server/api_openai.cpp:1: #include "server/api_anthropic.h": server floor 6 (api_openai) may not include floor 6 (api_anthropic)
+include-rule: 13 includes checked, 0 allowed as temporary exceptions, 5 violations
 rc=1
 src/util/tl.cpp:5: thread_local of a type that may have a destructor: use kimi::per_thread (util/per_thread.h)
 src/util/tl.cpp:6: thread_local of a type that may have a destructor: use kimi::per_thread (util/per_thread.h)

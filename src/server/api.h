@@ -8,24 +8,15 @@
 #include <string_view>
 #include <vector>
 
+#include "server/api_error.h"
 #include "server/grammar.h"
-#include "server/scheduler.h"
+#include "server/job.h"
 #include "tokenizer/chat.h"
 #include "tokenizer/tokenizer.h"
 
 namespace kimi::server {
 
 using ojson = nlohmann::ordered_json;
-
-// A request error: becomes {"error":{"message","type","param","code"}} with `status`.
-struct ApiError : std::runtime_error {
-  ApiError(int status, std::string message, std::string type = "invalid_request_error", std::string param = "",
-           std::string code = "")
-      : std::runtime_error(message), status(status), type(std::move(type)), param(std::move(param)),
-        code(std::move(code)) {}
-  int status;
-  std::string type, param, code;
-};
 
 ojson error_json(int status, const std::string& message, const std::string& type = "", const std::string& param = "",
                  const std::string& code = "");
@@ -74,43 +65,31 @@ ParsedRequest parse_completion_request(const std::string& body, const tok::Token
 // kJsonMaxDepth, a number out of range (the message and `param` name the field), not an object).
 ojson parse_body(const std::string& body);
 
-// Feeds raw model text through a chat parser into `out` (what the scheduler does per token).
-void apply_chat_text(tok::ChatParser& parser, const std::string& text, JobOutput& out);
-
-// OpenAI tool call object for a parsed call (arguments as a JSON string).
-ojson tool_call_json(const tok::ParsedToolCall& c, const std::string& id);
-ojson usage_json(const Job::Result& r);
-
-ojson usage_json(const std::vector<Job::Result>& rs);  // n choices: the prompt counted once
-
 // One choice of a response: its output and result.
 struct Choice {
   JobOutput out;
   Job::Result result;
 };
 
-// `logprobs` of a choice (null when the request asked for none): chat {"content": [{"token",
-// "logprob","bytes","top_logprobs"}], "reasoning_content": [...]} (OpenAI's chat form; reasoning
-// tokens in their own list); completions {"tokens","token_logprobs","top_logprobs","text_offset"}
-// (the legacy form). `text_offset0`: offset of the first token in the choice's text (streaming).
-ojson chat_logprobs_json(const std::vector<TokenLogprob>& lp, const tok::Tokenizer& tok);
-ojson completion_logprobs_json(const std::vector<TokenLogprob>& lp, const tok::Tokenizer& tok, size_t text_offset0 = 0);
-
-// Full (non-streaming) responses; `tok` is needed only for logprobs (nullptr: none asked).
-ojson chat_response(const std::string& id, const std::string& model, int64_t created, const std::vector<Choice>& cs,
-                    const tok::Tokenizer* tok = nullptr);
-ojson completion_response(const std::string& id, const std::string& model, int64_t created,
-                          const std::vector<Choice>& cs, const tok::Tokenizer* tok = nullptr);
-
-// Streaming chunks (one SSE `data:` payload each).
-ojson chat_chunk(const std::string& id, const std::string& model, int64_t created, const ojson& delta,
-                 const std::string& finish_reason, int index = 0,
-                 const ojson& logprobs = nullptr);  // finish_reason "" -> null
-ojson completion_chunk(const std::string& id, const std::string& model, int64_t created, const std::string& text,
-                       const std::string& finish_reason, int index = 0, const ojson& logprobs = nullptr);
-
-// OpenAI finish_reason for a scheduler result ("timeout" / "cancelled" map to "length" / "stop").
-std::string openai_finish_reason(const std::string& r);
+// OpenAI's reasoning effort onto K3's thinking: none -> thinking off; minimal, low -> low;
+// medium -> medium; high -> high; xhigh -> max. Sets "thinking" / "thinking_effort" of a chat body;
+// false for a value not in the map (chat's reasoning_effort, Responses' reasoning.effort).
+inline bool map_reasoning_effort(const std::string& effort, ojson& chat) {
+  if (effort == "none") {
+    chat["thinking"] = false;
+    chat.erase("thinking_effort");
+    return true;
+  }
+  const char* k3 = effort == "minimal" || effort == "low" ? "low"
+                   : effort == "medium"                   ? "medium"
+                   : effort == "high"                     ? "high"
+                   : effort == "xhigh"                    ? "max"
+                                                          : nullptr;
+  if (!k3) return false;
+  chat["thinking"] = true;
+  chat["thinking_effort"] = k3;
+  return true;
+}
 
 bool constant_time_equal(const std::string& a, const std::string& b);
 

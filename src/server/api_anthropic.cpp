@@ -4,8 +4,9 @@
 
 #include <fmt/format.h>
 
-#include <chrono>
+#include <cmath>
 #include <set>
+#include <string_view>
 
 #include "util/error.h"
 
@@ -21,12 +22,27 @@ std::string str(const ojson& o, const char* k, const std::string& where, bool re
   return kFields.str(o, k, where, required);
 }
 
-// The text of a `system` value or of a tool_result's content: a string or text blocks.
-std::string text_of(const ojson& v, const std::string& where) {
+// Claude Code's first system block, "x-anthropic-billing-header: cc_version=...; cc_entrypoint=...;
+// cch=...;": metadata for Anthropic's billing, not an instruction. Some versions put a per-request
+// hash (cch=) in it, which would change the prompt's first tokens on every request and so miss the
+// prompt cache every time: the block is left out of the prompt (docs/server.md).
+constexpr std::string_view kBillingHeader = "x-anthropic-billing-header:";
+
+bool is_billing_block(const ojson& b) {
+  if (!b.is_object()) return false;
+  const ojson* type = get(b, "type");
+  const ojson* text = get(b, "text");
+  return type && *type == "text" && text && text->is_string() &&
+         text->get_ref<const std::string&>().compare(0, kBillingHeader.size(), kBillingHeader) == 0;
+}
+
+// The text of a `system` value or of a tool_result's content: a string or text blocks (`from`: the
+// first block taken).
+std::string text_of(const ojson& v, const std::string& where, size_t from = 0) {
   if (v.is_string()) return v.get<std::string>();
   if (!v.is_array()) bad(where, "must be a string or an array of text blocks");
   std::string out;
-  for (size_t i = 0; i < v.size(); ++i) {
+  for (size_t i = from; i < v.size(); ++i) {
     const ojson& b = v[i];
     const std::string w = fmt::format("{}[{}]", where, i);
     if (!b.is_object()) bad(w, "must be an object");
@@ -37,6 +53,11 @@ std::string text_of(const ojson& v, const std::string& where) {
     out += str(b, "text", w, true);
   }
   return out;
+}
+
+// The request's `system`: its text without Claude Code's billing block (system[0] only).
+std::string system_text(const ojson& sys) {
+  return text_of(sys, "system", sys.is_array() && !sys.empty() && is_billing_block(sys[0]) ? 1 : 0);
 }
 
 // The thinking / effort fields onto K3's thinking on/off, thinking_effort and the thinking budget
@@ -84,7 +105,7 @@ void map_thinking(const ojson& b, ojson& chat) {
   if (thinking && budget >= 0) chat["thinking_budget_tokens"] = budget;
 }
 
-void map_tools(const ojson& b, ojson& chat, std::set<std::string>& names) {
+void map_tools(const ojson& b, ojson& chat, std::set<std::string>& names, FieldMap& fm) {
   const ojson* tools = get(b, "tools");
   if (tools) {
     if (!tools->is_array()) bad("tools", "must be an array");
@@ -107,6 +128,12 @@ void map_tools(const ojson& b, ojson& chat, std::set<std::string>& names) {
       if (!sc) bad(w + ".input_schema", "Field required");
       if (!sc->is_object()) bad(w + ".input_schema", "must be an object (a JSON schema)");
       fn["parameters"] = *sc;
+      const std::string cw = fmt::format("tools[{}]", out.size());  // server tools left out: other indices
+      fm.add(cw, w);
+      fm.add(cw + ".function", w);
+      fm.add(cw + ".function.name", w + ".name");
+      fm.add(cw + ".function.description", w + ".description");
+      fm.add(cw + ".function.parameters", w + ".input_schema");
       out.push_back({{"type", "function"}, {"function", std::move(fn)}});
     }
     if (!out.empty()) chat["tools"] = std::move(out);
@@ -179,12 +206,23 @@ AnthropicRequest anthropic_to_chat(const ojson& b, const Limits& lim, bool count
     if (!mcp->is_array() || !mcp->empty()) bad("mcp_servers", "MCP servers are not supported (kimi serve connects to no server)");
   map_thinking(b, chat);
   std::set<std::string> tool_names;
-  map_tools(b, chat, tool_names);
+  FieldMap& fm = r.fields;
+  map_tools(b, chat, tool_names, fm);
+  for (const char* k : {"max_tokens", "temperature", "top_p", "top_k", "tool_choice", "thinking"}) fm.add(k, k);
+  fm.add("thinking_budget_tokens", "thinking.budget_tokens");
+  fm.add("thinking_effort", "output_config.effort");
+  fm.add("response_format", "output_config.format");
+  fm.add("response_format.json_schema.schema", "output_config.format.schema");
+  fm.add("parallel_tool_calls", "tool_choice.disable_parallel_tool_use");
 
   ojson msgs = ojson::array();
+  auto chat_msg = [&] { return fmt::format("messages[{}]", msgs.size()); };  // the next chat message's path
   if (const ojson* sys = get(b, "system")) {
-    const std::string s = text_of(*sys, "system");
-    if (!s.empty()) msgs.push_back({{"role", "system"}, {"content", s}});
+    const std::string s = system_text(*sys);
+    if (!s.empty()) {
+      fm.add(chat_msg(), "system");
+      msgs.push_back({{"role", "system"}, {"content", s}});
+    }
   }
   const ojson* m = get(b, "messages");
   if (!m) bad("messages", "Field required");
@@ -202,6 +240,7 @@ AnthropicRequest anthropic_to_chat(const ojson& b, const Limits& lim, bool count
     const ojson* content = get(msg, "content");
     if (!content) bad(w + ".content", "Field required");
     if (role == "system") {  // Claude Code sends system messages between the turns too
+      fm.add(chat_msg(), w);
       msgs.push_back({{"role", "system"}, {"content", text_of(*content, w + ".content")}});
       continue;
     }
@@ -229,6 +268,8 @@ AnthropicRequest anthropic_to_chat(const ojson& b, const Limits& lim, bool count
           const ojson* err = get(bl, "is_error");
           if (err && !err->is_boolean()) bad(bw + ".is_error", "must be a boolean");
           if (err && err->get<bool>()) out = "Error: " + out;
+          fm.add(chat_msg(), bw);
+          fm.add(chat_msg() + ".tool_call_id", bw + ".tool_use_id");
           msgs.push_back({{"role", "tool"}, {"tool_call_id", id}, {"content", out}});
         } else if (type == "image" || type == "document") {
           bad(bw + ".type", fmt::format("'{}' blocks are not supported (the engine is text-only)", type));
@@ -236,7 +277,14 @@ AnthropicRequest anthropic_to_chat(const ojson& b, const Limits& lim, bool count
           bad(bw + ".type", fmt::format("content block type '{}' is not supported in a user message (text, tool_result)", type));
         }
       }
-      if (!text.empty() || blocks.empty()) msgs.push_back({{"role", "user"}, {"content", text}});
+      if (!text.empty() || blocks.empty()) {
+        fm.add(chat_msg(), w);
+        msgs.push_back({{"role", "user"}, {"content", text}});
+      }
+      // docs/server.md: the results of an assistant's tool calls are in the very next user message
+      if (!open_calls.empty())
+        bad(w, fmt::format("tool_use '{}' has no tool_result in this message (the user message right after it)",
+                           *open_calls.begin()));
       continue;
     }
     if (!open_calls.empty())
@@ -264,6 +312,12 @@ AnthropicRequest anthropic_to_chat(const ojson& b, const Limits& lim, bool count
         const ojson* in = get(bl, "input");
         if (!in) bad(bw + ".input", "Field required");
         if (!in->is_object()) bad(bw + ".input", fmt::format("must be a JSON object (got {})", in->type_name()));
+        const std::string cw = fmt::format("{}.tool_calls[{}]", chat_msg(), calls.size());
+        fm.add(cw, bw);
+        fm.add(cw + ".id", bw + ".id");
+        fm.add(cw + ".function", bw);
+        fm.add(cw + ".function.name", bw + ".name");
+        fm.add(cw + ".function.arguments", bw + ".input");
         calls.push_back({{"id", id}, {"type", "function"}, {"function", {{"name", name}, {"arguments", *in}}}});
         open_calls.insert(id);
       } else {
@@ -272,6 +326,7 @@ AnthropicRequest anthropic_to_chat(const ojson& b, const Limits& lim, bool count
                         "redacted_thinking, tool_use)", type));
       }
     }
+    fm.add(chat_msg(), w);
     ojson am = {{"role", "assistant"}, {"content", text}};
     if (!reasoning.empty()) am["reasoning_content"] = reasoning;
     if (!calls.empty()) am["tool_calls"] = std::move(calls);
@@ -302,8 +357,8 @@ ojson anthropic_error_json(int status, const std::string& message) {
 }
 
 std::string anthropic_stop_reason(const Job::Result& r) {
-  if (r.finish_reason == "tool_calls") return "tool_use";
-  if (r.finish_reason == "length" || r.finish_reason == "timeout") return "max_tokens";
+  if (r.finish_reason == FinishReason::ToolCalls) return "tool_use";
+  if (r.finish_reason == FinishReason::Length || r.finish_reason == FinishReason::Timeout) return "max_tokens";
   if (!r.stop_string.empty()) return "stop_sequence";
   return "end_turn";
 }
@@ -320,13 +375,6 @@ void anthropic_reshape_error(const httpd::Request& req, httpd::Reply& out) {
 
 namespace {
 
-httpd::Reply reply(const ojson& j, int status = 200) {
-  httpd::Reply r;
-  r.status = status;
-  r.body = wire_json(j);
-  return r;
-}
-
 ojson usage(const Job::Result& r) {
   return {{"input_tokens", r.n_prompt - r.n_cached},
           {"cache_creation_input_tokens", 0},
@@ -335,170 +383,136 @@ ojson usage(const Job::Result& r) {
 }
 
 // The request as the engine's: the chat body through parse_chat_request, then what it cannot say.
-ParsedRequest parse(const Endpoint& e, const httpd::Request& req, bool count_only, AnthropicRequest& ar) {
+ParsedRequest parse(const Endpoint& e, const httpd::Request& req, const Limits& lim, bool count_only, AnthropicRequest& ar) {
   const ojson b = parse_body(req.body);
-  ar = anthropic_to_chat(b, e.lim, count_only);
-  ParsedRequest pr = parse_chat_request(wire_json(ar.chat), e.tok, e.lim);
+  ar = anthropic_to_chat(b, lim, count_only);
+  ParsedRequest pr = parse_as_chat(ar.chat, ar.fields, e.tok, lim);
   pr.gen.stop = ar.stop_sequences;
   return pr;
 }
 
-void send_error(httpd::Responder& res, int status, const std::string& msg) {
-  if (!res.started()) res.send(reply(anthropic_error_json(status, msg), status));
-}
+// A Message, or Anthropic's event stream: message_start, content blocks (thinking, text, tool_use
+// whose input arrives in input_json_delta pieces), message_delta with the stop reason and usage,
+// message_stop; `ping` while the prompt is read (with its progress) and as keep-alive. A stream
+// that does not end normally ends with an error event and no message_stop.
+class AnthropicRenderer final : public Renderer {
+ public:
+  explicit AnthropicRenderer(const Endpoint& e) : e_(e) {}
+  const char* id_prefix() const override { return "msg_"; }
+  int n_prompt = 0;
 
-template <class F>
-void guarded(httpd::Responder& res, F&& f) {
-  try {
-    f();
-  } catch (const ApiError& e) {
-    send_error(res, e.status, e.what());
-  } catch (const kimi::Error& e) {
-    send_error(res, 400, e.what());
-  } catch (const std::exception& e) {
-    send_error(res, 500, std::string("internal error: ") + e.what());
+  std::string stream_head(size_t) override {
+    const ojson start = {
+        {"type", "message_start"},
+        {"message",
+         {{"id", id}, {"type", "message"}, {"role", "assistant"}, {"content", ojson::array()}, {"model", e_.model_id},
+          {"stop_reason", nullptr}, {"stop_sequence", nullptr},
+          {"usage", {{"input_tokens", n_prompt}, {"cache_creation_input_tokens", 0}, {"cache_read_input_tokens", 0},
+                     {"output_tokens", 0}}}}}};
+    return sse_event("message_start", start) + sse_event("ping", {{"type", "ping"}});
   }
-}
-
-void stream(const Endpoint& e, Job& job, httpd::Responder& res, const std::string& id, int n_prompt) {
-  if (!res.begin_stream(200, "text/event-stream", {{"Cache-Control", "no-cache"}, {"X-Accel-Buffering", "no"}})) {
-    job.cancel();
-    return;
+  void thinking(size_t, const std::string& t, std::string& buf) override { text_delta(buf, "thinking", t); }
+  void content(size_t, const std::string& t, std::string& buf) override { text_delta(buf, "text", t); }
+  // a tool call as it is generated: its block starts with the name, its input arrives in
+  // input_json_delta pieces (together exactly the whole answer's input), the block stops with the call
+  void tool_start(size_t, const std::string& name, std::string& buf) override {
+    close_block(buf);
+    ++index_;
+    open_ = "tool_use";
+    buf += sse_event("content_block_start",
+                     {{"type", "content_block_start"}, {"index", index_},
+                      {"content_block", {{"type", "tool_use"}, {"id", call_id(n_calls_++)}, {"name", name}, {"input", ojson::object()}}}});
   }
-  auto write = [&](const std::string& s) {
-    if (res.write(s)) return true;
-    job.cancel();
-    return false;
-  };
-  const ojson start = {
-      {"type", "message_start"},
-      {"message",
-       {{"id", id}, {"type", "message"}, {"role", "assistant"}, {"content", ojson::array()}, {"model", e.model_id},
-        {"stop_reason", nullptr}, {"stop_sequence", nullptr},
-        {"usage", {{"input_tokens", n_prompt}, {"cache_creation_input_tokens", 0}, {"cache_read_input_tokens", 0},
-                   {"output_tokens", 0}}}}}};
-  if (!write(sse_event("message_start", start) + sse_event("ping", {{"type", "ping"}}))) return;
-  int index = -1;        // the open content block
-  std::string open;      // its type ("" none)
-  int n_calls = 0;
-  auto close_block = [&](std::string& buf) {
-    if (open.empty()) return;
-    buf += sse_event("content_block_stop", {{"type", "content_block_stop"}, {"index", index}});
-    open.clear();
-  };
-  auto text_delta = [&](std::string& buf, const char* type, const std::string& text) {
-    const bool thinking = std::string(type) == "thinking";
-    if (open != type) {
-      close_block(buf);
-      open = type;
-      ++index;
-      const ojson block = thinking ? ojson{{"type", "thinking"}, {"thinking", ""}, {"signature", ""}}
-                                   : ojson{{"type", "text"}, {"text", ""}};
-      buf += sse_event("content_block_start", {{"type", "content_block_start"}, {"index", index}, {"content_block", block}});
-    }
-    const ojson d = thinking ? ojson{{"type", "thinking_delta"}, {"thinking", text}} : ojson{{"type", "text_delta"}, {"text", text}};
-    buf += sse_event("content_block_delta", {{"type", "content_block_delta"}, {"index", index}, {"delta", d}});
-  };
-  auto idle_since = Clock::now();
-  try {
-    for (;;) {
-      JobOutput out;
-      const bool fin = job.wait(out, std::chrono::milliseconds(50));
-      std::string buf;
-      if (!out.reasoning.empty()) text_delta(buf, "thinking", out.reasoning);
-      if (!out.content.empty()) text_delta(buf, "text", out.content);
-      // a tool call as it is generated: its block starts with the name, its input arrives in
-      // input_json_delta pieces (together exactly the whole answer's input), the block stops with the call
-      for (const auto& td : out.tool_deltas) {
-        if (td.started) {
-          close_block(buf);
-          ++index;
-          open = "tool_use";
-          const std::string cid = fmt::format("toolu_{}_{}", id, n_calls++);
-          buf += sse_event("content_block_start",
-                           {{"type", "content_block_start"}, {"index", index},
-                            {"content_block", {{"type", "tool_use"}, {"id", cid}, {"name", td.name}, {"input", ojson::object()}}}});
-        }
-        if (open != "tool_use") continue;
-        if (!td.arguments.empty())
-          buf += sse_event("content_block_delta", {{"type", "content_block_delta"}, {"index", index},
-                                                   {"delta", {{"type", "input_json_delta"}, {"partial_json", td.arguments}}}});
-        if (td.done) close_block(buf);
-      }
-      if (fin) {
-        const Job::Result r = job.result();
-        e.finished(id, r);
-        if (r.http_status >= 400 || r.finish_reason == "cancelled" || r.finish_reason == "error") {
-          // a stream that did not end normally: an error event and no message_stop
-          const int st = r.http_status >= 400 ? r.http_status : 503;
-          const std::string msg = !r.error.empty() ? r.error
-                                  : "the request was cancelled (server shutting down); the output is incomplete";
-          buf += sse_event("error", anthropic_error_json(st, msg));
-          if (write(buf)) res.end();
-          return;
-        }
-        close_block(buf);
-        const ojson u = usage(r);
-        buf += sse_event("message_delta",
-                         {{"type", "message_delta"},
-                          {"delta", {{"stop_reason", anthropic_stop_reason(r)},
-                                     {"stop_sequence", r.stop_string.empty() ? ojson(nullptr) : ojson(r.stop_string)}}},
-                          {"usage", u}});
-        buf += sse_event("message_stop", {{"type", "message_stop"}});
-        if (write(buf)) res.end();
-        return;
-      }
-      if (!buf.empty()) {
-        if (!write(buf)) return;
-        idle_since = Clock::now();
-      } else if (res.peer_closed()) {
-        job.cancel();
-      } else if (Clock::now() - idle_since > std::chrono::seconds(5)) {
-        if (!write(sse_event("ping", {{"type", "ping"}}))) return;  // also finds a dead peer
-        idle_since = Clock::now();
-      }
-    }
-  } catch (const std::exception& ex) {
-    job.cancel();
-    if (write(sse_event("error", anthropic_error_json(500, std::string("internal error: ") + ex.what())))) res.end();
+  void tool_args(size_t, const std::string& piece, std::string& buf) override {
+    if (open_ != "tool_use") return;
+    buf += sse_event("content_block_delta", {{"type", "content_block_delta"}, {"index", index_},
+                                             {"delta", {{"type", "input_json_delta"}, {"partial_json", piece}}}});
   }
-}
+  void tool_done(size_t, std::string& buf) override {
+    if (open_ == "tool_use") close_block(buf);
+  }
+  std::string progress(const Progress& p) override {
+    ojson ping = {{"type", "ping"}};
+    if (p.reading)
+      ping["prompt_progress"] = {{"total", p.total}, {"cache", p.cache}, {"processed", p.processed}, {"time_ms", std::round(p.time_ms)}};
+    return sse_event("ping", ping);
+  }
+  void finish(size_t, const Job::Result& r, std::string& buf) override {
+    close_block(buf);
+    buf += sse_event("message_delta",
+                     {{"type", "message_delta"},
+                      {"delta", {{"stop_reason", anthropic_stop_reason(r)},
+                                 {"stop_sequence", r.stop_string.empty() ? ojson(nullptr) : ojson(r.stop_string)}}},
+                      {"usage", usage(r)}});
+  }
+  std::string stream_tail(const std::vector<Job::Result>&) override { return sse_event("message_stop", {{"type", "message_stop"}}); }
+  std::string stream_error(const ApiError& err) override {
+    return sse_event("error", anthropic_error_json(err.status, err.what()));
+  }
 
-}  // namespace
-
-void anthropic_messages(const Endpoint& e, const httpd::Request& req, httpd::Responder& res) {
-  guarded(res, [&] {
-    AnthropicRequest ar;
-    ParsedRequest pr = parse(e, req, false, ar);
-    const int n_prompt = static_cast<int>(pr.prompt.size());
-    const std::shared_ptr<Job> job = e.submit(pr);
-    const std::string id = e.new_id("msg_");
-    if (ar.stream) return stream(e, *job, res, id, n_prompt);
-    const JobOutput out = wait_whole(*job, res);
-    const Job::Result r = job->result();
-    e.finished(id, r);
-    if (r.http_status >= 400) throw ApiError(r.http_status, r.error.empty() ? r.finish_reason : r.error);
-    if (r.finish_reason == "cancelled")
-      throw ApiError(503, "the request was cancelled (client gone or server shutting down)", "overloaded_error");
+  httpd::Reply whole(const std::vector<Choice>& cs) override {
+    const JobOutput& out = cs[0].out;
+    const Job::Result& r = cs[0].result;
     ojson content = ojson::array();
     if (!out.reasoning.empty()) content.push_back({{"type", "thinking"}, {"thinking", out.reasoning}, {"signature", ""}});
     if (!out.content.empty() || (out.tool_calls.empty() && out.reasoning.empty()))
       content.push_back({{"type", "text"}, {"text", out.content}});
-    for (size_t i = 0; i < out.tool_calls.size(); ++i)
-      content.push_back({{"type", "tool_use"}, {"id", fmt::format("toolu_{}_{}", id, i)}, {"name", out.tool_calls[i].name},
+    for (size_t i = 0; i < out.tool_calls.size(); ++i)  // a call cut by max_tokens too, as its stream sent it
+      content.push_back({{"type", "tool_use"}, {"id", call_id(i)}, {"name", out.tool_calls[i].name},
                          {"input", tool_call_input(out.tool_calls[i])}});
-    res.send(reply({{"id", id}, {"type", "message"}, {"role", "assistant"}, {"model", e.model_id},
-                    {"content", std::move(content)}, {"stop_reason", anthropic_stop_reason(r)},
-                    {"stop_sequence", r.stop_string.empty() ? ojson(nullptr) : ojson(r.stop_string)},
-                    {"usage", usage(r)}}));
+    return json_reply({{"id", id}, {"type", "message"}, {"role", "assistant"}, {"model", e_.model_id},
+                  {"content", std::move(content)}, {"stop_reason", anthropic_stop_reason(r)},
+                  {"stop_sequence", r.stop_string.empty() ? ojson(nullptr) : ojson(r.stop_string)},
+                  {"usage", usage(r)}});
+  }
+  httpd::Reply error(const ApiError& err) override { return json_reply(anthropic_error_json(err.status, err.what()), err.status); }
+
+ private:
+  std::string call_id(size_t i) const { return fmt::format("toolu_{}_{}", id, i); }
+  void close_block(std::string& buf) {
+    if (open_.empty()) return;
+    buf += sse_event("content_block_stop", {{"type", "content_block_stop"}, {"index", index_}});
+    open_.clear();
+  }
+  void text_delta(std::string& buf, const char* type, const std::string& text) {
+    const bool thinking = std::string(type) == "thinking";
+    if (open_ != type) {
+      close_block(buf);
+      open_ = type;
+      ++index_;
+      const ojson block = thinking ? ojson{{"type", "thinking"}, {"thinking", ""}, {"signature", ""}}
+                                   : ojson{{"type", "text"}, {"text", ""}};
+      buf += sse_event("content_block_start", {{"type", "content_block_start"}, {"index", index_}, {"content_block", block}});
+    }
+    const ojson d = thinking ? ojson{{"type", "thinking_delta"}, {"thinking", text}} : ojson{{"type", "text_delta"}, {"text", text}};
+    buf += sse_event("content_block_delta", {{"type", "content_block_delta"}, {"index", index_}, {"delta", d}});
+  }
+  const Endpoint& e_;
+  int index_ = -1;     // the open content block
+  std::string open_;   // its type ("" none)
+  size_t n_calls_ = 0;
+};
+
+}  // namespace
+
+void anthropic_messages(const Endpoint& e, const httpd::Request& req, httpd::Responder& res) {
+  AnthropicRenderer r(e);
+  drive(e, res, r, [&](const Limits& lim) {
+    AnthropicRequest ar;
+    ParsedRequest pr = parse(e, req, lim, false, ar);
+    pr.stream = ar.stream;
+    pr.n = 1;
+    r.n_prompt = static_cast<int>(pr.prompt.size());
+    return pr;
   });
 }
 
 void anthropic_count_tokens(const Endpoint& e, const httpd::Request& req, httpd::Responder& res) {
-  guarded(res, [&] {
+  AnthropicRenderer r(e);
+  answer(res, r, [&] {
     AnthropicRequest ar;
-    const ParsedRequest pr = parse(e, req, true, ar);
-    res.send(reply({{"input_tokens", pr.prompt.size()}}));
+    const ParsedRequest pr = parse(e, req, e.lim, true, ar);
+    res.send(json_reply({{"input_tokens", pr.prompt.size()}}));
   });
 }
 

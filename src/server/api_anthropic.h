@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "server/api_endpoint.h"
+#include "server/job_driver.h"
 
 namespace kimi::server {
 
@@ -17,6 +17,7 @@ struct AnthropicRequest {
   ojson chat;                               // the OpenAI chat body parse_chat_request takes
   std::vector<std::string> stop_sequences;  // any number (the chat body allows 4)
   bool stream = false;
+  FieldMap fields;                          // the chat body's fields -> the Messages request's
 };
 
 // Translates and validates a Messages body (throws ApiError whose `param` is the Anthropic field,

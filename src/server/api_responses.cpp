@@ -4,7 +4,7 @@
 
 #include <fmt/format.h>
 
-#include <chrono>
+#include <cmath>
 #include <set>
 
 #include "util/error.h"
@@ -45,7 +45,7 @@ std::string content_text(const ojson& c, const std::string& where) {
   return out;
 }
 
-void map_tools(const ojson& b, ojson& chat, ojson& echo) {
+void map_tools(const ojson& b, ojson& chat, ojson& echo, FieldMap& fm) {
   std::set<std::string> names;
   if (const ojson* tools = get(b, "tools")) {
     if (!tools->is_array()) bad("tools", "must be an array");
@@ -68,6 +68,12 @@ void map_tools(const ojson& b, ojson& chat, ojson& echo) {
         if (!p->is_object()) bad(w + ".parameters", "must be an object (a JSON schema)");
         fn["parameters"] = *p;
       }
+      const std::string cw = fmt::format("tools[{}]", out.size());  // hosted tools left out: other indices
+      fm.add(cw, w);
+      fm.add(cw + ".function", w);
+      fm.add(cw + ".function.name", w + ".name");
+      fm.add(cw + ".function.description", w + ".description");
+      fm.add(cw + ".function.parameters", w + ".parameters");
       out.push_back({{"type", "function"}, {"function", std::move(fn)}});
     }
     echo["tools"] = *tools;
@@ -163,13 +169,26 @@ ResponsesRequest responses_to_chat(const ojson& b, const Limits& lim) {
       }
     }
   }
-  map_tools(b, chat, r.echo);
+  FieldMap& fm = r.fields;
+  map_tools(b, chat, r.echo, fm);
+  for (const char* k : {"temperature", "top_p", "tool_choice", "parallel_tool_calls"}) fm.add(k, k);
+  fm.add("max_tokens", "max_output_tokens");
+  fm.add("thinking", "reasoning.effort");
+  fm.add("thinking_effort", "reasoning.effort");
+  fm.add("response_format", "text.format");
+  fm.add("response_format.json_schema.schema", "text.format.schema");
+  fm.add("response_format.json_schema.name", "text.format.name");
+  fm.add("response_format.json_schema.strict", "text.format.strict");
 
   ojson msgs = ojson::array();
+  auto chat_msg = [&] { return fmt::format("messages[{}]", msgs.size()); };  // the next chat message's path
   if (const ojson* ins = get(b, "instructions")) {
     if (!ins->is_string()) bad("instructions", "must be a string");
     r.echo["instructions"] = *ins;
-    if (!ins->get<std::string>().empty()) msgs.push_back({{"role", "system"}, {"content", *ins}});
+    if (!ins->get<std::string>().empty()) {
+      fm.add(chat_msg(), "instructions");
+      msgs.push_back({{"role", "system"}, {"content", *ins}});
+    }
   }
   const ojson* in = get(b, "input");
   if (!in) bad("input", "is required");
@@ -210,8 +229,11 @@ ResponsesRequest responses_to_chat(const ojson& b, const Limits& lim) {
           assistant();
         }
         asst["content"] = asst["content"].get<std::string>() + text;
+        fm.add(chat_msg(), w);
+        fm.add(chat_msg() + ".content", w + ".content");
       } else if (role == "user" || role == "system" || role == "developer") {
         flush();
+        fm.add(chat_msg(), w);
         msgs.push_back({{"role", role == "developer" ? "system" : role}, {"content", text}});
       } else {
         bad(w + ".role", fmt::format("'{}' is not one of user, assistant, system, developer", role));
@@ -230,6 +252,7 @@ ResponsesRequest responses_to_chat(const ojson& b, const Limits& lim) {
       if (!asst.is_null() && (asst.contains("tool_calls") || !asst["content"].get<std::string>().empty())) flush();
       ojson& a = assistant();
       a["reasoning_content"] = a.value("reasoning_content", std::string()) + text;
+      fm.add(chat_msg() + ".reasoning_content", w);
     } else if (type == "function_call") {
       const std::string id = str(it, "call_id", w, true);
       const std::string name = str(it, "name", w, true);
@@ -242,6 +265,12 @@ ResponsesRequest responses_to_chat(const ojson& b, const Limits& lim) {
         bad(w + ".arguments", "must be a JSON object (as a string)");
       ojson& a = assistant();
       if (!a.contains("tool_calls")) a["tool_calls"] = ojson::array();
+      const std::string cw = fmt::format("{}.tool_calls[{}]", chat_msg(), a["tool_calls"].size());
+      fm.add(cw, w);
+      fm.add(cw + ".id", w + ".call_id");
+      fm.add(cw + ".function", w);
+      fm.add(cw + ".function.name", w + ".name");
+      fm.add(cw + ".function.arguments", w + ".arguments");
       a["tool_calls"].push_back({{"id", id}, {"type", "function"}, {"function", {{"name", name}, {"arguments", parsed}}}});
     } else if (type == "function_call_output") {
       const std::string id = str(it, "call_id", w, true);
@@ -251,6 +280,9 @@ ResponsesRequest responses_to_chat(const ojson& b, const Limits& lim) {
       if (!o) bad(w + ".output", "is required");
       const std::string out = content_text(*o, w + ".output");
       flush();
+      fm.add(chat_msg(), w);
+      fm.add(chat_msg() + ".tool_call_id", w + ".call_id");
+      fm.add(chat_msg() + ".content", w + ".output");
       msgs.push_back({{"role", "tool"}, {"tool_call_id", id}, {"content", out}});
     } else {
       bad(w + ".type",
@@ -265,252 +297,203 @@ ResponsesRequest responses_to_chat(const ojson& b, const Limits& lim) {
 
 namespace {
 
-struct Ids {
-  std::string resp, msg, rs;
-  std::string call(size_t i) const { return fmt::format("call_{}_{}", resp, i); }
-  std::string fc(size_t i) const { return fmt::format("fc_{}_{}", resp, i); }
-};
+// A Response object, or the Responses event stream (every event with its sequence_number):
+// response.created and response.in_progress, output items (reasoning, message, function_call whose
+// arguments arrive in delta pieces) added, filled and done, then response.completed or
+// response.incomplete with the whole Response; response.in_progress again while the prompt is read
+// (with its progress) and as keep-alive. A stream that does not end normally ends with an error event.
+class ResponsesRenderer final : public Renderer {
+ public:
+  ResponsesRenderer(const Endpoint& e, const ResponsesRequest& rq) : e_(e), rq_(rq), created_(unix_seconds()) {}
+  const char* id_prefix() const override { return "resp_"; }
 
-ojson response_object(const Endpoint& e, const ResponsesRequest& rq, const Ids& ids, int64_t created,
-                      const std::string& status, const ojson& output, const ojson& usage, const ojson& incomplete) {
-  const ojson parallel = rq.echo.contains("parallel_tool_calls") ? rq.echo["parallel_tool_calls"] : ojson(true);
-  ojson r = {{"id", ids.resp}, {"object", "response"}, {"created_at", created}, {"status", status},
-             {"error", nullptr}, {"incomplete_details", incomplete}, {"model", e.model_id}, {"output", output},
-             {"parallel_tool_calls", parallel}, {"previous_response_id", nullptr}, {"store", false},
-             {"truncation", "disabled"}, {"usage", usage}};
-  for (const char* k : {"instructions", "max_output_tokens", "metadata", "reasoning", "temperature", "top_p", "tools",
-                        "tool_choice", "text"})
-    r[k] = rq.echo.contains(k) ? rq.echo[k] : ojson(nullptr);
-  if (r["tools"].is_null()) r["tools"] = ojson::array();
-  if (r["tool_choice"].is_null()) r["tool_choice"] = "auto";
-  if (r["text"].is_null()) r["text"] = {{"format", {{"type", "text"}}}};
-  if (r["metadata"].is_null()) r["metadata"] = ojson::object();
-  return r;
-}
-
-ojson usage_of(const Job::Result& r, int reasoning_tokens) {
-  return {{"input_tokens", r.n_prompt},
-          {"input_tokens_details", {{"cached_tokens", r.n_cached}}},
-          {"output_tokens", r.n_generated},
-          {"output_tokens_details", {{"reasoning_tokens", reasoning_tokens}}},
-          {"total_tokens", r.n_prompt + r.n_generated}};
-}
-
-ojson reasoning_item(const Ids& ids, const std::string& text, bool done) {
-  ojson content = ojson::array();
-  if (done) content.push_back({{"type", "reasoning_text"}, {"text", text}});
-  return {{"type", "reasoning"}, {"id", ids.rs}, {"summary", ojson::array()}, {"content", content}};
-}
-ojson message_item(const Ids& ids, const std::string& text, bool done) {
-  ojson content = ojson::array();
-  if (done) content.push_back({{"type", "output_text"}, {"text", text}, {"annotations", ojson::array()}, {"logprobs", ojson::array()}});
-  return {{"type", "message"}, {"id", ids.msg}, {"status", done ? "completed" : "in_progress"}, {"role", "assistant"},
-          {"content", content}};
-}
-ojson call_item(const Ids& ids, size_t i, const std::string& name, const std::string& arguments, const char* status) {
-  return {{"type", "function_call"}, {"id", ids.fc(i)}, {"call_id", ids.call(i)}, {"name", name},
-          {"arguments", arguments}, {"status", status}};
-}
-ojson call_item(const Ids& ids, size_t i, const tok::ParsedToolCall& c) {
-  return call_item(ids, i, c.name, wire_json(tool_call_input(c)), "completed");
-}
-
-void send_error(httpd::Responder& res, const ApiError& err) {
-  if (res.started()) return;
-  httpd::Reply r;
-  r.status = err.status;
-  r.body = wire_json(error_json(err.status, err.what(), err.type, err.param, err.code));
-  res.send(r);
-}
-
-void stream(const Endpoint& e, const ResponsesRequest& rq, Job& job, httpd::Responder& res, const Ids& ids) {
-  if (!res.begin_stream(200, "text/event-stream", {{"Cache-Control", "no-cache"}, {"X-Accel-Buffering", "no"}})) {
-    job.cancel();
-    return;
+  std::string stream_head(size_t) override {
+    const ojson initial = object("in_progress", ojson::array(), nullptr, nullptr);
+    std::string head = ev("response.created", {{"response", initial}});  // in this order: sequence numbers
+    return head + ev("response.in_progress", {{"response", initial}});
   }
-  const int64_t created = unix_seconds();
-  int seq = 0;
-  auto ev = [&](const std::string& type, ojson data) {
-    ojson j = {{"type", type}, {"sequence_number", seq++}};
+  void thinking(size_t, const std::string& t, std::string& buf) override { delta(buf, Reasoning, t); }
+  void content(size_t, const std::string& t, std::string& buf) override { delta(buf, Message, t); }
+  // a function call as it is generated: the item is added with its name, the arguments arrive in
+  // delta pieces (together exactly the whole answer's arguments), the item is done with the call
+  void tool_start(size_t, const std::string& name, std::string& buf) override {
+    close(buf);
+    open_ = Call;
+    ++out_index_;
+    call_name_ = name;
+    call_done_ = false;
+    const size_t i = n_calls_++;
+    buf += ev("response.output_item.added", {{"output_index", out_index_}, {"item", call_item(i, name, "", "in_progress")}});
+  }
+  void tool_args(size_t, const std::string& piece, std::string& buf) override {
+    if (open_ != Call) return;
+    text_ += piece;
+    buf += ev("response.function_call_arguments.delta", {{"item_id", fc(n_calls_ - 1)}, {"output_index", out_index_}, {"delta", piece}});
+  }
+  void tool_done(size_t, std::string& buf) override {
+    if (open_ != Call) return;
+    call_done_ = true;
+    close(buf);
+  }
+  std::string progress(const Progress& p) override {
+    ojson d = {{"response", object("in_progress", output_, nullptr, nullptr)}};
+    if (p.reading)
+      d["prompt_progress"] = {{"total", p.total}, {"cache", p.cache}, {"processed", p.processed}, {"time_ms", std::round(p.time_ms)}};
+    return ev("response.in_progress", std::move(d));
+  }
+  void finish(size_t, const Job::Result& r, std::string& buf) override {
+    if (output_.empty() && open_ == None) delta(buf, Message, "");  // an answer has at least its (empty) message
+    close(buf);
+    const bool incomplete = is_cut(r.finish_reason);
+    buf += ev(incomplete ? "response.incomplete" : "response.completed",
+              {{"response", object(incomplete ? "incomplete" : "completed", output_, usage_of(r), incomplete_details(r))}});
+  }
+  std::string stream_tail(const std::vector<Job::Result>&) override { return {}; }
+  std::string stream_error(const ApiError& err) override {
+    return ev("error", {{"code", err.status >= 500 ? "server_error" : "invalid_request_error"}, {"message", err.what()}, {"param", nullptr}});
+  }
+
+  httpd::Reply whole(const std::vector<Choice>& cs) override {
+    const JobOutput& out = cs[0].out;
+    const Job::Result& r = cs[0].result;
+    ojson output = ojson::array();
+    if (!out.reasoning.empty()) output.push_back(reasoning_item(out.reasoning, true));
+    if (!out.content.empty() || (out.tool_calls.empty() && out.reasoning.empty())) output.push_back(message_item(out.content, true));
+    for (size_t i = 0; i < out.tool_calls.size(); ++i) {  // a call cut by max_output_tokens too, "incomplete"
+      const tok::ParsedToolCall& c = out.tool_calls[i];
+      output.push_back(call_item(i, c.name, wire_json(tool_call_input(c)), c.complete ? "completed" : "incomplete"));
+    }
+    const bool incomplete = is_cut(r.finish_reason);
+    return json_reply(object(incomplete ? "incomplete" : "completed", output, usage_of(r), incomplete_details(r)));
+  }
+  httpd::Reply error(const ApiError& err) override { return error_reply(err); }
+
+ private:
+  enum Open { None, Reasoning, Message, Call };
+  std::string msg_id() const { return "msg_" + id.substr(5); }
+  std::string rs_id() const { return "rs_" + id.substr(5); }
+  std::string call_id(size_t i) const { return fmt::format("call_{}_{}", id, i); }
+  std::string fc(size_t i) const { return fmt::format("fc_{}_{}", id, i); }
+  static ojson incomplete_details(const Job::Result& r) {
+    return is_cut(r.finish_reason) ? ojson{{"reason", "max_output_tokens"}} : ojson(nullptr);
+  }
+  static ojson usage_of(const Job::Result& r) {
+    return {{"input_tokens", r.n_prompt},
+            {"input_tokens_details", {{"cached_tokens", r.n_cached}}},
+            {"output_tokens", r.n_generated},
+            {"output_tokens_details", {{"reasoning_tokens", r.n_thinking}}},
+            {"total_tokens", r.n_prompt + r.n_generated}};
+  }
+  ojson object(const std::string& status, const ojson& output, const ojson& usage, const ojson& incomplete) const {
+    const ojson parallel = rq_.echo.contains("parallel_tool_calls") ? rq_.echo["parallel_tool_calls"] : ojson(true);
+    ojson r = {{"id", id}, {"object", "response"}, {"created_at", created_}, {"status", status},
+               {"error", nullptr}, {"incomplete_details", incomplete}, {"model", e_.model_id}, {"output", output},
+               {"parallel_tool_calls", parallel}, {"previous_response_id", nullptr}, {"store", false},
+               {"truncation", "disabled"}, {"usage", usage}};
+    for (const char* k : {"instructions", "max_output_tokens", "metadata", "reasoning", "temperature", "top_p", "tools",
+                          "tool_choice", "text"})
+      r[k] = rq_.echo.contains(k) ? rq_.echo[k] : ojson(nullptr);
+    if (r["tools"].is_null()) r["tools"] = ojson::array();
+    if (r["tool_choice"].is_null()) r["tool_choice"] = "auto";
+    if (r["text"].is_null()) r["text"] = {{"format", {{"type", "text"}}}};
+    if (r["metadata"].is_null()) r["metadata"] = ojson::object();
+    return r;
+  }
+  ojson reasoning_item(const std::string& text, bool done) const {
+    ojson content = ojson::array();
+    if (done) content.push_back({{"type", "reasoning_text"}, {"text", text}});
+    return {{"type", "reasoning"}, {"id", rs_id()}, {"summary", ojson::array()}, {"content", content}};
+  }
+  ojson message_item(const std::string& text, bool done) const {
+    ojson content = ojson::array();
+    if (done)
+      content.push_back({{"type", "output_text"}, {"text", text}, {"annotations", ojson::array()}, {"logprobs", ojson::array()}});
+    return {{"type", "message"}, {"id", msg_id()}, {"status", done ? "completed" : "in_progress"}, {"role", "assistant"},
+            {"content", content}};
+  }
+  ojson call_item(size_t i, const std::string& name, const std::string& arguments, const char* status) const {
+    return {{"type", "function_call"}, {"id", fc(i)}, {"call_id", call_id(i)}, {"name", name},
+            {"arguments", arguments}, {"status", status}};
+  }
+  std::string ev(const std::string& type, ojson data) {
+    ojson j = {{"type", type}, {"sequence_number", seq_++}};
     for (auto it = data.begin(); it != data.end(); ++it) j[it.key()] = it.value();
     return sse_event(type, j);
-  };
-  auto write = [&](const std::string& s) {
-    if (res.write(s)) return true;
-    job.cancel();
-    return false;
-  };
-  const ojson initial = response_object(e, rq, ids, created, "in_progress", ojson::array(), nullptr, nullptr);
-  std::string head = ev("response.created", {{"response", initial}});
-  head += ev("response.in_progress", {{"response", initial}});
-  if (!write(head)) return;
-  ojson output = ojson::array();  // finished items
-  enum Open { None, Reasoning, Message, Call } open = None;
-  std::string text;  // of the open item (a call: its arguments so far)
-  std::string call_name;
-  bool call_done = false;
-  std::string reasoning_all;
-  int out_index = -1;
-  size_t n_calls = 0;
-  auto close = [&](std::string& buf) {
-    if (open == Reasoning) {
-      buf += ev("response.reasoning_text.done", {{"item_id", ids.rs}, {"output_index", out_index}, {"content_index", 0}, {"text", text}});
-      buf += ev("response.content_part.done", {{"item_id", ids.rs}, {"output_index", out_index}, {"content_index", 0},
-                                               {"part", {{"type", "reasoning_text"}, {"text", text}}}});
-      const ojson item = reasoning_item(ids, text, true);
-      buf += ev("response.output_item.done", {{"output_index", out_index}, {"item", item}});
-      output.push_back(item);
-    } else if (open == Message) {
-      buf += ev("response.output_text.done", {{"item_id", ids.msg}, {"output_index", out_index}, {"content_index", 0},
-                                              {"text", text}, {"logprobs", ojson::array()}});
-      buf += ev("response.content_part.done", {{"item_id", ids.msg}, {"output_index", out_index}, {"content_index", 0},
-                                               {"part", {{"type", "output_text"}, {"text", text}, {"annotations", ojson::array()}}}});
-      const ojson item = message_item(ids, text, true);
-      buf += ev("response.output_item.done", {{"output_index", out_index}, {"item", item}});
-      output.push_back(item);
-    } else if (open == Call) {  // a call cut off (max_output_tokens) ends incomplete and stays out of `output`
-      const size_t i = n_calls - 1;
+  }
+  void close(std::string& buf) {
+    if (open_ == Reasoning) {
+      buf += ev("response.reasoning_text.done", {{"item_id", rs_id()}, {"output_index", out_index_}, {"content_index", 0}, {"text", text_}});
+      buf += ev("response.content_part.done", {{"item_id", rs_id()}, {"output_index", out_index_}, {"content_index", 0},
+                                               {"part", {{"type", "reasoning_text"}, {"text", text_}}}});
+      const ojson item = reasoning_item(text_, true);
+      buf += ev("response.output_item.done", {{"output_index", out_index_}, {"item", item}});
+      output_.push_back(item);
+    } else if (open_ == Message) {
+      buf += ev("response.output_text.done", {{"item_id", msg_id()}, {"output_index", out_index_}, {"content_index", 0},
+                                              {"text", text_}, {"logprobs", ojson::array()}});
+      buf += ev("response.content_part.done", {{"item_id", msg_id()}, {"output_index", out_index_}, {"content_index", 0},
+                                               {"part", {{"type", "output_text"}, {"text", text_}, {"annotations", ojson::array()}}}});
+      const ojson item = message_item(text_, true);
+      buf += ev("response.output_item.done", {{"output_index", out_index_}, {"item", item}});
+      output_.push_back(item);
+    } else if (open_ == Call) {  // a call cut off (max_output_tokens) ends "incomplete", listed in `output` as announced
+      const size_t i = n_calls_ - 1;
       buf += ev("response.function_call_arguments.done",
-                {{"item_id", ids.fc(i)}, {"output_index", out_index}, {"name", call_name}, {"arguments", text}});
-      const ojson item = call_item(ids, i, call_name, text, call_done ? "completed" : "incomplete");
-      buf += ev("response.output_item.done", {{"output_index", out_index}, {"item", item}});
-      if (call_done) output.push_back(item);
+                {{"item_id", fc(i)}, {"output_index", out_index_}, {"name", call_name_}, {"arguments", text_}});
+      const ojson item = call_item(i, call_name_, text_, call_done_ ? "completed" : "incomplete");
+      buf += ev("response.output_item.done", {{"output_index", out_index_}, {"item", item}});
+      output_.push_back(item);
     }
-    open = None;
-    text.clear();
-  };
-  auto delta = [&](std::string& buf, Open kind, const std::string& d) {
-    if (open != kind) {
+    open_ = None;
+    text_.clear();
+  }
+  void delta(std::string& buf, Open kind, const std::string& d) {
+    if (open_ != kind) {
       close(buf);
-      open = kind;
-      ++out_index;
+      open_ = kind;
+      ++out_index_;
       const bool r = kind == Reasoning;
-      const std::string& item_id = r ? ids.rs : ids.msg;
       buf += ev("response.output_item.added",
-                {{"output_index", out_index}, {"item", r ? reasoning_item(ids, "", false) : message_item(ids, "", false)}});
+                {{"output_index", out_index_}, {"item", r ? reasoning_item("", false) : message_item("", false)}});
       buf += ev("response.content_part.added",
-                {{"item_id", item_id}, {"output_index", out_index}, {"content_index", 0},
+                {{"item_id", r ? rs_id() : msg_id()}, {"output_index", out_index_}, {"content_index", 0},
                  {"part", r ? ojson{{"type", "reasoning_text"}, {"text", ""}}
                             : ojson{{"type", "output_text"}, {"text", ""}, {"annotations", ojson::array()}}}});
     }
     if (d.empty()) return;
-    text += d;
-    if (kind == Reasoning) {
-      reasoning_all += d;
-      buf += ev("response.reasoning_text.delta", {{"item_id", ids.rs}, {"output_index", out_index}, {"content_index", 0}, {"delta", d}});
-    } else {
-      buf += ev("response.output_text.delta", {{"item_id", ids.msg}, {"output_index", out_index}, {"content_index", 0},
+    text_ += d;
+    if (kind == Reasoning)
+      buf += ev("response.reasoning_text.delta", {{"item_id", rs_id()}, {"output_index", out_index_}, {"content_index", 0}, {"delta", d}});
+    else
+      buf += ev("response.output_text.delta", {{"item_id", msg_id()}, {"output_index", out_index_}, {"content_index", 0},
                                                {"delta", d}, {"logprobs", ojson::array()}});
-    }
-  };
-  auto idle_since = Clock::now();
-  try {
-    for (;;) {
-      JobOutput out;
-      const bool fin = job.wait(out, std::chrono::milliseconds(50));
-      std::string buf;
-      if (!out.reasoning.empty()) delta(buf, Reasoning, out.reasoning);
-      if (!out.content.empty()) delta(buf, Message, out.content);
-      // a function call as it is generated: the item is added with its name, the arguments arrive in
-      // delta pieces (together exactly the whole answer's arguments), the item is done with the call
-      for (const auto& td : out.tool_deltas) {
-        if (td.started) {
-          close(buf);
-          open = Call;
-          ++out_index;
-          call_name = td.name;
-          call_done = false;
-          const size_t i = n_calls++;
-          buf += ev("response.output_item.added", {{"output_index", out_index}, {"item", call_item(ids, i, td.name, "", "in_progress")}});
-        }
-        if (open != Call) continue;
-        if (!td.arguments.empty()) {
-          text += td.arguments;
-          buf += ev("response.function_call_arguments.delta",
-                    {{"item_id", ids.fc(n_calls - 1)}, {"output_index", out_index}, {"delta", td.arguments}});
-        }
-        if (td.done) {
-          call_done = true;
-          close(buf);
-        }
-      }
-      if (fin) {
-        const Job::Result r = job.result();
-        e.finished(ids.resp, r);
-        if (r.http_status >= 400 || r.finish_reason == "cancelled" || r.finish_reason == "error") {
-          const int st = r.http_status >= 400 ? r.http_status : 503;
-          const std::string msg = !r.error.empty() ? r.error
-                                  : "the request was cancelled (server shutting down); the output is incomplete";
-          buf += ev("error", {{"code", st >= 500 ? "server_error" : "invalid_request_error"}, {"message", msg}, {"param", nullptr}});
-          if (write(buf)) res.end();
-          return;
-        }
-        if (output.empty() && (open == None || (open == Call && !call_done)))
-          delta(buf, Message, "");  // an answer has at least its (empty) message
-        close(buf);
-        const bool incomplete = r.finish_reason == "length" || r.finish_reason == "timeout";
-        const ojson final = response_object(e, rq, ids, created, incomplete ? "incomplete" : "completed", output,
-                                            usage_of(r, r.n_thinking),
-                                            incomplete ? ojson{{"reason", "max_output_tokens"}} : ojson(nullptr));
-        buf += ev(incomplete ? "response.incomplete" : "response.completed", {{"response", final}});
-        if (write(buf)) res.end();
-        return;
-      }
-      if (!buf.empty()) {
-        if (!write(buf)) return;
-        idle_since = Clock::now();
-      } else if (res.peer_closed()) {
-        job.cancel();
-      } else if (Clock::now() - idle_since > std::chrono::seconds(5)) {
-        if (!write(": keep-alive\n\n")) return;
-        idle_since = Clock::now();
-      }
-    }
-  } catch (const std::exception& ex) {
-    job.cancel();
-    if (write(ev("error", {{"code", "server_error"}, {"message", std::string("internal error: ") + ex.what()}, {"param", nullptr}})))
-      res.end();
   }
-}
+
+  const Endpoint& e_;
+  const ResponsesRequest& rq_;
+  int64_t created_;
+  int seq_ = 0;
+  ojson output_ = ojson::array();  // finished items
+  Open open_ = None;
+  std::string text_;               // of the open item (a call: its arguments so far)
+  std::string call_name_;
+  bool call_done_ = false;
+  int out_index_ = -1;
+  size_t n_calls_ = 0;
+};
 
 }  // namespace
 
 void openai_responses(const Endpoint& e, const httpd::Request& req, httpd::Responder& res) {
-  try {
-    const ojson b = parse_body(req.body);
-    const ResponsesRequest rq = responses_to_chat(b, e.lim);
-    ParsedRequest pr = parse_chat_request(wire_json(rq.chat), e.tok, e.lim);
-    const std::shared_ptr<Job> job = e.submit(pr);
-    Ids ids;
-    ids.resp = e.new_id("resp_");
-    ids.msg = "msg_" + ids.resp.substr(5);
-    ids.rs = "rs_" + ids.resp.substr(5);
-    if (rq.stream) return stream(e, rq, *job, res, ids);
-    const int64_t created = unix_seconds();
-    const JobOutput out = wait_whole(*job, res);
-    const Job::Result r = job->result();
-    e.finished(ids.resp, r);
-    if (r.http_status >= 400) throw ApiError(r.http_status, r.error.empty() ? r.finish_reason : r.error);
-    if (r.finish_reason == "cancelled")
-      throw ApiError(503, "the request was cancelled (client gone or server shutting down)", "server_unavailable_error");
-    ojson output = ojson::array();
-    if (!out.reasoning.empty()) output.push_back(reasoning_item(ids, out.reasoning, true));
-    if (!out.content.empty() || (out.tool_calls.empty() && out.reasoning.empty()))
-      output.push_back(message_item(ids, out.content, true));
-    for (size_t i = 0; i < out.tool_calls.size(); ++i) output.push_back(call_item(ids, i, out.tool_calls[i]));
-    const bool incomplete = r.finish_reason == "length" || r.finish_reason == "timeout";
-    httpd::Reply rep;
-    rep.body = wire_json(response_object(e, rq, ids, created, incomplete ? "incomplete" : "completed", output,
-                                         usage_of(r, r.n_thinking),
-                                         incomplete ? ojson{{"reason", "max_output_tokens"}} : ojson(nullptr)));
-    res.send(rep);
-  } catch (const ApiError& err) {
-    send_error(res, err);
-  } catch (const kimi::Error& err) {
-    send_error(res, ApiError(400, err.what()));
-  } catch (const std::exception& err) {
-    send_error(res, ApiError(500, std::string("internal error: ") + err.what(), "server_error"));
-  }
+  ResponsesRequest rq;
+  ResponsesRenderer r(e, rq);
+  drive(e, res, r, [&](const Limits& lim) {
+    rq = responses_to_chat(parse_body(req.body), lim);
+    ParsedRequest pr = parse_as_chat(rq.chat, rq.fields, e.tok, lim);
+    pr.stream = rq.stream;
+    pr.n = 1;
+    return pr;
+  });
 }
 
 }  // namespace kimi::server

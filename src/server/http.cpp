@@ -11,6 +11,7 @@
 
 #include "server/api.h"
 #include "server/api_anthropic.h"
+#include "server/api_openai.h"
 #include "server/api_responses.h"
 #include "server/httpd.h"
 #include "server/server.h"
@@ -20,33 +21,6 @@
 namespace kimi::server {
 
 namespace {
-
-int64_t unix_now() { return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count(); }
-
-std::string sse(const ojson& j) { return "data: " + j.dump(-1, ' ', false, ojson::error_handler_t::replace) + "\n\n"; }
-
-std::string dump(const ojson& j) { return j.dump(-1, ' ', false, ojson::error_handler_t::replace); }
-
-// llama-server's `timings` of a streamed choice's last chunk (the web page shows them): prompt_n tokens
-// evaluated (not cached) in prompt_ms, cache_n reused, predicted_n generated in predicted_ms (first
-// token -> end: total_s - ttft_s, the interval the log line takes); the speeds are the log line's
-// (generation: the tokens after the first).
-ojson timings_json(const Job::Result& r) {
-  const int prompt_n = r.n_prompt - r.n_cached;
-  const double gen_s = r.n_generated > 0 && r.ttft_s >= 0 ? std::max(0.0, r.total_s - r.ttft_s) : 0.0;
-  return ojson{{"prompt_n", prompt_n}, {"prompt_ms", r.prefill_s * 1e3},
-               {"prompt_per_second", r.prefill_s > 0 ? prompt_n / r.prefill_s : 0.0},
-               {"predicted_n", r.n_generated}, {"predicted_ms", gen_s * 1e3},
-               {"predicted_per_second", gen_s > 0 && r.n_generated > 1 ? (r.n_generated - 1) / gen_s : 0.0},
-               {"cache_n", r.n_cached}};
-}
-
-httpd::Reply json_reply(const ojson& j, int status = 200) {
-  httpd::Reply r;
-  r.status = status;
-  r.body = dump(j);
-  return r;
-}
 
 httpd::Reply error_reply(int status, const std::string& msg, const std::string& type = "", const std::string& param = "",
                          const std::string& code = "") {
@@ -112,10 +86,7 @@ struct Server::Impl {
   httpd::Reply slot_action(const httpd::Request& req);  // POST /slots/{id}?action=save|restore|erase
   httpd::Reply tokenize(const httpd::Request& req) const;
   httpd::Reply detokenize(const httpd::Request& req) const;
-  void generate(const httpd::Request& req, httpd::Responder& res, bool chat);
-  Endpoint endpoint(const httpd::Request& req);  // for the agent APIs (api_anthropic, api_responses)
-  std::vector<Job::Result> stream(const std::vector<std::shared_ptr<Job>>& jobs, httpd::Responder& res, bool chat,
-                                  bool include_usage, const std::string& id, bool logprobs);
+  Endpoint endpoint(const httpd::Request& req);  // for the generation APIs (job_driver.h)
   void log_generation(const httpd::Request& req, const std::string& id, const std::vector<Job::Result>& rs,
                       double total_s);
   void record_ttft(const Job::Result& r);
@@ -371,7 +342,7 @@ ojson Server::Impl::model_json() const {
   const auto& hp = model->hparams();
   return {{"id", o.model_id},
           {"object", "model"},
-          {"created", unix_now()},
+          {"created", unix_seconds()},
           {"owned_by", "kimi.cpp"},
           {"meta", {{"n_ctx", o.ctx}, {"n_vocab", hp.n_vocab}, {"n_layer", hp.n_layer}, {"n_embd", hp.n_embd}}}};
 }
@@ -503,8 +474,8 @@ void Server::Impl::handle(const httpd::Request& req, httpd::Responder& res) {
     ~Dec() { c.fetch_sub(1); }
   } dec{in_flight};
   try {
-    if (req.path == "/v1/chat/completions") return generate(req, res, true);
-    if (req.path == "/v1/completions") return generate(req, res, false);
+    if (req.path == "/v1/chat/completions") return openai_chat(endpoint(req), req, res);
+    if (req.path == "/v1/completions") return openai_completions(endpoint(req), req, res);
     if (req.path == "/tokenize") return void(res.send(tokenize(req)));
     if (req.path == "/v1/messages") return anthropic_messages(endpoint(req), req, res);
     if (req.path == "/v1/messages/count_tokens") return anthropic_count_tokens(endpoint(req), req, res);
@@ -513,7 +484,7 @@ void Server::Impl::handle(const httpd::Request& req, httpd::Responder& res) {
     if (req.path.rfind("/slots/", 0) == 0) return void(res.send(slot_action(req)));
     res.send(error_reply(404, "no such endpoint: " + req.method + " " + req.path));
   } catch (const ApiError& e) {
-    if (!res.started()) res.send(error_reply(e.status, e.what(), e.type, e.param, e.code));
+    if (!res.started()) res.send(server::error_reply(e));
   } catch (const kimi::Error& e) {
     if (!res.started()) res.send(error_reply(400, e.what()));
   } catch (const std::exception& e) {
@@ -581,85 +552,12 @@ void Server::Impl::record_ttft(const Job::Result& r) {
   ++ttft_n;
 }
 
-void Server::Impl::generate(const httpd::Request& req, httpd::Responder& res, bool chat) {
-  if (stopping.load()) throw ApiError(503, "server is shutting down", "server_unavailable_error");
-  const auto t0 = Clock::now();
-  Limits rl = lim;  // this request's: compiling its grammar or schema stops when its client goes
-  rl.budget.cancelled = [&res, last = Clock::now()]() mutable {
-    if (Clock::now() - last < std::chrono::milliseconds(50)) return false;
-    last = Clock::now();
-    return res.peer_closed();
-  };
-  ParsedRequest pr = chat ? parse_chat_request(req.body, *tok, rl) : parse_completion_request(req.body, *tok, rl);
-  std::vector<std::shared_ptr<Job>> jobs;
-  struct CancelOnThrow {  // a request that fails half-submitted gives its jobs up
-    std::vector<std::shared_ptr<Job>>& js;
-    bool armed = true;
-    ~CancelOnThrow() {
-      if (armed)
-        for (auto& j : js) j->cancel();
-    }
-  } guard{jobs};
-  for (int i = 0; i < pr.n; ++i) {
-    GenParams g = pr.gen;
-    g.sampler.seed = pr.gen.sampler.seed + static_cast<uint64_t>(i);  // n choices: n different samples
-    auto job = std::make_shared<Job>(i + 1 < pr.n ? pr.prompt : std::move(pr.prompt), g);
-    if (!sched->submit(job)) {
-      if (sched->shutting_down()) throw ApiError(503, "server is shutting down", "server_unavailable_error");
-      throw ApiError(503, fmt::format("server is busy: the request queue is full ({} waiting)", sched->options().queue_limit),
-                     "server_unavailable_error", "", "queue_full");
-    }
-    jobs.push_back(std::move(job));
-  }
-  guard.armed = false;
-  const std::string id = new_id(chat ? "chatcmpl-" : "cmpl-");
-  std::vector<Job::Result> results;
-  if (pr.stream) {
-    results = stream(jobs, res, chat, pr.include_usage, id, pr.gen.logprobs >= 0);
-    if (results.size() != jobs.size()) {  // the stream was cut (its jobs are cancelled): wait for their ends
-      results.clear();
-      for (auto& j : jobs) {
-        JobOutput rest;
-        while (!j->wait(rest, std::chrono::milliseconds(50))) {}
-        results.push_back(j->result());
-      }
-    }
-    log_generation(req, id, results, std::chrono::duration<double>(Clock::now() - t0).count());
-  } else {
-    std::vector<Choice> cs(jobs.size());
-    int polls = 0;
-    for (size_t k = 0; k < jobs.size(); ++k)
-      while (!jobs[k]->wait(cs[k].out, std::chrono::milliseconds(50)))
-        if (++polls % 2 == 0 && res.peer_closed())
-          for (auto& j : jobs) j->cancel();
-    for (size_t k = 0; k < jobs.size(); ++k) {
-      cs[k].result = jobs[k]->result();
-      record_ttft(cs[k].result);
-      results.push_back(cs[k].result);
-    }
-    // logged before the answer goes out (or the error), so a client that has the answer also finds
-    // the line (a test reading stderr right after its request raced the line when it came after)
-    log_generation(req, id, results, std::chrono::duration<double>(Clock::now() - t0).count());
-    for (const Choice& c : cs) {
-      const Job::Result& r = c.result;
-      if (r.http_status >= 400) throw ApiError(r.http_status, r.error.empty() ? r.finish_reason : r.error);
-      if (r.finish_reason == "cancelled")
-        throw ApiError(503, "the request was cancelled (client gone or server shutting down)", "server_unavailable_error");
-    }
-    const int64_t created = unix_now();
-    const tok::Tokenizer* lp_tok = pr.gen.logprobs >= 0 ? &*tok : nullptr;
-    const ojson j = chat ? chat_response(id, o.model_id, created, cs, lp_tok)
-                         : completion_response(id, o.model_id, created, cs, lp_tok);
-    res.send(json_reply(j));
-  }
-}
-
 Endpoint Server::Impl::endpoint(const httpd::Request& req) {
   const auto t0 = Clock::now();
   return Endpoint{*tok, lim, o.model_id,
-                  [this](ParsedRequest& pr) {
+                  [this](std::vector<int32_t> prompt, const GenParams& gen) {
                     if (stopping.load()) throw ApiError(503, "server is shutting down", "server_unavailable_error");
-                    auto job = std::make_shared<Job>(std::move(pr.prompt), pr.gen);
+                    auto job = std::make_shared<Job>(std::move(prompt), gen);
                     if (!sched->submit(job)) {
                       if (sched->shutting_down()) throw ApiError(503, "server is shutting down", "server_unavailable_error");
                       throw ApiError(503, fmt::format("server is busy: the request queue is full ({} waiting)",
@@ -669,9 +567,9 @@ Endpoint Server::Impl::endpoint(const httpd::Request& req) {
                     return job;
                   },
                   [this](const char* prefix) { return new_id(prefix); },
-                  [this, &req, t0](const std::string& id, const Job::Result& r) {
-                    record_ttft(r);
-                    log_generation(req, id, {r}, std::chrono::duration<double>(Clock::now() - t0).count());
+                  [this, &req, t0](const std::string& id, const std::vector<Job::Result>& rs) {
+                    for (const Job::Result& r : rs) record_ttft(r);
+                    log_generation(req, id, rs, std::chrono::duration<double>(Clock::now() - t0).count());
                   }};
 }
 
@@ -699,139 +597,10 @@ void Server::Impl::log_generation(const httpd::Request& req, const std::string& 
   std::fprintf(stderr,
                "kimi serve: %s %s %s: %s; prompt %d tokens (%d cached) %.3f s, %.1f tok/s; generated %d tokens "
                "%.3f s, %.1f tok/s; total %.3f s\n",
-               req.method.c_str(), req.path.c_str(), id.c_str(), r0.finish_reason.c_str(), r0.n_prompt, r0.n_cached,
+               req.method.c_str(), req.path.c_str(), id.c_str(), std::string(to_string(r0.finish_reason)).c_str(), r0.n_prompt, r0.n_cached,
                prefill_s, prefill_s > 0 ? evaluated / prefill_s : 0.0, n_gen, gen_s,
                gen_s > 0 && n_gen > 1 ? (n_gen - 1) / gen_s : 0.0,
                total_s);
-}
-
-// Server-sent events. A stream that does not end normally (an engine error, a timeout, the
-// shutdown grace running out) ends with an error event and no [DONE]: a client can tell it from a
-// finished answer. With n > 1 the choices' chunks interleave, each with its `index`.
-std::vector<Job::Result> Server::Impl::stream(const std::vector<std::shared_ptr<Job>>& jobs, httpd::Responder& res,
-                                              bool chat, bool include_usage, const std::string& id, bool logprobs) {
-  const int64_t created = unix_now();
-  const std::string& model_id = o.model_id;
-  std::vector<Job::Result> results;
-  auto cancel_all = [&] {
-    for (auto& j : jobs) j->cancel();
-  };
-  if (!res.begin_stream(200, "text/event-stream", {{"Cache-Control", "no-cache"}, {"X-Accel-Buffering", "no"}})) {
-    cancel_all();
-    return results;
-  }
-  auto write = [&](const std::string& s) {
-    if (res.write(s)) return true;
-    cancel_all();
-    return false;
-  };
-  const size_t n = jobs.size();
-  try {
-    if (chat)
-      for (size_t k = 0; k < n; ++k)
-        if (!write(sse(chat_chunk(id, model_id, created, {{"role", "assistant"}, {"content", ""}}, "", static_cast<int>(k)))))
-          return results;
-    std::vector<int> n_tool(n, 0);
-    std::vector<size_t> text_off(n, 0);
-    std::vector<bool> done(n, false);
-    std::vector<Job::Result> rs(n);
-    size_t n_done = 0;
-    auto idle_since = Clock::now();
-    std::string tail_err;
-    while (n_done < n) {
-      std::string buf;
-      for (size_t k = 0; k < n; ++k) {
-        if (done[k]) continue;
-        JobOutput out;
-        const bool fin = jobs[k]->wait(out, std::chrono::milliseconds(n == 1 ? 50 : 10));
-        const int idx = static_cast<int>(k);
-        if (chat) {
-          ojson lpj = logprobs && !out.logprobs.empty() ? chat_logprobs_json(out.logprobs, *tok) : ojson(nullptr);
-          if (!out.reasoning.empty()) {
-            buf += sse(chat_chunk(id, model_id, created, {{"reasoning_content", out.reasoning}}, "", idx,
-                                  out.content.empty() ? lpj : ojson(nullptr)));
-            if (out.content.empty()) lpj = nullptr;
-          }
-          if (!out.content.empty()) {
-            buf += sse(chat_chunk(id, model_id, created, {{"content", out.content}}, "", idx, lpj));
-            lpj = nullptr;
-          }
-          if (!lpj.is_null())  // tokens whose text is held back or structural: their records still come
-            buf += sse(chat_chunk(id, model_id, created, ojson::object(), "", idx, lpj));
-          // tool calls as they are generated: a chunk with the id and name when a call starts, then its
-          // arguments in pieces (the chat index counts the calls of the choice, as in the whole answer)
-          for (const auto& td : out.tool_deltas) {
-            if (td.started) {
-              const std::string cid = n == 1 ? fmt::format("call_{}_{}", id, n_tool[k]) : fmt::format("call_{}_{}_{}", id, k, n_tool[k]);
-              const ojson d = {{"tool_calls", ojson::array({ojson{{"index", n_tool[k]}, {"id", cid}, {"type", "function"},
-                                                                  {"function", {{"name", td.name}, {"arguments", ""}}}}})}};
-              ++n_tool[k];
-              buf += sse(chat_chunk(id, model_id, created, d, "", idx));
-            }
-            if (!td.arguments.empty() && n_tool[k] > 0) {
-              const ojson d = {{"tool_calls", ojson::array({ojson{{"index", n_tool[k] - 1},
-                                                                  {"function", {{"arguments", td.arguments}}}}})}};
-              buf += sse(chat_chunk(id, model_id, created, d, "", idx));
-            }
-          }
-        } else if (!out.text.empty() || (logprobs && !out.logprobs.empty())) {
-          const ojson lpj = logprobs ? completion_logprobs_json(out.logprobs, *tok, text_off[k]) : ojson(nullptr);
-          for (const auto& l : out.logprobs) text_off[k] += l.piece.size();
-          buf += sse(completion_chunk(id, model_id, created, out.text, "", idx, lpj));
-        }
-        if (!fin) continue;
-        done[k] = true;
-        ++n_done;
-        rs[k] = jobs[k]->result();
-        record_ttft(rs[k]);
-        const Job::Result& r = rs[k];
-        if (r.http_status >= 400) {
-          tail_err = sse(error_json(r.http_status, r.error.empty() ? r.finish_reason : r.error));
-        } else if (r.finish_reason == "cancelled") {
-          tail_err = sse(error_json(503, "the request was cancelled (server shutting down); the output is incomplete",
-                                    "server_unavailable_error", "", "cancelled"));
-        } else {
-          const std::string fr = openai_finish_reason(r.finish_reason);
-          ojson last = chat ? chat_chunk(id, model_id, created, ojson::object(), fr, idx)
-                            : completion_chunk(id, model_id, created, "", fr, idx);
-          last["timings"] = timings_json(r);
-          buf += sse(last);
-        }
-      }
-      if (!tail_err.empty()) {  // one choice failed: the whole stream ends with the error
-        cancel_all();
-        if (write(buf + tail_err)) res.end();
-        for (size_t k = 0; k < n; ++k)
-          if (!done[k]) { JobOutput rest; while (!jobs[k]->wait(rest, std::chrono::milliseconds(50))) {} rs[k] = jobs[k]->result(); }
-        return rs;
-      }
-      if (!buf.empty()) {
-        if (!write(buf)) return results;
-        idle_since = Clock::now();
-      } else if (n_done < n) {
-        if (res.peer_closed()) {
-          cancel_all();
-        } else if (Clock::now() - idle_since > std::chrono::seconds(5)) {
-          if (!write(": keep-alive\n\n")) return results;  // SSE comment; also detects a dead peer
-          idle_since = Clock::now();
-        }
-      }
-    }
-    std::string tail;
-    if (include_usage) {
-      ojson u = {{"id", id},         {"object", chat ? "chat.completion.chunk" : "text_completion"},
-                 {"created", created}, {"model", model_id},
-                 {"choices", ojson::array()}, {"usage", usage_json(rs)}};
-      tail += sse(u);
-    }
-    tail += "data: [DONE]\n\n";
-    if (write(tail)) res.end();
-    return rs;
-  } catch (const std::exception& e) {
-    cancel_all();
-    if (write(sse(error_json(500, std::string("internal error: ") + e.what())))) res.end();
-  }
-  return results;
 }
 
 std::string Server::Impl::metrics() const {

@@ -1,6 +1,5 @@
 #include "server/scheduler.h"
 
-#include "server/api.h"
 #include "server/tool_grammar.h"
 
 #include <algorithm>
@@ -12,59 +11,6 @@
 #include "util/error.h"
 
 namespace kimi::server {
-
-// ---------------------------------------------------------------------------------------------
-// JobOutput / Job
-
-void JobOutput::append(JobOutput&& o) {
-  text += o.text;
-  reasoning += o.reasoning;
-  content += o.content;
-  for (auto& c : o.tool_calls) tool_calls.push_back(std::move(c));
-  for (auto& t : o.tool_deltas) tool_deltas.push_back(std::move(t));
-  for (auto& l : o.logprobs) logprobs.push_back(std::move(l));
-}
-
-Job::Job(std::vector<int32_t> prompt, GenParams params)
-    : prompt_(std::move(prompt)), params_(std::move(params)), t_submit_(Clock::now()) {}
-
-bool Job::wait(JobOutput& out, std::chrono::milliseconds timeout) {
-  std::unique_lock<std::mutex> lk(mu_);
-  cv_.wait_for(lk, timeout, [&] { return finished_ || !pending_.empty(); });
-  out.append(std::move(pending_));
-  pending_ = JobOutput{};
-  return finished_;
-}
-
-Job::Result Job::result() const {
-  std::lock_guard<std::mutex> lk(mu_);
-  return result_;
-}
-
-bool Job::finished() const {
-  std::lock_guard<std::mutex> lk(mu_);
-  return finished_;
-}
-
-void Job::push(JobOutput&& o) {
-  if (o.empty()) return;
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    pending_.append(std::move(o));
-  }
-  cv_.notify_all();
-}
-
-void Job::finish(Result r) {
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    r.total_s = std::chrono::duration<double>(Clock::now() - t_submit_).count();
-    if (result_.ttft_s >= 0) r.ttft_s = result_.ttft_s;
-    result_ = std::move(r);
-    finished_ = true;
-  }
-  cv_.notify_all();
-}
 
 // ---------------------------------------------------------------------------------------------
 // Scheduler
@@ -208,7 +154,7 @@ void Scheduler::loop() {
         const bool late = now >= (*it)->params().deadline;
         if (!(*it)->cancelled() && !late) { ++it; continue; }
         Job::Result r;
-        r.finish_reason = late ? "timeout" : "cancelled";
+        r.finish_reason = late ? FinishReason::Timeout : FinishReason::Cancelled;
         r.http_status = late ? 408 : 200;
         r.error = late ? "request timed out while queued" : "";
         r.n_prompt = static_cast<int>((*it)->prompt().size());
@@ -227,7 +173,7 @@ void Scheduler::loop() {
       a->job = j;
       if (j->cancelled()) {  // given up while waiting: never touches the context
         Job::Result r;
-        r.finish_reason = "cancelled";
+        r.finish_reason = FinishReason::Cancelled;
         r.n_prompt = static_cast<int>(j->prompt().size());
         j->finish(r);
         std::lock_guard<std::mutex> lk(mu_);
@@ -239,7 +185,7 @@ void Scheduler::loop() {
         active_.push_back(std::move(a));
       } catch (const std::exception& e) {
         Job::Result r;
-        r.finish_reason = "error";
+        r.finish_reason = FinishReason::Error;
         r.http_status = 500;
         r.error = e.what();
         j->finish(r);
@@ -250,8 +196,8 @@ void Scheduler::loop() {
     // cancellations and timeouts
     const auto now = Clock::now();
     for (auto& a : active_) {
-      if (a->job->cancelled()) finish(*a, "cancelled");
-      else if (now >= a->job->params().deadline) finish(*a, "timeout", 408, "request timed out");
+      if (a->job->cancelled()) finish(*a, FinishReason::Cancelled);
+      else if (now >= a->job->params().deadline) finish(*a, FinishReason::Timeout, 408, "request timed out");
     }
     active_.erase(std::remove_if(active_.begin(), active_.end(), [](auto& a) { return a->done; }), active_.end());
     if (active_.empty()) continue;
@@ -262,7 +208,7 @@ void Scheduler::loop() {
         if (a->done) continue;
         ctx_->seq_clear(a->seq);
         seqs_[static_cast<size_t>(a->seq)].toks.clear();
-        finish(*a, "error", 500, std::string("internal error: ") + e.what());
+        finish(*a, FinishReason::Error, 500, std::string("internal error: ") + e.what());
       }
     }
     active_.erase(std::remove_if(active_.begin(), active_.end(), [](auto& a) { return a->done; }), active_.end());
@@ -595,7 +541,7 @@ void Scheduler::step() {
       if (!a.generating && std::none_of(parts.begin(), parts.end(), [&](const Part& p) { return p.a == &a; })) continue;
       ctx_->seq_clear(a.seq);
       seqs_[static_cast<size_t>(a.seq)].toks.clear();
-      finish(a, "error", 500, std::string("decode failed: ") + e.what());
+      finish(a, FinishReason::Error, 500, std::string("decode failed: ") + e.what());
     }
     return;
   }
@@ -625,6 +571,11 @@ void Scheduler::step() {
     s.toks.insert(s.toks.end(), P.begin() + static_cast<std::ptrdiff_t>(a.pos),
                   P.begin() + static_cast<std::ptrdiff_t>(a.pos + p.n));
     a.pos += p.n;
+    if (a.job->params().progress && a.pos < P.size()) {  // the prefill's progress (job driver: progress events)
+      JobOutput o;
+      o.prompt_done = static_cast<int>(a.pos);
+      a.job->push(std::move(o));
+    }
     if (a.split_at >= 0 && a.pos == static_cast<size_t>(a.split_at)) {
       a.split_at = -1;
       if (a.pos < P.size()) make_prefix_entry(a);
@@ -874,7 +825,7 @@ void Scheduler::on_token(Active& a, int32_t t, const float* logits) {
   const GenParams& gp = a.job->params();
   if (a.tool_matcher && !a.constrained) {
     if (a.tool_on) {
-      if (t < 0) return finish(a, "stop");  // the tool grammar allows nothing more
+      if (t < 0) return finish(a, FinishReason::Stop);  // the tool grammar allows nothing more
       if (t == open_id_ || t == close_id_ || t == sep_id_)
         a.tool_matcher->advance_bytes(t == open_id_ ? kToolOpen : t == close_id_ ? kToolClose : kToolSep);
       else if (t < tok_.n_vocab() && !tok_.is_special(t))
@@ -890,10 +841,10 @@ void Scheduler::on_token(Active& a, int32_t t, const float* logits) {
   if (a.matcher) {
     // no token can continue the sentence, which is not complete (the vocabulary cannot spell what the
     // grammar needs, or the matcher's limits on an ambiguous grammar): not a "stop", the answer is cut
-    if (t < 0) return finish(a, "grammar_dead_end");
+    if (t < 0) return finish(a, FinishReason::GrammarDeadEnd);
     if (a.constrained) {
       // the answer ends with the grammar's sentence: an end token, <|close|> in chat
-      if (tok_.is_eog(t) || t == model_.hparams().eos_id || (gp.chat && t == close_id_)) return finish(a, "stop");
+      if (tok_.is_eog(t) || t == model_.hparams().eos_id || (gp.chat && t == close_id_)) return finish(a, FinishReason::Stop);
       a.matcher->advance_bytes(tok_.token_to_piece(t));
     } else if (t >= 0 && t < tok_.n_vocab()) {  // chat, thinking: watch for the response channel
       a.raw_tail += tok_.token_to_piece(t);
@@ -904,7 +855,7 @@ void Scheduler::on_token(Active& a, int32_t t, const float* logits) {
       if (a.raw_tail.size() > 64) a.raw_tail.erase(0, a.raw_tail.size() - 32);
     }
   }
-  if (!gp.ignore_eos && (tok_.is_eog(t) || t == model_.hparams().eos_id)) return finish(a, "stop");
+  if (!gp.ignore_eos && (tok_.is_eog(t) || t == model_.hparams().eos_id)) return finish(a, FinishReason::Stop);
   if (gp.logprobs >= 0) {
     a.lp_pending.push_back(token_logprob(logits, ctx_->n_vocab(), t, gp.logprobs));
     if (t < tok_.n_vocab()) a.lp_pending.back().piece = tok_.token_to_piece(t);
@@ -922,7 +873,7 @@ void Scheduler::on_token(Active& a, int32_t t, const float* logits) {
       emit(a, a.hold);
       a.hold.clear();
       a.detok->reset();
-      return finish(a, "stop");
+      return finish(a, FinishReason::Stop);
     }
     size_t keep = 0;  // longest suffix of hold that is a proper prefix of a stop string
     for (const auto& s : stops)
@@ -934,18 +885,18 @@ void Scheduler::on_token(Active& a, int32_t t, const float* logits) {
     emit(a, a.hold);
     a.hold.clear();
   }
-  if (a.parser && a.parser->message().done) return finish(a, "stop");
-  if (a.constrained && !a.matcher->can_continue()) return finish(a, "stop");  // the sentence is complete
-  if (tool_active(a) && !a.tool_matcher->can_continue()) return finish(a, "stop");
-  if (a.n_gen >= gp.max_tokens) return finish(a, "length");
-  if (static_cast<int>(seqs_[static_cast<size_t>(a.seq)].toks.size()) + 1 >= n_ctx_) return finish(a, "length");
+  if (a.parser && a.parser->message().done) return finish(a, FinishReason::Stop);
+  if (a.constrained && !a.matcher->can_continue()) return finish(a, FinishReason::Stop);  // the sentence is complete
+  if (tool_active(a) && !a.tool_matcher->can_continue()) return finish(a, FinishReason::Stop);
+  if (a.n_gen >= gp.max_tokens) return finish(a, FinishReason::Length);
+  if (static_cast<int>(seqs_[static_cast<size_t>(a.seq)].toks.size()) + 1 >= n_ctx_) return finish(a, FinishReason::Length);
   a.pending = t;
 }
 
-void Scheduler::finish(Active& a, const std::string& reason, int status, const std::string& err) {
+void Scheduler::finish(Active& a, FinishReason reason, int status, const std::string& err) {
   if (a.done) return;
   a.done = true;
-  const bool ok = reason == "stop" || reason == "length" || reason == "grammar_dead_end";
+  const bool ok = is_answer(reason);
   if (ok) {
     std::string rest = a.hold + (a.detok ? a.detok->flush() : std::string());
     a.hold.clear();
@@ -961,7 +912,8 @@ void Scheduler::finish(Active& a, const std::string& reason, int status, const s
   }
   Job::Result r;
   r.finish_reason = reason;
-  if (reason == "stop" && a.parser && !a.parser->message().tool_calls.empty()) r.finish_reason = "tool_calls";
+  if (reason == FinishReason::Stop && a.parser && !a.parser->message().tool_calls.empty())
+    r.finish_reason = FinishReason::ToolCalls;
   r.http_status = status;
   r.error = err;
   r.stop_string = a.stop_hit;
@@ -994,9 +946,9 @@ void Scheduler::finish(Active& a, const std::string& reason, int status, const s
       si.n_cached = static_cast<int>(seqs_[static_cast<size_t>(a.seq)].toks.size());
       si.n_prompt = si.n_prompt_done = si.n_decoded = 0;
     }
-    if (reason == "cancelled") ++st_.requests_cancelled;
-    else if (reason == "timeout") ++st_.requests_timeout;
-    else if (reason == "error") ++st_.requests_failed;
+    if (reason == FinishReason::Cancelled) ++st_.requests_cancelled;
+    else if (reason == FinishReason::Timeout) ++st_.requests_timeout;
+    else if (reason == FinishReason::Error) ++st_.requests_failed;
     else ++st_.requests_finished;  // stop, length, tool_calls, grammar_dead_end: an answer
   }
   a.job->finish(r);

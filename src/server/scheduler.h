@@ -41,110 +41,11 @@
 #include "runtime/context.h"
 #include "runtime/sampling.h"
 #include "server/grammar.h"
+#include "server/job.h"
 #include "server/prompt_cache.h"
-#include "tokenizer/chat.h"
 #include "tokenizer/tokenizer.h"
 
 namespace kimi::server {
-
-using Clock = std::chrono::steady_clock;
-
-struct GenParams {
-  SamplerParams sampler;
-  int max_tokens = 16;
-  std::vector<std::string> stop;  // stop strings (searched in the raw generated text)
-  bool chat = false;              // parse the output with tok::ChatParser
-  bool start_in_think = true;     // the prompt ended with the think tag open
-  bool ignore_eos = false;
-  // Chat with start_in_think: at most this many tokens are generated in the think channel; the
-  // next tokens are then forced to be the template's close sequence (Scheduler::think_close(),
-  // "<|close|>think<|sep|><|open|>response<|sep|>") and the answer follows. -1: no cap; 0: the
-  // close sequence comes first (an empty think channel). A think channel the model closes itself
-  // ends the count (nothing is forced).
-  int thinking_budget = -1;
-  int logprobs = -1;              // -1: none; N >= 0: each token's log-probability and the N most likely
-  // The answer must be a sentence of this grammar (response_format, json_schema, grammar): the
-  // whole output of a completion; in chat the response channel only (thinking and tool calls are
-  // free), which ends as soon as the grammar is complete and the model closes it.
-  std::shared_ptr<const grammar::Grammar> grammar;
-  // Enforced tool calls (tool_grammar.h): the output is held to this grammar, in which the
-  // structural special tokens <|open|>, <|close|>, <|sep|> are the code points U+E000..U+E002; from
-  // the first token when tool_trigger is empty, else once the raw output ends with tool_trigger
-  // (the lazy constraint of tool_choice auto). While `grammar` constrains the response channel,
-  // it has precedence (that answer ends with the response).
-  std::shared_ptr<const grammar::Grammar> tool_grammar;
-  std::string tool_trigger;
-  Clock::time_point deadline = Clock::time_point::max();
-};
-
-// The log-probability of one generated token (log-softmax of the raw logits, temperature 1) and
-// the most likely alternatives, best first.
-struct TokenLogprob {
-  int32_t id = -1;
-  std::string piece;              // the token's bytes (may be part of a UTF-8 character)
-  float logprob = 0;
-  std::vector<std::pair<int32_t, float>> top;
-  enum Channel : uint8_t { Text, Reasoning, Content, Other } channel = Text;  // chat: where its text went
-};
-
-// Output produced since the last drain (or, accumulated, the whole output).
-struct JobOutput {
-  std::string text;                             // raw text after stop filtering (completions)
-  std::string reasoning, content;               // chat: parsed channels
-  std::vector<tok::ParsedToolCall> tool_calls;  // chat: completed tool calls
-  std::vector<tok::ToolCallDelta> tool_deltas;  // chat: tool calls as they are generated (streams)
-  std::vector<TokenLogprob> logprobs;           // GenParams::logprobs >= 0: one per generated token
-  void append(JobOutput&& o);
-  bool empty() const {
-    return text.empty() && reasoning.empty() && content.empty() && tool_calls.empty() && tool_deltas.empty() &&
-           logprobs.empty();
-  }
-};
-
-// One generation request. Created by the HTTP handler, filled by the scheduler thread.
-class Job {
- public:
-  Job(std::vector<int32_t> prompt, GenParams params);
-  const std::vector<int32_t>& prompt() const { return prompt_; }
-  const GenParams& params() const { return params_; }
-
-  void cancel() { cancelled_.store(true); }
-  bool cancelled() const { return cancelled_.load(); }
-
-  // Handler side: waits up to `timeout` for new output or the end; moves new output into `out`
-  // (appending). Returns true once the job has finished and all its output has been drained.
-  bool wait(JobOutput& out, std::chrono::milliseconds timeout);
-
-  struct Result {
-    std::string finish_reason;  // stop | length | tool_calls | cancelled | timeout | error
-    int http_status = 200;      // for errors
-    std::string error;
-    std::string stop_string;    // the stop string that ended the output ("": none)
-    int n_prompt = 0, n_cached = 0, n_generated = 0;
-    int n_thinking = 0;         // chat: tokens generated in the think channel (the forced close not counted)
-    double ttft_s = -1;         // enqueue -> first generated token
-    double total_s = 0;
-    double prefill_s = 0;       // admitted to a slot -> first generated token (prompt evaluation)
-    double gen_s = 0;           // first generated token -> end
-  };
-  Result result() const;  // valid after wait() returned true
-  bool finished() const;
-
- private:
-  friend class Scheduler;
-  void push(JobOutput&& o);
-  void finish(Result r);
-
-  std::vector<int32_t> prompt_;
-  GenParams params_;
-  std::atomic<bool> cancelled_{false};
-  Clock::time_point t_submit_;
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  JobOutput pending_;
-  bool finished_ = false;
-  Result result_;
-};
 
 struct SchedulerOptions {
   int parallel = 4;       // concurrent requests (slots)
@@ -284,7 +185,7 @@ class Scheduler {
   void build_trie();
   void emit(Active& a, const std::string& text);
   void update_slots();  // slot_info_ from seqs_ / active_ (under mu_)
-  void finish(Active& a, const std::string& reason, int status = 200, const std::string& err = "");
+  void finish(Active& a, FinishReason reason, int status = 200, const std::string& err = "");
   int pick_victim(int exclude) const;
   bool chunk_snaps() const { return so_.prompt_cache && so_.snapshot_every > 0 && !any_prefix_; }
   void make_prefix_entry(Active& a);

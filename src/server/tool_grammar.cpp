@@ -6,7 +6,7 @@
 #include <cctype>
 #include <set>
 
-#include "server/api.h"
+#include "server/api_error.h"
 
 namespace kimi::server {
 

@@ -25,7 +25,7 @@
 #include <vector>
 
 #include "server/grammar.h"
-#include "server/scheduler.h"
+#include "server/job.h"
 
 namespace kimi::server {
 

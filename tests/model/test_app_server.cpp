@@ -24,6 +24,7 @@
 #include "runtime/context.h"
 #include "runtime/sampling.h"
 #include "server/api.h"
+#include "server/api_openai.h"
 #include "server/server.h"
 #include "server_fixture.h"
 #include "test_util.h"
@@ -202,7 +203,7 @@ TEST(Server, ToolCallResponseBuilderParsesCannedOutput) {
   for (size_t i = 0; i < canned.size(); i += 3) apply_chat_text(parser, canned.substr(i, 3), out);  // split tags
   EXPECT_TRUE(parser.message().done);
   Job::Result res;
-  res.finish_reason = "tool_calls";
+  res.finish_reason = FinishReason::ToolCalls;
   res.n_prompt = 10;
   res.n_generated = 7;
   res.n_cached = 4;

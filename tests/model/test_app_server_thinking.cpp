@@ -216,7 +216,7 @@ TEST(ServerThinking, ForcedCloseContinuesLikeAPromptThatContainsIt) {
     const JobRun r = run_job({{"messages", kUser}, {"temperature", 0}, {"max_tokens", kN}, {"ignore_eos", true},
                            {"thinking_budget_tokens", budget}});
     ASSERT_EQ(static_cast<int>(r.ids.size()), kN);
-    EXPECT_EQ(r.result.finish_reason, "length");
+    EXPECT_EQ(r.result.finish_reason, server::FinishReason::Length);
     for (int i = 0; i < budget; ++i) EXPECT_FALSE(structural(r.ids[static_cast<size_t>(i)])) << i;
     const size_t b = static_cast<size_t>(budget);
     ASSERT_EQ(find_seq(r.ids, close), b);
@@ -323,7 +323,7 @@ TEST(ServerThinking, BudgetedAnswerInABatchIsTheSameAsAlone) {
       ojson c = x;
       c["max_tokens"] = m;
       const JobRun r = run_job(c);
-      EXPECT_EQ(r.result.finish_reason, "length");
+      EXPECT_EQ(r.result.finish_reason, server::FinishReason::Length);
       EXPECT_EQ(r.ids, std::vector<int32_t>(alone.ids.begin(), alone.ids.begin() + m));
       EXPECT_EQ(r.lps, std::vector<float>(alone.lps.begin(), alone.lps.begin() + m));
     }
@@ -354,7 +354,7 @@ TEST(ServerThinking, ForcedCloseCutByTheContext) {
                                                    srv().s->scheduler().think_close().begin() + (kRoom - kB4))),
             static_cast<size_t>(kB4));
   const JobRun r = run_job(x);
-  EXPECT_EQ(r.result.finish_reason, "length");
+  EXPECT_EQ(r.result.finish_reason, server::FinishReason::Length);
   EXPECT_EQ(r.ids, ref.ids);
   EXPECT_EQ(r.lps, ref.lps);
 }
@@ -380,7 +380,7 @@ TEST(ServerThinking, StopStringInsideTheForcedClose) {
   for (int rep = 0; rep < 2; ++rep) {
     SCOPED_TRACE(rep);
     const JobRun r = run_job(st);
-    EXPECT_EQ(r.result.finish_reason, "stop");
+    EXPECT_EQ(r.result.finish_reason, server::FinishReason::Stop);
     EXPECT_EQ(r.result.stop_string, "think");
     EXPECT_EQ(r.ids, std::vector<int32_t>(alone.ids.begin(), alone.ids.begin() + kB + static_cast<std::ptrdiff_t>(upto)));
     const ojson c = chat(st);
@@ -479,7 +479,7 @@ TEST(ServerThinking, GrammarsStayValidAcrossTheForcedClose) {
   ASSERT_NE(at_none, std::string::npos);
   EXPECT_GE(at_none, static_cast<size_t>(kB));
   EXPECT_LE(at_none, static_cast<size_t>(kB + 3));
-  EXPECT_NE(none.result.finish_reason, "grammar_dead_end");
+  EXPECT_NE(none.result.finish_reason, server::FinishReason::GrammarDeadEnd);
   // without a budget the grammar-held thinking runs on past B
   const JobRun unbudgeted = run_job({{"messages", kUser}, {"temperature", 0}, {"max_tokens", kN}, {"tools", tools},
                             {"tool_choice", "required"}});

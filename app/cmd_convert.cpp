@@ -36,7 +36,8 @@ int cmd_convert(int argc, char** argv) {
               static_cast<unsigned>(r.ftype), r.seconds,
               kimi::format_bytes(static_cast<uint64_t>(r.seconds > 0 ? r.tensor_bytes / r.seconds : 0)).c_str(),
               r.n_metadata);
-  std::printf("dropped %zu vision tensors (%s)\n", r.n_dropped, kimi::format_bytes(r.dropped_bytes).c_str());
+  std::printf("dropped %zu %s tensors (%s)\n", r.n_dropped, r.dropped_what.c_str(),
+              kimi::format_bytes(r.dropped_bytes).c_str());
   for (auto& p : r.outputs) std::printf("wrote %s\n", p.c_str());
   return 0;
 }

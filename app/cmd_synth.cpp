@@ -3,9 +3,11 @@
 #include <cstdio>
 
 #include "command.h"
+#include "convert/dspark.h"
 #include "convert/synth.h"
 #include "util/progress.h"
 #include "util/cli.h"
+#include "util/error.h"
 
 namespace {
 
@@ -17,8 +19,12 @@ int cmd_synth(int argc, char** argv) {
   uint64_t seed = 1;
   int64_t layers = 0, experts = 0;
   bool no_indexer = false, bf16_experts = false, force = false, quiet = false;
-  app.add_option("--preset", preset_name, "tiny | small | k3-layers")
-      ->check(CLI::IsMember(kimi::synth::preset_names()))
+  std::vector<std::string> presets = kimi::synth::preset_names();
+  for (auto& p : kimi::dspark::preset_names()) presets.push_back(p);
+  app.add_option("--preset", preset_name,
+                 "tiny | small | k3-layers; dspark-tiny | dspark-small: a K3 DSpark draft model for the tiny / small "
+                 "target of the same --seed (docs/spec/dspark.md §4)")
+      ->check(CLI::IsMember(presets))
       ->capture_default_str();
   app.add_option("--seed", seed, "random seed (weights depend only on seed and tensor name)")->capture_default_str();
   app.add_option("--layers", layers, "number of layers (default: the preset's); keeps the first N layers");
@@ -43,6 +49,24 @@ int cmd_synth(int argc, char** argv) {
   app.add_flag("-q,--quiet", quiet, "no progress output");
   if (int rc = kimi::parse_cli(app, argc, argv); rc >= 0) return rc;
 
+  if (kimi::dspark::is_preset(preset_name)) {
+    if (layers || app.count("--experts") || app.count("--experts-used") || no_indexer || bf16_experts ||
+        !outliers.empty() || router != "spread")
+      kimi::fail("synth: --preset {} takes only --seed, -o, --force and --quiet", preset_name);
+    auto dc = kimi::dspark::synth_preset(preset_name);
+    dc.seed = seed;
+    auto s = kimi::dspark::write_synth(dc, out, force);
+    std::string taps;
+    for (auto t : dc.taps) taps += (taps.empty() ? "" : ", ") + std::to_string(t);
+    std::printf("synth: wrote %s (preset %s, seed %llu): K3 DSpark draft for the %s target\n", out.c_str(),
+                preset_name.c_str(), static_cast<unsigned long long>(seed), dc.target_preset.c_str());
+    std::printf("  %zu tensors, %s of tensor data, %llu parameters; %lld layers, block %lld, Markov rank %lld, "
+                "taps at target layers %s\n",
+                s.tensors, kimi::format_bytes(s.bytes).c_str(), static_cast<unsigned long long>(s.parameters),
+                static_cast<long long>(dc.layers), static_cast<long long>(dc.block), static_cast<long long>(dc.rank),
+                taps.c_str());
+    return 0;
+  }
   auto cfg = kimi::synth::preset(preset_name);
   cfg.seed = seed;
   if (layers) kimi::synth::set_layers(cfg, layers);

@@ -36,6 +36,14 @@ void Backend::indexer_select(const CacheRows& keys, const BatchEntry* e, int64_t
   }
 }
 
+void Backend::silu_mul_rows(float*, const float*, int64_t, int64_t) {
+  fail("backend {}: silu_mul_rows is not supported (the DSpark draft runs on the CPU backend)", name());
+}
+
+void Backend::rope_rows(float*, int64_t, const BatchEntry*, int64_t, int64_t, int64_t, int64_t, const float*) {
+  fail("backend {}: rope_rows is not supported (the DSpark draft runs on the CPU backend)", name());
+}
+
 void Backend::axpy(float*, float, const float*, int64_t) {
   fail("backend {}: axpy is not supported (the distributed forward pass needs the CPU backend)", name());
 }

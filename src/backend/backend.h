@@ -197,6 +197,16 @@ class Backend {
   virtual void mul_sigmoid_rows(float* x, const float* gate, int64_t n, int64_t width) = 0;  // x *= sigmoid(gate)
   // g[t] = SiTU(g[t], u[t]) rows of width (ffn activation)
   virtual void situ_rows(float* g, const float* u, int64_t n, int64_t width, float beta, float lambda) = 0;
+  // g[t] = silu(g[t]) * u[t] rows of width (the K3 DSpark draft's SwiGLU MLP, dspark.md §3.2 step 6);
+  // backends without it refuse (the draft runs on the CPU backend)
+  virtual void silu_mul_rows(float* g, const float* u, int64_t n, int64_t width);
+  // Rotary embedding in place (dspark.md §3.3): for row t and head h < n_heads the pairs
+  // (x[2i], x[2i+1]), i < n_rot / 2, of x + t * ld + h * head_stride are rotated by the angle of
+  // position e[t].pos: cos = cs[(pos * n_rot/2 + i) * 2], sin = the next value (cs: a table of
+  // n_ctx positions, in this backend's memory, with any magnitude factor folded in); backends
+  // without it refuse
+  virtual void rope_rows(float* x, int64_t ld, const BatchEntry* e, int64_t n, int64_t n_heads, int64_t head_stride,
+                         int64_t n_rot, const float* cs);  // e: host
   virtual void gather_rows(const float* src, int64_t width, const int32_t* rows, int64_t n, float* dst) = 0;  // rows: host
   virtual void set_i32(int32_t* dst, int64_t count, int32_t v) = 0;
 

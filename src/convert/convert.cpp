@@ -5,6 +5,7 @@
 #include <map>
 #include <unordered_map>
 
+#include "convert/dspark.h"
 #include "convert/vocab.h"
 #include "io/hf_config.h"
 #include "io/safetensors.h"
@@ -122,6 +123,7 @@ ConvertResult convert(const ConvertOptions& o) {
     inputs.push_back((fs::path(o.hf_dir) / f).string());
   check_outputs_distinct(inputs, {o.out_path});
   HfConfig cfg = HfConfig::load(cfg_path);
+  if (dspark::is_dspark_config(cfg)) return dspark::convert(o);  // a K3 DSpark draft (docs/spec/dspark.md §2)
   auto ckpt = st::Checkpoint::open(o.hf_dir);  // first: its tensor count bounds the counts in config.json
   K3Dims dims = read_dims(cfg, ckpt->names().size());
   for (auto& p : ckpt->file_paths()) inputs.push_back(p);

@@ -28,6 +28,7 @@ struct ConvertResult {
   size_t n_tensors = 0;
   uint64_t tensor_bytes = 0;
   size_t n_dropped = 0;           // vision tower / projector tensors dropped
+  std::string dropped_what = "vision";  // what they were ("vision"; a DSpark draft: "unused draft")
   uint64_t dropped_bytes = 0;
   size_t n_metadata = 0;
   double seconds = 0;

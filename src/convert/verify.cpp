@@ -15,6 +15,7 @@
 #include <sstream>
 #include <unistd.h>
 
+#include "convert/dspark.h"
 #include "convert/vocab.h"  // tiktoken file parsing only (not the merges / token mapping)
 #include "io/gguf.h"
 #include "io/hf_config.h"
@@ -727,6 +728,7 @@ VerifyResult verify(const VerifyOptions& o) {
   const std::string cfg_path = (fs::path(o.hf_dir) / "config.json").string();
   check(fs::exists(cfg_path), "{}: missing (not a Hugging Face model directory?)", cfg_path);
   HfConfig cfg = HfConfig::load(cfg_path);
+  if (dspark::is_dspark_config(cfg)) return dspark::verify(o);  // a K3 DSpark draft (docs/spec/dspark.md §2)
   auto ck = st::Checkpoint::open(o.hf_dir);
   auto rd = gguf::Reader::open(o.gguf_path);
   {

@@ -26,6 +26,26 @@ void place(WeightView& w, Backend& be) {
 
 }  // namespace
 
+void Forward::set_taps(std::vector<uint32_t> layers, float* dst) {
+  check(!dist_, "forward: hidden-state taps need a single process (no MPI ranks)");
+  for (size_t i = 0; i < layers.size(); ++i)
+    check(layers[i] < hp_.n_layer && (i == 0 || layers[i] > layers[i - 1]),
+          "forward: tap layers must be ascending and below {} (got {})", hp_.n_layer, layers[i]);
+  check(layers.empty() || dst, "forward: no destination for the tapped hidden states");
+  taps_ = std::move(layers);
+  taps_dst_ = dst;
+}
+
+// the stream after layer il into the tap buffer when il is a tap layer (dspark.md §3.1)
+void Forward::copy_tap(uint32_t il, int dev, int64_t n) {
+  if (taps_.empty()) return;
+  const auto it = std::find(taps_.begin(), taps_.end(), il);
+  if (it == taps_.end()) return;
+  const int64_t k = it - taps_.begin(), d = hp_.n_embd;
+  Device& v = *devs_[static_cast<size_t>(dev)];
+  copy_between(*devs_[0]->be, taps_dst_ + k * n * d, *v.be, v.res.stream.p, static_cast<uint64_t>(n * d) * 4);
+}
+
 Forward::Forward(const Model& m, const std::vector<Backend*>& backends, const Placement& placement,
                  const ForwardOptions& o)
     : model_(m), hp_(m.hparams()), opts_(o), place_(placement) {
@@ -359,6 +379,7 @@ void Forward::run_local(const BatchEntry* e, int64_t n, float* logits) {
       phase_.s[hp.is_moe(il) ? PhaseTimes::Moe : PhaseTimes::Ffn] += PhaseTimes::now() - t0;
       be.add(v.res.stream.p, v.res.ffn_out.p, n * d);
     }
+    copy_tap(il, dev, n);
   }
 
   // final ResMix, norm, lm head for the requested rows (layer mode: on the last rank, whose

@@ -57,6 +57,12 @@ class Forward {
   // and writes the logits of the entries with want_logits, in order, to logits (host, rows of V).
   void run(const BatchEntry* e, int64_t n, float* logits);
 
+  // Hidden-state taps for a draft model (docs/spec/dspark.md §3.1): after each run() the residual
+  // stream after each of `layers` (0-based, ascending) for every row of that run, on the host:
+  // dst[(k * n + t) * n_embd ..] for tap k and row t of the n rows. dst holds n_batch rows per tap
+  // layer and outlives the taps. An empty list turns them off. One process only (no MPI ranks).
+  void set_taps(std::vector<uint32_t> layers, float* dst);
+
   // per-sequence caches and states, on every backend
   void seq_clear(int32_t seq);
   void seq_copy(int32_t src, int32_t dst, int32_t n_rows);
@@ -96,6 +102,7 @@ class Forward {
 
  private:
   void move_residual(int& dev, int to, int64_t n, uint32_t nb);
+  void copy_tap(uint32_t il, int dev, int64_t n);
   void run_local(const BatchEntry* e, int64_t n, float* logits);
   void seq_clear_local(int32_t seq);
   void seq_copy_local(int32_t src, int32_t dst, int32_t n_rows);
@@ -123,6 +130,8 @@ class Forward {
   WeightView token_embd_, output_, output_norm_, output_res_score_;
   std::vector<int32_t> cache_slot_;       // layer -> MLA or KDA slot in its attn backend's store
   std::vector<int32_t> wanted_;           // rows of the micro-batch that want logits (host)
+  std::vector<uint32_t> taps_;            // layers whose output stream is copied out (set_taps)
+  float* taps_dst_ = nullptr;
   uint32_t n_bank_max_ = 0;
   std::unique_ptr<ExpertCache> xcache_;   // routed experts streamed from disk (nullptr: mapping)
   std::unique_ptr<HotExperts> hot_;       // --gpu-experts: hot experts on the FFN's accelerator (nullptr: none)

@@ -188,6 +188,31 @@ void CpuBackend::situ_rows(float* g, const float* u, int64_t n, int64_t w, float
   });
 }
 
+// silu(g) * u with libm's exp in both precisions (a small op of the DSpark draft's MLP)
+void CpuBackend::silu_mul_rows(float* g, const float* u, int64_t n, int64_t w) {
+  par(n, w * 16, [&](int64_t t, int) {
+    float* x = g + t * w;
+    const float* y = u + t * w;
+    for (int64_t i = 0; i < w; ++i) x[i] = x[i] / (1.0f + std::exp(-x[i])) * y[i];
+  });
+}
+
+void CpuBackend::rope_rows(float* x, int64_t ld, const BatchEntry* e, int64_t n, int64_t n_heads, int64_t head_stride,
+                           int64_t n_rot, const float* cs) {
+  const int64_t half = n_rot / 2;
+  for (int64_t t = 0; t < n; ++t) {
+    const float* c = cs + static_cast<int64_t>(e[t].pos) * n_rot;
+    for (int64_t h = 0; h < n_heads; ++h) {
+      float* v = x + t * ld + h * head_stride;
+      for (int64_t i = 0; i < half; ++i) {
+        const float x0 = v[2 * i], x1 = v[2 * i + 1], co = c[2 * i], si = c[2 * i + 1];
+        v[2 * i] = x0 * co - x1 * si;
+        v[2 * i + 1] = x0 * si + x1 * co;
+      }
+    }
+  }
+}
+
 void CpuBackend::gather_rows(const float* src, int64_t width, const int32_t* rows, int64_t n, float* dst) {
   for (int64_t i = 0; i < n; ++i)
     std::memcpy(dst + i * width, src + static_cast<int64_t>(rows[i]) * width, static_cast<size_t>(width) * 4);

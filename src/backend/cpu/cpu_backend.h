@@ -51,6 +51,9 @@ class CpuBackend : public Backend {
   void sigmoid(float* x, int64_t count) override;
   void mul_sigmoid_rows(float* x, const float* gate, int64_t n, int64_t width) override;
   void situ_rows(float* g, const float* u, int64_t n, int64_t width, float beta, float lambda) override;
+  void silu_mul_rows(float* g, const float* u, int64_t n, int64_t width) override;
+  void rope_rows(float* x, int64_t ld, const BatchEntry* e, int64_t n, int64_t n_heads, int64_t head_stride,
+                 int64_t n_rot, const float* cs) override;
   void gather_rows(const float* src, int64_t width, const int32_t* rows, int64_t n, float* dst) override;
   void set_i32(int32_t* dst, int64_t count, int32_t v) override;
   void res_mix(const float* cur, const float* w, const float* bank, const float* bank_inv, uint32_t nb,

@@ -57,7 +57,6 @@ int cmd_run(int argc, char** argv) {
 
   const kimi::SpecParams spec = kimi::app::spec_params(sa);
   auto model = kimi::Model::load(ea.model, kimi::app::model_options(ea));
-  std::unique_ptr<kimi::Drafter> drafter = kimi::app::make_drafter(sa, *model);
   std::optional<kimi::tok::Tokenizer> tok;
   if (model->reader().has("tokenizer.ggml.tokens")) tok.emplace(kimi::tok::Tokenizer::from_gguf(model->reader()));
   std::vector<int32_t> in;
@@ -82,6 +81,8 @@ int cmd_run(int argc, char** argv) {
               "the prompt ({} tokens) + -n {} need {} positions, which exceeds the context size (-c {})", in.size(),
               n_predict, n_pos, ea.ctx);
   const int n_ctx = static_cast<int>(std::min<int64_t>(n_ctx_need, INT32_MAX));
+  // the DSpark draft's block may reach block_size - 1 positions past the last one decoded
+  std::unique_ptr<kimi::Drafter> drafter = kimi::app::make_drafter(sa, *model, n_ctx + 64, ea.threads);
   int n_batch = std::min<int>(ea.batch, static_cast<int>(in.size()));
   kimi::ContextOptions co = kimi::app::context_options(ea, n_ctx, n_batch);
   if (drafter) {  // a verify step in one micro-batch; one snapshot slot for the step's rollback
@@ -102,6 +103,8 @@ int cmd_run(int argc, char** argv) {
   auto t0 = clk::now();
   kimi::Batch b;
   b.add_sequence(in, 0, 0, true);
+  // a drafter that reads the target's hidden states (dspark) needs them from the prompt on
+  if (drafter) ctx.set_tap_layers({drafter->tap_layers().begin(), drafter->tap_layers().end()});
   ctx.decode(b);
   auto t1 = clk::now();
   const kimi::ExpertStreamStats xs_pp = ctx.expert_stream_stats();

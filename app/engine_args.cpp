@@ -13,6 +13,8 @@
 #include "backend/vulkan/vulkan_backend.h"
 #endif
 #include "io/imatrix.h"
+#include "model/dspark.h"
+#include "runtime/dspark_drafter.h"
 #include "util/cli.h"
 #include "util/error.h"
 #include "util/numa.h"
@@ -362,15 +364,19 @@ SpecParams spec_params(const SpecArgs& a) {
   return p;
 }
 
-std::unique_ptr<Drafter> make_drafter(const SpecArgs& a, const Model& target) {
-  (void)target;
+std::unique_ptr<Drafter> make_drafter(const SpecArgs& a, const Model& target, int n_ctx, int n_threads) {
   switch (parse_spec_type(a.type, "--spec")) {
     case SpecType::Off: return nullptr;
     case SpecType::Auto:
     case SpecType::Ngram: return std::make_unique<NgramDrafter>();
-    case SpecType::Dspark:
+    case SpecType::Dspark: {
       check(!a.draft_model.empty(), "--spec dspark needs the draft model: -md/--model-draft FILE");
-      fail("--spec dspark: the DSpark draft ('{}') is not supported by this build yet", a.draft_model);
+      std::shared_ptr<const DsparkModel> dm = DsparkModel::load(a.draft_model);
+      DsparkDrafterOptions o;
+      o.n_ctx = n_ctx;
+      o.n_threads = n_threads;
+      return std::make_unique<DsparkDrafter>(std::move(dm), target, o);
+    }
   }
   return nullptr;
 }

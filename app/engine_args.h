@@ -100,7 +100,9 @@ void add_spec_options(CLI::App& app, SpecArgs& a);
 SpecParams spec_params(const SpecArgs& a);
 // One drafter for one sequence (nullptr for --spec off): ngram and auto get the n-gram drafter;
 // dspark needs -md FILE.
-std::unique_ptr<Drafter> make_drafter(const SpecArgs& a, const Model& target);
+// n_ctx: positions the draft may see (the context's n_ctx_max plus the block); n_threads: the
+// draft's own threads (0: all).
+std::unique_ptr<Drafter> make_drafter(const SpecArgs& a, const Model& target, int n_ctx = 4096, int n_threads = 0);
 
 // kimi::parse_cli (util/cli.h) after spelling the llama.cpp-style multi-letter short flags -ngl,
 // -ot, -np, -ub, -fa, -md as --n-gpu-layers, --override-tensor, --parallel, --ubatch-size, --flash-attn,

@@ -54,6 +54,12 @@ struct Context::Impl {
   std::vector<float> logits;        // [n_wanted][V] (grows to the largest batch)
   std::vector<int32_t> logit_row;   // per entry of the last batch, -1 = none
   std::vector<int32_t> next_pos;    // decode() validation scratch [n_seq_max]
+  // hidden-state taps (set_tap_layers): the forward pass writes a micro-batch tap-major into
+  // tap_mb; decode() gathers them per entry into tap_rows [entry][layer][n_embd]
+  std::vector<int> tap_layers;
+  std::vector<float> tap_mb, tap_rows;
+  std::vector<BatchEntry> tap_ent;  // the entries of tap_rows
+  int64_t tap_n = 0;                // entries in tap_rows (the last batch)
 
   Impl(const Model& m, const ContextOptions& o);
 };
@@ -172,16 +178,57 @@ void Context::decode(const Batch& batch) {
   int64_t lr = 0;
   for (int64_t i = 0; i < n; ++i)
     if (E[static_cast<size_t>(i)].want_logits) c.logit_row[static_cast<size_t>(i)] = static_cast<int32_t>(lr++);
+  if (!c.tap_layers.empty()) {
+    const size_t need_t = static_cast<size_t>(n) * c.tap_layers.size() * c.hp.n_embd;
+    if (c.tap_rows.size() < need_t) c.tap_rows.resize(need_t);  // grows to the largest batch
+    if (c.tap_ent.size() < E.size()) c.tap_ent.resize(E.size());
+    std::copy(E.begin(), E.end(), c.tap_ent.begin());
+    c.tap_n = n;
+  }
   // micro-batches in order
   int64_t lbase = 0;
   for (int64_t i0 = 0; i0 < n; i0 += c.N) {
     const int64_t m = std::min<int64_t>(c.N, n - i0);
     c.fwd->run(E.data() + i0, m, c.logits.data() + lbase * c.hp.n_vocab);
+    if (!c.tap_layers.empty()) {  // [layer][row][d] of the micro-batch -> [entry][layer][d]
+      const int64_t nk = static_cast<int64_t>(c.tap_layers.size()), d = c.hp.n_embd;
+      for (int64_t t = 0; t < m; ++t)
+        for (int64_t k = 0; k < nk; ++k)
+          std::copy_n(c.tap_mb.data() + (k * m + t) * d, d, c.tap_rows.data() + ((i0 + t) * nk + k) * d);
+    }
     for (int64_t i = i0; i < i0 + m; ++i) {
       ++c.seqs[static_cast<size_t>(E[static_cast<size_t>(i)].seq_id)].len;
       if (E[static_cast<size_t>(i)].want_logits) ++lbase;
     }
   }
+}
+
+void Context::set_tap_layers(const std::vector<int>& layers) {
+  Impl& c = *impl_;
+  std::vector<uint32_t> l;
+  for (int v : layers) {
+    check(v >= 0 && static_cast<uint32_t>(v) < c.hp.n_layer, "taps: layer {} outside the model's 0..{}", v,
+          c.hp.n_layer - 1);
+    l.push_back(static_cast<uint32_t>(v));
+  }
+  c.tap_mb.assign(static_cast<size_t>(c.N) * l.size() * c.hp.n_embd, 0.0f);
+  c.fwd->set_taps(l, l.empty() ? nullptr : c.tap_mb.data());
+  c.tap_layers = layers;
+  c.tap_n = 0;
+}
+
+const std::vector<int>& Context::tap_layers() const { return impl_->tap_layers; }
+int64_t Context::tap_count() const { return impl_->tap_layers.empty() ? 0 : impl_->tap_n; }
+const BatchEntry& Context::tap_entry(size_t i) const {
+  check(static_cast<int64_t>(i) < tap_count(), "taps: entry {} out of range ({} entries)", i, tap_count());
+  return impl_->tap_ent[i];
+}
+
+const float* Context::tap_row(size_t i) const {
+  const Impl& c = *impl_;
+  check(!c.tap_layers.empty(), "taps: no tap layers set");
+  check(static_cast<int64_t>(i) < c.tap_n, "taps: entry {} out of range (last batch had {} entries)", i, c.tap_n);
+  return c.tap_rows.data() + i * c.tap_layers.size() * c.hp.n_embd;
 }
 
 const float* Context::logits(size_t i) const {

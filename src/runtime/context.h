@@ -96,6 +96,15 @@ class Context {
   void decode(const Batch& batch);
   // Logits (n_vocab floats) of entry i of the last decoded batch; throws if not requested.
   const float* logits(size_t i) const;
+  // Hidden-state taps for a draft model (docs/spec/dspark.md §3.1): with layers set, every
+  // decode() also keeps the residual stream after each of those target layers (0-based, ascending)
+  // for every entry; tap_row(i) is entry i's, layers.size() vectors of n_embd floats in layer order.
+  // An empty list turns them off. One process only.
+  void set_tap_layers(const std::vector<int>& layers);
+  const std::vector<int>& tap_layers() const;
+  const float* tap_row(size_t i) const;
+  int64_t tap_count() const;                     // entries of the last decode() with taps (0: off)
+  const BatchEntry& tap_entry(size_t i) const;   // entry i of that batch (sequence, position)
 
   int32_t seq_len(int32_t seq) const;
   void seq_clear(int32_t seq);

@@ -90,6 +90,17 @@ void Speculator::start(std::span<const int32_t> history, int32_t next) {
         history.size());
   hist_.assign(history.begin(), history.end());
   hist_.push_back(next);
+  // a drafter that reads hidden states gets the taps of this sequence's rows of the last batch
+  // (the prompt; the caller set the context's tap layers before decoding it, dspark.md §3.5)
+  if (drafter_ && !drafter_->tap_layers().empty() && ctx_.tap_count() > 0) {
+    int64_t i0 = -1, n = 0;
+    for (int64_t i = 0; i < ctx_.tap_count(); ++i)
+      if (ctx_.tap_entry(size_t(i)).seq_id == seq_) {
+        if (i0 < 0) i0 = i;
+        if (i == i0 + n) ++n;
+      }
+    if (n > 0) observe_rows(size_t(i0), ctx_.tap_entry(size_t(i0)).pos, n);
+  }
   pending_ = 1;
   out_.clear();
   rows_.clear();
@@ -149,6 +160,7 @@ const std::vector<int32_t>& Speculator::step(int max_new) {
     ++m;
   }
   hist_.insert(hist_.end(), out_.begin(), out_.end());
+  observe_rows(0, L, p + m);  // the rows kept: the pending tokens and the accepted drafts
   ++st_.steps;
   st_.emitted += out_.size();
   (k > 0 ? st_.verify_s : st_.plain_s) += secs;
@@ -209,7 +221,23 @@ void Speculator::settle() {
   for (int i = 0; i + 1 < pending_; ++i)
     batch_.add(hist_[H - static_cast<size_t>(pending_ - i)], seq_, L + i, false);
   ctx_.decode(batch_);
+  observe_rows(0, L, pending_ - 1);
   pending_ = 1;
+}
+
+void Speculator::observe_rows(size_t row0, int32_t pos0, int64_t n) {
+  if (!drafter_ || drafter_->tap_layers().empty() || n <= 0) return;
+  const auto& tl = ctx_.tap_layers();
+  const auto want = drafter_->tap_layers();
+  check(tl.size() == want.size() && std::equal(tl.begin(), tl.end(), want.begin()),
+        "speculative: the drafter reads target layers the context does not tap (Context::set_tap_layers)");
+  TargetTaps t;
+  t.layers = want;
+  t.n_embd = ctx_.model().hparams().n_embd;
+  t.pos0 = pos0;
+  t.n_rows = n;
+  t.data = ctx_.tap_row(row0);
+  drafter_->observe(t);
 }
 
 }  // namespace kimi

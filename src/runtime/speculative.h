@@ -163,6 +163,8 @@ class Speculator {
   void set_params(const SpecParams& p);
 
  private:
+  // hands rows row0.. of the last batch (positions pos0..pos0+n-1 of seq) to a drafter that reads taps
+  void observe_rows(size_t row0, int32_t pos0, int64_t n);
   Context& ctx_;
   int32_t seq_;
   Sampler& sampler_;

@@ -20,6 +20,8 @@
 #include "model/dspark.h"
 #include "model/forward.h"
 #include "ref/dspark_ref.h"
+#include "runtime/context.h"
+#include "runtime/dspark_drafter.h"
 #include "test_util.h"
 #include "util/error.h"
 #include "util/thread_pool.h"
@@ -302,6 +304,98 @@ TEST(Dspark, ForwardTapsCopyTheStreamAfterEachTapLayer) {
   }
   EXPECT_THROW(fwd.set_taps({3, 2}, taps.data()), kimi::Error);
   EXPECT_THROW(fwd.set_taps({hp.n_layer}, taps.data()), kimi::Error);
+}
+
+// Context::set_tap_layers: the taps of a batch are per entry, whatever the micro-batches were.
+TEST(Dspark, ContextTapsAreTheBatchRowsWhateverTheMicroBatches) {
+  auto target = kimi::Model::load(files().target_gguf);
+  const auto& hp = target->hparams();
+  const std::vector<int> layers{0, 2, 4, 5, 7};
+  std::vector<int32_t> toks;
+  for (int i = 0; i < 11; ++i) toks.push_back(17 + 31 * i);
+  std::vector<std::vector<float>> got[2];
+  for (int run = 0; run < 2; ++run) {
+    kimi::ContextOptions co;
+    co.n_threads = 2, co.n_ctx_max = 32, co.n_batch_max = run == 0 ? 16 : 3;
+    co.precision = kimi::Precision::F32;
+    kimi::Context ctx(*target, co);
+    ctx.set_tap_layers(layers);
+    kimi::Batch b;
+    b.add_sequence(toks, 0, 0, true);
+    ctx.decode(b);
+    ASSERT_EQ(ctx.tap_count(), 11);
+    for (size_t i = 0; i < 11; ++i) {
+      EXPECT_EQ(ctx.tap_entry(i).pos, static_cast<int32_t>(i));
+      got[run].emplace_back(ctx.tap_row(i), ctx.tap_row(i) + layers.size() * hp.n_embd);
+    }
+  }
+  for (size_t i = 0; i < 11; ++i) {
+    double md = 0, mr = 0;
+    for (size_t j = 0; j < got[0][i].size(); ++j) {
+      md = std::max(md, double(std::abs(got[0][i][j] - got[1][i][j])));
+      mr = std::max(mr, double(std::abs(got[0][i][j])));
+    }
+    EXPECT_LE(md / mr, 1e-5) << "entry " << i;
+  }
+}
+
+// The drafter proposes nothing until it has the context rows of every earlier position, then the
+// greedy block of the draft.
+TEST(Dspark, DrafterProposesOnceTheContextIsObserved) {
+  auto target = kimi::Model::load(files().target_gguf);
+  std::shared_ptr<const kimi::DsparkModel> dm = kimi::DsparkModel::load(files().draft_gguf);
+  kimi::DsparkDrafter d(dm, *target, {.n_ctx = 64, .n_batch = 4, .n_threads = 1});
+  EXPECT_EQ(d.name(), "dspark");
+  ASSERT_EQ(std::vector<int>(d.tap_layers().begin(), d.tap_layers().end()), (std::vector<int>{0, 2, 4, 5, 7}));
+  const std::vector<int32_t> toks{5, 6, 7, 8, 9, 10};
+  std::vector<int32_t> draft;
+  draft.reserve(8);
+  EXPECT_EQ(d.propose(toks, 7, draft), 0);  // no context rows yet
+  const auto taps = random_taps(5, 5 * 64, 77);
+  std::vector<float> rows;
+  for (auto& r : taps) rows.insert(rows.end(), r.begin(), r.end());
+  kimi::TargetTaps t;
+  t.layers = d.tap_layers();
+  t.n_embd = 64;
+  t.pos0 = 1;  // a gap at position 0: still nothing
+  t.n_rows = 4;
+  t.data = rows.data() + 5 * 64;
+  d.observe(t);
+  EXPECT_EQ(d.propose(toks, 7, draft), 0);
+  t.pos0 = 0, t.n_rows = 5, t.data = rows.data();  // 5 rows in chunks of 4 (n_batch)
+  d.observe(t);
+  EXPECT_EQ(d.covered(), 5);
+  ASSERT_EQ(d.propose(toks, 7, draft), 7);
+  Engine eng(64);
+  eng.context(0, taps);
+  int32_t want[7];
+  ASSERT_EQ(eng.draft->draft_greedy(0, 10, 5, 7, want), 7);
+  EXPECT_EQ(draft, std::vector<int32_t>(want, want + 7));
+  EXPECT_EQ(d.propose(toks, 3, draft), 3);
+  d.reset();
+  EXPECT_EQ(d.propose(toks, 7, draft), 0);
+}
+
+// `kimi run --spec dspark -md draft.gguf` (greedy) gives the tokens of `--spec off`, and drafts.
+TEST(Dspark, SpeculativeGreedyRunEqualsPlainRun) {
+  for (const char* p : {"1,2,3,4,5,6,7,8", "300,301,302,303,304,305,306,307,308,309,310,311,312,313,314"}) {
+    const std::string base = fmt::format("run -m {} --tokens {} -n 40 --temp 0 --ids", files().target_gguf, p);
+    auto off = run_kimi(base + " --spec off");
+    ASSERT_EQ(off.exit_code, 0) << off.out;
+    auto ds = run_kimi(base + " --spec dspark -md " + files().draft_gguf + " --draft-max 7");
+    ASSERT_EQ(ds.exit_code, 0) << ds.out;
+    auto ids = [](const std::string& out) {  // the first line: the generated ids
+      return out.substr(0, out.find('\n'));
+    };
+    EXPECT_EQ(ids(ds.out), ids(off.out));
+    EXPECT_GT(ids(off.out).size(), 40u);
+    const auto at = ds.out.find("speculative (dspark): ");
+    ASSERT_NE(at, std::string::npos) << ds.out;
+    const auto dr = ds.out.find(" drafted", at);
+    ASSERT_NE(dr, std::string::npos) << ds.out;
+    const auto colon = ds.out.rfind(' ', dr - 1);
+    EXPECT_GT(std::stoi(ds.out.substr(colon + 1, dr - colon - 1)), 40) << ds.out;  // it drafted
+  }
 }
 
 TEST(Dspark, BadDraftsGetClearErrors) {

@@ -38,6 +38,25 @@ Stat stats(const std::vector<double>& v) {
   return s;
 }
 
+// The roofline of the timed prefill passes (bench_ceiling.h): their work at this micro-batch, depth, precision
+// and attention path, and the phase times summed over the reps.
+kimi::app::RooflineReport pp_roofline(const kimi::Model& model, const kimi::Context& ctx, const kimi::app::EngineArgs& ea,
+                                      int n_prompt, int n_ubatch, int depth, int reps, const kimi::PhaseTimes& sum,
+                                      double best_tps, double mean_tps) {
+  kimi::app::RoofInputs in;
+  in.n_prompt = n_prompt;
+  in.n_ubatch = n_ubatch;
+  in.depth = depth;
+  in.prec = ea.precision == "f32" ? kimi::Precision::F32 : kimi::Precision::Fast;
+  in.top_k = ctx.effective_top_k();
+  in.sparse = ea.attn != "dense";
+  in.cache_elem_bytes = ctx.cache_type() == kimi::CacheType::F16 ? 2.0 : 4.0;
+  const bool key_i8 = ea.indexer_int8 && ea.precision == "fast";
+  in.idx_key_bytes = key_i8 ? double(model.hparams().idx_dim + 8) : in.cache_elem_bytes * model.hparams().idx_dim;
+  return kimi::app::make_roofline(model, in, sum, reps, best_tps > 0 ? n_prompt / best_tps : 0.0,
+                                  mean_tps > 0 ? n_prompt / mean_tps : 0.0);
+}
+
 int cmd_bench(int argc, char** argv) {
   CLI::App app{"Benchmark prompt processing (pp) and generation (tg) speed"};
   kimi::app::EngineArgs ea;
@@ -94,7 +113,8 @@ int cmd_bench(int argc, char** argv) {
 
   auto model = kimi::Model::load(ea.model, kimi::app::model_options(ea));
   const int n_ctx = depth + std::max(n_prompt, n_gen) + 1;
-  kimi::Context ctx(*model, kimi::app::context_options(ea, n_ctx, std::max(1, std::min(ea.batch, std::max(n_prompt, std::max(depth, 1))))));
+  const int n_ubatch = std::max(1, std::min(ea.batch, std::max(n_prompt, std::max(depth, 1))));
+  kimi::Context ctx(*model, kimi::app::context_options(ea, n_ctx, n_ubatch));
   kimi::app::print_engine_summary(ea, ctx);
   std::mt19937_64 rng(seed);
   const int V = ctx.n_vocab();
@@ -220,6 +240,10 @@ int cmd_bench(int argc, char** argv) {
     ceiling.pp_mean = sp.mean;
     ceiling.n_prompt = n_prompt;
     ceiling.work = kimi::app::prefill_work(*model, n_prompt, ea.precision == "f32" ? kimi::Precision::F32 : kimi::Precision::Fast);
+    if (n_prompt > 0 && !pp.empty()) {
+      ceiling.with_roofline = true;
+      ceiling.roof = pp_roofline(*model, ctx, ea, n_prompt, n_ubatch, depth, reps, pp_phase, best_pp, sp.mean);
+    }
   }
   // accelerators: their own ceilings, measured now, and the share of the run their weights are
   struct DevReport {

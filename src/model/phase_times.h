@@ -12,7 +12,8 @@ struct PhaseTimes {
     Kda,      // KDA layers: projections, conv, gate, recurrence, norm, output
     Mla,      // MLA layers without the indexer: projections, cache rows, attention, output
     Indexer,  // DSA indexer: keys, queries, scores, top-k
-    Moe,      // MoE FFN layers: router, routed and shared experts
+    Moe,      // MoE FFN layers: router, latent projections, shared experts (the routed experts: Experts)
+    Experts,  // MoE FFN layers: the routed experts (grouped per expert, with their copies in hybrid mode)
     Ffn,      // dense FFN layers
     Head,     // final norm + lm head
     Other,    // embeddings, ResMix, norms, residual adds, moving the stream between backends
@@ -24,7 +25,7 @@ struct PhaseTimes {
   // kimi bench --verify-k)
   uint64_t moe_steps = 0, expert_picks = 0, expert_distinct = 0;
   static const char* name(int p) {
-    static const char* const names[Count] = {"kda", "mla", "indexer", "moe", "ffn", "head", "other"};
+    static const char* const names[Count] = {"kda", "mla", "indexer", "moe", "experts", "ffn", "head", "other"};
     return p >= 0 && p < Count ? names[p] : "?";
   }
   double total() const {

@@ -41,8 +41,8 @@ Stat stats(const std::vector<double>& v) {
 // The roofline of the timed prefill passes (bench_ceiling.h): their work at this micro-batch, depth, precision
 // and attention path, and the phase times summed over the reps.
 kimi::app::RooflineReport pp_roofline(const kimi::Model& model, const kimi::Context& ctx, const kimi::app::EngineArgs& ea,
-                                      int n_prompt, int n_ubatch, int depth, int reps, const kimi::PhaseTimes& sum,
-                                      double best_tps, double mean_tps) {
+                                      int n_prompt, int n_ubatch, int depth, const kimi::PhaseTimes& sum,
+                                      const std::vector<double>& pp_tps) {
   kimi::app::RoofInputs in;
   in.n_prompt = n_prompt;
   in.n_ubatch = n_ubatch;
@@ -53,8 +53,13 @@ kimi::app::RooflineReport pp_roofline(const kimi::Model& model, const kimi::Cont
   in.cache_elem_bytes = ctx.cache_type() == kimi::CacheType::F16 ? 2.0 : 4.0;
   const bool key_i8 = ea.indexer_int8 && ea.precision == "fast";
   in.idx_key_bytes = key_i8 ? double(model.hparams().idx_dim + 8) : in.cache_elem_bytes * model.hparams().idx_dim;
-  return kimi::app::make_roofline(model, in, sum, reps, best_tps > 0 ? n_prompt / best_tps : 0.0,
-                                  mean_tps > 0 ? n_prompt / mean_tps : 0.0);
+  double best_s = 0, mean_s = 0;  // pass times (the mean of the times, not of the rates)
+  for (double tps : pp_tps) {
+    const double s = n_prompt / tps;
+    best_s = best_s > 0 ? std::min(best_s, s) : s;
+    mean_s += s / double(pp_tps.size());
+  }
+  return kimi::app::make_roofline(model, in, sum, static_cast<int>(pp_tps.size()), best_s, mean_s);
 }
 
 int cmd_bench(int argc, char** argv) {
@@ -242,7 +247,7 @@ int cmd_bench(int argc, char** argv) {
     ceiling.work = kimi::app::prefill_work(*model, n_prompt, ea.precision == "f32" ? kimi::Precision::F32 : kimi::Precision::Fast);
     if (n_prompt > 0 && !pp.empty()) {
       ceiling.with_roofline = true;
-      ceiling.roof = pp_roofline(*model, ctx, ea, n_prompt, n_ubatch, depth, reps, pp_phase, best_pp, sp.mean);
+      ceiling.roof = pp_roofline(*model, ctx, ea, n_prompt, n_ubatch, depth, pp_phase, pp);
     }
   }
   // accelerators: their own ceilings, measured now, and the share of the run their weights are

@@ -2,6 +2,9 @@
 // library class kimi::server::Server (src/server/server.h, docs/server.md); this file only turns
 // flags into ServerOptions and runs it until SIGINT/SIGTERM (graceful shutdown, exit 0).
 #include <pthread.h>
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
 
 #include <CLI/CLI.hpp>
 #include <atomic>
@@ -14,6 +17,7 @@
 #include "engine_args.h"
 #include "server/server.h"
 #include "util/error.h"
+#include "util/numa.h"
 
 namespace {
 
@@ -99,18 +103,15 @@ int cmd_serve(int argc, char** argv) {
                         "'): the prompt cache could remove saved slots to keep its disk budget; give them two folders");
   }
   o.model_path = ea.model;
-  o.threads = ea.threads;
-  o.attn = ea.attn;
-  o.attn_top_k = ea.attn_top_k;
-  o.precision = ea.precision;
-  o.cache_type = ea.cache_type;
-  o.indexer_int8 = ea.indexer_int8;
   o.ctx = ea.ctx;
-  o.placement = kimi::app::placement_rules(ea);
-  o.collective = kimi::app::collective();
-  o.split_mode = kimi::app::split_mode(ea);
-  o.extra_backends = kimi::app::open_accelerators(ea);
-  o.stream = kimi::app::stream_options(ea);
+  // the engine options every engine command builds the same way (threads, --cpu-affinity / --numa,
+  // precision, placement, accelerators, expert streaming); the server sets positions and batch size
+  o.engine = kimi::app::context_options(ea, ea.ctx, 0);
+  o.threads = ea.threads;
+  if (ea.verbose && (!ea.cpus.empty() || !ea.numa.empty()))
+    std::fprintf(stderr, "kimi serve: %s\n",
+                 kimi::numa::describe(ea.numa.empty() ? kimi::numa::Mode::None : *kimi::numa::mode_from_name(ea.numa), ea.cpus)
+                     .c_str());
   o.fixed_seed = app.count("--seed") > 0;
   o.verbose = ea.verbose;
   o.load_in_background = true;  // bound first: /health says 503 "loading model" until it is loaded
@@ -129,6 +130,15 @@ int cmd_serve(int argc, char** argv) {
   std::signal(SIGPIPE, SIG_IGN);
 #endif
 
+#if defined(__GLIBC__)
+  // Memory of large requests goes back to the system. glibc raises its mmap and trim thresholds
+  // after every large free (up to 32 / 64 MiB), and then a handler thread's arena keeps the heap top
+  // it freed, which neither free() nor malloc_trim() returns: each 4 MB /tokenize left ~+30 MB
+  // resident on a new handler thread. Fixed thresholds: blocks of 1 MiB or more are their own
+  // mappings, and an arena's free top beyond 4 MiB is returned.
+  mallopt(M_MMAP_THRESHOLD, 1 << 20);
+  mallopt(M_TRIM_THRESHOLD, 4 << 20);
+#endif
   kimi::server::Server server(o);
   port = server.bind();
   std::fprintf(stderr, "kimi serve: bound to %s:%d, loading %s (/health answers 503 until it is loaded)\n",

@@ -348,6 +348,8 @@ void common_params(const ojson& b, ParsedRequest& r, const Limits& lim, bool cha
     auto add = [&](const ojson& x) {
       if (!x.is_string()) bad("stop", "'stop' must be a string or an array of strings");
       if (x.get<std::string>().empty()) bad("stop", "'stop' strings must not be empty");
+      if (x.get<std::string>().size() > kMaxStopBytes)
+        bad("stop", fmt::format("a 'stop' string may have at most {} bytes", kMaxStopBytes));
       r.gen.stop.push_back(x.get<std::string>());
     };
     if (s->is_array()) {

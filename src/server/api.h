@@ -18,6 +18,12 @@ namespace kimi::server {
 
 using ojson = nlohmann::ordered_json;
 
+// Stop strings are matched against the text after every generated token, on the scheduler thread:
+// their number and length are bounded (docs/server.md "Chat request fields"). Chat `stop`: at most 4
+// (OpenAI's limit); Anthropic `stop_sequences`: at most 64; each at most 1024 bytes.
+inline constexpr size_t kMaxStopSequences = 64;
+inline constexpr size_t kMaxStopBytes = 1024;
+
 ojson error_json(int status, const std::string& message, const std::string& type = "", const std::string& param = "",
                  const std::string& code = "");
 std::string error_type_for(int status);  // 400 invalid_request_error, 401 authentication_error, ...

@@ -193,10 +193,16 @@ AnthropicRequest anthropic_to_chat(const ojson& b, const Limits& lim, bool count
   }
   if (const ojson* ss = get(b, "stop_sequences")) {
     if (!ss->is_array()) bad("stop_sequences", "must be an array of strings");
+    // every stop string is matched against the text after every token: bounded (520 000 of them
+    // cost 5 ms per token on the scheduler thread)
+    if (ss->size() > kMaxStopSequences)
+      bad("stop_sequences", fmt::format("at most {} stop sequences are allowed", kMaxStopSequences));
     for (size_t i = 0; i < ss->size(); ++i) {
       const ojson& s = (*ss)[i];
       if (!s.is_string() || s.get<std::string>().empty())
         bad(fmt::format("stop_sequences[{}]", i), "must be a non-empty string");
+      if (s.get<std::string>().size() > kMaxStopBytes)
+        bad(fmt::format("stop_sequences[{}]", i), fmt::format("may have at most {} bytes", kMaxStopBytes));
       r.stop_sequences.push_back(s.get<std::string>());
     }
   }

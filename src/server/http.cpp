@@ -5,6 +5,7 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <set>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -75,6 +76,7 @@ struct Server::Impl {
 
   void load();
   bool quick(const httpd::Request& req, bool workers_free, bool draining, httpd::Reply& out);
+  bool key_refused(const httpd::Request& req, httpd::Reply& out) const;  // 401 into out: no valid key
   void handle(const httpd::Request& req, httpd::Responder& res);
   void log(const httpd::Request& req, int status);
   httpd::Reply health() const;
@@ -124,6 +126,12 @@ Server::Server(const ServerOptions& opts) : impl_(std::make_unique<Impl>()) {
                          {"Access-Control-Allow-Methods", "GET, POST, OPTIONS"},
                          {"Vary", "Origin"}};
   h.error_reply = [](int status, const std::string& msg) { return error_reply(status, msg); };
+  // the API key is checked on the request head: a client without it never gets its body stored
+  h.head_check = [&I](const httpd::Request& rq, httpd::Reply& out) {
+    if (!I.key_refused(rq, out)) return false;
+    anthropic_reshape_error(rq, out);
+    return true;
+  };
   I.http = std::make_unique<httpd::HttpServer>(
       h, [&I](const httpd::Request& rq, httpd::Responder& rs) { I.handle(rq, rs); },
       [&I](const httpd::Request& rq, bool free, bool draining, httpd::Reply& out) {
@@ -141,19 +149,23 @@ void Server::Impl::load() {
   check(model->reader().has("tokenizer.ggml.tokens"),
         "{}: the GGUF has no tokenizer (tokenizer.ggml.tokens); kimi serve needs one", o.model_path);
   tok.emplace(tok::Tokenizer::from_gguf(model->reader()));
-  ContextOptions co;
-  co.n_threads = o.threads;
+  // kimi serve passes the engine options app/engine_args made (threads pinned by --cpu-affinity /
+  // --numa included); a library user may set the fields one by one instead
+  ContextOptions co = o.engine ? *o.engine : ContextOptions{};
+  if (!o.engine) {
+    co.n_threads = o.threads;
+    co.attn = o.attn == "dense" ? AttnPath::Dense : AttnPath::Sparse;
+    co.attn_top_k = o.attn_top_k;
+    co.precision = o.precision == "f32" ? Precision::F32 : Precision::Fast;
+    co.cache_type = o.cache_type == "f32" ? CacheType::F32 : CacheType::F16;
+    co.indexer_int8 = o.indexer_int8;
+    co.placement = o.placement;
+    co.collective = o.collective;
+    co.split_mode = o.split_mode;
+    co.extra_backends = o.extra_backends;
+    co.stream = o.stream;
+  }
   co.n_ctx_max = o.ctx;
-  co.attn = o.attn == "dense" ? AttnPath::Dense : AttnPath::Sparse;
-  co.attn_top_k = o.attn_top_k;
-  co.precision = o.precision == "f32" ? Precision::F32 : Precision::Fast;
-  co.cache_type = o.cache_type == "f32" ? CacheType::F32 : CacheType::F16;
-  co.indexer_int8 = o.indexer_int8;
-  co.placement = o.placement;
-  co.collective = o.collective;
-  co.split_mode = o.split_mode;
-  co.extra_backends = o.extra_backends;
-  co.stream = o.stream;
   co.n_batch_max = o.sched.chunk * o.sched.max_chunks + o.sched.parallel;
   sched = std::make_unique<Scheduler>(*model, *tok, co, o.sched);
   lim.max_token_bytes = tok->max_token_bytes();
@@ -235,7 +247,7 @@ bool Server::Impl::quick(const httpd::Request& req, bool workers_free, bool drai
   if (req.path == "/" || req.path == "/index.html") {  // the built-in chat page: static, no key needed
     if (req.method != "GET" && req.method != "HEAD") {
       out = error_reply(405, fmt::format("method not allowed: {} {} (use GET)", req.method, req.path));
-      out.headers.emplace_back("Allow", "GET");
+      out.headers.emplace_back("Allow", "GET, HEAD");
       return true;
     }
     out.status = 200;
@@ -244,16 +256,8 @@ bool Server::Impl::quick(const httpd::Request& req, bool workers_free, bool drai
     out.headers.emplace_back("Cache-Control", "no-cache");
     return true;
   }
-  // the key as `Authorization: Bearer KEY` or as Anthropic's `x-api-key: KEY`
-  const std::string* x_api_key = req.header("x-api-key");
-  if (!o.api_key.empty() && req.path != "/health" &&
-      !constant_time_equal(bearer_token(req.header("authorization")), o.api_key) &&
-      !(x_api_key && constant_time_equal(*x_api_key, o.api_key))) {
-    out = error_reply(401, "invalid or missing API key (Authorization: Bearer KEY or x-api-key: KEY)",
-                      "authentication_error", "", "invalid_api_key");
-    return true;
-  }
-  const bool get = req.method == "GET";
+  if (key_refused(req, out)) return true;
+  const bool get = req.method == "GET" || req.method == "HEAD";  // HEAD: the same headers, no body (httpd)
   const bool post = req.method == "POST";
   auto wrong_method = [&](const char* m) {
     out = error_reply(405, fmt::format("method not allowed: {} {} (use {})", req.method, req.path, m));
@@ -261,7 +265,7 @@ bool Server::Impl::quick(const httpd::Request& req, bool workers_free, bool drai
     return true;
   };
   if (req.path == "/health") {
-    if (!get) return wrong_method("GET");
+    if (!get) return wrong_method("GET, HEAD");
     out = health();
     return true;
   }
@@ -274,7 +278,7 @@ bool Server::Impl::quick(const httpd::Request& req, bool workers_free, bool drai
   }
   const bool models_path = req.path == "/v1/models" || req.path.rfind("/v1/models/", 0) == 0;
   if (req.path == "/metrics" || models_path || req.path == "/props" || req.path == "/slots") {
-    if (!get) return wrong_method("GET");
+    if (!get) return wrong_method("GET, HEAD");
     if (!ready.load(std::memory_order_acquire) && req.path != "/metrics") {
       out = error_reply(503, "the model is loading", "server_unavailable_error", "", "loading");
       out.headers.emplace_back("Retry-After", "1");
@@ -328,6 +332,20 @@ bool Server::Impl::quick(const httpd::Request& req, bool workers_free, bool drai
     return false;  // to a handler thread
   }
   out = error_reply(404, "no such endpoint: " + req.method + " " + req.path);
+  return true;
+}
+
+// The key as `Authorization: Bearer KEY` or as Anthropic's `x-api-key: KEY`; the chat page, /health
+// and CORS preflights need none. Called on the request head (httpd's head_check) and again in quick().
+bool Server::Impl::key_refused(const httpd::Request& req, httpd::Reply& out) const {
+  if (o.api_key.empty() || req.path == "/health" || req.path == "/" || req.path == "/index.html") return false;
+  if (req.method == "OPTIONS" && !o.cors_origin.empty()) return false;
+  const std::string* x_api_key = req.header("x-api-key");
+  if (constant_time_equal(bearer_token(req.header("authorization")), o.api_key) ||
+      (x_api_key && constant_time_equal(*x_api_key, o.api_key)))
+    return false;
+  out = error_reply(401, "invalid or missing API key (Authorization: Bearer KEY or x-api-key: KEY)",
+                    "authentication_error", "", "invalid_api_key");
   return true;
 }
 
@@ -412,10 +430,16 @@ httpd::Reply Server::Impl::slot_action(const httpd::Request& req) {
                    "invalid_request_error", "id_slot");
   const int id = std::stoi(sid);
   std::string action;
-  for (size_t p = 0; p <= req.query.size();) {
+  std::set<std::string> seen;  // a parameter given twice is ambiguous (?action=save&action=restore): 400
+  for (size_t p = 0; p < req.query.size();) {
     size_t e = req.query.find('&', p);
     if (e == std::string::npos) e = req.query.size();
-    if (req.query.compare(p, 7, "action=") == 0 && e >= p + 7) action = req.query.substr(p + 7, e - p - 7);
+    const std::string kv = req.query.substr(p, e - p);
+    const std::string key = kv.substr(0, kv.find('='));
+    if (!key.empty() && !seen.insert(key).second)
+      throw ApiError(400, fmt::format("query parameter '{}' is given more than once", key.substr(0, 64)),
+                     "invalid_request_error", key.substr(0, 64));
+    if (key == "action") action = kv.size() > 7 ? kv.substr(7) : std::string();
     p = e + 1;
   }
   if (action != "save" && action != "restore" && action != "erase")
@@ -432,12 +456,14 @@ httpd::Reply Server::Impl::slot_action(const httpd::Request& req) {
       throw ApiError(400, "'filename' is required: a string, the name of a file in --slot-save-path",
                      "invalid_request_error", "filename");
     filename = f->get<std::string>();
-    bool plain = !filename.empty() && filename.size() <= 255 && filename.find("..") == std::string::npos;
+    // at most 200 bytes: the temporary name written next to it (NAME.kimi-tmp.PID.RANDOM) must fit
+    // the 255 bytes a file name can have
+    bool plain = !filename.empty() && filename.size() <= 200 && filename != "." && filename.find("..") == std::string::npos;
     for (unsigned char ch : filename) plain = plain && ch >= 0x20 && ch != 0x7f && ch != '/' && ch != '\\' && ch != ':';
     if (!plain)
       throw ApiError(400,
-                     fmt::format("invalid 'filename' {}: a plain file name (1 to 255 bytes, no '/', '\\', ':', '..' or "
-                                 "control characters)", ojson(filename).dump()),
+                     fmt::format("invalid 'filename' {}: a plain file name (1 to 200 bytes, not '.', no '/', '\\', ':', "
+                                 "'..' or control characters)", ojson(filename.substr(0, 256)).dump(-1, ' ', false, ojson::error_handler_t::replace)),
                      "invalid_request_error", "filename");
     const std::filesystem::path path = std::filesystem::path(o.slot_save_path) / filename;
     if (action == "save") {

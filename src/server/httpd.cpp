@@ -84,13 +84,17 @@ std::string format_head(int status, const std::string& content_type, const Heade
   return h;
 }
 
-std::string format_reply(const Reply& r, const Headers& defaults, bool close, int minor) {
+// `head_only`: the answer to a HEAD request: the headers a GET would get (Content-Length of the
+// body included), no body (RFC 9110 9.3.2), so that the next response on the connection parses.
+std::string format_reply(const Reply& r, const Headers& defaults, bool close, int minor, bool head_only) {
   const bool no_body = r.status == 204 || r.status == 304 || (r.status >= 100 && r.status < 200);
   std::string s = format_head(r.status, no_body ? std::string() : r.content_type, defaults, r.headers,
                               no_body ? -1 : static_cast<int64_t>(r.body.size()), false, close, minor);
-  if (!no_body) s += r.body;
+  if (!no_body && !head_only) s += r.body;
   return s;
 }
+
+bool is_head(const Request& rq) { return rq.method == "HEAD"; }
 
 }  // namespace
 
@@ -140,7 +144,7 @@ bool Responder::send(const Reply& r) {
   if (started_) return false;
   started_ = true;
   status_ = r.status;
-  return raw(format_reply(r, defaults_, close_after_, req_.minor));
+  return raw(format_reply(r, defaults_, close_after_, req_.minor, is_head(req_)));
 }
 
 bool Responder::begin_stream(int status, const std::string& content_type, const Headers& headers) {
@@ -153,7 +157,7 @@ bool Responder::begin_stream(int status, const std::string& content_type, const 
 
 bool Responder::write(std::string_view data) {
   if (!streaming_ || ended_) return false;
-  if (data.empty()) return !failed_;
+  if (data.empty() || is_head(req_)) return !failed_;  // HEAD: the head only
   if (!chunked_) return raw(data);
   std::string frame = fmt::format("{:x}\r\n", data.size());
   frame.append(data);
@@ -164,7 +168,7 @@ bool Responder::write(std::string_view data) {
 bool Responder::end() {
   if (!streaming_ || ended_) return !failed_;
   ended_ = true;
-  return chunked_ ? raw("0\r\n\r\n") : !failed_;
+  return chunked_ && !is_head(req_) ? raw("0\r\n\r\n") : !failed_;
 }
 
 // A reset (or another socket error) is a disconnect; the end of the client's input is not: a client
@@ -207,6 +211,13 @@ struct Conn {
   // chunked request body
   uint64_t ck_left = 0;
   bool ck_data = false, ck_trailer = false;
+  std::unique_ptr<Reply> early;  // the answer of Options::head_check to this request's head
+  // bytes this connection holds for a request still arriving (counted against Options::max_pending)
+  size_t pending() const { return st == St::Linger ? 0 : in.size() + req.body.size(); }
+  void release() {  // give the buffers back (clear() keeps their capacity)
+    std::string().swap(in);
+    std::string().swap(req.body);
+  }
 };
 
 enum class Step { More, Ready, Error };
@@ -258,6 +269,13 @@ struct HttpServer::Impl {
     if (c && c->fd >= 0 && c->peer_eof && c->out.empty() && c->st != Conn::St::Linger) close_conn(*c);
   }
   Step advance(Conn& c, int* status, std::string* msg);
+  int open_count() const {
+    int n = 0;
+    for (const auto& c : conns) n += c && c->fd >= 0;
+    return n;
+  }
+  bool evict_one();
+  void bound_pending();
   Step parse_head(Conn& c, int* status, std::string* msg);
   Step read_chunked(Conn& c, int* status, std::string* msg);
   void queue_reply(Conn& c, const Reply& r, bool close);
@@ -349,7 +367,7 @@ void HttpServer::Impl::close_conn(Conn& c) {
 
 void HttpServer::Impl::queue_reply(Conn& c, const Reply& r, bool close) {
   if (c.out.empty()) c.out_since = Clock::now();
-  c.out += format_reply(r, o.default_headers, close, c.req.minor);
+  c.out += format_reply(r, o.default_headers, close, c.req.minor, is_head(c.req));
   if (close) c.close_after_out = true;
 }
 
@@ -359,7 +377,7 @@ void HttpServer::Impl::start_linger(Conn& c) {
   // has read the reply
   net::shutdown_send(c.fd);
   c.st = Conn::St::Linger;
-  c.in.clear();
+  c.release();
   c.since = c.heard = Clock::now();
   c.heard_bytes = 0;
 }
@@ -406,6 +424,50 @@ bool HttpServer::Impl::read_some(Conn& c) {
   return true;
 }
 
+// At max_open: closes the connection that has waited the longest, idle ones (keep-alive, lingering)
+// first, then requests still arriving (a slow client), never one whose reply is being written.
+// False when there is none (every connection is writing a reply).
+bool HttpServer::Impl::evict_one() {
+  Conn* v = nullptr;
+  int v_rank = 0;
+  for (auto& c : conns) {
+    if (!c || c->fd < 0 || !c->out.empty()) continue;
+    const bool idle = c->st == Conn::St::Linger || (c->st == Conn::St::Head && c->in.empty());
+    const int rank = idle ? 0 : 1;
+    if (!v || rank < v_rank || (rank == v_rank && c->since < v->since)) {
+      v = c.get();
+      v_rank = rank;
+    }
+  }
+  if (!v) return false;
+  close_conn(*v);
+  return true;
+}
+
+// Keeps the bytes buffered by requests still arriving under max_pending: beyond it, the request
+// that has been arriving the longest is refused (503, closed) and its buffers are freed.
+void HttpServer::Impl::bound_pending() {
+  const size_t cap = o.max_pending ? o.max_pending : std::max<size_t>(32 * o.max_body, size_t{256} << 20);
+  size_t total = 0;
+  for (const auto& c : conns)
+    if (c && c->fd >= 0) total += c->pending();
+  while (total > cap) {
+    Conn* v = nullptr;
+    for (auto& c : conns)
+      if (c && c->fd >= 0 && c->out.empty() && c->st != Conn::St::Linger && (!c->in.empty() || !c->req.body.empty()) &&
+          (!v || c->since < v->since))
+        v = c.get();
+    if (!v) return;
+    total -= v->pending();
+    v->release();
+    Reply r = error(503, "the server holds too many partly received requests; retry later");
+    r.headers.emplace_back("Retry-After", "1");
+    queue_reply(*v, r, true);
+    log(v->req, 503);
+    flush(*v);
+  }
+}
+
 void HttpServer::Impl::accept_all() {
   for (;;) {
     std::string addr;
@@ -418,8 +480,8 @@ void HttpServer::Impl::accept_all() {
       if (!net::would_block(e)) accept_pause_until = after(Clock::now(), 0.1);
       return;
     }
-    if (static_cast<int>(conns.size()) >= o.max_open) {
-      const std::string s = format_reply(error(503, "too many open connections"), o.default_headers, true, 1);
+    if (open_count() >= o.max_open && !evict_one()) {
+      const std::string s = format_reply(error(503, "too many open connections"), o.default_headers, true, 1, false);
       [[maybe_unused]] long n = net::send(fd, s.data(), s.size());
       net::close(fd);
       continue;
@@ -524,6 +586,20 @@ Step HttpServer::Impl::parse_head(Conn& c, int* status, std::string* msg) {
   }
   if (have_cl && chunked) return err(400, "both Content-Length and Transfer-Encoding given");
   c.in.erase(0, end + 4);
+  if (o.head_check) {  // before any of the body is read or stored
+    Reply r;
+    bool refused = false;
+    try {
+      refused = o.head_check(rq, r);
+    } catch (const std::exception& e) {
+      r = error(500, std::string("internal error: ") + e.what());
+      refused = true;
+    }
+    if (refused) {
+      c.early = std::make_unique<Reply>(std::move(r));
+      return err(c.early->status, "");
+    }
+  }
   if (have_cl && cl > o.max_body)
     return err(413, fmt::format("request body too large ({} bytes; the limit is {})", cl, o.max_body));
   c.since = Clock::now();  // from here the body deadline runs
@@ -628,9 +704,11 @@ void HttpServer::Impl::process(std::unique_ptr<Conn>& c) {
     const Step s = advance(*c, &status, &msg);
     if (s == Step::More) break;
     if (s == Step::Error) {
-      queue_reply(*c, error(status, msg), true);
-      log(c->req, status);
-      c->in.clear();
+      const Reply r = c->early ? std::move(*c->early) : error(status, msg);
+      c->early.reset();
+      c->release();
+      queue_reply(*c, r, true);
+      log(c->req, r.status);
       break;
     }
     // a complete request
@@ -765,6 +843,7 @@ void HttpServer::Impl::loop() {
       }
       if (pfd[1].revents & net::kPollIn) accept_all();
     }
+    bound_pending();
     const auto now = Clock::now();
     for (auto& c : conns)
       if (c) check_deadlines(*c, now);

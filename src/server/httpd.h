@@ -14,7 +14,16 @@
 //    same read stay buffered, so pipelined requests are answered in order;
 //  * cheap requests (/health, errors, 503 when every worker is busy or the server drains) are
 //    answered on the event thread itself, so they are answered whatever the workers are doing;
-//  * the listening socket has SO_REUSEADDR only: a port in use is an error, whoever holds it.
+//  * the listening socket has SO_REUSEADDR only: a port in use is an error, whoever holds it;
+//  * a request's head is checked (Options::head_check: the API key) before its body is read: a
+//    refused request is answered at once and its body is never stored (read and dropped while the
+//    connection closes);
+//  * memory held by requests still arriving is bounded: all their buffered bytes together stay
+//    under Options::max_pending (beyond it the connection that has been arriving the longest gets
+//    503 and is closed), and at max_open connections a new one takes the place of the idle or
+//    unfinished connection that has waited the longest, so slow clients never lock out new ones;
+//  * a HEAD request is answered with the headers its GET would have (Content-Length included),
+//    never a body, whatever the status.
 //
 //   httpd::Options o;  o.port = 0;
 //   httpd::HttpServer s(o, handler, quick);
@@ -99,9 +108,14 @@ struct Options {
   double body_timeout_s = 60;      // whole request body
   double keep_alive_s = 5;         // idle connection between requests
   double write_timeout_s = 30;     // no progress writing a response
+  size_t max_pending = 0;          // bytes received of all requests still arriving (0: max(32 x max_body, 256 MiB))
   Headers default_headers;         // added to every response (CORS)
   // Body of the replies the server makes itself (malformed request, 408, 413, 503, ...).
   std::function<Reply(int status, const std::string& message)> error_reply;
+  // Runs on the event thread once a request's head is parsed (Request::body still empty), before
+  // any of the body is read; must not block. Returning true answers with `out` at once and closes
+  // the connection: the body is never stored (e.g. a missing API key: 401).
+  std::function<bool(const Request&, Reply& out)> head_check;
 };
 
 // Runs on a worker thread for every complete request the quick handler did not answer.

@@ -14,8 +14,11 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <sstream>
 
 #include "util/error.h"
+#include "util/file_read.h"
+#include "util/tempfile.h"
 
 namespace kimi::server {
 
@@ -26,6 +29,29 @@ namespace {
 constexpr char kMagic[8] = {'K', 'I', 'M', 'I', 'P', 'C', '1', '\n'};
 constexpr size_t kIdLen = 16;
 constexpr size_t kHeadBytes = 8 + kIdLen + 4 + 4 + 8 + 8;
+
+// The largest file of the layout for a sequence of at most n_ctx positions (one segment per token
+// at most): a file beyond it is refused before it is read.
+uint64_t max_file_bytes(uint64_t n_ctx, uint64_t row_bytes, uint64_t state_bytes) {
+  return kHeadBytes + n_ctx * (4 + 8 + row_bytes) + state_bytes + 8;
+}
+
+bool write_all(int fd, const void* p, size_t n) {
+  const auto* b = static_cast<const char*>(p);
+  while (n > 0) {
+    const auto w = ::write(fd, b, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return false;
+    b += w;
+    n -= static_cast<size_t>(w);
+  }
+  return true;
+}
+
+// A value that is not a finite number (NaN, Inf) in an IEEE half or single: a file carrying one
+// would poison every answer that continues it.
+bool f16_finite(uint16_t h) { return (h & 0x7c00u) != 0x7c00u; }
+bool f32_finite(uint32_t u) { return (u & 0x7f800000u) != 0x7f800000u; }
 
 // checksum of a file's bytes: 64-bit words mixed in order (the tail bytes zero-padded)
 struct Checksum {
@@ -97,6 +123,10 @@ uint64_t default_prompt_cache_ram() {
   const uint64_t cap = uint64_t{8} << 30;
   return phys == 0 ? (uint64_t{1} << 30) : std::min(phys / 4, cap);
 }
+
+// values that are not finite numbers in k rows of the Context::seq_row_parts layout / in KDA states
+bool rows_finite(const Context& ctx, const uint8_t* p, uint64_t k);
+bool state_finite(const uint8_t* p, uint64_t bytes);
 
 PromptCache::PromptCache(Context& ctx, const PromptCacheOptions& o)
     : live_bytes_(std::make_shared<std::atomic<uint64_t>>(0)), ctx_(ctx), o_(o) {
@@ -176,12 +206,9 @@ bool PromptCache::load(const Hit& h, int32_t seq) {
     std::string err;
     Entry e;
     try {
-      std::ifstream f(d.path, std::ios::binary);
-      if (!f) throw std::runtime_error("cannot open it");
-      std::vector<char> buf(static_cast<size_t>(d.size));
-      f.read(buf.data(), static_cast<std::streamsize>(buf.size()));
-      if (static_cast<uint64_t>(f.gcount()) != d.size || f.peek() != std::char_traits<char>::eof())
-        throw std::runtime_error("its size changed");
+      // not through a link planted since the scan, never more than the scan saw
+      const std::string buf = read_regular_file(d.path, d.size, fs::path(d.path).filename().string());
+      if (buf.size() != d.size) throw std::runtime_error("its size changed");
       Checksum c;
       checksum_add(c, reinterpret_cast<const uint8_t*>(buf.data()), buf.size() - 8);
       uint64_t stored = 0;
@@ -205,6 +232,8 @@ bool PromptCache::load(const Hit& h, int32_t seq) {
         s->from = from;
         s->to = to;
         s->bytes.assign(data, data + static_cast<size_t>(to - from) * row_bytes_);
+        if (!rows_finite(ctx_, s->bytes.data(), static_cast<uint64_t>(to - from)))
+          throw std::runtime_error("cache rows hold values that are not finite numbers");
         s->counter = live_bytes_;
         live_bytes_->fetch_add(s->bytes.size());
         data += s->bytes.size();
@@ -215,6 +244,8 @@ bool PromptCache::load(const Hit& h, int32_t seq) {
       auto st = std::make_shared<Seg>();
       st->from = st->to = -1;
       st->bytes.assign(data, data + state_bytes_);
+      if (!state_finite(st->bytes.data(), st->bytes.size()))
+        throw std::runtime_error("KDA states hold values that are not finite numbers");
       st->counter = live_bytes_;
       live_bytes_->fetch_add(st->bytes.size());
       e.toks = d.toks;
@@ -300,6 +331,23 @@ void PromptCache::save(int32_t seq, const std::vector<int32_t>& toks, size_t n) 
   add_entry(std::move(e));
 }
 
+size_t PromptCache::drop_prefix(const std::vector<int32_t>& prefix) {
+  if (prefix.empty()) return 0;
+  auto starts = [&](const std::vector<int32_t>& t) { return t.size() >= prefix.size() && is_prefix(prefix, t, t.size()); };
+  size_t n = std::erase_if(mem_, [&](const Entry& e) { return starts(e.toks); });
+  n_entries_.store(mem_.size());
+  std::lock_guard<std::mutex> lk(mu_);
+  n += std::erase_if(queue_, [&](const Write& w) { return starts(w.e.toks); });
+  std::erase_if(disk_, [&](const DiskEntry& d) {
+    if (!starts(d.toks)) return false;
+    std::error_code ec;
+    fs::remove(d.path, ec);
+    ++n;
+    return true;
+  });
+  return n;
+}
+
 void PromptCache::add_entry(Entry&& e) {
   e.used = ++tick_;
   mem_.push_back(std::move(e));
@@ -338,21 +386,28 @@ void PromptCache::scan_dir() {
   for (const auto& de : fs::directory_iterator(o_.dir, ec)) {
     const fs::path& p = de.path();
     const std::string fname = p.filename().string();
-    if (const size_t t = fname.rfind(".kpc.tmp"); t != std::string::npos) {
+    const size_t t_old = fname.rfind(".kpc.tmp"), t_new = fname.rfind(".kpc.kimi-tmp.");
+    if (t_old != std::string::npos || t_new != std::string::npos) {
       // a temporary of a server that died while writing it (its pid is gone): never renamed, removed
-      const long pid = std::strtol(fname.c_str() + t + 8, nullptr, 10);
+      const char* at = t_new != std::string::npos ? fname.c_str() + t_new + 14 : fname.c_str() + t_old + 8;
+      const long pid = std::strtol(at, nullptr, 10);
       std::error_code rm;
       if (pid > 0 && ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) fs::remove(p, rm);
       continue;
     }
-    if (p.extension() != ".kpc" || !de.is_regular_file()) continue;
+    // a regular file itself: a symbolic link planted here is never followed
+    if (p.extension() != ".kpc" || !de.is_regular_file(ec) || de.is_symlink(ec)) continue;
     const std::string path = p.string();
     std::string why;
     bool foreign = false;
     DiskEntry d;
     d.path = path;
     try {
-      std::ifstream f(path, std::ios::binary);
+      // the header and the tokens only; no link, FIFO or device, nothing larger than an entry can be
+      const uint64_t n_ctx = static_cast<uint64_t>(ctx_.options().n_ctx_max);
+      const std::string text = read_regular_file(path, max_file_bytes(n_ctx, row_bytes_, state_bytes_), fname,
+                                                 kHeadBytes + 4 * n_ctx, &d.size);
+      std::istringstream f(text);
       char head[kHeadBytes];
       f.read(head, kHeadBytes);
       if (f.gcount() != static_cast<std::streamsize>(kHeadBytes)) throw std::runtime_error("truncated header");
@@ -371,7 +426,7 @@ void PromptCache::scan_dir() {
       if (rb != row_bytes_ || sb != state_bytes_) throw std::runtime_error("row or state size differs");
       if (nt == 0 || ns == 0 || ns > nt) throw std::runtime_error("bad token or segment count");
       const uint64_t want = kHeadBytes + uint64_t{nt} * 4 + uint64_t{ns} * 8 + rb * nt + sb + 8;
-      d.size = de.file_size();
+      if (nt > static_cast<uint32_t>(ctx_.options().n_ctx_max)) throw std::runtime_error("more tokens than the context holds");
       if (d.size != want) throw std::runtime_error(fmt::format("truncated or padded ({} bytes, expected {})", d.size, want));
       d.toks.resize(nt);
       f.read(reinterpret_cast<char*>(d.toks.data()), static_cast<std::streamsize>(nt) * 4);
@@ -428,7 +483,7 @@ void PromptCache::writer_loop() {
       writing_ = true;
     }
     const fs::path path = fs::path(o_.dir) / w.name;
-    const fs::path tmp = fs::path(o_.dir) / (w.name + fmt::format(".tmp{}", ::getpid()));
+    std::string tmp;
     std::string err;
     uint64_t size = 0;
     try {
@@ -446,29 +501,32 @@ void PromptCache::writer_loop() {
         put(head, s->from);
         put(head, s->to);
       }
-      FILE* f = std::fopen(tmp.string().c_str(), "wb");
-      if (!f) throw std::runtime_error(std::string("cannot create: ") + std::strerror(errno));
+      // an unpredictable new name (O_CREAT | O_EXCL | O_NOFOLLOW): a link planted in the folder is
+      // never written through; renamed into place once complete
+      TempFile tf = create_temp_file(path.string());
+      tmp = tf.path;
       Checksum c;
       bool ok = true;
       auto wr = [&](const void* p, size_t n) {
         checksum_add(c, static_cast<const uint8_t*>(p), n);
-        ok = ok && std::fwrite(p, 1, n, f) == n;
+        ok = ok && write_all(tf.fd, p, n);
         size += n;
       };
       wr(head.data(), head.size());
       for (const Seg* s : chain) wr(s->bytes.data(), s->bytes.size());
       wr(w.e.state->bytes.data(), w.e.state->bytes.size());
       const uint64_t sum = c.value();
-      ok = ok && std::fwrite(&sum, 1, 8, f) == 8;
+      ok = ok && write_all(tf.fd, &sum, 8);
       size += 8;
-      ok = ok && std::fflush(f) == 0 && ::fsync(::fileno(f)) == 0;
-      ok = std::fclose(f) == 0 && ok;
-      if (!ok) throw std::runtime_error(std::string("write failed: ") + std::strerror(errno));
-      fs::rename(tmp, path);
+      ok = ok && ::fsync(tf.fd) == 0;
+      const int e = errno;
+      ok = ::close(tf.fd) == 0 && ok;
+      if (!ok) throw std::runtime_error(std::string("write failed: ") + std::strerror(e));
+      commit_temp(tmp, path.string());
+      tmp.clear();
     } catch (const std::exception& ex) {
       err = ex.what();
-      std::error_code ec;
-      fs::remove(tmp, ec);
+      if (!tmp.empty()) discard_temp(tmp);
     }
     if (!err.empty()) warn(fmt::format("cannot write {}: {}", path.string(), err));
     std::lock_guard<std::mutex> lk(mu_);
@@ -504,6 +562,7 @@ uint64_t save_sequence_file(const Context& ctx, const std::string& identity, int
   const auto n = static_cast<int32_t>(toks.size());
   check(n > 0 && n == ctx.seq_len(seq), "sequence {} holds {} positions, not the {} tokens to save", seq, ctx.seq_len(seq), n);
   check(identity.size() == kIdLen, "internal: identity '{}' is not {} characters", identity, kIdLen);
+  const std::string name = fs::path(path).filename().string();  // errors name the file, never the folder
   const uint64_t rb = ctx.seq_row_bytes(), sb = ctx.seq_state_bytes();
   std::vector<uint8_t> rows(static_cast<size_t>(rb * static_cast<uint64_t>(n))), state(static_cast<size_t>(sb));
   ctx.seq_save_rows(seq, 0, n, rows.data());
@@ -517,55 +576,106 @@ uint64_t save_sequence_file(const Context& ctx, const std::string& identity, int
   head.append(reinterpret_cast<const char*>(toks.data()), toks.size() * 4);
   put(head, int32_t{0});
   put(head, n);
-  const std::string tmp = path + fmt::format(".tmp{}", ::getpid());
-  FILE* f = std::fopen(tmp.c_str(), "wb");
-  check(f != nullptr, "cannot create {}: {}", tmp, std::strerror(errno));
+  // an unpredictable new name (O_CREAT | O_EXCL | O_NOFOLLOW), renamed into place when complete: a
+  // symbolic link planted in the folder is never written through
+  TempFile tf;
+  try {
+    tf = create_temp_file(path);
+  } catch (const std::exception&) {
+    fail("cannot create a file next to '{}' in the slot folder: {}", name, std::strerror(errno));
+  }
   Checksum c;
   bool ok = true;
   uint64_t size = 0;
   auto wr = [&](const void* p, size_t len) {
     c.add(p, len);
-    ok = ok && std::fwrite(p, 1, len, f) == len;
+    ok = ok && write_all(tf.fd, p, len);
     size += len;
   };
   wr(head.data(), head.size());
   wr(rows.data(), rows.size());
   wr(state.data(), state.size());
   const uint64_t sum = c.value();
-  ok = ok && std::fwrite(&sum, 1, 8, f) == 8;
+  ok = ok && write_all(tf.fd, &sum, 8);
   size += 8;
-  ok = ok && std::fflush(f) == 0 && ::fsync(::fileno(f)) == 0;
-  ok = std::fclose(f) == 0 && ok;
-  std::error_code ec;
-  if (ok) fs::rename(tmp, path, ec);
-  if (!ok || ec) {
-    const std::string why = ok ? ec.message() : std::string(std::strerror(errno));
-    fs::remove(tmp, ec);
-    fail("cannot write {}: {}", path, why);
+  ok = ok && ::fsync(tf.fd) == 0;
+  const int e = errno;
+  ok = ::close(tf.fd) == 0 && ok;
+  if (ok) {
+    try {
+      commit_temp(tf.path, path);
+      return size;
+    } catch (const std::exception&) {
+    }
   }
-  return size;
+  const int why = ok ? errno : e;
+  discard_temp(tf.path);
+  fail("cannot write '{}' in the slot folder: {}", name, std::strerror(why));
+}
+
+bool rows_finite(const Context& ctx, const uint8_t* p, uint64_t k) {
+  const ContextOptions& o = ctx.options();
+  const bool fast = o.precision == Precision::Fast;
+  const uint64_t elt = fast && o.cache_type == CacheType::F16 ? 2 : 4;
+  const bool i8 = fast && o.indexer_int8;
+  const uint64_t d = ctx.model().hparams().idx_dim;
+  for (const uint64_t b : ctx.seq_row_parts()) {
+    const uint8_t* q = p;
+    p += b * k;
+    if (i8 && b == d + 8) {  // int8 indexer keys: the values, then the row's f32 scale and int32 sum
+      for (uint64_t r = 0; r < k; ++r) {
+        uint32_t u = 0;
+        std::memcpy(&u, q + r * b + d, 4);
+        if (!f32_finite(u)) return false;
+      }
+    } else if (elt == 2 && b % 2 == 0) {
+      for (uint64_t i = 0; i < b * k / 2; ++i) {
+        uint16_t h = 0;
+        std::memcpy(&h, q + i * 2, 2);
+        if (!f16_finite(h)) return false;
+      }
+    } else if (b % 4 == 0) {
+      for (uint64_t i = 0; i < b * k / 4; ++i) {
+        uint32_t u = 0;
+        std::memcpy(&u, q + i * 4, 4);
+        if (!f32_finite(u)) return false;
+      }
+    }
+  }
+  return true;
+}
+
+bool state_finite(const uint8_t* p, uint64_t bytes) {
+  for (uint64_t i = 0; i + 4 <= bytes; i += 4) {
+    uint32_t u = 0;
+    std::memcpy(&u, p + i, 4);
+    if (!f32_finite(u)) return false;
+  }
+  return true;
 }
 
 SequenceFile read_sequence_file(const Context& ctx, const std::string& identity, const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  check(static_cast<bool>(in), "no such file (or it cannot be read)");
-  std::vector<char> buf((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  check(buf.size() >= kHeadBytes + 8, "truncated: {} bytes, shorter than the header", buf.size());
+  const std::string name = fs::path(path).filename().string();
+  const uint64_t rb = ctx.seq_row_bytes(), sb = ctx.seq_state_bytes();
+  const uint64_t n_ctx = static_cast<uint64_t>(ctx.options().n_ctx_max);
+  // no link, FIFO or device; never more than this server's context can hold
+  const std::string buf = read_regular_file(path, max_file_bytes(n_ctx, rb, sb), name);
+  check(buf.size() >= kHeadBytes + 8, "truncated: shorter than the header");
   check(std::memcmp(buf.data(), kMagic, 8) == 0, "not a kimi slot or prompt-cache file (bad magic)");
   const std::string id(buf.data() + 8, kIdLen);
   check(id == identity, "written for another model or engine configuration (identity {}, this server {})", id, identity);
   uint32_t nt = 0, ns = 0;
-  uint64_t rb = 0, sb = 0;
+  uint64_t frb = 0, fsb = 0;
   std::memcpy(&nt, buf.data() + 24, 4);
   std::memcpy(&ns, buf.data() + 28, 4);
-  std::memcpy(&rb, buf.data() + 32, 8);
-  std::memcpy(&sb, buf.data() + 40, 8);
-  check(rb == ctx.seq_row_bytes() && sb == ctx.seq_state_bytes(), "row or state size differs from this server's");
+  std::memcpy(&frb, buf.data() + 32, 8);
+  std::memcpy(&fsb, buf.data() + 40, 8);
+  check(frb == rb && fsb == sb, "row or state size differs from this server's");
   check(nt > 0 && ns >= 1 && ns <= nt, "bad token or segment count ({} tokens, {} segments)", nt, ns);
   check(nt <= static_cast<uint32_t>(ctx.options().n_ctx_max), "{} tokens do not fit this server's context of {}", nt,
         ctx.options().n_ctx_max);
   const uint64_t want = kHeadBytes + uint64_t{nt} * 4 + uint64_t{ns} * 8 + rb * nt + sb + 8;
-  check(buf.size() == want, "truncated or padded ({} bytes, expected {})", buf.size(), want);
+  check(buf.size() == want, "truncated or padded (not the {} bytes its header says)", want);
   Checksum c;
   c.add(buf.data(), buf.size() - 8);
   uint64_t stored = 0;
@@ -589,6 +699,17 @@ SequenceFile read_sequence_file(const Context& ctx, const std::string& identity,
   const char* data = seg + size_t{ns} * 8;
   out.rows.assign(data, data + rb * nt);
   out.state.assign(data + rb * nt, data + rb * nt + sb);
+  // every segment is checked for values that are not numbers (a crafted file with a valid checksum)
+  at = 0;
+  const uint8_t* rp = out.rows.data();
+  for (uint32_t i = 0; i < ns; ++i) {
+    int32_t to = 0;
+    std::memcpy(&to, seg + i * 8 + 4, 4);
+    check(rows_finite(ctx, rp, static_cast<uint64_t>(to - at)), "its cache rows hold values that are not finite numbers (NaN or Inf)");
+    rp += rb * static_cast<uint64_t>(to - at);
+    at = to;
+  }
+  check(state_finite(out.state.data(), out.state.size()), "its KDA states hold values that are not finite numbers (NaN or Inf)");
   return out;
 }
 

@@ -88,6 +88,9 @@ class PromptCache {
   // Saves the first n positions of seq, whose tokens are toks[0, n): n must be seq's length or
   // one of its snapshot positions. An entry with the same tokens is only marked as used.
   void save(int32_t seq, const std::vector<int32_t>& toks, size_t n);
+  // Drops every entry (memory, files, pending writes) whose tokens start with `prefix`: what was made
+  // from a slot file that is erased. Returns how many.
+  size_t drop_prefix(const std::vector<int32_t>& prefix);
   // The longest common prefix of P with any entry's tokens (memory and disk).
   size_t longest_common(const std::vector<int32_t>& P) const;
   void flush();  // waits until every queued file is written

@@ -219,18 +219,26 @@ void Scheduler::loop() {
   st_.queue_depth = 0;
 }
 
-Scheduler::SlotAction Scheduler::between_steps(int id, const std::function<SlotAction(SeqRec&)>& fn) {
+const std::string& Scheduler::identity() {
+  std::call_once(identity_once_, [this] { identity_ = ctx_->state_identity(); });
+  return identity_;
+}
+
+Scheduler::SlotAction Scheduler::slot_precheck(int id) const {
   SlotAction r;
   if (id < 0 || id >= static_cast<int>(seqs_.size())) {
     r.status = 404;
     r.error = fmt::format("slot {} does not exist (slots 0..{})", id, seqs_.size() - 1);
-    return r;
-  }
-  if (ctx_->n_ranks() > 1) {  // the other ranks' rows and states are not reachable from here
+  } else if (ctx_->n_ranks() > 1) {  // the other ranks' rows and states are not reachable from here
     r.status = 501;
     r.error = "slot files are not supported with several MPI ranks";
-    return r;
   }
+  return r;
+}
+
+Scheduler::SlotAction Scheduler::between_steps(int id, const std::function<SlotAction(SeqRec&)>& fn) {
+  SlotAction r = slot_precheck(id);
+  if (r.status != 200) return r;
   std::promise<SlotAction> done;
   auto fut = done.get_future();
   {
@@ -272,25 +280,27 @@ Scheduler::SlotAction Scheduler::slot_save(int id, const std::string& path) {
       a.error = fmt::format("slot {} holds no tokens: nothing to save", id);
       return a;
     }
-    if (identity_.empty()) identity_ = ctx_->state_identity();
-    a.bytes = save_sequence_file(*ctx_, identity_, id, s.toks, path);
+    a.bytes = save_sequence_file(*ctx_, identity(), id, s.toks, path);
     a.n = static_cast<int>(s.toks.size());
     return a;
   });
 }
 
 Scheduler::SlotAction Scheduler::slot_restore(int id, const std::string& path) {
+  SlotAction a = slot_precheck(id);
+  if (a.status != 200) return a;
+  SequenceFile f;
+  try {
+    // read and checked whole on the caller's thread, before the slot is touched: a large file never
+    // stalls the scheduler
+    f = read_sequence_file(*ctx_, identity(), path);
+  } catch (const std::exception& e) {
+    a.status = 400;
+    a.error = e.what();
+    return a;
+  }
   return between_steps(id, [&, id](SeqRec& s) {
     SlotAction a;
-    if (identity_.empty()) identity_ = ctx_->state_identity();
-    SequenceFile f;
-    try {
-      f = read_sequence_file(*ctx_, identity_, path);  // checked whole before the slot is touched
-    } catch (const std::exception& e) {
-      a.status = 400;
-      a.error = e.what();
-      return a;
-    }
     try {
       load_sequence_file(*ctx_, id, f);
     } catch (...) {  // the sequence may be half written: empty it
@@ -298,6 +308,7 @@ Scheduler::SlotAction Scheduler::slot_restore(int id, const std::string& path) {
       s.toks.clear();
       throw;
     }
+    s.restored = f.toks;
     s.toks = std::move(f.toks);
     s.prefix = false;
     s.used = ++tick_;
@@ -314,6 +325,9 @@ Scheduler::SlotAction Scheduler::slot_erase(int id) {
     ctx_->seq_clear(id);
     s.toks.clear();
     s.prefix = false;
+    // what the prompt cache made from a restored slot file goes with it
+    if (cache_ && !s.restored.empty()) cache_->drop_prefix(s.restored);
+    s.restored.clear();
     return a;
   });
 }

@@ -137,6 +137,7 @@ class Scheduler {
     bool busy = false;
     bool prefix = false;        // a prefix entry: copied from, never taken over
     uint64_t used = 0;
+    std::vector<int32_t> restored;  // the tokens of the slot file last restored here (erase drops what grew from them)
   };
   struct Active {
     std::shared_ptr<Job> job;
@@ -227,6 +228,9 @@ class Scheduler {
   std::deque<std::shared_ptr<Job>> queue_;
   std::deque<std::function<void()>> ctl_;  // slot actions, run by the scheduler thread between steps
   std::string identity_;                    // Context::state_identity(), once a slot file needs it
+  std::once_flag identity_once_;
+  const std::string& identity();            // any thread
+  SlotAction slot_precheck(int id) const;   // 404 / 501 before anything is read
   bool stop_ = false;
   std::atomic<bool> draining_{false};
   Clock::time_point grace_end_ = Clock::time_point::max();

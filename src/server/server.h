@@ -13,6 +13,7 @@
 #pragma once
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "server/scheduler.h"
@@ -36,6 +37,10 @@ struct ServerOptions {
   PlacementRules placement;         // which backend holds each weight (-ngl, --cpu-moe, -ot)
   std::vector<Backend*> extra_backends;  // accelerators (devices 1..; not owned, outlive the server)
   ExpertStreamOptions stream;       // routed experts: streamed from disk, hot experts, overlap (ContextOptions::stream)
+  // The engine options as one struct (kimi serve: app/engine_args' context_options, which pins
+  // threads for --cpu-affinity / --numa); when set, the engine fields above are not read, and the
+  // context's positions and batch size are still the server's (ctx, sched).
+  std::optional<ContextOptions> engine;
   int ctx = 4096;                   // positions per sequence
   SamplerParams sampling = {.temp = 1.0f};  // for requests that leave a field out (Limits::sampling)
   bool fixed_seed = false;          // requests without "seed" use sampling.seed (else a random one)

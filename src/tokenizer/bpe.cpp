@@ -256,6 +256,13 @@ void BpeEncoder::encode_heap(std::string_view piece, std::vector<int32_t>& out) 
     push(static_cast<int32_t>(e.left));
   }
   for (int32_t i = 0; i >= 0; i = p[i].next) out.push_back(p[i].id);
+  // a huge piece (a 4 MB "abab..." body of /tokenize: ~180 MB of scratch) is not kept for the rest
+  // of the thread's life: every server handler thread would otherwise hold its own copy
+  constexpr size_t kKeepBytes = size_t{1} << 20;
+  if (p.capacity() * sizeof(HeapPart) + heap.capacity() * sizeof(HeapEntry) > kKeepBytes) {
+    std::vector<HeapPart>().swap(p);
+    std::vector<HeapEntry>().swap(heap);
+  }
 }
 
 }  // namespace kimi::tok

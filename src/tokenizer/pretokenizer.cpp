@@ -227,6 +227,16 @@ struct ThreadMatchState {
     pcre2_match_context_free(mctx);
     pcre2_jit_stack_free(stack);
   }
+  // The JIT stack's pages stay resident once touched: a match over a huge piece (a 4 MB "abab..."
+  // is one piece) touches ~32 MB of it, and every server handler thread has its own. After such a
+  // match the stack is replaced by a fresh one (untouched pages cost nothing).
+  void reset_stack() {
+    pcre2_jit_stack* fresh = pcre2_jit_stack_create(64 * 1024, 64 * 1024 * 1024, nullptr);
+    if (!fresh) return;  // keep the old one
+    pcre2_jit_stack_free(stack);
+    stack = fresh;
+    pcre2_jit_stack_assign(mctx, nullptr, stack);
+  }
 };
 ThreadMatchState& match_state() { return per_thread<ThreadMatchState, ThreadMatchState>(); }
 std::string pcre2_message(int code) {
@@ -264,7 +274,14 @@ size_t Pretokenizer::split_from(std::string_view text, size_t start, size_t max_
   ThreadMatchState& st = match_state();
   const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
   const size_t n = text.size();
-  size_t pos = start, got = 0;
+  size_t pos = start, got = 0, longest = 0;
+  struct Reset {  // also when a match fails (throws)
+    ThreadMatchState& st;
+    const size_t& longest;
+    ~Reset() {
+      if (longest > (size_t{64} << 10)) st.reset_stack();
+    }
+  } reset{st, longest};
   while (pos < n && got < max_pieces) {
     const int rc = code_->jit ? pcre2_jit_match(code_->re, subject, n, pos, 0, st.md, st.mctx)
                               : pcre2_match(code_->re, subject, n, pos, PCRE2_NO_UTF_CHECK, st.md, st.mctx);
@@ -279,6 +296,7 @@ size_t Pretokenizer::split_from(std::string_view text, size_t start, size_t max_
       continue;
     }
     out.push_back(text.substr(s, e - s));
+    longest = std::max(longest, e - s);
     ++got;
     pos = e;
   }

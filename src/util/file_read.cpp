@@ -3,11 +3,15 @@
 #if !defined(_WIN32)
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #endif
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 
 #include "util/error.h"
@@ -15,6 +19,27 @@
 namespace kimi {
 
 #if defined(_WIN32)
+
+std::string read_regular_file(const std::string& path, uint64_t max_bytes, const std::string& shown, uint64_t prefix,
+                              uint64_t* file_size) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::file_status st = fs::symlink_status(fs::u8path(path), ec);
+  check(!ec && fs::exists(st), "'{}': no such file", shown);
+  check(fs::is_regular_file(st), "'{}': not a regular file (a link, device or directory is not read)", shown);
+  const uint64_t size = fs::file_size(fs::u8path(path), ec);
+  check(!ec, "'{}': cannot be read", shown);
+  check(size <= max_bytes, "'{}': larger than the {} bytes such a file can have here", shown, max_bytes);
+  if (file_size) *file_size = size;
+  const uint64_t want = std::min(size, prefix);
+  std::ifstream in(fs::u8path(path), std::ios::binary);
+  check(static_cast<bool>(in), "'{}': cannot be read", shown);
+  std::string out(static_cast<size_t>(want), '\0');
+  in.read(out.data(), static_cast<std::streamsize>(want));
+  check(static_cast<uint64_t>(in.gcount()) == want && (want < size || in.peek() == std::char_traits<char>::eof()),
+        "'{}': its size changed while it was read", shown);
+  return out;
+}
 
 bool ReadOnlyFile::supported() { return false; }
 ReadOnlyFile::ReadOnlyFile(const std::string& path) : path_(path) {
@@ -30,6 +55,47 @@ uint64_t physical_memory_bytes() { return 0; }
 uint64_t memory_limit_bytes() { return 0; }
 
 #else
+
+std::string read_regular_file(const std::string& path, uint64_t max_bytes, const std::string& shown, uint64_t prefix,
+                              uint64_t* file_size) {
+  // O_NONBLOCK: opening a FIFO for reading waits for a writer otherwise
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY);
+  if (fd < 0) {
+    const int e = errno;
+    check(e != ENOENT && e != ENOTDIR, "'{}': no such file", shown);
+    check(e != ELOOP, "'{}': a symbolic link (not followed)", shown);
+    fail("'{}': cannot be opened ({})", shown, std::strerror(e));
+  }
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat st {};
+  check(::fstat(fd, &st) == 0, "'{}': cannot be read ({})", shown, std::strerror(errno));
+  check(S_ISREG(st.st_mode), "'{}': not a regular file (a FIFO, device or directory is not read)", shown);
+  check(st.st_size >= 0 && static_cast<uint64_t>(st.st_size) <= max_bytes,
+        "'{}': larger than the {} bytes such a file can have here", shown, max_bytes);
+  const int fl = ::fcntl(fd, F_GETFL);
+  if (fl >= 0) (void)::fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
+  if (file_size) *file_size = static_cast<uint64_t>(st.st_size);
+  const auto size = static_cast<size_t>(std::min(static_cast<uint64_t>(st.st_size), prefix));
+  std::string out(size, '\0');
+  size_t done = 0;
+  while (done < size) {
+    const ssize_t r = ::read(fd, out.data() + done, size - done);
+    if (r < 0 && errno == EINTR) continue;
+    check(r >= 0, "'{}': read failed ({})", shown, std::strerror(errno));
+    check(r > 0, "'{}': its size changed while it was read", shown);
+    done += static_cast<size_t>(r);
+  }
+  if (size < static_cast<uint64_t>(st.st_size)) return out;  // a prefix
+  char extra = 0;
+  ssize_t r = 0;
+  do r = ::read(fd, &extra, 1);
+  while (r < 0 && errno == EINTR);
+  check(r == 0, "'{}': its size changed while it was read", shown);
+  return out;
+}
 
 bool ReadOnlyFile::supported() { return true; }
 

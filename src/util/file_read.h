@@ -36,6 +36,16 @@ class ReadOnlyFile {
   std::string path_;
 };
 
+// Reads the whole of a regular file that an outside party may have planted things in (a slot or
+// prompt-cache folder): the last component of `path` must not be a symbolic link (O_NOFOLLOW), the
+// file must be a regular one (a FIFO, device or directory is refused without blocking on it: opened
+// O_NONBLOCK, checked with fstat) and at most max_bytes long (checked before reading: a link to
+// /dev/zero or a huge file is never read). Errors (kimi::Error) name the file as `shown` (never the
+// path) and never state the size of what was refused. With `prefix`, only the file's first
+// min(size, prefix) bytes are read; *size gets the file's size.
+std::string read_regular_file(const std::string& path, uint64_t max_bytes, const std::string& shown,
+                              uint64_t prefix = UINT64_MAX, uint64_t* size = nullptr);
+
 // Memory-mapping hints for [p, p+len) (rounded out to pages): will be read soon / drop this
 // process's mapping of it (file-backed pages are read again from the file when touched).
 void advise_willneed(const void* p, size_t len);

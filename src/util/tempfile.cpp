@@ -27,6 +27,13 @@ namespace kimi {
 
 namespace {
 
+// O_EXCL already refuses a name that exists, a symbolic link included; O_NOFOLLOW says so twice
+#if defined(O_NOFOLLOW)
+constexpr int kNoFollow = O_NOFOLLOW;
+#else
+constexpr int kNoFollow = 0;
+#endif
+
 // ---- registry of live temps, read by the signal handler --------------------------------------
 // A slot is free (0), being filled or emptied (1), or holds a path (2). The handler only reads
 // slots in state 2, and only calls async-signal-safe functions.
@@ -217,7 +224,7 @@ TempFile create_temp_file(const std::string& final_path) {
     t.path = temp_name(final_path);
     // register first: a signal between open() and registration must not leave the file behind
     register_temp(t.path, false);
-    t.fd = ::open(t.path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+    t.fd = ::open(t.path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | kNoFollow, 0666);
     if (t.fd >= 0) return t;
     const int e = errno;
     unregister_temp(t.path);

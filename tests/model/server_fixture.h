@@ -4,6 +4,12 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <string>
@@ -79,6 +85,76 @@ struct RunningServer {
   int port = 0;
   std::thread t;
 };
+
+// Raw sockets, for what an HTTP client library hides (pipelining, HEAD, slow and half-sent requests).
+inline int raw_connect(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+inline bool raw_send(int fd, const std::string& s) {
+  return ::send(fd, s.data(), s.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(s.size());
+}
+
+// Reads until `done(got)` or EOF or `timeout`; *eof tells whether the server closed.
+inline std::string raw_read(int fd, std::chrono::milliseconds timeout, const std::function<bool(const std::string&)>& done,
+                     bool* eof = nullptr) {
+  std::string got;
+  const auto end = std::chrono::steady_clock::now() + timeout;
+  if (eof) *eof = false;
+  while (!done(got)) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(end - std::chrono::steady_clock::now());
+    if (left.count() <= 0) break;
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, static_cast<int>(left.count())) <= 0) break;
+    char buf[65536];
+    const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+    if (n <= 0) {
+      if (eof) *eof = true;
+      break;
+    }
+    got.append(buf, static_cast<size_t>(n));
+  }
+  return got;
+}
+
+// Splits complete HTTP/1.1 responses (Content-Length bodies) off the front of `s`; the i-th
+// response has no body when head_only[i] (the answer to a HEAD request, whose Content-Length is
+// the size of the body a GET would get).
+struct RawResponse {
+  int status = 0;
+  std::string head, body;
+};
+inline std::vector<RawResponse> split_responses(const std::string& s, const std::vector<bool>& head_only = {}) {
+  std::vector<RawResponse> out;
+  size_t p = 0;
+  for (;;) {
+    const size_t e = s.find("\r\n\r\n", p);
+    if (e == std::string::npos) break;
+    RawResponse r;
+    r.head = s.substr(p, e - p);
+    r.status = std::atoi(r.head.c_str() + 9);
+    size_t len = 0;
+    std::string lower = r.head;
+    for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    const size_t cl = lower.find("content-length:");
+    if (cl != std::string::npos) len = std::stoul(lower.substr(cl + 15));
+    if (out.size() < head_only.size() && head_only[out.size()]) len = 0;
+    if (s.size() < e + 4 + len) break;
+    r.body = s.substr(e + 4, len);
+    out.push_back(r);
+    p = e + 4 + len;
+  }
+  return out;
+}
 
 // One slot, no prompt cache, quiet: every request prefills its whole prompt (the reference that cached and
 // restored answers are compared with).

@@ -35,6 +35,10 @@
 using namespace kimi;
 using namespace kimi::server;
 using namespace std::chrono_literals;
+using kimi::test::raw_connect;
+using kimi::test::raw_read;
+using kimi::test::raw_send;
+using kimi::test::split_responses;
 
 namespace {
 
@@ -708,72 +712,6 @@ TEST(Server, ChunkSnapshotServesAPromptDivergingMidway) {
 // Hardening (issue 9): hostile inputs get a clear 4xx and the server keeps serving.
 
 namespace {
-
-int raw_connect(int port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
-    ::close(fd);
-    return -1;
-  }
-  return fd;
-}
-
-bool raw_send(int fd, const std::string& s) {
-  return ::send(fd, s.data(), s.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(s.size());
-}
-
-// Reads until `done(got)` or EOF or `timeout`; *eof tells whether the server closed.
-std::string raw_read(int fd, std::chrono::milliseconds timeout, const std::function<bool(const std::string&)>& done,
-                     bool* eof = nullptr) {
-  std::string got;
-  const auto end = std::chrono::steady_clock::now() + timeout;
-  if (eof) *eof = false;
-  while (!done(got)) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(end - std::chrono::steady_clock::now());
-    if (left.count() <= 0) break;
-    pollfd p{fd, POLLIN, 0};
-    if (::poll(&p, 1, static_cast<int>(left.count())) <= 0) break;
-    char buf[65536];
-    const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
-    if (n <= 0) {
-      if (eof) *eof = true;
-      break;
-    }
-    got.append(buf, static_cast<size_t>(n));
-  }
-  return got;
-}
-
-// Splits complete HTTP/1.1 responses (Content-Length bodies) off the front of `s`.
-struct RawResponse {
-  int status = 0;
-  std::string head, body;
-};
-std::vector<RawResponse> split_responses(const std::string& s) {
-  std::vector<RawResponse> out;
-  size_t p = 0;
-  for (;;) {
-    const size_t e = s.find("\r\n\r\n", p);
-    if (e == std::string::npos) break;
-    RawResponse r;
-    r.head = s.substr(p, e - p);
-    r.status = std::atoi(r.head.c_str() + 9);
-    size_t len = 0;
-    std::string lower = r.head;
-    for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-    const size_t cl = lower.find("content-length:");
-    if (cl != std::string::npos) len = std::stoul(lower.substr(cl + 15));
-    if (s.size() < e + 4 + len) break;
-    r.body = s.substr(e + 4, len);
-    out.push_back(r);
-    p = e + 4 + len;
-  }
-  return out;
-}
 
 const ojson kHi = ojson::array({{{"role", "user"}, {"content", "hi"}}});
 

@@ -6,6 +6,10 @@
 // get a 4xx that names them and leave the slot as it was; without the flag the actions answer 501.
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -303,4 +307,134 @@ TEST(ServerSlots, SlotFolderMustNotBeTheCacheFolder) {
   EXPECT_NE(r.exit_code, 0) << r.out;
   EXPECT_NE(r.out.find("--slot-save-path and --cache-dir name the same folder"), std::string::npos) << r.out;
   EXPECT_EQ(r.out.find("listening on"), std::string::npos) << r.out;
+}
+
+namespace {
+
+// The file checksum of docs/server.md "Slot files": h = 0x9E3779B97F4A7C15, then for every 64-bit
+// little-endian word of the bytes (the last one zero-padded) h = rotl64(h ^ w * 0xBF58476D1CE4E5B9,
+// 31) * 0x94D049BB133111EB; the value is h ^ (the byte count).
+uint64_t file_checksum(const std::string& b) {
+  uint64_t h = 0x9E3779B97F4A7C15ull;
+  for (size_t i = 0; i < b.size(); i += 8) {
+    uint64_t w = 0;
+    std::memcpy(&w, b.data() + i, std::min<size_t>(8, b.size() - i));
+    h ^= w * 0xBF58476D1CE4E5B9ull;
+    h = ((h << 31) | (h >> 33)) * 0x94D049BB133111EBull;
+  }
+  return h ^ b.size();
+}
+
+// `good` with the 4 bytes at `at` replaced and a valid checksum again
+std::string with_bytes(std::string good, size_t at, uint32_t v) {
+  std::memcpy(good.data() + at, &v, 4);
+  const uint64_t sum = file_checksum(good.substr(0, good.size() - 8));
+  std::memcpy(good.data() + good.size() - 8, &sum, 8);
+  return good;
+}
+
+}  // namespace
+
+// Issue 38: writes and reads through what a hostile user of the machine plants in the slot folder.
+// On main a symbolic link at the predictable temporary name NAME.tmp<pid> had its target
+// overwritten by a save, a restore followed links out of the folder, read /dev/zero until the
+// server died, blocked the scheduler forever on a FIFO, stated an outside file's size, and
+// restored a file crafted with NaN values (whose entries stayed in the prompt cache after an erase).
+TEST(ServerSlots, PlantedLinksFifosAndHostileFilesAre4xxAndNothingOutsideIsTouched) {
+  TempDir dir, outside;
+  server::ServerOptions o = slot_opts(dir.path);
+  o.sched.cache_ram = 64u << 20;  // the prompt-cache store: an erase must drop what a restore brought
+  RunningServer a(o);
+  const std::vector<int32_t> P = some_ids(5, 30);
+  complete(a, P, 4);
+  ASSERT_EQ(action(a, 0, "save", {{"filename", "good.bin"}}).status, 200);
+  const std::string good = test::read_file(dir.file("good.bin"));
+  const std::string victim = outside.file("victim");
+  test::write_file(victim, "precious");
+  test::write_file(outside.file("outside.bin"), good);  // a valid slot file, but not in the folder
+
+  // save: a link at the old temporary name and one at the final name; neither target is written
+  fs::create_symlink(victim, dir.file("t.bin.tmp" + std::to_string(::getpid())));
+  fs::create_symlink(victim, dir.file("final.bin"));
+  ASSERT_EQ(action(a, 0, "save", {{"filename", "t.bin"}}).status, 200);
+  ASSERT_EQ(action(a, 0, "save", {{"filename", "final.bin"}}).status, 200);
+  EXPECT_EQ(test::read_file(victim), "precious");
+  EXPECT_TRUE(fs::is_regular_file(fs::symlink_status(dir.file("final.bin"))))
+      << "the link is replaced by the file, not written through";
+  EXPECT_EQ(test::read_file(dir.file("t.bin")), test::read_file(dir.file("final.bin")));
+
+  // restore: links (to a valid file outside, to /dev/zero), a FIFO, a directory, an oversized
+  // (sparse) file: 400 naming the file, never the folder's path nor the size of what was refused
+  fs::create_symlink(outside.file("outside.bin"), dir.file("link.bin"));
+  fs::create_symlink("/dev/zero", dir.file("zero.bin"));
+  ASSERT_EQ(::mkfifo(dir.file("fifo.bin").c_str(), 0600), 0);
+  fs::create_directory(dir.file("dir.bin"));
+  {
+    std::ofstream f(dir.file("huge.bin"), std::ios::binary);
+  }
+  fs::resize_file(dir.file("huge.bin"), uint64_t{3} << 30);
+  const int n0 = slot_cached(a, 0);
+  const std::pair<const char*, const char*> cases[] = {{"link.bin", "symbolic link"},  {"zero.bin", "symbolic link"},
+                                                       {"fifo.bin", "not a regular file"}, {"dir.bin", "not a regular file"},
+                                                       {"huge.bin", "larger than"}};
+  for (const auto& [name, why] : cases) {
+    const Res r = action(a, 0, "restore", {{"filename", name}});
+    expect_error(r, 400, std::string("'") + name + "'", "filename");
+    expect_error(r, 400, why);
+    const std::string msg = r.j.dump();
+    EXPECT_EQ(msg.find(dir.path), std::string::npos) << msg;
+    EXPECT_EQ(msg.find(outside.path), std::string::npos) << msg;
+    EXPECT_EQ(msg.find("3221225472"), std::string::npos) << msg;
+    EXPECT_EQ(msg.find(std::to_string(good.size())), std::string::npos) << msg;
+  }
+  EXPECT_EQ(slot_cached(a, 0), n0);
+  // values that are not numbers, under a valid checksum: in the KDA states (the last bytes before
+  // the checksum) and in the first cache row (just after the header, the ids and the segment)
+  const std::vector<int32_t> R = file_tokens(dir.file("good.bin"));
+  ASSERT_GT(R.size(), P.size());
+  const size_t rows_at = 48 + R.size() * 4 + 8;  // the header, the ids, one segment
+  // 0x7fc07e00: a NaN as one f32 (--precision f32) and as the upper of two f16 values (a NaN too)
+  for (const auto& [at, v] : {std::pair<size_t, uint32_t>{good.size() - 12, 0x7fc00000u},
+                              {good.size() - 16, 0x7f800000u}, {rows_at, 0x7fc07e00u}}) {
+    test::write_file(dir.file("nan.bin"), with_bytes(good, at, v));
+    const Res r = action(a, 0, "restore", {{"filename", "nan.bin"}});
+    expect_error(r, 400, "not finite", "filename");
+  }
+  // the server serves meanwhile, and the good file still restores
+  EXPECT_EQ(slot_cached(a, 0), n0);
+  const Res ok = action(a, 0, "restore", {{"filename", "good.bin"}});
+  ASSERT_EQ(ok.status, 200) << ok.j.dump();
+
+  // an erase drops what the prompt cache holds of the restored file (its tokens and longer)
+  std::vector<int32_t> Q = R;
+  Q.push_back(7);
+  const ojson r1 = complete(a, Q, 2);
+  EXPECT_EQ(cached(r1), static_cast<int>(R.size()));
+  const uint64_t entries = a.s->scheduler().stats().cache.entries;
+  ASSERT_GT(entries, 0u);
+  ASSERT_EQ(action(a, 0, "erase", ojson::object()).status, 200);
+  ASSERT_EQ(action(a, 1, "erase", ojson::object()).status, 200);
+  EXPECT_LT(a.s->scheduler().stats().cache.entries, entries);
+  const ojson r2 = complete(a, Q, 2);
+  EXPECT_LT(cached(r2), static_cast<int>(R.size())) << "what grew from the erased slot's file is not served";
+  EXPECT_EQ(test::read_file(victim), "precious");
+}
+
+// Names that are not plain files in the folder, and a query parameter given twice: 400 naming the
+// field, no absolute path (on main "." and 255-byte names were 500s stating the folder's path, and
+// ?action=save&action=restore ran a restore).
+TEST(ServerSlots, DotNamesLongNamesAndRepeatedParametersAre400) {
+  TempDir dir;
+  RunningServer a(slot_opts(dir.path));
+  complete(a, some_ids(6, 20), 2);
+  for (const std::string& name : {std::string("."), std::string(".."), std::string(201, 'b'), std::string(255, 'c')})
+    for (const char* act : {"save", "restore"}) {
+      const Res r = action(a, 0, act, {{"filename", name}});
+      expect_error(r, 400, "filename", "filename");
+      EXPECT_EQ(r.j.dump().find(dir.path), std::string::npos) << r.j.dump();
+    }
+  ASSERT_EQ(action(a, 0, "save", {{"filename", std::string(200, 'd')}}).status, 200);
+  expect_error(post(a, "/slots/0?action=save&action=restore", ojson{{"filename", "x.bin"}}.dump()), 400, "more than once",
+               "action");
+  EXPECT_FALSE(fs::exists(dir.file("x.bin")));
 }

@@ -789,9 +789,9 @@ TEST(ServerAgents, ResponsesStreamsFunctionCallArgumentsInPieces) {
 }
 
 // A call cut off by max_tokens: the streamed arguments still end as one JSON object, the stream ends
-// like the whole answer (length / incomplete), which lists no such call; Responses ends the item as
-// incomplete and leaves it out of the final output, as the whole answer does. A call that was complete
-// before the cut is in both, with the same arguments.
+// like the whole answer (length / incomplete), which lists the call with the same arguments; Responses
+// ends the item as incomplete and lists it in the final output, as the whole answer does. A call that
+// was complete before the cut is in both, with the same arguments.
 TEST(ServerAgents, ToolCallsCutByMaxTokensStreamValidJson) {
   int cut_calls = 0;
   const ojson rtools = ojson::array({{{"type", "function"}, {"name", "get_weather"}, {"parameters", kWeatherSchema}}});

@@ -9,7 +9,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <string>
@@ -154,6 +156,28 @@ inline std::vector<RawResponse> split_responses(const std::string& s, const std:
     p = e + 4 + len;
   }
   return out;
+}
+
+// The file checksum of docs/server.md "Slot files": h = 0x9E3779B97F4A7C15, then for every 64-bit
+// little-endian word of the bytes (the last one zero-padded) h = rotl64(h ^ w * 0xBF58476D1CE4E5B9,
+// 31) * 0x94D049BB133111EB; the value is h ^ (the byte count).
+inline uint64_t file_checksum(const std::string& b) {
+  uint64_t h = 0x9E3779B97F4A7C15ull;
+  for (size_t i = 0; i < b.size(); i += 8) {
+    uint64_t w = 0;
+    std::memcpy(&w, b.data() + i, std::min<size_t>(8, b.size() - i));
+    h ^= w * 0xBF58476D1CE4E5B9ull;
+    h = ((h << 31) | (h >> 33)) * 0x94D049BB133111EBull;
+  }
+  return h ^ b.size();
+}
+
+// `good` with the 4 bytes at `at` replaced and a valid checksum again
+inline std::string with_bytes(std::string good, size_t at, uint32_t v) {
+  std::memcpy(good.data() + at, &v, 4);
+  const uint64_t sum = file_checksum(good.substr(0, good.size() - 8));
+  std::memcpy(good.data() + good.size() - 8, &sum, 8);
+  return good;
 }
 
 // One slot, no prompt cache, quiet: every request prefills its whole prompt (the reference that cached and

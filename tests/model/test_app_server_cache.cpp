@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <signal.h>
+#include <sys/stat.h>
 
 #include <cerrno>
 #include <filesystem>
@@ -263,4 +264,58 @@ TEST(ServerCache, CacheDirWithoutAStoreIsAnError) {
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.out.find("--cache-dir needs the prompt-cache store"), std::string::npos) << r.out;
   EXPECT_FALSE(fs::exists(dir.file("pc")));
+}
+
+// Issue 38: what others plant in --cache-dir. On main the startup scan followed a symbolic link out
+// of the folder and the store served the outside file, and a file with NaN values under a valid
+// checksum was loaded. Now: links (to valid files outside, to /dev/zero) and FIFOs are skipped
+// without blocking, a file whose rows or states are not finite numbers is skipped when it is loaded
+// (one warning line), the outside files are untouched, and the answers are the cold ones.
+TEST(ServerCache, PlantedLinksFifosAndNonFiniteFilesAreNeverUsed) {
+  RunningServer cold(test::cold_server_opts());
+  const ojson turn2 = conversation(5, 2);
+  const std::string want = answer(chat(cold, turn2));
+  TempDir dir, outside;
+  const std::string d = dir.file("pc");
+  {
+    RunningServer s(cache_opts(64u << 20, d));
+    chat(s, conversation(5, 1));
+  }
+  const auto files = cache_files(d);
+  ASSERT_FALSE(files.empty());
+  std::vector<std::string> kept;  // the outside copies and their bytes
+  for (const auto& f : files) {
+    const std::string out = outside.file(f.filename().string());
+    fs::rename(f, out);
+    fs::create_symlink(out, f);
+    kept.push_back(test::read_file(out));
+  }
+  ASSERT_EQ(::mkfifo((d + "/fifo.kpc").c_str(), 0600), 0);
+  fs::create_symlink("/dev/zero", d + "/zero.kpc");
+  {
+    testing::internal::CaptureStderr();
+    RunningServer s(cache_opts(64u << 20, d));  // the scan does not block on the FIFO
+    const ojson r = chat(s, turn2);
+    testing::internal::GetCapturedStderr();
+    EXPECT_EQ(cached(r), 0) << "a linked file was used";
+    EXPECT_EQ(answer(r), want);
+    EXPECT_EQ(s.s->scheduler().stats().cache.disk_loads, 0u);
+  }
+  for (size_t i = 0; i < files.size(); ++i) EXPECT_EQ(test::read_file(outside.file(files[i].filename().string())), kept[i]);
+  // the first turn's files alone (the second server wrote its own: removed) as regular files in the
+  // folder, with a NaN in the KDA states (a valid checksum)
+  fs::remove_all(d);
+  fs::create_directories(d);
+  for (size_t i = 0; i < files.size(); ++i)
+    test::write_file(files[i].string(), test::with_bytes(kept[i], kept[i].size() - 12, 0x7fc00000u));
+  testing::internal::CaptureStderr();
+  ojson r;
+  {
+    RunningServer s(cache_opts(64u << 20, d));
+    r = chat(s, turn2);
+  }
+  const std::string err = testing::internal::GetCapturedStderr();
+  EXPECT_EQ(cached(r), 0);
+  EXPECT_EQ(answer(r), want);
+  EXPECT_NE(err.find("not finite"), std::string::npos) << err;
 }

@@ -309,31 +309,6 @@ TEST(ServerSlots, SlotFolderMustNotBeTheCacheFolder) {
   EXPECT_EQ(r.out.find("listening on"), std::string::npos) << r.out;
 }
 
-namespace {
-
-// The file checksum of docs/server.md "Slot files": h = 0x9E3779B97F4A7C15, then for every 64-bit
-// little-endian word of the bytes (the last one zero-padded) h = rotl64(h ^ w * 0xBF58476D1CE4E5B9,
-// 31) * 0x94D049BB133111EB; the value is h ^ (the byte count).
-uint64_t file_checksum(const std::string& b) {
-  uint64_t h = 0x9E3779B97F4A7C15ull;
-  for (size_t i = 0; i < b.size(); i += 8) {
-    uint64_t w = 0;
-    std::memcpy(&w, b.data() + i, std::min<size_t>(8, b.size() - i));
-    h ^= w * 0xBF58476D1CE4E5B9ull;
-    h = ((h << 31) | (h >> 33)) * 0x94D049BB133111EBull;
-  }
-  return h ^ b.size();
-}
-
-// `good` with the 4 bytes at `at` replaced and a valid checksum again
-std::string with_bytes(std::string good, size_t at, uint32_t v) {
-  std::memcpy(good.data() + at, &v, 4);
-  const uint64_t sum = file_checksum(good.substr(0, good.size() - 8));
-  std::memcpy(good.data() + good.size() - 8, &sum, 8);
-  return good;
-}
-
-}  // namespace
 
 // Issue 38: writes and reads through what a hostile user of the machine plants in the slot folder.
 // On main a symbolic link at the predictable temporary name NAME.tmp<pid> had its target
@@ -396,7 +371,7 @@ TEST(ServerSlots, PlantedLinksFifosAndHostileFilesAre4xxAndNothingOutsideIsTouch
   // 0x7fc07e00: a NaN as one f32 (--precision f32) and as the upper of two f16 values (a NaN too)
   for (const auto& [at, v] : {std::pair<size_t, uint32_t>{good.size() - 12, 0x7fc00000u},
                               {good.size() - 16, 0x7f800000u}, {rows_at, 0x7fc07e00u}}) {
-    test::write_file(dir.file("nan.bin"), with_bytes(good, at, v));
+    test::write_file(dir.file("nan.bin"), test::with_bytes(good, at, v));
     const Res r = action(a, 0, "restore", {{"filename", "nan.bin"}});
     expect_error(r, 400, "not finite", "filename");
   }

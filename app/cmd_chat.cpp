@@ -27,6 +27,7 @@
 #include "engine_args.h"
 #include "model/model.h"
 #include "runtime/chat_session.h"
+#include "runtime/vision_input.h"
 #include "runtime/context.h"
 #include "runtime/sampling.h"
 #include "tokenizer/tokenizer.h"
@@ -243,6 +244,7 @@ const char* kHelp =
     "  /reset          forget the conversation (the system message stays)\n"
     "  /save FILE      write the conversation as JSON ({\"thinking\", \"messages\": [...]})\n"
     "  /system TEXT    set the system message (no TEXT: remove it); applies from the next turn\n"
+    "  /image FILE     send the image (PNG, JPEG, WebP, GIF) with the next message (needs MODEL.mmproj.gguf)\n"
     "  /help           this text\n"
     "  /exit, /quit    leave (also Ctrl-D, or Ctrl-C twice at the prompt)\n"
     "input: a line ending in '\\' continues on the next line; a line starting with \"\"\" opens a block\n"
@@ -275,6 +277,10 @@ int cmd_chat(int argc, char** argv) {
   app.add_option("--history-file", history_file,
                  "line history of the terminal editor (default: $KIMI_CHAT_HISTORY, else ~/.kimi_chat_history)");
   app.add_flag("--no-history", no_history, "keep no line history in a file (also KIMI_CHAT_HISTORY=off)");
+  std::vector<std::string> first_images;
+  std::string mmproj;
+  app.add_option("--image", first_images, "an image for the first message (repeatable; later: /image FILE)");
+  app.add_option("--mmproj", mmproj, "the vision projector file (default: MODEL.mmproj.gguf next to the model)");
   kimi::app::add_sampling_options(app, sp);
   if (int rc = kimi::app::parse_engine_cli(app, argc, argv); rc >= 0) return rc;
   co.thinking = thinking == "on";
@@ -288,6 +294,29 @@ int cmd_chat(int argc, char** argv) {
   kimi::Context ctx(*model, kimi::app::context_options(ea, n_ctx, std::min(ea.batch, n_ctx)));
   kimi::app::print_engine_summary(ea, ctx);
   kimi::ChatSession session(ctx, tok, sp, co);
+  // images (docs/engine.md, "Images"): the tower is loaded on the first one
+  std::unique_ptr<kimi::VisionRunner> vision;
+  std::vector<std::string> pending_images = first_images;
+  auto attach_pending = [&](std::string& text) {
+    if (pending_images.empty()) return;
+    if (!vision) {
+      if (mmproj.empty()) mmproj = kimi::find_mmproj(ea.model);
+      kimi::check(!mmproj.empty(), "{}", kimi::no_vision_message(ea.model));
+      vision = std::make_unique<kimi::VisionRunner>(mmproj, model->hparams().n_embd, ea.threads,
+                                                    ea.precision == "f32" ? kimi::Precision::F32 : kimi::Precision::Fast);
+    }
+    std::vector<kimi::image::Patches> ps;
+    std::string media;
+    for (const auto& f : pending_images) {
+      ps.push_back(vision->preprocess(kimi::image::decode_file(f, {})));
+      media += kimi::media_text(ps.back());
+    }
+    std::vector<const kimi::image::Patches*> pp;
+    for (const auto& p : ps) pp.push_back(&p);
+    session.attach_image_rows(vision->encode(pp), vision->model().hp().placeholder);
+    pending_images.clear();
+    text = media + text;
+  };
 
   const bool tty_in = ::isatty(0) != 0, tty_out = ::isatty(1) != 0;
   SigintGuard sig;
@@ -395,6 +424,10 @@ int cmd_chat(int argc, char** argv) {
           kimi::check(!arg.empty(), "/save needs a file name: /save FILE");
           session.save(arg);
           std::fprintf(stderr, "(saved %zu messages to %s)\n", session.messages().size(), arg.c_str());
+        } else if (cmd == "/image") {
+          kimi::check(!arg.empty(), "/image needs a file name: /image FILE");
+          pending_images.push_back(arg);
+          std::fprintf(stderr, "(image %s goes with the next message)\n", arg.c_str());
         } else if (cmd == "/system") {
           session.set_system(arg);
           std::fputs(arg.empty() ? "(system message removed)\n" : "(system message set; it applies from the next turn)\n",
@@ -414,8 +447,10 @@ int cmd_chat(int argc, char** argv) {
     g_sigint = 0;
     kimi::TurnStats ts;
     try {
+      attach_pending(text);
       ts = session.prefill_turn(text, stop);
     } catch (const kimi::Error& e) {
+      pending_images.clear();
       std::fprintf(stderr, "error: %s\n", e.what());
       continue;
     }

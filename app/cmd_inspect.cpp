@@ -9,6 +9,7 @@
 
 #include "command.h"
 #include "io/gguf.h"
+#include "runtime/vision_input.h"
 #include "util/error.h"
 #include "util/cli.h"
 
@@ -168,8 +169,23 @@ int run(int argc, char** argv) {
   std::string out;
   out += fmt::format("file: {}", path);
   if (r->n_files() > 1) out += fmt::format(" ({} split files)", r->n_files());
-  out += fmt::format("\nGGUF v{}, alignment {}, {} metadata keys, {} tensors, {} of tensor data\n\n", r->version(),
+  out += fmt::format("\nGGUF v{}, alignment {}, {} metadata keys, {} tensors, {} of tensor data\n", r->version(),
                      r->alignment(), r->kvs().size(), r->tensors().size(), human_bytes(all.bytes));
+  // the image path (docs/spec/vision.md §2.2): a projector file, or a text model and its companion
+  const Value* arch = r->find("general.architecture");
+  if (arch && arch->type == ValueType::STRING && arch->s == "moonvit3d") {
+    auto u = [&](const char* k) { return r->get_u32_or(std::string("moonvit3d.") + k, 0); };
+    out += fmt::format("vision projector (MoonViT3D): {} blocks, width {}, {} heads x {}, MLP {}, patch {}, "
+                       "projector -> {} (docs/spec/vision.md)\n",
+                       u("block_count"), u("embedding_length"), u("head_count"),
+                       u("head_count") ? u("qkv_length") / u("head_count") : 0, u("feed_forward_length"),
+                       u("patch_size"), u("projector.output_length"));
+  } else if (arch && arch->type == ValueType::STRING && arch->s == "kimi-k3") {
+    const std::string mm = kimi::find_mmproj(path);
+    out += mm.empty() ? "vision: no projector file next to it (text only; kimi convert writes MODEL.mmproj.gguf)\n"
+                      : fmt::format("vision: projector file {}\n", mm);
+  }
+  out += "\n";
 
   size_t kw = 3, tw = 4;
   for (const auto& kv : r->kvs()) {

@@ -14,6 +14,7 @@
 #include "runtime/context.h"
 #include "runtime/sampling.h"
 #include "runtime/speculative.h"
+#include "runtime/vision_input.h"
 #include "tokenizer/tokenizer.h"
 #include "util/error.h"
 
@@ -39,6 +40,10 @@ int cmd_run(int argc, char** argv) {
   app.add_flag("--ignore-eos", ignore_eos, "do not stop at end-of-generation tokens");
   bool chat = false;
   app.add_flag("--chat", chat, "wrap -p TEXT in the Kimi chat format (one user turn, thinking on)");
+  std::vector<std::string> images;
+  std::string mmproj;
+  app.add_option("--image", images, "an image (PNG, JPEG, WebP, GIF) placed before the prompt text; repeatable");
+  app.add_option("--mmproj", mmproj, "the vision projector file (default: MODEL.mmproj.gguf next to the model)");
   if (int rc = kimi::app::parse_engine_cli(app, argc, argv); rc >= 0) return rc;
   if (app.count("--file")) {
     kimi::check(!app.count("--prompt"), "give one of -p/--prompt and -f/--file");
@@ -53,10 +58,32 @@ int cmd_run(int argc, char** argv) {
   kimi::check(prompt.empty() != tokens.empty(), "give exactly one of -p/--prompt (or -f/--file) and --tokens");
   const std::string shown_prompt = prompt;
   kimi::check(!chat || !prompt.empty(), "--chat needs -p/--prompt");
-  if (chat) prompt = kimi::render_single_turn(prompt);
+  kimi::check(images.empty() || !prompt.empty(), "--image needs a text prompt (-p or -f), not --tokens");
 
   const kimi::SpecParams spec = kimi::app::spec_params(sa);
   auto model = kimi::Model::load(ea.model, kimi::app::model_options(ea));
+  // images: decoded, preprocessed and run through the tower before the prompt is tokenized
+  // (docs/spec/vision.md §4: each becomes its media text, before the prompt text)
+  std::vector<float> image_rows;
+  int32_t placeholder = -1;
+  if (!images.empty()) {
+    if (mmproj.empty()) mmproj = kimi::find_mmproj(ea.model);
+    kimi::check(!mmproj.empty(), "{}", kimi::no_vision_message(ea.model));
+    kimi::VisionRunner vr(mmproj, model->hparams().n_embd, ea.threads,
+                          ea.precision == "f32" ? kimi::Precision::F32 : kimi::Precision::Fast);
+    std::vector<kimi::image::Patches> ps;
+    std::string media;
+    for (const auto& f : images) {
+      ps.push_back(vr.preprocess(kimi::image::decode_file(f, {})));
+      media += kimi::media_text(ps.back());
+    }
+    std::vector<const kimi::image::Patches*> pp;
+    for (const auto& p : ps) pp.push_back(&p);
+    image_rows = vr.encode(pp);
+    placeholder = vr.model().hp().placeholder;
+    prompt = media + prompt;
+  }
+  if (chat) prompt = kimi::render_single_turn(prompt);
   std::optional<kimi::tok::Tokenizer> tok;
   if (model->reader().has("tokenizer.ggml.tokens")) tok.emplace(kimi::tok::Tokenizer::from_gguf(model->reader()));
   std::vector<int32_t> in;
@@ -64,6 +91,10 @@ int cmd_run(int argc, char** argv) {
     kimi::check(tok.has_value(), "{}: -p needs a tokenizer (tokenizer.ggml.tokens) in the GGUF; use --tokens",
                 ea.model);
     in = tok->encode(prompt);
+    if (placeholder >= 0)
+      kimi::check(tok->token_id("<|media_pad|>") == placeholder,
+                  "the projector's placeholder id {} is not the tokenizer's <|media_pad|> ({})", placeholder,
+                  tok->token_id("<|media_pad|>"));
   } else {
     in = kimi::app::parse_token_list(tokens);
   }
@@ -102,7 +133,12 @@ int cmd_run(int argc, char** argv) {
   using clk = std::chrono::steady_clock;
   auto t0 = clk::now();
   kimi::Batch b;
-  b.add_sequence(in, 0, 0, true);
+  if (placeholder >= 0)
+    kimi::add_prompt_with_images(b, in, placeholder, image_rows.data(),
+                                 static_cast<int64_t>(image_rows.size()) / model->hparams().n_embd,
+                                 model->hparams().n_embd, 0, 0, true);
+  else
+    b.add_sequence(in, 0, 0, true);
   // a drafter that reads the target's hidden states (dspark) needs them from the prompt on
   if (drafter) ctx.set_tap_layers({drafter->tap_layers().begin(), drafter->tap_layers().end()});
   ctx.decode(b);

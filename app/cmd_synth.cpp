@@ -18,7 +18,7 @@ int cmd_synth(int argc, char** argv) {
   std::string preset_name = "tiny", out;
   uint64_t seed = 1;
   int64_t layers = 0, experts = 0;
-  bool no_indexer = false, bf16_experts = false, force = false, quiet = false;
+  bool no_indexer = false, no_vision = false, bf16_experts = false, force = false, quiet = false;
   std::vector<std::string> presets = kimi::synth::preset_names();
   for (auto& p : kimi::dspark::preset_names()) presets.push_back(p);
   app.add_option("--preset", preset_name,
@@ -38,6 +38,7 @@ int cmd_synth(int argc, char** argv) {
                  "per layer; the choices vary from token to token)")
       ->capture_default_str();
   app.add_flag("--no-indexer", no_indexer, "no DSA indexer (a plain K3 checkpoint)");
+  app.add_flag("--no-vision", no_vision, "no vision tower, projector or vision_config (a text-only checkpoint)");
   app.add_flag("--bf16-experts", bf16_experts, "routed experts as BF16 instead of MXFP4 (no quantization_config)");
   std::string outliers;
   app.add_option("--outlier-channels", outliers,
@@ -74,6 +75,7 @@ int cmd_synth(int argc, char** argv) {
   if (app.count("--experts-used")) kimi::synth::set_experts_used(cfg, experts_used);
   kimi::synth::set_router(cfg, router);
   cfg.indexer = !no_indexer;
+  cfg.vision = !no_vision;
   cfg.mxfp4_experts = !bf16_experts;
   if (!outliers.empty()) kimi::synth::set_outlier_channels(cfg, outliers);
 

@@ -25,6 +25,7 @@ cd "$root"
 read -r -d '' MODULES <<'EOF' || true
 util          0
 tensor        1
+image         1
 io            2
 backend       3
 tokenizer     3

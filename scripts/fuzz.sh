@@ -11,7 +11,7 @@ SECONDS_PER_TARGET=${1:-30}
 BUILD=${FUZZ_BUILD_DIR:-build-fuzz}
 JOBS=${FUZZ_JOBS:-2}
 WORK=${FUZZ_WORK:-fuzz/corpus-work}
-TARGETS=(${FUZZ_TARGETS:-gguf safetensors hf_config model tiktoken tokenizer_config chat api grammar json_schema})
+TARGETS=(${FUZZ_TARGETS:-gguf safetensors hf_config model tiktoken tokenizer_config chat api grammar json_schema image})
 t0=$(date +%s)
 
 command -v clang++ >/dev/null || { echo "fuzz: clang++ not found (bash scripts/setup.sh --test installs it)" >&2; exit 1; }
@@ -32,10 +32,12 @@ mkdir -p "$SEEDS/gguf"
 "$BUILD/fuzz_seeds" "$SEEDS" >/dev/null
 "$BUILD/fuzz_gguf_seeds" "$SEEDS/gguf"
 cp tests/data/gguf-fuzz/* "$SEEDS/gguf/"
+mkdir -p "$SEEDS/image"  # image seeds: the images in data/images (one of each format the docs use)
+cp data/images/* "$SEEDS/image/"
 
 max_len() {
   case $1 in
-    gguf) echo 2048 ;; model) echo 256 ;; tokenizer_config | json_schema) echo 65536 ;; grammar) echo 16384 ;; *) echo 8192 ;;
+    gguf) echo 2048 ;; model) echo 256 ;; image) echo 65536 ;; tokenizer_config | json_schema) echo 65536 ;; grammar) echo 16384 ;; *) echo 8192 ;;
   esac
 }
 dict() {

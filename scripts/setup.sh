@@ -20,6 +20,7 @@ PKGS=(build-essential cmake ninja-build ccache pkg-config git
       nlohmann-json3-dev libfmt-dev libcli11-dev libpcre2-dev
       libnuma-dev  # --numa distribute|isolate|numactl (optional at build time: src/util/numa.cpp)
       libedit-dev  # line editing + history in `kimi chat` (optional: found by CMake, native Linux only)
+      libpng-dev libjpeg62-turbo-dev libwebp-dev libgif-dev  # image decoders of the vision path (optional: found by CMake)
       libvulkan-dev glslc  # the Vulkan GPU backend (docs/gpu.md)
       libopenmpi-dev openmpi-bin)  # MPI: several processes or machines (docs/distributed.md)
 

@@ -95,8 +95,24 @@ std::string tiny_gguf(int seed, const std::string& extra_synth, const std::strin
   std::string hf = tiny_hf(seed, extra_synth);
   std::string target = cache_dir() + "/tiny-" + std::to_string(seed) + "-" + key_of(extra_synth + "|" + extra_convert) + ".gguf";
   make_once(target, [&](const std::string& tmp) {
-    return "convert " + hf + " -o " + tmp + " --quiet " + extra_convert;
+    // text only: the projector file (a companion) is made by tiny_vision_dir
+    return "convert " + hf + " -o " + tmp + " --quiet --no-vision " + extra_convert;
   });
+  return target;
+}
+
+std::string tiny_vision_dir(int seed, const std::string& extra_synth) {
+  std::string hf = tiny_hf(seed, extra_synth);
+  std::string target = cache_dir() + "/tiny-vision-" + std::to_string(seed) + "-" + key_of(extra_synth);
+  if (fs::exists(target)) return target;
+  std::string tmp = target + ".part" + std::to_string(::getpid());
+  fs::create_directories(tmp);
+  auto r = run_kimi("convert " + hf + " -o " + tmp + "/model.gguf --quiet");
+  if (r.exit_code != 0) throw std::runtime_error("fixture convert failed for " + target + "\n" + r.out);
+  std::error_code ec;
+  fs::rename(tmp, target, ec);
+  if (ec && !fs::exists(target)) throw std::runtime_error("rename failed for " + target);
+  fs::remove_all(tmp, ec);
   return target;
 }
 

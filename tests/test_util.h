@@ -23,6 +23,9 @@ RunResult run_kimi(const std::string& args);
 // (`kimi synth --preset tiny --seed SEED [extra]` and `kimi convert`). Cached under the build dir.
 std::string tiny_hf(int seed = 1, const std::string& extra_synth_args = "");
 std::string tiny_gguf(int seed = 1, const std::string& extra_synth_args = "", const std::string& extra_convert_args = "");
+// A directory with model.gguf (text) and model.mmproj.gguf (the vision projector file) converted
+// from tiny_hf(seed, extra_synth_args).
+std::string tiny_vision_dir(int seed = 1, const std::string& extra_synth_args = "");
 
 std::string read_file(const std::string& path);
 void write_file(const std::string& path, const std::string& data);

@@ -44,6 +44,17 @@ void Backend::rope_rows(float*, int64_t, const BatchEntry*, int64_t, int64_t, in
   fail("backend {}: rope_rows is not supported (the DSpark draft runs on the CPU backend)", name());
 }
 
+void Backend::gelu(float*, int64_t, bool) {
+  fail("backend {}: gelu is not supported (the vision tower runs on the CPU backend)", name());
+}
+void Backend::rope_2d(float*, int64_t, int64_t, int64_t, int64_t, const int32_t*, const int32_t*, float) {
+  fail("backend {}: rope_2d is not supported (the vision tower runs on the CPU backend)", name());
+}
+void Backend::segment_attention(const float*, int64_t, int64_t, int64_t, int64_t, const int64_t*, int64_t, float,
+                                float*) {
+  fail("backend {}: segment_attention is not supported (the vision tower runs on the CPU backend)", name());
+}
+
 void Backend::axpy(float*, float, const float*, int64_t) {
   fail("backend {}: axpy is not supported (the distributed forward pass needs the CPU backend)", name());
 }

@@ -273,6 +273,19 @@ class Backend {
   virtual void moe_experts(const ExpertMats& m, const float* x, int64_t n, int64_t width, const int32_t* sel,
                            const float* weights, int64_t n_used, int64_t n_expert, float situ_beta, float situ_lambda,
                            float* acc) = 0;
+
+  // ---- vision tower (docs/spec/vision.md §3); the defaults refuse (the tower runs on the CPU) ----
+  // x = GELU(x) elementwise: tanh_approx ? 0.5x(1 + tanh(sqrt(2/pi)(x + 0.044715x^3))) : 0.5x(1 + erf(x/sqrt 2))
+  virtual void gelu(float* x, int64_t count, bool tanh_approx);
+  // 2-D rotary embedding (vision.md §3.4) on n rows of `heads` vectors of head_dim values (row t at
+  // x + t * ld): pair 2j of a head rotated by col[t] * theta^(-4j/head_dim), pair 2j+1 by row[t] * the same
+  virtual void rope_2d(float* x, int64_t ld, int64_t n, int64_t heads, int64_t head_dim, const int32_t* row,
+                       const int32_t* col, float theta);  // row, col: host
+  // Attention without a mask inside each segment [seg[i], seg[i+1]) of the n rows, none across them
+  // (vision.md §3.3 step 3): out[t][h*D..] = softmax_s(scale q[t]_h . k[s]_h) v[s]_h over t's segment,
+  // with q, k, v of row t at qkv + t * ld + {0, H*D, 2*H*D} + h*D.
+  virtual void segment_attention(const float* qkv, int64_t ld, int64_t n, int64_t H, int64_t D, const int64_t* seg,
+                                 int64_t n_seg, float scale, float* out);  // seg: host, n_seg + 1 bounds
 };
 
 // Copies bytes from src (a buffer address of backend `from`) to dst (of backend `to`).

@@ -1,6 +1,8 @@
 #include "convert/convert.h"
+#include "convert/vision_convert.h"
 
 #include <chrono>
+#include <optional>
 #include <filesystem>
 #include <map>
 #include <unordered_map>
@@ -133,6 +135,22 @@ ConvertResult convert(const ConvertOptions& o) {
 
   auto kvs = build_metadata(o.hf_dir, cfg, dims, n_layers, plan.ftype);
 
+  // the vision tower + projector -> the companion projector file (docs/spec/vision.md §2.2)
+  std::optional<VisionDims> vdims;
+  std::vector<VisionTensor> vplan;
+  std::string vpath;
+  if (!o.no_vision && !plan.dropped.empty()) {
+    vdims = read_vision_dims(cfg, dims.d, cfg_path);
+    check(vdims.has_value(), "{}: the checkpoint has vision tensors but config.json has no vision_config "
+          "(convert with --no-vision for the text model alone)", cfg_path);
+    const GgmlType mt = plan.outtype == OutType::F16 ? GgmlType::F16
+                        : plan.outtype == OutType::F32 ? GgmlType::F32 : GgmlType::BF16;
+    vplan = plan_vision(*vdims, *ckpt, mt, o.hf_dir);
+    vpath = o.mmproj_path.empty() ? default_mmproj_path(o.out_path) : o.mmproj_path;
+    check(vpath != o.out_path, "--mmproj '{}' is the text model's output path", vpath);
+    check_outputs_distinct(inputs, {o.out_path, vpath});
+  }
+
   gguf::WriterOptions wo;
   wo.split_max_bytes = o.split_max_bytes;
   wo.inputs = inputs;
@@ -145,8 +163,8 @@ ConvertResult convert(const ConvertOptions& o) {
   for (size_t i = 0; i < plan.tensors.size(); ++i)
     for (const st::Tensor* s : plan.tensors[i].src) last_use[s] = i;
 
-  if (!o.quiet && !plan.dropped.empty())
-    std::fprintf(stderr, "convert: dropping %zu vision tensors (%s): vision_tower.* and mm_projector.* (text only)\n",
+  if (!o.quiet && !plan.dropped.empty() && vplan.empty())
+    std::fprintf(stderr, "convert: dropping %zu vision tensors (%s): vision_tower.* and mm_projector.* (--no-vision)\n",
                  plan.dropped.size(), format_bytes(plan.dropped_bytes).c_str());
   if (!o.quiet && o.layers >= 0)
     std::fprintf(stderr, "convert: keeping the first %lld of %lld layers (%zu source tensors skipped)\n",
@@ -171,6 +189,14 @@ ConvertResult convert(const ConvertOptions& o) {
   w.finish();
 
   ConvertResult r;
+  if (!vplan.empty()) {
+    r.vision_bytes = write_vision(*vdims, vplan, vpath, inputs, model_name(o.hf_dir));
+    r.vision_path = vpath;
+    r.n_vision = vplan.size();
+    if (!o.quiet)
+      std::fprintf(stderr, "convert: vision tower + projector: %zu tensors (%s) -> %s\n", vplan.size(),
+                   format_bytes(r.vision_bytes).c_str(), vpath.c_str());
+  }
   r.n_tensors = plan.tensors.size();
   r.tensor_bytes = plan.total_bytes;
   r.n_dropped = plan.dropped.size();

@@ -22,6 +22,10 @@ struct ConvertOptions {
   int64_t layers = -1;            // keep the first N layers (-1 = all)
   uint64_t split_max_bytes = 0;   // 0 = one file
   bool quiet = false;             // no progress output
+  // The vision tower + projector go to a companion GGUF (docs/spec/vision.md §2.2): mmproj_path, or
+  // default_mmproj_path(out_path) when empty. no_vision: write only the text file.
+  bool no_vision = false;
+  std::string mmproj_path;
 };
 
 struct ConvertResult {
@@ -35,6 +39,9 @@ struct ConvertResult {
   FileType ftype = FileType::MOSTLY_BF16;
   OutType outtype = OutType::BF16;
   std::vector<std::string> outputs;  // written file(s)
+  std::string vision_path;           // the projector GGUF written ("" = none)
+  size_t n_vision = 0;               // its tensors
+  uint64_t vision_bytes = 0;
 };
 
 // The GGUF metadata (general.*, kimi-k3.*, tokenizer.*) for a model directory, in write order.

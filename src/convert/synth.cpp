@@ -41,16 +41,19 @@ Config preset(const std::string& name) {
     c.experts = 8, c.top_k = 2, c.moe_inter = 32, c.latent = 32, c.res_block = 3;
     c.index_heads = 4, c.index_dim = 16, c.index_topk = 16, c.vocab = 1024;
     c.routed_scaling = 2.5, c.max_pos = 4096;
+    c.vt_width = 32, c.vt_qkv = 32, c.vt_heads = 2, c.vt_ff = 64, c.vt_blocks = 2, c.vt_grid = 8;
   } else if (name == "small") {
     c.hidden = 2048, c.layers = 8, c.full_attn_layers = {4, 8}, c.heads = 16, c.kda_head_dim = 128;
     c.q_lora = 512, c.kv_lora = 512, c.nope = 128, c.rope = 64, c.v_dim = 128, c.dense_width = 8192;
     c.experts = 64, c.top_k = 8, c.moe_inter = 768, c.latent = 1024, c.res_block = 4;
     c.index_heads = 32, c.index_dim = 128, c.index_topk = 2048, c.vocab = 32768;
+    c.vt_width = 256, c.vt_qkv = 384, c.vt_heads = 3, c.vt_ff = 1024, c.vt_blocks = 4, c.vt_grid = 64;
   } else if (name == "k3-layers") {
     c.hidden = 7168, c.layers = 4, c.full_attn_layers = {4}, c.heads = 96, c.kda_head_dim = 128;
     c.q_lora = 1536, c.kv_lora = 512, c.nope = 128, c.rope = 64, c.v_dim = 128, c.dense_width = 33792;
     c.experts = 64, c.top_k = 16, c.moe_inter = 3072, c.latent = 3584, c.res_block = 12;
     c.index_heads = 64, c.index_dim = 128, c.index_topk = 2048, c.vocab = 32768;
+    c.vt_width = 1024, c.vt_qkv = 1536, c.vt_heads = 12, c.vt_ff = 4096, c.vt_blocks = 27, c.vt_grid = 64;
   } else {
     fail("unknown synth preset '{}' (expected tiny, small or k3-layers)", name);
   }
@@ -128,6 +131,7 @@ int64_t numel(const std::vector<int64_t>& s) {
 }
 
 constexpr const char* kP = "language_model.";
+constexpr int64_t kVisionPatch = 14;  // docs/spec/vision.md §1.1
 
 struct Planner {
   const Config& c;
@@ -262,6 +266,28 @@ struct Planner {
     }
   }
 
+  // The MoonViT3D tower and the patchmergerv2 projector, HF names and shapes (docs/spec/vision.md §2.1).
+  void vision() {
+    const int64_t W = c.vt_width, Q = c.vt_qkv, F = c.vt_ff, P = kVisionPatch;
+    group = c.layers / 4 + 1;  // a shard of its own after the text layers
+    const std::string t = "vision_tower.";
+    add(t + "patch_embed.proj.weight", st::Dtype::BF16, {W, 3, P, P}, Init::Normal, 1.0f / std::sqrt(float(3 * P * P)));
+    add(t + "patch_embed.pos_emb.weight", st::Dtype::BF16, {c.vt_grid, c.vt_grid, W}, Init::Normal, 0.5f);
+    for (int64_t b = 0; b < c.vt_blocks; ++b) {
+      const std::string p = t + "encoder.blocks." + std::to_string(b) + ".";
+      normw(p + "norm0.weight", W);
+      mat(p + "wqkv.weight", 3 * Q, W);
+      mat(p + "wo.weight", W, Q, 0.5f);
+      normw(p + "norm1.weight", W);
+      mat(p + "mlp.fc0.weight", F, W);
+      mat(p + "mlp.fc1.weight", W, F, 0.5f);
+    }
+    normw(t + "encoder.final_layernorm.weight", W);
+    mat("mm_projector.proj.0.weight", 4 * W, 4 * W);
+    mat("mm_projector.proj.2.weight", c.hidden, 4 * W);
+    normw("mm_projector.post_norm.weight", c.hidden);
+  }
+
   void build() {
     const int64_t d = c.hidden;
     group = 0;
@@ -276,13 +302,7 @@ struct Planner {
     add(m + "output_attn_res_proj.weight", st::Dtype::BF16, {1, d}, Init::Normal, 1.0f / std::sqrt(float(d)));
     // logits std ~2 over the vocabulary
     mat(std::string(kP) + "lm_head.weight", c.vocab, d, 2.0f);
-    // a few vision tower / projector tensors (the converter drops them)
-    add("vision_tower.patch_embed.proj.weight", st::Dtype::BF16, {32, 3, 4, 4}, Init::Normal, 0.1f);
-    add("vision_tower.encoder.blocks.0.attn.qkv.weight", st::Dtype::BF16, {96, 32}, Init::Normal, 0.1f);
-    add("vision_tower.encoder.blocks.0.attn.qkv.bias", st::Dtype::BF16, {96}, Init::Normal, 0.02f);
-    normw("vision_tower.encoder.final_layernorm.weight", 32);
-    normw("mm_projector.pre_norm.weight", 32);
-    add("mm_projector.proj.0.weight", st::Dtype::BF16, {d, 128}, Init::Normal, 0.05f);
+    if (c.vision) vision();
   }
 };
 
@@ -628,23 +648,40 @@ nlohmann::ordered_json config_json(const Config& c) {
   t["eos_token_id"] = sp + 2;
   t["pad_token_id"] = c.vocab - 1;
 
+  // docs/spec/vision.md §1.1: K3's keys, the widths scaled per preset (§1.3)
   J vision;
-  vision["model_type"] = "moonvit";
-  vision["hidden_size"] = 32;
-  vision["intermediate_size"] = 64;
-  vision["num_hidden_layers"] = 1;
-  vision["num_attention_heads"] = 2;
-  vision["patch_size"] = 4;
-  vision["init_pos_emb_height"] = 8;
-  vision["init_pos_emb_width"] = 8;
+  vision["model_type"] = "moonvit3d";
+  vision["activation_func"] = "gelu_pytorch_tanh";
+  vision["attn_bias"] = false;
+  vision["init_pos_emb_height"] = c.vt_grid;
+  vision["init_pos_emb_time"] = 4;
+  vision["init_pos_emb_width"] = c.vt_grid;
+  vision["linear_bias"] = false;
   vision["merge_kernel_size"] = J::array({2, 2});
+  vision["merge_type"] = "sd2_tpool";
+  vision["mlp_type"] = "mlp2";
+  vision["mm_hidden_size"] = c.vt_width;
+  vision["mm_projector_type"] = "patchmergerv2";
+  vision["norm_type"] = "rmsnorm";
+  vision["patch_embed_proj_bias"] = false;
+  vision["patch_size"] = kVisionPatch;
+  vision["pos_emb_interpolation_mode"] = "bilinear";
+  vision["pos_emb_type"] = "divided_fixed";
+  vision["projector_hidden_act"] = "gelu";
+  vision["projector_ln_eps"] = 1e-5;
+  vision["qkv_hidden_size"] = c.vt_qkv;
+  vision["text_hidden_size"] = c.hidden;
+  vision["vt_hidden_size"] = c.vt_width;
+  vision["vt_intermediate_size"] = c.vt_ff;
+  vision["vt_num_attention_heads"] = c.vt_heads;
+  vision["vt_num_hidden_layers"] = c.vt_blocks;
 
   J root;
   root["architectures"] = J::array({"KimiK3ForConditionalGeneration"});
   root["model_type"] = "kimi_k3";
   root["torch_dtype"] = "bfloat16";
   root["media_placeholder_token_id"] = sp + 21;
-  root["vision_config"] = vision;
+  if (c.vision) root["vision_config"] = vision;
   root["text_config"] = t;
   if (c.mxfp4_experts) {
     J w;

@@ -34,6 +34,11 @@ struct Config {
   bool indexer = true;        // DSA indexer tensors + index_* keys
   bool mxfp4_experts = true;  // false: BF16 experts.E.wK.weight, no quantization_config
   uint64_t seed = 0;
+  // The MoonViT3D vision tower and projector (docs/spec/vision.md §1.3): widths scaled per preset,
+  // patch size 14, merge kernel 2, eps as in K3. vision = false (--no-vision) writes no vision tensors
+  // and no vision_config.
+  bool vision = true;
+  int64_t vt_width = 0, vt_qkv = 0, vt_heads = 0, vt_ff = 0, vt_blocks = 0, vt_grid = 0;
   // Experimental (--outlier-channels N[:SCALE], off by default): N channels of every RMSNorm weight of
   // the residual stream, the routed-expert latent and the MLA q/kv latents get SCALE times their value,
   // the same channel indices for every norm of the same width (chosen from the seed), so the normed

@@ -37,6 +37,9 @@ std::string VerifyResult::summary() const {
          (n_keys_mismatch ? fmt::format(", {} keys mismatched", n_keys_mismatch) : std::string());
 }
 
+VerifyResult verify_vision(const VerifyOptions& o, const HfConfig& cfg, const st::Checkpoint& ck,
+                           const gguf::Reader& rd);  // verify_vision.cpp
+
 namespace {
 
 // ------------------------------------------------------------------ source element access
@@ -734,6 +737,7 @@ VerifyResult verify(const VerifyOptions& o) {
   {
     const gguf::Value* a = rd->find("general.architecture");
     const std::string arch = a && a->type == gguf::ValueType::STRING ? a->s : std::string();
+    if (arch == "moonvit3d") return verify_vision(o, cfg, *ck, *rd);
     check(arch == "kimi-k3", "{}: general.architecture is '{}', expected 'kimi-k3'", o.gguf_path,
           arch.empty() ? "(missing)" : arch);
   }

@@ -29,6 +29,8 @@ struct VerifyResult {
   std::string summary() const;  // "verified N tensors: N exact, 0 mismatched; metadata: M keys match"
 };
 
+// A projector file (general.architecture moonvit3d, docs/spec/vision.md §2.2) is checked by
+// verify_vision: every tensor element against its source, every moonvit3d.* key against vision_config.
 VerifyResult verify(const VerifyOptions& opts);
 
 }  // namespace kimi::convert

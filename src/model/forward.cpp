@@ -278,7 +278,7 @@ void Forward::move_residual(int& dev, int to, int64_t n, uint32_t nb) {
   dev = to;
 }
 
-void Forward::run_local(const BatchEntry* e, int64_t n, float* logits) {
+void Forward::run_local(const BatchEntry* e, int64_t n, float* logits, const float* const* embd) {
   // the split of this call's wall time: each part adds its own; the rest goes to Other at return
   struct PhaseCall {
     PhaseTimes& t;
@@ -296,9 +296,14 @@ void Forward::run_local(const BatchEntry* e, int64_t n, float* logits) {
 
   // embeddings (layer mode: on rank 0, which runs the first layers)
   int dev = place_.input;
-  if (owns_layer(0))
-    devs_[static_cast<size_t>(dev)]->be->embed_rows(token_embd_.mat, e, n,
-                                                     devs_[static_cast<size_t>(dev)]->res.stream.p);
+  if (owns_layer(0)) {
+    Device& in = *devs_[static_cast<size_t>(dev)];
+    in.be->embed_rows(token_embd_.mat, e, n, in.res.stream.p);
+    // image rows at the placeholder positions (docs/spec/vision.md §4)
+    if (embd)
+      for (int64_t i = 0; i < n; ++i)
+        if (embd[i]) in.be->upload(in.res.stream.p + i * d, embd[i], static_cast<uint64_t>(d) * 4);
+  }
 
   uint32_t nb = 0;  // ResMix bank entries so far
   // ResMix (when the file has it) of the bank and the stream: the input of the part's RMSNorm

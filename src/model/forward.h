@@ -55,7 +55,9 @@ class Forward {
 
   // Evaluates n <= n_batch tokens (the caller validated them: positions continue each sequence)
   // and writes the logits of the entries with want_logits, in order, to logits (host, rows of V).
-  void run(const BatchEntry* e, int64_t n, float* logits);
+  // embd (host, optional): per entry a row of n_embd floats that replaces its token_embd row
+  // (docs/spec/vision.md §4), or nullptr.
+  void run(const BatchEntry* e, int64_t n, float* logits, const float* const* embd = nullptr);
 
   // Hidden-state taps for a draft model (docs/spec/dspark.md §3.1): after each run() the residual
   // stream after each of `layers` (0-based, ascending) for every row of that run, on the host:
@@ -103,7 +105,7 @@ class Forward {
  private:
   void move_residual(int& dev, int to, int64_t n, uint32_t nb);
   void copy_tap(uint32_t il, int dev, int64_t n);
-  void run_local(const BatchEntry* e, int64_t n, float* logits);
+  void run_local(const BatchEntry* e, int64_t n, float* logits, const float* const* embd = nullptr);
   void seq_clear_local(int32_t seq);
   void seq_copy_local(int32_t src, int32_t dst, int32_t n_rows);
   void snapshot_save_local(int32_t seq, int32_t slot);

@@ -272,12 +272,15 @@ bool Forward::layer_mode_logits(int64_t nw, float* logits) {
 
 // ---- rank 0's calls, announced to the workers ----
 
-void Forward::run(const BatchEntry* e, int64_t n, float* logits) {
+void Forward::run(const BatchEntry* e, int64_t n, float* logits, const float* const* embd) {
+  if (embd && dist_)
+    for (int64_t i = 0; i < n; ++i)
+      check(embd[i] == nullptr, "image input is not supported with several MPI ranks (docs/distributed.md)");
   if (dist_) {
     announce(*dist_, {kRun, 0, 0, 0, n, 0});
     dist_->c->broadcast(const_cast<BatchEntry*>(e), static_cast<uint64_t>(n) * sizeof(BatchEntry), 0);
   }
-  run_local(e, n, logits);
+  run_local(e, n, logits, embd);
 }
 void Forward::seq_clear(int32_t seq) {
   if (dist_) announce(*dist_, {kSeqClear, seq, 0, 0, 0, 0});

@@ -79,6 +79,8 @@ void ChatSession::reset() {
   turns_ = tok::ojson::array();
   ctx_.seq_clear(opts_.seq_id);
   cached_.clear();
+  image_rows_.clear();
+  committed_rows_ = 0;
   sampler_.reset();
   ready_ = false;
 }
@@ -105,15 +107,41 @@ void ChatSession::save(const std::string& path) const {
   }
 }
 
+void ChatSession::attach_image_rows(const std::vector<float>& rows, int32_t placeholder) {
+  const size_t d = ctx_.model().hparams().n_embd;
+  check(rows.size() % d == 0, "chat: image rows of {} floats are not rows of the hidden size {}", rows.size(), d);
+  check(placeholder_ < 0 || placeholder_ == placeholder, "chat: image placeholder id changed");
+  placeholder_ = placeholder;
+  image_rows_.insert(image_rows_.end(), rows.begin(), rows.end());
+}
+
+const float* ChatSession::image_row(size_t index) const {
+  const size_t d = ctx_.model().hparams().n_embd;
+  check((index + 1) * d <= image_rows_.size(),
+        "chat: the conversation has more image placeholders (<|media_pad|>) than the images attached give rows "
+        "({}); an image placeholder typed as text is not an image",
+        image_rows_.size() / d);
+  return image_rows_.data() + index * d;
+}
+
 bool ChatSession::eval(const std::vector<int32_t>& toks, size_t from, const StopFn& stop, int& n_done) {
   const size_t chunk = static_cast<size_t>(std::max(1, ctx_.options().n_batch_max));
   Batch b;
+  // image rows: the k-th placeholder of the conversation takes row k (vision.md §4)
+  size_t n_ph = 0;
+  if (placeholder_ >= 0)
+    for (size_t j = 0; j < from; ++j) n_ph += toks[j] == placeholder_;
   for (size_t i = from; i < toks.size(); i += chunk) {
     if (stop && stop()) return false;
     const size_t end = std::min(toks.size(), i + chunk);
     b.clear();
-    for (size_t j = i; j < end; ++j)
-      b.add(toks[j], opts_.seq_id, static_cast<int32_t>(j), /*want_logits=*/j + 1 == toks.size());
+    for (size_t j = i; j < end; ++j) {
+      const bool last = j + 1 == toks.size();
+      if (placeholder_ >= 0 && toks[j] == placeholder_)
+        b.add_embd(toks[j], image_row(n_ph++), opts_.seq_id, static_cast<int32_t>(j), last);
+      else
+        b.add(toks[j], opts_.seq_id, static_cast<int32_t>(j), last);
+    }
     ctx_.decode(b);
     logits_entry_ = end - i - 1;
     cached_.insert(cached_.end(), toks.begin() + static_cast<std::ptrdiff_t>(i),
@@ -130,6 +158,23 @@ TurnStats ChatSession::prefill_turn(const std::string& user_text, const StopFn& 
   TurnStats st;
   const std::vector<int32_t> toks = prompt_tokens(user_text);
   check(!toks.empty(), "chat: the rendered conversation is empty");
+  // a failed or interrupted turn drops its pending image rows
+  struct DropPending {
+    std::vector<float>& rows;
+    size_t keep;
+    bool armed = true;
+    ~DropPending() {
+      if (armed) rows.resize(keep);
+    }
+  } drop{image_rows_, committed_rows_};
+  if (placeholder_ >= 0) {
+    size_t n_ph = 0;
+    for (int32_t t : toks) n_ph += t == placeholder_;
+    const size_t d = ctx_.model().hparams().n_embd;
+    check(n_ph * d == image_rows_.size(),
+          "chat: the conversation has {} image placeholder tokens but its images give {} rows", n_ph,
+          image_rows_.size() / d);
+  }
   st.n_prompt = static_cast<int>(toks.size());
   const int n_ctx = ctx_.options().n_ctx_max;
   check(st.n_prompt < n_ctx,
@@ -168,10 +213,18 @@ TurnStats ChatSession::prefill_turn(const std::string& user_text, const StopFn& 
   st.n_reused = static_cast<int>(keep);
   if (!eval(toks, keep, stop, st.n_prefilled)) {
     st.interrupted = true;  // the message is not added; the context keeps the evaluated prefix
+    if (image_rows_.size() > committed_rows_) {
+      // the prefix may hold placeholders of this turn's images, whose rows are dropped: a later turn
+      // with other images would match those tokens, so nothing of it is kept
+      ctx_.seq_clear(opts_.seq_id);
+      cached_.clear();
+    }
     st.seconds = since(t0);
     return st;
   }
   turns_.push_back({{"role", "user"}, {"content", user_text}});
+  drop.armed = false;
+  committed_rows_ = image_rows_.size();
   ctx_.seq_snapshot(opts_.seq_id);  // a re-tokenized reply can go back here next turn
   ready_ = true;
   st.seconds = since(t0);

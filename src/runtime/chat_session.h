@@ -102,10 +102,17 @@ class ChatSession {
   const std::vector<int32_t>& cached_tokens() const { return cached_; }  // == the context's sequence
   int n_turns() const;  // completed user turns
 
+  // Images for the NEXT prefill_turn (docs/spec/vision.md §4): the tower's rows (rows of the model's
+  // hidden size, in placeholder order) of the images whose media text the user text carries. The
+  // conversation keeps every image's rows, so a re-prefill after a re-render still has them; a
+  // turn that fails or is interrupted drops the pending rows.
+  void attach_image_rows(const std::vector<float>& rows, int32_t placeholder);
+
  private:
   tok::ojson request(const std::optional<std::string>& user_text) const;
   // evaluates toks[from..] into the context, keeping cached_ in sync; false if stopped
   bool eval(const std::vector<int32_t>& toks, size_t from, const StopFn& stop, int& n_done);
+  const float* image_row(size_t index) const;
 
   Context& ctx_;
   const tok::Tokenizer& tok_;
@@ -115,6 +122,9 @@ class ChatSession {
   std::vector<int32_t> cached_;             // tokens held by the context sequence
   bool ready_ = false;                      // prefill_turn succeeded, generate() not yet run
   size_t logits_entry_ = 0;                 // entry of the last decoded batch holding the logits
+  std::vector<float> image_rows_;           // every image's projector rows, conversation order
+  size_t committed_rows_ = 0;               // of which belong to completed turns
+  int32_t placeholder_ = -1;                // <|media_pad|> (-1: no image yet)
 };
 
 // The prompt of a single user turn (for `kimi run -p TEXT --chat`).

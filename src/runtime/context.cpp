@@ -153,6 +153,8 @@ void Context::decode(const Batch& batch) {
   Impl& c = *impl_;
   const auto& E = batch.entries;
   const int64_t n = static_cast<int64_t>(E.size());
+  check(batch.embd.empty() || batch.embd.size() == E.size(), "decode: {} embedding rows for {} entries",
+        batch.embd.size(), E.size());
   // validate everything before touching any state
   std::vector<int32_t>& next = c.next_pos;
   next.resize(c.seqs.size());
@@ -189,7 +191,8 @@ void Context::decode(const Batch& batch) {
   int64_t lbase = 0;
   for (int64_t i0 = 0; i0 < n; i0 += c.N) {
     const int64_t m = std::min<int64_t>(c.N, n - i0);
-    c.fwd->run(E.data() + i0, m, c.logits.data() + lbase * c.hp.n_vocab);
+    c.fwd->run(E.data() + i0, m, c.logits.data() + lbase * c.hp.n_vocab,
+               batch.embd.empty() ? nullptr : batch.embd.data() + i0);
     if (!c.tap_layers.empty()) {  // [layer][row][d] of the micro-batch -> [entry][layer][d]
       const int64_t nk = static_cast<int64_t>(c.tap_layers.size()), d = c.hp.n_embd;
       for (int64_t t = 0; t < m; ++t)

@@ -69,8 +69,19 @@ struct ContextOptions {
 
 struct Batch {
   std::vector<BatchEntry> entries;
+  // Per entry: a row of n_embd floats (host) that replaces the entry's token_embd row (an image's
+  // projector output at a <|media_pad|> position, docs/spec/vision.md §4), or nullptr. Empty when
+  // no entry has one. The rows must stay valid until decode returns.
+  std::vector<const float*> embd;
   void add(int32_t token, int32_t seq_id, int32_t pos, bool want_logits) {
     entries.push_back({token, seq_id, pos, want_logits});
+    if (!embd.empty()) embd.push_back(nullptr);
+  }
+  // an entry whose input is the embedding row `row` instead of token's row (token: the placeholder)
+  void add_embd(int32_t token, const float* row, int32_t seq_id, int32_t pos, bool want_logits) {
+    embd.resize(entries.size(), nullptr);
+    entries.push_back({token, seq_id, pos, want_logits});
+    embd.push_back(row);
   }
   // tokens of one sequence at positions start_pos.., logits for the last one (or all)
   void add_sequence(const std::vector<int32_t>& tokens, int32_t seq_id, int32_t start_pos,
@@ -79,7 +90,10 @@ struct Batch {
       add(tokens[i], seq_id, start_pos + static_cast<int32_t>(i),
           logits_all || (logits_last && i + 1 == tokens.size()));
   }
-  void clear() { entries.clear(); }
+  void clear() {
+    entries.clear();
+    embd.clear();
+  }
   size_t size() const { return entries.size(); }
   bool empty() const { return entries.empty(); }
 };

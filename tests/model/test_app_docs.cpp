@@ -4,7 +4,8 @@
 // `build/kimi`, `mpirun ... kimi`, after VAR=value prefixes). They run in document order with bash,
 // in one scratch directory per file that holds what the docs assume: `data/`, `tools/`, `README.md`
 // and `docs/` (links to the source tree), and the demo's model `models/small.gguf` (also as
-// `small.gguf`; README.md's examples make `models/small-hf` and convert it again themselves) and
+// `small.gguf`, with its projector file `models/small.mmproj.gguf`; README.md's examples make
+// `models/small-hf` and convert it again themselves) and
 // `models/small-k3.gguf` (the same with `--no-indexer`, plain K3). The stand-in: those are the
 // *tiny* preset made the same way as the demo makes the small one (`kimi synth --preset tiny --seed 7`,
 // `kimi convert`), not the 1.35 GiB small preset, so that the whole set runs in a few minutes on two
@@ -175,6 +176,8 @@ struct Workdir {
     // the stand-in model (a copy: an example may rewrite it); README.md's own examples make
     // models/small-hf (synth) and then models/small.gguf again (convert)
     fs::copy_file(kimi::test::tiny_gguf(7), w / "models" / "small.gguf");
+    // its vision projector file, as `kimi convert` writes it next to the model (docs/engine.md, "Images")
+    fs::copy_file(fs::path(kimi::test::tiny_vision_dir(7)) / "model.mmproj.gguf", w / "models" / "small.mmproj.gguf");
     fs::create_symlink("models/small.gguf", w / "small.gguf");
     // the plain-K3 variant (no DSA indexer) the performance docs compare with llama.cpp on
     fs::copy_file(kimi::test::tiny_gguf(7, "--no-indexer"), w / "models" / "small-k3.gguf");

@@ -21,7 +21,13 @@ void slice_check(int layers, int want_tensors) {
   std::string out = td.file("slice.gguf");
   auto c = run_kimi("convert " + hf + " -o " + out + " --layers " + std::to_string(layers));
   ASSERT_EQ(c.exit_code, 0) << c.out;
-  EXPECT_NE(c.out.find("dropped 6 vision tensors"), std::string::npos) << c.out;
+  // the vision tower + projector go to the companion projector file (docs/spec/vision.md §2.2):
+  // 2 + 6 per block (tiny: 2 blocks) + 4 projector tensors, each exactly its source
+  EXPECT_NE(c.out.find("slice.mmproj.gguf (vision tower + projector: 18 tensors"), std::string::npos) << c.out;
+  auto vv = run_kimi("verify " + hf + " " + td.file("slice.mmproj.gguf"));
+  ASSERT_EQ(vv.exit_code, 0) << vv.out;
+  EXPECT_NE(vv.out.find("verified 18 tensors: 18 exact, 0 mismatched; metadata: 15 keys match"), std::string::npos)
+      << vv.out;
 
   auto v = run_kimi("verify " + hf + " " + out);
   ASSERT_EQ(v.exit_code, 0) << v.out;

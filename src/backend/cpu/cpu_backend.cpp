@@ -14,6 +14,7 @@
 #include "backend/cpu/kda.h"
 #include "backend/cpu/ops.h"
 #include "backend/cpu/repack.h"
+#include "util/error.h"
 #include "util/file_read.h"
 
 namespace kimi {
@@ -647,6 +648,83 @@ void CpuBackend::moe_experts(const ExpertMats& m, const float* xl, int64_t n, in
       for (int64_t i = 0; i < cnt; ++i) kern::axpy_f32(wts[i], er + i * Lw, acc + toks[i] * Lw, Lw);
     }
   }
+}
+
+// ---- vision tower (docs/spec/vision.md §3) ----
+
+void CpuBackend::gelu(float* x, int64_t count, bool tanh_approx) {
+  constexpr int64_t kChunk = 4096;
+  const int64_t nch = (count + kChunk - 1) / kChunk;
+  par(nch, kChunk * 16, [&](int64_t c, int) {
+    float* p = x + c * kChunk;
+    const int64_t m = std::min(kChunk, count - c * kChunk);
+    if (tanh_approx) {
+      const float k = 0.7978845608028654f;  // sqrt(2/pi)
+      for (int64_t i = 0; i < m; ++i) {
+        const float v = p[i];
+        p[i] = 0.5f * v * (1.0f + std::tanh(k * (v + 0.044715f * v * v * v)));
+      }
+    } else {
+      for (int64_t i = 0; i < m; ++i) p[i] = 0.5f * p[i] * (1.0f + std::erf(p[i] * 0.7071067811865476f));
+    }
+  });
+}
+
+void CpuBackend::rope_2d(float* x, int64_t ld, int64_t n, int64_t heads, int64_t D, const int32_t* row,
+                         const int32_t* col, float theta) {
+  check(D % 4 == 0 && D <= 1024, "rope_2d: head_dim {} (a multiple of 4, at most 1024)", D);
+  par(n, heads * D * 8, [&](int64_t t, int) {
+    float cs[512], sn[512];  // per pair m < D/2: the rotation of pair m
+    for (int64_t j = 0; j < D / 4; ++j) {
+      const double w = std::pow(static_cast<double>(theta), -4.0 * static_cast<double>(j) / static_cast<double>(D));
+      const float ax = static_cast<float>(static_cast<double>(col[t]) * w);
+      const float ay = static_cast<float>(static_cast<double>(row[t]) * w);
+      cs[2 * j] = std::cos(ax), sn[2 * j] = std::sin(ax);
+      cs[2 * j + 1] = std::cos(ay), sn[2 * j + 1] = std::sin(ay);
+    }
+    for (int64_t h = 0; h < heads; ++h) {
+      float* v = x + t * ld + h * D;
+      for (int64_t m = 0; m < D / 2; ++m) {
+        const float a = v[2 * m], b = v[2 * m + 1];
+        v[2 * m] = a * cs[m] - b * sn[m];
+        v[2 * m + 1] = a * sn[m] + b * cs[m];
+      }
+    }
+  });
+}
+
+void CpuBackend::segment_attention(const float* qkv, int64_t ld, int64_t n, int64_t H, int64_t D, const int64_t* seg,
+                                   int64_t n_seg, float scale, float* out) {
+  check(D <= 512, "segment_attention: head_dim {} (at most 512)", D);
+  check(n_seg >= 1 && seg[0] == 0 && seg[n_seg] == n, "segment_attention: segments do not cover the {} rows", n);
+  const int64_t Q = H * D;
+  // one work item per (row, head); the row's segment found by a binary search of the bounds
+  par(n * H, (n / n_seg + 1) * D * 4, [&](int64_t item, int) {
+    const int64_t t = item / H, h = item % H;
+    const int64_t si = std::upper_bound(seg, seg + n_seg + 1, t) - seg - 1;
+    const int64_t s0 = seg[si], s1 = seg[si + 1];
+    const float* q = qkv + t * ld + h * D;
+    float acc[512];
+    std::fill(acc, acc + D, 0.0f);
+    float mx = -INFINITY, sum = 0.0f;
+    for (int64_t s = s0; s < s1; ++s) {
+      const float* k = qkv + s * ld + Q + h * D;
+      const float* v = qkv + s * ld + 2 * Q + h * D;
+      const float sc = scale * kern::dot_f32(q, k, D);
+      if (sc > mx) {
+        const float r = std::exp(mx - sc);  // exp(-inf) = 0 on the first key
+        for (int64_t i = 0; i < D; ++i) acc[i] *= r;
+        sum *= r;
+        mx = sc;
+      }
+      const float p = std::exp(sc - mx);
+      sum += p;
+      kern::axpy_f32(p, v, acc, D);
+    }
+    float* o = out + t * Q + h * D;
+    const float inv = 1.0f / sum;
+    for (int64_t i = 0; i < D; ++i) o[i] = acc[i] * inv;
+  });
 }
 
 }  // namespace kimi

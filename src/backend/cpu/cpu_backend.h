@@ -86,6 +86,11 @@ class CpuBackend : public Backend {
   void moe_experts(const ExpertMats& m, const float* x, int64_t n, int64_t width, const int32_t* sel,
                    const float* weights, int64_t n_used, int64_t n_expert, float situ_beta, float situ_lambda,
                    float* acc) override;
+  void gelu(float* x, int64_t count, bool tanh_approx) override;
+  void rope_2d(float* x, int64_t ld, int64_t n, int64_t heads, int64_t head_dim, const int32_t* row,
+               const int32_t* col, float theta) override;
+  void segment_attention(const float* qkv, int64_t ld, int64_t n, int64_t H, int64_t D, const int64_t* seg,
+                         int64_t n_seg, float scale, float* out) override;
 
  private:
   // parallel_for over n items of ~`work` elementary operations each; runs inline when the whole

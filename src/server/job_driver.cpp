@@ -157,6 +157,9 @@ void add_cut_calls(JobOutput& out) {
 
 namespace {
 
+// Progress events while the prompt is read: after the first prompt chunk, then at most this often.
+constexpr std::chrono::milliseconds kProgressEvery{100};
+
 // Renders one drained piece of a choice's output as the renderer's events.
 void render(Renderer& r, size_t k, const JobOutput& out, std::string& buf) {
   if (!out.logprobs.empty()) r.logprobs(k, out.logprobs);
@@ -220,7 +223,8 @@ std::vector<Job::Result> stream(const Endpoint& e, httpd::Responder& res, Render
   };
   try {
     if (!write(r.stream_head(n))) return wait_ends(jobs);
-    auto last_write = Clock::now();
+    auto last_write = Clock::now(), last_progress = last_write;
+    bool progress_sent = false;
     std::string tail_err;
     while (n_done < n) {
       std::string buf;
@@ -233,7 +237,11 @@ std::vector<Job::Result> stream(const Endpoint& e, httpd::Responder& res, Render
           prompt_done[k] = out.prompt_done;
           reported = reported || !started[k];
         }
-        if (reported && buf.empty()) buf += r.progress(progress());  // before the tokens drained with it
+        if (reported && buf.empty() && (!progress_sent || Clock::now() - last_progress >= kProgressEvery)) {
+          buf += r.progress(progress());  // before the tokens drained with it
+          progress_sent = true;
+          last_progress = Clock::now();
+        }
         out.prompt_done = -1;
         if (!out.empty()) started[k] = true;
         render(r, k, out, buf);

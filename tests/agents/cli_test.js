@@ -144,7 +144,7 @@ function served(pathPrefix) {  // requests the server answered with 200 on that 
       check(served("/v1/responses") >= 1, "codex: no POST /v1/responses answered 200");
 
       // A long prefill: no prompt cache, 16-token chunks. The first turn (default idle timeout)
-      // measures it; the second runs with stream_idle_timeout_ms a quarter of it and no stream retry,
+      // measures it; the second runs with stream_idle_timeout_ms an eighth of it and no stream retry,
       // and must complete its turn as well (on a server that sent only SSE comments while it read the
       // prompt, Codex gave up: "idle timeout waiting for SSE").
       const slow = await startOther(gguf, key, ["--no-prompt-cache", "--chunk", "16", "--max-chunks", "1"]);
@@ -155,7 +155,7 @@ function served(pathPrefix) {  // requests the server answered with 200 on that 
       check(st1 === 0, `codex exec (long prefill, default idle timeout) exited ${st1}`);
       const prefill = longestPrefill(slow.log(), 0);
       check(prefill > 0, "codex: no /v1/responses prefill in the log of the second server");
-      const idleMs = Math.max(20, Math.floor(prefill * 1000 / 4));
+      const idleMs = Math.max(20, Math.floor(prefill * 1000 / 8));
       const idleHome = path.join(tmp, "codex-idle");
       codexConfig(idleHome, slow.port, `stream_idle_timeout_ms = ${idleMs}\nstream_max_retries = 0\n`);
       const mark = slow.log().length;

@@ -113,7 +113,9 @@ int cmd_run(int argc, char** argv) {
               n_predict, n_pos, ea.ctx);
   const int n_ctx = static_cast<int>(std::min<int64_t>(n_ctx_need, INT32_MAX));
   // the DSpark draft's block may reach block_size - 1 positions past the last one decoded
-  std::unique_ptr<kimi::Drafter> drafter = kimi::app::make_drafter(sa, *model, n_ctx + 64, ea.threads);
+  std::unique_ptr<kimi::Drafter> drafter =
+      kimi::app::make_drafter(sa, *model, n_ctx + 64, ea.threads,
+                              ea.precision == "f32" ? kimi::Precision::F32 : kimi::Precision::Fast);
   int n_batch = std::min<int>(ea.batch, static_cast<int>(in.size()));
   kimi::ContextOptions co = kimi::app::context_options(ea, n_ctx, n_batch);
   if (drafter) {  // a verify step in one micro-batch; one snapshot slot for the step's rollback

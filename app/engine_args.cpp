@@ -364,7 +364,8 @@ SpecParams spec_params(const SpecArgs& a) {
   return p;
 }
 
-std::unique_ptr<Drafter> make_drafter(const SpecArgs& a, const Model& target, int n_ctx, int n_threads) {
+std::unique_ptr<Drafter> make_drafter(const SpecArgs& a, const Model& target, int n_ctx, int n_threads,
+                                      Precision precision) {
   switch (parse_spec_type(a.type, "--spec")) {
     case SpecType::Off: return nullptr;
     case SpecType::Auto:
@@ -375,6 +376,7 @@ std::unique_ptr<Drafter> make_drafter(const SpecArgs& a, const Model& target, in
       DsparkDrafterOptions o;
       o.n_ctx = n_ctx;
       o.n_threads = n_threads;
+      o.precision = precision;
       return std::make_unique<DsparkDrafter>(std::move(dm), target, o);
     }
   }

@@ -101,8 +101,9 @@ SpecParams spec_params(const SpecArgs& a);
 // One drafter for one sequence (nullptr for --spec off): ngram and auto get the n-gram drafter;
 // dspark needs -md FILE.
 // n_ctx: positions the draft may see (the context's n_ctx_max plus the block); n_threads: the
-// draft's own threads (0: all).
-std::unique_ptr<Drafter> make_drafter(const SpecArgs& a, const Model& target, int n_ctx = 4096, int n_threads = 0);
+// draft's own threads (0: all); precision: the draft's (the context's).
+std::unique_ptr<Drafter> make_drafter(const SpecArgs& a, const Model& target, int n_ctx = 4096, int n_threads = 0,
+                                      Precision precision = Precision::Fast);
 
 // kimi::parse_cli (util/cli.h) after spelling the llama.cpp-style multi-letter short flags -ngl,
 // -ot, -np, -ub, -fa, -md as --n-gpu-layers, --override-tensor, --parallel, --ubatch-size, --flash-attn,

@@ -15,7 +15,7 @@ DsparkDrafter::DsparkDrafter(std::shared_ptr<const DsparkModel> dm, const Model&
   check(dm_ != nullptr, "dspark drafter: no draft model");
   dm_->check_target(target.hparams());
   pool_ = std::make_unique<ThreadPool>(o.n_threads);
-  be_ = std::make_unique<CpuBackend>(*pool_, Precision::F32);
+  be_ = std::make_unique<CpuBackend>(*pool_, o.precision);
   draft_ = std::make_unique<DsparkDraft>(*dm_, target, *be_,
                                          DsparkOptions{.n_seq = 1, .n_ctx = n_ctx_, .n_batch = n_batch_});
   for (uint32_t t : dm_->hparams().taps) taps_.push_back(static_cast<int>(t));

@@ -23,6 +23,9 @@ struct DsparkDrafterOptions {
   int n_ctx = 4096;    // positions of the sequence (the context's n_ctx_max)
   int n_batch = 512;   // context rows projected per call (larger observe()s are split)
   int n_threads = 0;   // the draft's own CPU threads (0: all hardware threads)
+  // the draft's matmuls (Fast: bf16/q8 activations as the target's Fast mode); greedy verification
+  // keeps the output exact either way, only which tokens are drafted can change
+  Precision precision = Precision::Fast;
 };
 
 class DsparkDrafter final : public Drafter {

@@ -344,7 +344,7 @@ TEST(Dspark, ContextTapsAreTheBatchRowsWhateverTheMicroBatches) {
 TEST(Dspark, DrafterProposesOnceTheContextIsObserved) {
   auto target = kimi::Model::load(files().target_gguf);
   std::shared_ptr<const kimi::DsparkModel> dm = kimi::DsparkModel::load(files().draft_gguf);
-  kimi::DsparkDrafter d(dm, *target, {.n_ctx = 64, .n_batch = 4, .n_threads = 1});
+  kimi::DsparkDrafter d(dm, *target, {.n_ctx = 64, .n_batch = 4, .n_threads = 1, .precision = kimi::Precision::F32});
   EXPECT_EQ(d.name(), "dspark");
   ASSERT_EQ(std::vector<int>(d.tap_layers().begin(), d.tap_layers().end()), (std::vector<int>{0, 2, 4, 5, 7}));
   const std::vector<int32_t> toks{5, 6, 7, 8, 9, 10};

@@ -205,6 +205,12 @@ Rgb decode_webp(const uint8_t* d, size_t n, const Limits& lim, const std::string
 #endif
 
 #ifdef KIMI_HAVE_GIF
+// giflib's message for an error code ("error N" where it has none: GifErrorString returns NULL then)
+std::string gif_error(int code) {
+  const char* m = GifErrorString(code);
+  return m ? std::string(m) : fmt::format("error {}", code);
+}
+
 struct GifMem {
   const uint8_t* p;
   size_t n, off;
@@ -228,22 +234,22 @@ Rgb decode_gif(const uint8_t* d, size_t n, const Limits& lim, const std::string&
   GifMem mem{d, n, 0};
   int err = 0;
   GifFileType* g = DGifOpen(&mem, gif_read, &err);
-  check(g != nullptr, "{}: GIF: {}", label, GifErrorString(err));
+  check(g != nullptr, "{}: GIF: {}", label, gif_error(err));
   GifCloser closer{g};
   check_dims(g->SWidth, g->SHeight, lim, label, Format::Gif);
   for (;;) {
     GifRecordType type;
-    check(DGifGetRecordType(g, &type) == GIF_OK, "{}: GIF: {} (truncated or corrupt)", label, GifErrorString(g->Error));
+    check(DGifGetRecordType(g, &type) == GIF_OK, "{}: GIF: {} (truncated or corrupt)", label, gif_error(g->Error));
     if (type == TERMINATE_RECORD_TYPE) fail("{}: GIF: no image in the file", label);
     if (type == EXTENSION_RECORD_TYPE) {
       int code = 0;
       GifByteType* ext = nullptr;
-      check(DGifGetExtension(g, &code, &ext) == GIF_OK, "{}: GIF: {}", label, GifErrorString(g->Error));
-      while (ext) check(DGifGetExtensionNext(g, &ext) == GIF_OK, "{}: GIF: {}", label, GifErrorString(g->Error));
+      check(DGifGetExtension(g, &code, &ext) == GIF_OK, "{}: GIF: {}", label, gif_error(g->Error));
+      while (ext) check(DGifGetExtensionNext(g, &ext) == GIF_OK, "{}: GIF: {}", label, gif_error(g->Error));
       continue;
     }
     if (type != IMAGE_DESC_RECORD_TYPE) continue;
-    check(DGifGetImageDesc(g) == GIF_OK, "{}: GIF: {}", label, GifErrorString(g->Error));
+    check(DGifGetImageDesc(g) == GIF_OK, "{}: GIF: {}", label, gif_error(g->Error));
     const GifImageDesc& id = g->Image;
     check(id.Left >= 0 && id.Top >= 0 && id.Width > 0 && id.Height > 0 && id.Left + id.Width <= g->SWidth &&
               id.Top + id.Height <= g->SHeight,
@@ -266,7 +272,7 @@ Rgb decode_gif(const uint8_t* d, size_t n, const Limits& lim, const std::string&
     std::vector<GifPixelType> line(static_cast<size_t>(id.Width));
     auto put = [&](int row) {
       check(DGifGetLine(g, line.data(), id.Width) == GIF_OK, "{}: GIF: {} (truncated or corrupt)", label,
-            GifErrorString(g->Error));
+            gif_error(g->Error));
       uint8_t* dst = o.px.data() + (static_cast<int64_t>(id.Top + row) * o.width + id.Left) * 3;
       for (int x = 0; x < id.Width; ++x) {
         const int idx = line[static_cast<size_t>(x)] < cm->ColorCount ? line[static_cast<size_t>(x)] : 0;

@@ -11,7 +11,7 @@ SECONDS_PER_TARGET=${1:-30}
 BUILD=${FUZZ_BUILD_DIR:-build-fuzz}
 JOBS=${FUZZ_JOBS:-2}
 WORK=${FUZZ_WORK:-fuzz/corpus-work}
-TARGETS=(${FUZZ_TARGETS:-gguf safetensors hf_config model tiktoken tokenizer_config chat api grammar json_schema image})
+TARGETS=(${FUZZ_TARGETS:-gguf safetensors hf_config model tiktoken tokenizer_config chat api grammar json_schema image http})
 t0=$(date +%s)
 
 command -v clang++ >/dev/null || { echo "fuzz: clang++ not found (bash scripts/setup.sh --test installs it)" >&2; exit 1; }
@@ -34,6 +34,13 @@ mkdir -p "$SEEDS/gguf"
 cp tests/data/gguf-fuzz/* "$SEEDS/gguf/"
 mkdir -p "$SEEDS/image"  # image seeds: the images in data/images (one of each format the docs use)
 cp data/images/* "$SEEDS/image/"
+# the HTTP reader: the first byte picks the server (odd: the API key is required), then the bytes sent
+mkdir -p "$SEEDS/http"
+printf '\0GET /health HTTP/1.1\r\nHost: x\r\n\r\n' >"$SEEDS/http/get"
+printf '\0POST /x HTTP/1.1\r\nContent-Length: 5\r\n\r\nhelloGET /health HTTP/1.0\r\n\r\n' >"$SEEDS/http/pipelined"
+printf '\0POST /stream HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n5;x\r\nhello\r\n0\r\nT: 1\r\n\r\n' >"$SEEDS/http/chunked"
+printf '\1POST /x HTTP/1.1\r\nContent-Length: 4000\r\n\r\nabc' >"$SEEDS/http/keyless"
+printf '\1HEAD /x HTTP/1.1\r\nx-api-key: k\r\nExpect: 100-continue\r\nContent-Length: 2\r\n\r\n{}' >"$SEEDS/http/keyed"
 
 max_len() {
   case $1 in

@@ -268,8 +268,8 @@ int cmd_chat(int argc, char** argv) {
   app.add_option("--system", co.system, "system message");
   app.add_option("--thinking", thinking, "thinking mode of the chat template (reply starts in <think>)")
       ->check(CLI::IsMember({"on", "off"}));
-  app.add_option("--thinking-effort", co.thinking_effort, "thinking effort: low, medium, high, max (template default: max)")
-      ->check(CLI::IsMember({"low", "medium", "high", "max"}));
+  app.add_option("--thinking-effort", co.thinking_effort, "thinking effort: low, high, max (template default: max)")
+      ->check(CLI::IsMember({"low", "high", "max"}));
   app.add_option("-n,--n-predict", co.max_tokens, "maximum tokens per reply (-1 = until end of message or a full context)")
       ->check(CLI::Range(-1, 1 << 30));
   std::string history_file;

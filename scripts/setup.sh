@@ -26,6 +26,7 @@ PKGS=(build-essential cmake ninja-build ccache pkg-config git
 
 # ---- tests, fuzzing, cross builds (--test) ----
 TEST_PKGS=(libgtest-dev libgmock-dev googletest time libcpp-httplib-dev  # tests/ (httplib: HTTP client side)
+      python3-jsonschema  # the tool-schema suite's independent validator (tests/schema/schema_suite.py)
       mesa-vulkan-drivers vulkan-tools  # lavapipe, Mesa's software GPU: the GPU tests (KIMI_REQUIRE_VULKAN=1)
       g++-aarch64-linux-gnu qemu-user g++-mingw-w64-x86-64 wine wine64 unzip curl  # cross builds + emulation: scripts/cross-test.sh (curl: kimi serve under Wine)
       clang libclang-rt-dev llvm  # clang + its sanitizer/libFuzzer runtimes + llvm-symbolizer: scripts/fuzz.sh

@@ -38,8 +38,8 @@ ChatSession::ChatSession(Context& ctx, const tok::Tokenizer& tok, const SamplerP
   check(tok_.n_vocab() <= ctx_.n_vocab(), "chat: the tokenizer has {} tokens but the model only {}", tok_.n_vocab(),
         ctx_.n_vocab());
   const std::string& e = opts_.thinking_effort;
-  check(e.empty() || e == "low" || e == "medium" || e == "high" || e == "max",
-        "chat: thinking effort '{}' is not one of low, medium, high, max", e);
+  check(e.empty() || e == "low" || e == "high" || e == "max",  // what the K3 template's check takes
+        "chat: thinking effort '{}' is not one of low, high, max", e);
   ctx_.seq_clear(opts_.seq_id);
 }
 

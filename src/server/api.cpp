@@ -332,6 +332,8 @@ void common_params(const ojson& b, ParsedRequest& r, const Limits& lim, bool cha
   sp.top_k = static_cast<int>(integer(b, "top_k", def.top_k, 0, INT32_MAX));
   sp.min_p = static_cast<float>(number(b, "min_p", def.min_p, 0.0, 1.0));
   sp.repeat_penalty = static_cast<float>(number(b, "repeat_penalty", def.repeat_penalty, 1e-3, 100.0));
+  // OpenAI's penalties: checked (a number in -2..2), not applied (repeat_penalty is the engine's)
+  for (const char* k : {"presence_penalty", "frequency_penalty"}) number(b, k, 0.0, -2.0, 2.0);
   sp.repeat_last_n = def.repeat_last_n;
   if (const ojson* sd = field(b, "seed"); sd && sd->is_number_unsigned()) {
     sp.seed = sd->get<uint64_t>();  // any 64-bit seed
@@ -420,6 +422,8 @@ ParsedRequest parse_chat_request(const std::string& body_text, const tok::Tokeni
   if (msgs->empty()) bad("messages", "'messages' must not be empty");
   ojson req = ojson::object();  // what the template sees
   ojson out_msgs = ojson::array();
+  std::vector<std::string> dyn_names;  // tools declared by system messages
+  ojson dyn_tools = ojson::array();
   for (size_t i = 0; i < msgs->size(); ++i) {
     ojson m = (*msgs)[i];
     const std::string w = fmt::format("messages[{}]", i);
@@ -433,7 +437,7 @@ ParsedRequest parse_chat_request(const std::string& body_text, const tok::Tokeni
       bad(w + ".name", fmt::format("'{}.name' must be a string", w));
     const bool has_calls = m.contains("tool_calls") && !m["tool_calls"].is_null();
     check_content(m.contains("content") ? m["content"] : ojson(nullptr), w + ".content",
-                  role == "assistant");
+                  role == "assistant" || (role == "system" && m.contains("tools") && !m["tools"].is_null()));
     if (role == "assistant") {
       for (const char* k : {"reasoning_content", "reasoning"})
         if (m.contains(k) && !m[k].is_null() && !m[k].is_string())
@@ -467,6 +471,16 @@ ParsedRequest parse_chat_request(const std::string& body_text, const tok::Tokeni
     }
     if (role == "tool" && m.contains("tool_call_id") && !m["tool_call_id"].is_null() && !m["tool_call_id"].is_string())
       bad(w + ".tool_call_id", fmt::format("'{}.tool_call_id' must be a string", w));
+    // dynamic tools (K3: a system message may declare tools): checked as request tools, and callable
+    if (m.contains("tools") && !m["tools"].is_null()) {
+      if (role != "system") bad(w + ".tools", fmt::format("'{}.tools': only a system message may declare tools (role '{}')", w, role));
+      for (const std::string& n : check_tools(m["tools"], w + ".tools")) {
+        if (std::find(dyn_names.begin(), dyn_names.end(), n) != dyn_names.end())
+          bad(w + ".tools", fmt::format("'{}.tools': the tool name '{}' is declared twice", w, n));
+        dyn_names.push_back(n);
+      }
+      for (const auto& t : m["tools"]) dyn_tools.push_back(t);
+    }
     out_msgs.push_back(std::move(m));
   }
   req["messages"] = std::move(out_msgs);
@@ -476,6 +490,13 @@ ParsedRequest parse_chat_request(const std::string& body_text, const tok::Tokeni
     tool_names = check_tools(*tools);
     if (!tools->empty()) req["tools"] = *tools;
   }
+  for (size_t i = 0; i < dyn_names.size(); ++i) {  // one name space: request tools and message tools together
+    if (std::find(tool_names.begin(), tool_names.end(), dyn_names[i]) != tool_names.end())
+      bad("tools", fmt::format("'tools': the tool name '{}' is declared both in 'tools' and by a system message", dyn_names[i]));
+  }
+  ojson all_tools = req.contains("tools") ? req["tools"] : ojson::array();
+  for (const auto& t : dyn_tools) all_tools.push_back(t);
+  tool_names.insert(tool_names.end(), dyn_names.begin(), dyn_names.end());
   if (const ojson* tc = field(b, "tool_choice")) {
     check_tool_choice(*tc, tool_names);
     // the K3 template knows only the strings: a named function is passed as "required"
@@ -487,20 +508,65 @@ ParsedRequest parse_chat_request(const std::string& body_text, const tok::Tokeni
       if (!t->is_string() || (*t != "text" && *t != "json_object" && *t != "json_schema"))
         bad("response_format.type", "'response_format.type' must be \"text\", \"json_object\" or \"json_schema\"");
     }
-    if (const ojson* js = field(*rf, "json_schema"))
+    if (const ojson* js = field(*rf, "json_schema")) {
       if (!js->is_object()) bad("response_format.json_schema", "'response_format.json_schema' must be an object");
+      // OpenAI's shape: a name (^[a-zA-Z0-9_-]{1,64}$), strict a boolean
+      const ojson* name = field(*js, "name");
+      if (!name) bad("response_format.json_schema.name", "'response_format.json_schema.name' is required");
+      if (!name->is_string() || !valid_tool_name(name->get_ref<const std::string&>()))
+        bad("response_format.json_schema.name",
+            fmt::format("'response_format.json_schema.name' must match ^[a-zA-Z0-9_-]{{1,64}}$ (got {})", name->dump()));
+      if (const ojson* st = field(*js, "strict"); st && !st->is_boolean())
+        bad("response_format.json_schema.strict", fmt::format("'response_format.json_schema.strict' must be a boolean (got {})", st->dump()));
+    }
     req["response_format"] = *rf;
   }
+  // what vLLM and SGLang take for K3: chat_template_kwargs thinking / thinking_effort /
+  // preserve_thinking (the request's own fields win where both are given)
+  const ojson* kw = field(b, "chat_template_kwargs");
+  if (kw && !kw->is_object()) bad("chat_template_kwargs", "'chat_template_kwargs' must be an object");
+  auto kwarg = [&](const char* k) -> const ojson* { return kw ? field(*kw, k) : nullptr; };
   bool thinking = true;
+  const ojson* th_effort = nullptr;  // thinking.effort (Kimi's API)
   if (const ojson* th = field(b, "thinking")) {
-    req["thinking"] = *th;
-    thinking = truthy(*th);
+    // a boolean, or Kimi's {"type": "enabled" | "disabled", "effort": ...}
+    if (th->is_object()) {
+      const ojson* ty = field(*th, "type");
+      if (ty && (!ty->is_string() || (*ty != "enabled" && *ty != "disabled" && *ty != "adaptive")))
+        bad("thinking.type", fmt::format("'thinking.type' must be \"enabled\" or \"disabled\" (got {})", ty->dump()));
+      thinking = !ty || *ty != "disabled";
+      th_effort = field(*th, "effort");
+    } else if (th->is_boolean()) {
+      thinking = th->get<bool>();
+    } else {
+      bad("thinking", fmt::format("'thinking' must be a boolean or an object {{\"type\": \"enabled\" | \"disabled\"}} (got {})",
+                                  th->dump()));
+    }
+  } else if (const ojson* kt = kwarg("thinking")) {
+    if (!kt->is_boolean()) bad("chat_template_kwargs.thinking", "'chat_template_kwargs.thinking' must be a boolean");
+    thinking = kt->get<bool>();
+  }
+  req["thinking"] = thinking;
+  if (const ojson* pt = kwarg("preserve_thinking")) {
+    if (!pt->is_boolean()) bad("chat_template_kwargs.preserve_thinking", "'chat_template_kwargs.preserve_thinking' must be a boolean");
+    if (!pt->get<bool>())  // the reasoning of earlier assistant turns is not rendered
+      for (auto& m : req["messages"])
+        if (m.is_object() && m.value("role", "") == "assistant") {
+          m.erase("reasoning_content");
+          m.erase("reasoning");
+        }
   }
   // the effort goes to the template, which refuses what the K3 template refuses, with its message
   const char* effort_key = nullptr;
   if (const ojson* e = field(b, "thinking_effort")) {
     req["thinking_effort"] = *e;
     effort_key = "thinking_effort";
+  } else if (th_effort) {
+    req["thinking_effort"] = *th_effort;
+    effort_key = "thinking.effort";
+  } else if (const ojson* ke = kwarg("thinking_effort")) {
+    req["thinking_effort"] = *ke;
+    effort_key = "chat_template_kwargs.thinking_effort";
   } else if (const ojson* oe = field(b, "reasoning_effort")) {
     // OpenAI's efforts through the map of api_responses.h (none: thinking off; xhigh: max)
     ojson m = ojson::object();
@@ -531,8 +597,7 @@ ParsedRequest parse_chat_request(const std::string& body_text, const tok::Tokeni
   // tool calls held to the tools' grammar (tool_grammar.h): required / named / auto / none;
   // parallel_tool_calls false: one call at most (without tools it changes nothing)
   const bool parallel = boolean(b, "parallel_tool_calls", true);
-  set_tool_constraint(r.gen, req.contains("tools") ? req["tools"] : ojson(),
-                      field(b, "tool_choice") ? *field(b, "tool_choice") : ojson(), thinking, !parallel);
+  set_tool_constraint(r.gen, all_tools, field(b, "tool_choice") ? *field(b, "tool_choice") : ojson(), thinking, !parallel);
   return r;
 }
 
@@ -703,15 +768,10 @@ void check_schema_node(const ojson& s, const ojson& root, const std::string& whe
   if (auto it = s.find("$ref"); it != s.end()) {
     if (!it->is_string()) bad(where + ".$ref", fmt::format("'{}.$ref' must be a string", where));
     const std::string ref = it->get<std::string>();
-    bool found = ref == "#";
-    for (const char* d : {"#/$defs/", "#/definitions/"}) {
-      if (ref.rfind(d, 0) != 0) continue;
-      const std::string key = ref.substr(std::strlen(d));
-      const std::string dk = std::string(d).substr(2, std::strlen(d) - 3);
-      found = found || (root.contains(dk) && root[dk].is_object() && root[dk].contains(key));
-    }
-    if (!found)
-      bad(where + ".$ref", fmt::format("'{}.$ref' ({}) does not name an entry of #/$defs or #/definitions", where, ref));
+    if (!grammar::resolve_ref(root, ref))
+      bad(where + ".$ref", fmt::format("'{}.$ref' ({}) is not a JSON pointer to a part of this schema (#/$defs/NAME, "
+                                       "#/$defs/NAME/properties/KEY, ...)",
+                                       where, ref));
   }
 }
 

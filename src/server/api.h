@@ -78,19 +78,19 @@ struct Choice {
 };
 
 // OpenAI's reasoning effort onto K3's thinking: none -> thinking off; minimal, low -> low;
-// medium -> medium; high -> high; xhigh -> max. Sets "thinking" / "thinking_effort" of a chat body;
-// false for a value not in the map (chat's reasoning_effort, Responses' reasoning.effort).
+// medium, high -> high (the K3 template's check takes low, high, max); xhigh -> max. Sets
+// "thinking" / "thinking_effort" of a chat body; false for a value not in the map (chat's
+// reasoning_effort, Responses' reasoning.effort).
 inline bool map_reasoning_effort(const std::string& effort, ojson& chat) {
   if (effort == "none") {
     chat["thinking"] = false;
     chat.erase("thinking_effort");
     return true;
   }
-  const char* k3 = effort == "minimal" || effort == "low" ? "low"
-                   : effort == "medium"                   ? "medium"
-                   : effort == "high"                     ? "high"
-                   : effort == "xhigh"                    ? "max"
-                                                          : nullptr;
+  const char* k3 = effort == "minimal" || effort == "low"  ? "low"
+                   : effort == "medium" || effort == "high" ? "high"  // K3 knows no medium
+                   : effort == "xhigh"                      ? "max"
+                                                            : nullptr;
   if (!k3) return false;
   chat["thinking"] = true;
   chat["thinking_effort"] = k3;

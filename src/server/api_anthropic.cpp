@@ -75,7 +75,7 @@ void map_thinking(const ojson& b, ojson& chat) {
       if (!bt) bad("thinking.budget_tokens", "Field required when thinking.type is \"enabled\"");
       if (!bt->is_number_integer() || bt->get<int64_t>() < 1) bad("thinking.budget_tokens", "must be a positive integer");
       const int64_t n = bt->get<int64_t>();
-      effort = n <= 2048 ? "low" : n <= 8192 ? "medium" : n <= 32768 ? "high" : "max";
+      effort = n <= 2048 ? "low" : n <= 32768 ? "high" : "max";  // K3 knows no medium
       budget = n < 2147483647 ? n : 2147483647;  // beyond: no cap in practice
     } else if (type == "adaptive") {
       thinking = true;
@@ -89,7 +89,7 @@ void map_thinking(const ojson& b, ojson& chat) {
     if (const ojson* e = get(*oc, "effort")) {
       if (!e->is_string() || (*e != "low" && *e != "medium" && *e != "high" && *e != "max"))
         bad("output_config.effort", fmt::format("{} is not one of low, medium, high, max", e->dump()));
-      if (thinking) effort = e->get<std::string>();
+      if (thinking) effort = *e == "medium" ? "high" : e->get<std::string>();  // K3 knows no medium
     }
     if (const ojson* f = get(*oc, "format")) {
       if (!f->is_object()) bad("output_config.format", "must be an object");

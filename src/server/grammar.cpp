@@ -25,6 +25,49 @@ bool Sym::matches(uint32_t c) const {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Characters of a class: the fewest bytes, the cost of a generated character (Matcher::min_cost)
+
+namespace {
+constexpr uint64_t kNoChar = std::numeric_limits<uint64_t>::max();
+bool structural(uint32_t c) { return c >= 0xE000 && c <= 0xE002; }  // U+E000..U+E002: one special token each
+uint64_t utf8_len(uint32_t c) { return c < 0x80 ? 1 : c < 0x800 ? 2 : c < 0x10000 ? 3 : 4; }
+// The character of the class that is cheapest to generate: a structural code point (one token) if
+// the class has one, else its smallest code point; 0x110000: the class matches nothing.
+uint32_t cheapest_char(const Sym& s) {
+  if (!s.negated) {
+    uint32_t lo = 0x110000;
+    for (const Range& r : s.ranges) {
+      if (r.lo > r.hi || r.lo > 0x10FFFF) continue;
+      if (r.lo <= 0xE002 && r.hi >= 0xE000) return std::max<uint32_t>(r.lo, 0xE000);
+      lo = std::min(lo, r.lo);
+    }
+    return lo;
+  }
+  uint32_t c = 0;  // the smallest code point outside every range
+  for (bool moved = true; moved && c <= 0x10FFFF;) {
+    moved = false;
+    for (const Range& r : s.ranges)
+      if (r.lo <= c && c <= r.hi) { c = r.hi + 1; moved = true; }
+  }
+  return c > 0x10FFFF ? 0x110000 : c;
+}
+uint64_t sym_bytes(const Sym& s) {  // fewest UTF-8 bytes of a character the class matches
+  if (!s.negated) {
+    uint32_t lo = 0x110000;
+    for (const Range& r : s.ranges)
+      if (r.lo <= r.hi && r.lo <= 0x10FFFF) lo = std::min(lo, r.lo);
+    return lo == 0x110000 ? kNoChar : utf8_len(lo);
+  }
+  const uint32_t c = cheapest_char(s);
+  return c == 0x110000 ? kNoChar : utf8_len(c);
+}
+uint64_t sym_cost(const Sym& s) {
+  const uint32_t c = cheapest_char(s);
+  return c == 0x110000 ? kNoChar : structural(c) ? 1 : sym_bytes(s);
+}
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
 // GBNF parser
 
 class Parser {
@@ -72,10 +115,11 @@ class Parser {
     syms_ += n;
     if (syms_ > b_.max_size) too_large(syms_);
   }
-  [[noreturn]] void too_large(uint64_t n) const {
+  [[noreturn]] void too_large(uint64_t n, uint64_t limit = 0) const {
+    if (!limit) limit = b_.max_size;
     throw LimitError("max_size", fmt::format("grammar: the expanded grammar has more than {} symbols (at least {}; "
                                              "repeats count with their repetition counts), the limit is {}",
-                                             b_.max_size, n, b_.max_size));
+                                             limit, n, limit));
   }
   std::pair<size_t, size_t> line_col() const {
     size_t line = 1, col = 1;
@@ -328,7 +372,7 @@ class Parser {
     return std::stoi(std::string(t_.substr(b, i_ - b)));
   }
   std::vector<char> nullable_rules() const {
-    const std::vector<uint64_t> b = shortest(true);
+    const std::vector<uint64_t> b = shortest(kNullable);
     std::vector<char> nullable(b.size());
     for (size_t r = 0; r < b.size(); ++r) nullable[r] = b[r] == 0;
     return nullable;
@@ -381,27 +425,12 @@ class Parser {
   // that matches nothing) are dropped, so the matcher never walks into a dead end. A root that
   // derives nothing is an error: the answer could not be a sentence of the grammar.
   static constexpr uint64_t kInf = std::numeric_limits<uint64_t>::max();
-  static uint64_t sym_bytes(const Sym& s) {  // fewest UTF-8 bytes of a character the class matches
-    uint32_t c = 0;
-    if (!s.negated) {
-      uint32_t lo = 0x110000;
-      for (const Range& r : s.ranges)
-        if (r.lo <= r.hi && r.lo <= 0x10FFFF) lo = std::min(lo, r.lo);
-      if (lo == 0x110000) return kInf;
-      c = lo;
-    } else {  // the smallest code point outside every range
-      for (bool moved = true; moved && c <= 0x10FFFF;) {
-        moved = false;
-        for (const Range& r : s.ranges)
-          if (r.lo <= c && c <= r.hi) { c = r.hi + 1; moved = true; }
-      }
-      if (c > 0x10FFFF) return kInf;
-    }
-    return c < 0x80 ? 1 : c < 0x800 ? 2 : c < 0x10000 ? 3 : 4;
-  }
+  static uint64_t sym_bytes(const Sym& s) { return grammar::sym_bytes(s); }
   // The fewest bytes each rule can derive (kInf: no finite sentence), by Knuth's generalization of
-  // Dijkstra to grammars; `nullable_only`: every character counts kInf (0: the rule derives "").
-  std::vector<uint64_t> shortest(bool nullable_only) const {
+  // Dijkstra to grammars; kNullable: every character counts kInf (0: the rule derives ""); kCost:
+  // a character costs Grammar::char_cost (the structural code points one token each).
+  enum Measure { kBytes, kNullable, kCost };
+  std::vector<uint64_t> shortest(Measure m) const {
     const auto& rules = g_->rules_;
     auto sat_add = [](uint64_t a, uint64_t b) { return a > kInf - b ? kInf : a + b; };
     struct AltState {
@@ -422,7 +451,7 @@ class Parser {
             ++as.unresolved;
             uses[static_cast<size_t>(sy.rule)].push_back({static_cast<int>(r), static_cast<int>(a)});
           } else {
-            as.sum = sat_add(as.sum, nullable_only ? kInf : sym_bytes(sy));
+            as.sum = sat_add(as.sum, m == kNullable ? kInf : m == kCost ? grammar::sym_cost(sy) : sym_bytes(sy));
           }
         }
         if (as.unresolved == 0 && as.sum != kInf) pq.push({as.sum, static_cast<int>(r)});
@@ -450,7 +479,7 @@ class Parser {
   // answer could be a sentence of the grammar.
   void prune_and_measure() {
     auto& rules = g_->rules_;
-    const std::vector<uint64_t> best = shortest(false);
+    const std::vector<uint64_t> best = shortest(kBytes);
     const size_t root = static_cast<size_t>(g_->root_);
     if (best[root] == kInf)
       throw GrammarError(fmt::format("grammar: the language of rule '{}' is empty: no text can complete it", rules[root].name));
@@ -466,13 +495,15 @@ class Parser {
                                 }),
                  alts.end());
     }
+    g_->min_cost_ = shortest(kCost);  // of what is left (every rule still derives a sentence)
   }
   // The size of the root with every rule reference inlined (a reference back into a rule that is
   // being expanded counts 1): what nested repeats multiply to, e.g. (("a"{0,100}){0,100}){0,100}
   // is a million "a"s. Saturates just above the budget.
   uint64_t expanded_size() const {
     const auto& rules = g_->rules_;
-    const uint64_t cap = b_.max_size + 1;
+    const uint64_t limit = b_.max_expanded ? b_.max_expanded : b_.max_size;
+    const uint64_t cap = limit + 1;
     std::vector<uint64_t> size(rules.size(), 0);
     std::vector<char> state(rules.size(), 0);  // 0 new, 1 on path, 2 done
     struct Frame {
@@ -516,7 +547,7 @@ class Parser {
         path.push_back({sy.rule});
       }
     }
-    if (result > b_.max_size) too_large(result);
+    if (result > limit) too_large(result, limit);
     return result;
   }
 
@@ -842,6 +873,59 @@ void Matcher::allowed_tokens(const TokenTrie& trie, std::vector<uint8_t>& ok) {
     for (uint32_t k = n.tok_begin; k < n.tok_end; ++k) ok[static_cast<size_t>(trie.toks_[k])] = 1;
     ++i;
   }
+}
+
+// A stack's remaining cost: the rest of every frame's alternative (the top from the class it
+// waits at; a frame below from the symbol after the rule it entered).
+uint64_t Matcher::stack_cost(const Stack& st) const {
+  uint64_t sum = 0;
+  for (const Pos& p : st) {
+    const auto& seq = g_->rules()[static_cast<size_t>(p.rule)].alts[static_cast<size_t>(p.alt)];
+    for (size_t i = static_cast<size_t>(p.idx); i < seq.size(); ++i) {
+      const uint64_t c = seq[i].is_rule ? g_->min_cost()[static_cast<size_t>(seq[i].rule)] : sym_cost(seq[i]);
+      if (c == kNoChar || sum + c < sum) return kNoChar;
+      sum += c;
+    }
+  }
+  return sum;
+}
+
+uint64_t Matcher::min_cost() const {
+  if (!pending_.empty()) return kNoChar;
+  uint64_t best = kNoChar;
+  for (const Stack& st : stacks_) {
+    best = std::min(best, stack_cost(st));
+  }
+  return best;
+}
+
+std::string Matcher::cheapest_completion() const {
+  std::string out;
+  if (!pending_.empty()) return out;
+  std::vector<Stack> stacks = stacks_;
+  work_ = 0;
+  for (size_t guard = 0; guard < (1u << 20); ++guard) {
+    const Stack* best = nullptr;
+    uint64_t bc = kNoChar;
+    for (const Stack& st : stacks) {
+      const uint64_t c = stack_cost(st);
+      if (c < bc) bc = c, best = &st;
+    }
+    if (!best || bc == 0) break;
+    const Pos p = best->back();
+    const Sym& s = g_->rules()[static_cast<size_t>(p.rule)].alts[static_cast<size_t>(p.alt)][static_cast<size_t>(p.idx)];
+    const uint32_t c = cheapest_char(s);
+    if (c > 0x10FFFF || !step(stacks, c)) return {};
+    // UTF-8 of c
+    if (c < 0x80) out += static_cast<char>(c);
+    else if (c < 0x800) out += {static_cast<char>(0xC0 | (c >> 6)), static_cast<char>(0x80 | (c & 0x3F))};
+    else if (c < 0x10000)
+      out += {static_cast<char>(0xE0 | (c >> 12)), static_cast<char>(0x80 | ((c >> 6) & 0x3F)), static_cast<char>(0x80 | (c & 0x3F))};
+    else
+      out += {static_cast<char>(0xF0 | (c >> 18)), static_cast<char>(0x80 | ((c >> 12) & 0x3F)),
+              static_cast<char>(0x80 | ((c >> 6) & 0x3F)), static_cast<char>(0x80 | (c & 0x3F))};
+  }
+  return out;
 }
 
 bool Matcher::can_end() const {

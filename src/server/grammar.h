@@ -45,6 +45,7 @@ struct SchemaError : std::runtime_error {
 struct Budget {
   int max_depth = 64;                // nesting: GBNF groups, schema levels, $ref chains
   uint64_t max_size = 1u << 20;      // expanded size in symbols: repeats multiplied before expansion
+  uint64_t max_expanded = 0;         // the limit of the size with rule references inlined (0: max_size)
   double max_seconds = 2.0;          // wall time of one compilation
   std::function<bool()> cancelled;   // polled while compiling: true when the client has gone
   std::chrono::steady_clock::time_point deadline() const;  // now + max_seconds
@@ -87,12 +88,17 @@ class Grammar {
   uint64_t min_sentence_bytes() const { return min_bytes_; }
   // The expanded size the budget was checked against (symbols, with repeats and rules inlined).
   uint64_t expanded_size() const { return expanded_size_; }
+  // Per rule: the least cost of a sentence it derives, a character costing its UTF-8 bytes and the
+  // structural code points U+E000..U+E002 (one special token each in a tool grammar) 1 -- an upper
+  // bound on the tokens that can write it with a byte-level vocabulary (Matcher::min_cost).
+  const std::vector<uint64_t>& min_cost() const { return min_cost_; }
 
  private:
   friend class Parser;
   std::vector<Rule> rules_;
   int root_ = -1;
   uint64_t min_bytes_ = 0, expanded_size_ = 0;
+  std::vector<uint64_t> min_cost_;
 };
 
 // The byte strings of a vocabulary as a trie, stored in depth-first order: a matcher walks it once
@@ -138,6 +144,12 @@ class Matcher {
   // ok[t] = 1 when accepts_bytes(piece of t) (ok is resized to trie.n_tokens()): one walk of the
   // trie with a lazily built byte-level DFA of this matcher's states, kept across calls.
   void allowed_tokens(const TokenTrie& trie, std::vector<uint8_t>& ok);
+  // The least cost (Grammar::min_cost) of a text that completes the sentence from here: 0 when it
+  // can end now; UINT64_MAX when it is dead or inside an unfinished UTF-8 character.
+  uint64_t min_cost() const;
+  // A text of that least cost that completes the sentence (the cheapest character of the cheapest
+  // parse stack, one after another); "" when it can end now or min_cost() is UINT64_MAX.
+  std::string cheapest_completion() const;
 
  private:
   struct Pos {
@@ -159,6 +171,7 @@ class Matcher {
   };
   bool expand(Stack st, std::vector<Stack>& out, Expansion& x) const;  // false: over the limits
   bool step(std::vector<Stack>& stacks, uint32_t c) const;              // one code point
+  uint64_t stack_cost(const Stack& st) const;                           // min_cost() of one stack
   bool partial_ok(const std::vector<Stack>& stacks, const std::string& pending) const;
   bool feed(std::vector<Stack>& stacks, std::string& pending, std::string_view bytes) const;
   struct State {
@@ -182,17 +195,28 @@ class Matcher {
   std::unordered_map<State, int32_t, StateHash> dfa_index_;
 };
 
-// JSON schema (the subset of OpenAI structured outputs) -> GBNF whose `root` derives exactly the
-// JSON texts valid under the schema (with limited whitespace). Supported: type (one or a list),
-// properties / required / additionalProperties: false, items / prefixItems-free arrays with
-// minItems / maxItems, enum, const, anyOf / oneOf, $ref to #/$defs or #/definitions, string
-// minLength / maxLength; annotations (title, description, default, examples, $schema, $id,
-// $comment) are ignored. Anything else (pattern, format, minimum, allOf, ...) throws SchemaError
-// naming the keyword: the answer could not be held to it.
+// JSON schema -> GBNF whose `root` derives only JSON texts valid under the schema (with limited
+// whitespace). Held exactly: type (one or a list; without one, the type its keywords imply),
+// properties / required / additionalProperties (false, true or a schema: extra members after the
+// declared ones, with keys that do not start like a declared one), items, minItems / maxItems,
+// enum, const, anyOf / oneOf, $ref to `#` or a JSON pointer into the schema (#/$defs/p,
+// #/$defs/p/properties/id, ...), string minLength / maxLength (above 1000: at most 1000 are
+// written) and pattern (the regex subset of RegexToGbnf: classes, groups, alternation,
+// quantifiers, ^ and $ at the ends; not together with lengths), integer minimum / maximum /
+// exclusiveMinimum / exclusiveMaximum (a digit grammar of the range), number bounds (the
+// numbers written are the range's integers and m.fraction where [m, m + 1) lies inside);
+// annotations (title, description, default, examples, $schema, $id, $comment) are ignored.
+// Anything else (format, multipleOf, allOf, uniqueItems unless maxItems <= 1, prefixItems, a
+// regex outside the subset, ...) throws SchemaError naming the keyword: the answer could not be
+// held to it. `tool_text`: the strings of a tool call (no raw '<', which could start a tag: it is
+// written as \u003c where a length or pattern counts characters).
 // Throws SchemaError, or LimitError beyond the budget (nesting and $ref chains deeper than
 // max_depth, output larger than the budget allows, time, cancellation).
 std::string schema_to_gbnf(const nlohmann::ordered_json& schema);
-std::string schema_to_gbnf(const nlohmann::ordered_json& schema, const Budget& budget);
+std::string schema_to_gbnf(const nlohmann::ordered_json& schema, const Budget& budget, bool tool_text = false);
+
+// `#` or a JSON pointer fragment (`#/$defs/a~1b/properties/0`) into root; nullptr when it names nothing.
+const nlohmann::ordered_json* resolve_ref(const nlohmann::ordered_json& root, const std::string& ref);
 
 // The grammar of any JSON object (response_format json_object).
 std::string json_object_gbnf();

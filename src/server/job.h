@@ -51,7 +51,8 @@ struct GenParams {
   // next tokens are then forced to be the template's close sequence (Scheduler::think_close(),
   // "<|close|>think<|sep|><|open|>response<|sep|>") and the answer follows. -1: no cap; 0: the
   // close sequence comes first (an empty think channel). A think channel the model closes itself
-  // ends the count (nothing is forced).
+  // (a whole tag that leaves it: <|close|>think<|sep|>, <|open|>response<|sep|>, ...) ends the
+  // count (nothing is forced); a bare <|open|> / <|close|> inside it is thinking and counts.
   int thinking_budget = -1;
   int logprobs = -1;              // -1: none; N >= 0: each token's log-probability and the N most likely
   // The answer must be a sentence of this grammar (response_format, json_schema, grammar): the
@@ -65,6 +66,11 @@ struct GenParams {
   // it has precedence (that answer ends with the response).
   std::shared_ptr<const grammar::Grammar> tool_grammar;
   std::string tool_trigger;
+  // The tool grammar must end with its calls (tool_choice required or a named tool): once the
+  // tokens left (max_tokens) are only just enough for the cheapest completion of the grammar's
+  // sentence (grammar::Matcher::cheapest_completion tokenized, plus the end token), that completion
+  // is forced, so the answer ends with a whole call instead of being cut by max_tokens.
+  bool tool_must_finish = false;
   Clock::time_point deadline = Clock::time_point::max();
   // Report the prefill's progress (JobOutput::prompt_done) after every prompt chunk (the job driver
   // turns it into progress events of a stream).

@@ -53,6 +53,8 @@ Scheduler::Scheduler(const Model& model, const tok::Tokenizer& tok, const Contex
   if (!think_close_.empty() && (close_id_ < 0 || open_id_ < 0 || sep_id_ < 0 || think_close_.front() != close_id_))
     think_close_.clear();
   if (const char* e = std::getenv("KIMI_GRAMMAR_FULL_SCAN")) grammar_full_scan_ = std::string(e) == "1";
+  for (int32_t t = 0; t < std::min(ctx_->n_vocab(), tok_.n_vocab()); ++t)
+    if (tok_.is_eog(t) || t == model_.hparams().eos_id) end_ids_.push_back(t);
   st_.slots = so_.parallel;
   st_.sequences = o.n_seq_max;
   slot_info_.resize(static_cast<size_t>(o.n_seq_max));
@@ -434,6 +436,17 @@ void Scheduler::start(Active& a) {
     a.tool_on = gp.tool_trigger.empty();
     a.masked.assign(static_cast<size_t>(ctx_->n_vocab()), 0.0f);
   }
+  a.think_budget = gp.thinking_budget;
+  if (gp.tool_must_finish && a.in_think && a.tool_matcher && a.tool_on) {
+    // a required call must come: the think channel gets at most max_tokens - (3 T / 2 + 16) tokens,
+    // T the tokens of the cheapest whole answer (GenParams::tool_must_finish, docs/server.md)
+    std::vector<int32_t> q;
+    if (completion_tokens(*a.tool_matcher, q)) {
+      const int t = static_cast<int>(q.size());
+      const int cap = std::max(0, gp.max_tokens - (t + t / 2 + 16));
+      a.think_budget = a.think_budget < 0 ? cap : std::min(a.think_budget, cap);
+    }
+  }
   {
     Job::Result r;  // record prompt/cached counts early (visible in the final result)
     std::lock_guard<std::mutex> lk(a.job->mu_);
@@ -623,10 +636,17 @@ void Scheduler::step() {
                             ? ctx_->logits(static_cast<size_t>(a->logit_idx) - (n_rows - 1 - i))
                             : nullptr;
       int32_t t = -1;
-      const bool forced = forced_token(*a, t);
+      bool forced = forced_token(*a, t);
       if (!last && (!forced || t != ahead[i]))
         fail("internal: sequence {} decoded the forced token {}, but {} is due", a->seq, ahead[i], forced ? t : -1);
       if (!forced) t = a->constrained || tool_active(*a) ? sample_constrained(*a, lg) : a->sampler->sample(lg);
+      if (!forced && a->matcher && !a->constrained && (tok_.is_eog(t) || t == model_.hparams().eos_id)) {
+        // a response format is required: the answer cannot end before its response (in the think channel)
+        std::copy(lg, lg + ctx_->n_vocab(), a->masked.begin());
+        for (int32_t e : end_ids_) a->masked[static_cast<size_t>(e)] = -INFINITY;
+        t = a->sampler->sample(a->masked.data());
+      }
+      if (!forced && finish_due(*a, t)) forced = forced_token(*a, t);
       a->sampler->accept(t);
       ++generated;
       {
@@ -746,8 +766,44 @@ int32_t Scheduler::sample_constrained(Active& a, const float* logits) {
 // model's own log-probability at its position (logprobs: the logits of the row before it).
 constexpr int kUtf8Slack = 3;
 
+// The think channel's tokens until a whole tag leaves it, as tok::ChatParser sees the channel:
+// <|close|>think<|sep|> (the real close), <|close|>response<|sep|>, <|open|>response|tools|call|
+// argument|json ...<|sep|>. The tokens of such a tag do not count; a bare <|open|> / <|close|> (no
+// such name, another tag before its <|sep|>, or a header longer than 256 bytes) is thinking text
+// and counts, so the budget still ends a think channel the model fills with stray tags.
+void Scheduler::track_think(Active& a, int32_t t) {
+  if (t == open_id_ || t == close_id_) {
+    a.think_tag = t == open_id_ ? "+" : "-";
+    a.think_tag_n = a.think_n;
+  } else if (t == sep_id_ && !a.think_tag.empty()) {
+    const std::string name = a.think_tag.substr(1, a.think_tag.find(' ') == std::string::npos ? std::string::npos
+                                                                                               : a.think_tag.find(' ') - 1);
+    const bool open = a.think_tag[0] == '+';
+    const bool leaves = open ? (name == "response" || name == "tools" || name == "call" || name == "argument" || name == "json")
+                             : (name == "think" || name == "response" || name == "message");
+    a.think_tag.clear();
+    if (leaves) {
+      a.in_think = false;
+      a.think_n = a.think_tag_n;
+      return;
+    }
+  } else if (!a.think_tag.empty()) {
+    if (t >= 0 && t < tok_.n_vocab() && !tok_.is_special(t)) a.think_tag += tok_.token_to_piece(t);
+    else a.think_tag.clear();
+    if (a.think_tag.size() > 257) a.think_tag.clear();
+  }
+  ++a.think_n;
+  if (t >= 0 && t < tok_.n_vocab() && !tok_.is_special(t)) {
+    for (unsigned char c : tok_.token_to_piece(t)) {  // where the text's last UTF-8 character stands
+      if ((c & 0xC0) == 0x80) a.think_utf8 = std::max(0, a.think_utf8 - 1);
+      else a.think_utf8 = c >= 0xF0 ? 3 : c >= 0xE0 ? 2 : c >= 0xC0 ? 1 : 0;
+    }
+  }
+}
+
 bool Scheduler::close_due(const Active& a) const {
-  const int budget = a.job->params().thinking_budget;
+  if (a.finish_i < a.finish_q.size()) return false;  // a forced completion writes the close itself
+  const int budget = a.think_budget;
   if (!a.in_think || budget < 0 || a.think_n < budget || think_close_.empty()) return false;
   if (a.think_utf8 > 0 && a.think_n < budget + kUtf8Slack) return false;
   if (tool_active(a)) {
@@ -768,9 +824,69 @@ bool Scheduler::begin_close(Active& a) {
 }
 
 bool Scheduler::forced_token(Active& a, int32_t& t) {
+  if (a.finish_i < a.finish_q.size()) {
+    t = a.finish_q[a.finish_i++];
+    return true;
+  }
   if (!begin_close(a)) return false;
   t = think_close_[static_cast<size_t>(a.forced_next)];
   if (static_cast<size_t>(++a.forced_next) == think_close_.size()) a.forced_next = -1;
+  return true;
+}
+
+// GenParams::tool_must_finish: the token `sampled` (-1: none yet) would leave the grammar's cheapest
+// completion (plus the end token) more tokens than max_tokens has left? Then that completion, from
+// the state before it, is forced instead (a.finish_q: its text tokenized, the structural code
+// points as their special tokens, then the end token). Checked only near the end (the cost of a
+// copy of the matcher per token).
+bool Scheduler::finish_due(Active& a, int32_t sampled) {
+  const GenParams& gp = a.job->params();
+  if (!gp.tool_must_finish || !tool_active(a) || a.forced_next >= 0 || a.finish_i < a.finish_q.size()) return false;
+  const int64_t left = static_cast<int64_t>(gp.max_tokens) - a.n_gen;  // including the token chosen now
+  // far from the end (the cost in bytes bounds the tokens from above): nothing to check
+  const uint64_t now = a.tool_matcher->min_cost();
+  if (now == UINT64_MAX || static_cast<int64_t>(now) + 1 + 64 < left) return false;
+  std::vector<int32_t> q;
+  if (sampled >= 0) {  // would the sampled token still leave room for a completion (and the end token)?
+    if (tok_.is_eog(sampled) || sampled == model_.hparams().eos_id) return false;
+    grammar::Matcher m = *a.tool_matcher;
+    const bool st = sampled == open_id_ || sampled == close_id_ || sampled == sep_id_;
+    if (!m.advance_bytes(st ? (sampled == open_id_ ? kToolOpen : sampled == close_id_ ? kToolClose : kToolSep)
+                            : tok_.token_to_piece(sampled)))
+      return false;
+    if (m.min_cost() != UINT64_MAX && completion_tokens(m, q) && static_cast<int64_t>(q.size()) <= left - 1) return false;
+  }
+  if (!completion_tokens(*a.tool_matcher, q)) return false;
+  if (sampled < 0 && static_cast<int64_t>(q.size()) < left) return false;
+  if (static_cast<int64_t>(q.size()) > left) return false;  // cannot fit after all: sampled as before
+  a.finish_q = std::move(q);
+  a.finish_i = 0;
+  return true;
+}
+
+// The tokens of m's cheapest completion: its text tokenized, the structural code points as their
+// special tokens, then the end token. False when there is none (dead, or inside a UTF-8 character).
+bool Scheduler::completion_tokens(const grammar::Matcher& m, std::vector<int32_t>& q) const {
+  q.clear();
+  if (m.min_cost() == UINT64_MAX) return false;
+  const std::string text = m.cheapest_completion();
+  size_t b = 0;
+  for (size_t i = 0; i <= text.size(); ++i) {
+    const bool mark = i + 3 <= text.size() && text.compare(i, 2, "\xEE\x80") == 0 &&
+                      static_cast<unsigned char>(text[i + 2]) >= 0x80 && static_cast<unsigned char>(text[i + 2]) <= 0x82;
+    if (!mark && i < text.size()) continue;
+    if (i > b) {
+      const std::vector<int32_t> part = tok_.encode(text.substr(b, i - b), false);
+      q.insert(q.end(), part.begin(), part.end());
+    }
+    if (mark) {
+      const unsigned char k = static_cast<unsigned char>(text[i + 2]);
+      q.push_back(k == 0x80 ? open_id_ : k == 0x81 ? close_id_ : sep_id_);
+      i += 2;
+      b = i + 1;
+    }
+  }
+  q.push_back(eom_id_ >= 0 && tok_.is_eog(eom_id_) ? eom_id_ : model_.hparams().eos_id);
   return true;
 }
 
@@ -823,19 +939,7 @@ void Scheduler::on_token(Active& a, int32_t t, const float* logits) {
     std::lock_guard<std::mutex> lk(a.job->mu_);
     a.job->result_.ttft_s = std::chrono::duration<double>(a.t_first - a.job->t_submit_).count();
   }
-  if (a.in_think) {  // a tag the model writes itself ends the think channel: the budget no longer applies
-    if (t == open_id_ || t == close_id_) {
-      a.in_think = false;
-    } else {
-      ++a.think_n;
-      if (t >= 0 && t < tok_.n_vocab() && !tok_.is_special(t)) {
-        for (unsigned char c : tok_.token_to_piece(t)) {  // where the text's last UTF-8 character stands
-          if ((c & 0xC0) == 0x80) a.think_utf8 = std::max(0, a.think_utf8 - 1);
-          else a.think_utf8 = c >= 0xF0 ? 3 : c >= 0xE0 ? 2 : c >= 0xC0 ? 1 : 0;
-        }
-      }
-    }
-  }
+  if (a.in_think) track_think(a, t);
   const GenParams& gp = a.job->params();
   if (a.tool_matcher && !a.constrained) {
     if (a.tool_on) {

@@ -169,6 +169,11 @@ class Scheduler {
     int think_n = 0;            // tokens generated in it (GenParams::thinking_budget)
     int think_utf8 = 0;         // continuation bytes its text still needs to end on a whole UTF-8 character
     int forced_next = -1;       // >= 0: the next token is think_close_[forced_next] (the close sequence is on)
+    int think_budget = -1;      // GenParams::thinking_budget, or less for a required call (Scheduler::start)
+    std::string think_tag;      // in think: a tag being written ("+" open / "-" close, then its header so far)
+    int think_tag_n = 0;        // think_n before that tag began
+    std::vector<int32_t> finish_q;  // GenParams::tool_must_finish: the forced cheapest completion
+    size_t finish_i = 0;            // its next token
   };
 
   void loop();
@@ -176,7 +181,10 @@ class Scheduler {
   void step();
   void on_token(Active& a, int32_t t, const float* logits);
   int32_t sample_constrained(Active& a, const float* logits);
-  bool forced_token(Active& a, int32_t& t);  // the thinking budget: the next token is forced
+  bool forced_token(Active& a, int32_t& t);  // the thinking budget / a due completion: the next token is forced
+  bool finish_due(Active& a, int32_t sampled);  // GenParams::tool_must_finish: builds a.finish_q when due
+  bool completion_tokens(const grammar::Matcher& m, std::vector<int32_t>& q) const;
+  void track_think(Active& a, int32_t t);       // the think channel's token count (thinking budget)
   bool close_due(const Active& a) const;     // the budget is spent: the close sequence comes next
   bool begin_close(Active& a);               // starts it (when due); true while it is on
   void feed_forced(Active& a, size_t T);     // a.ahead: the forced tokens known after position T
@@ -208,6 +216,7 @@ class Scheduler {
   int32_t eom_id_ = -1;                 // <|end_of_msg|>: message boundaries are right after it
   int32_t close_id_ = -1;              // <|close|>: ends the constrained response channel
   int32_t open_id_ = -1, sep_id_ = -1;  // <|open|>, <|sep|> (tool grammars: U+E000, U+E002)
+  std::vector<int32_t> end_ids_;        // the tokens that end an answer (end of generation, eos)
   std::vector<int32_t> think_close_;    // GenParams::thinking_budget: the tokens that close thinking
   std::vector<int32_t> marker_text_;   // text tokens whose bytes hold U+E000..U+E003 (never in a tool call)
   std::vector<uint8_t> drop_special_;  // per token id: special, not structural (chat output skips it)

@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cctype>
 #include <set>
 
@@ -41,6 +42,10 @@ const char* const kJsonChar =
     "json-char ::= [^\"\\\\\\x00-\\x1f<\\uE000-\\uE002] | \"\\\\\" ( [\"\\\\/bfnrt] | \"u\" [0-9a-fA-F]{4} ) | "
     "\"<\"+ ( [^\"\\\\\\x00-\\x1f<|\\uE000-\\uE002] | \"\\\\\" ( [\"\\\\/bfnrt] | \"u\" [0-9a-fA-F]{4} ) )";
 const char* const kJsonString = "json-string ::= \"\\\"\" json-char* \"<\"* \"\\\"\"";
+// One character of a string whose characters are counted (maxLength, pattern): never a raw '<'
+// ("\u003c" is one), so a length counts exactly what the arguments hold.
+const char* const kJsonChar1 =
+    "json-char1 ::= [^\"\\\\\\x00-\\x1f<\\uE000-\\uE002] | \"\\\\\" ( [\"\\\\/bfnrt] | \"u\" [0-9a-fA-F]{4} )";
 
 std::string lhs(const std::string& line) {
   const size_t p = line.find(" ::= ");
@@ -74,7 +79,11 @@ const Base& json_base() {
       const std::string n = lhs(l);
       if (n.empty() || n == "root") continue;
       r.names.insert(n);
-      r.text += (n == "json-char" ? std::string(kJsonChar) : n == "json-string" ? std::string(kJsonString) : l) + "\n";
+      r.text += (n == "json-char"    ? std::string(kJsonChar)
+                 : n == "json-string" ? std::string(kJsonString)
+                 : n == "json-char1"  ? std::string(kJsonChar1)
+                                      : l) +
+                "\n";
     }
     return r;
   }();
@@ -85,7 +94,7 @@ const Base& json_base() {
 std::string schema_rules(const ojson& schema, const std::string& prefix, std::string& out) {
   const Base& base = json_base();
   std::string own;
-  for (const std::string& l : lines_of(grammar::schema_to_gbnf(schema)))
+  for (const std::string& l : lines_of(grammar::schema_to_gbnf(schema, grammar::Budget{}, true)))
     if (!base.names.count(lhs(l))) own += l + "\n";
   out += prefix_gbnf(own, prefix);
   return prefix + "root";
@@ -94,14 +103,17 @@ std::string schema_rules(const ojson& schema, const std::string& prefix, std::st
 const std::set<std::string>& kept_keywords() {
   static const std::set<std::string> k = {"type", "properties", "required", "additionalProperties", "items", "minItems",
                                           "maxItems", "enum", "const", "anyOf", "oneOf", "$ref", "minLength",
-                                          "maxLength", "$defs", "definitions", "title", "description", "default",
+                                          "maxLength", "pattern", "minimum", "maximum", "exclusiveMinimum",
+                                          "exclusiveMaximum", "$defs", "definitions", "title", "description", "default",
                                           "examples", "$schema", "$id", "$comment", "deprecated", "readOnly", "writeOnly"};
   return k;
 }
 
 // Length and item counts the grammar spells out (a repetition {m,n} is n copies; counts of nested
 // arrays multiply): larger ones are dropped.
-bool small_count(const ojson& v, uint64_t most) { return v.is_number_unsigned() && v.get<uint64_t>() <= most; }
+bool small_count(const ojson& v, uint64_t most) {
+  return v.is_number_integer() && v.get<int64_t>() >= 0 && v.get<uint64_t>() <= most;
+}
 
 // A property's value in the argument-tag form: type attribute and value grammar; false when the
 // property's schema has no single form there (the tool then takes the json form only).
@@ -127,7 +139,7 @@ bool tag_value(const ojson& p, const ojson& root_defs, const std::string& prefix
     return false;
   const std::string t = p["type"].get<std::string>();
   if (t == "string") {
-    if (p.contains("minLength") || p.contains("maxLength")) return false;
+    if (p.contains("minLength") || p.contains("maxLength") || p.contains("pattern")) return false;
     type = "string";
     value = "t-txt";
     return true;
@@ -138,7 +150,7 @@ bool tag_value(const ojson& p, const ojson& root_defs, const std::string& prefix
   for (auto it = root_defs.begin(); it != root_defs.end(); ++it) sub[it.key()] = it.value();
   try {
     value = schema_rules(sub, prefix, rules);
-  } catch (const grammar::SchemaError&) {
+  } catch (const grammar::SchemaError&) {  // (the json form refuses the tool when it is the schema's fault)
     return false;
   }
   return true;
@@ -147,17 +159,30 @@ bool tag_value(const ojson& p, const ojson& root_defs, const std::string& prefix
 // The alternatives of one tool's call.
 std::string call_rule(const ToolSpec& t, size_t k, std::string& rules) {
   const std::string name = fmt::format("tc{}", k);
+  // the json form: the arguments as one JSON object of the schema. A keyword the converter cannot
+  // hold to (a pattern outside its regex subset, ...) is a SchemaError (the request's 400); a
+  // grammar beyond the engine's limits is tried coarse (relax_schema), then any JSON object.
   ojson schema = t.parameters.is_object() ? relax_schema(t.parameters) : ojson{{"type", "object"}};
-  // the json form: the arguments as one JSON object of the schema
   std::string json_root;
   std::string json_rules;
-  try {
-    json_root = schema_rules(schema, name + "j-", json_rules);
-    // the tool's arguments alone must make a grammar within the engine's limits (size, ...)
-    grammar::Grammar::parse("root ::= " + json_root + "\n" + kText + "\n" + json_rules + json_base().text);
-  } catch (const std::exception&) {  // SchemaError, GrammarError / LimitError: any object
-    json_rules.clear();
-    json_root = "json-object";
+  for (int pass = 0;; ++pass) {
+    try {
+      json_rules.clear();
+      json_root = schema_rules(schema, name + "j-", json_rules);
+      // the tool's arguments alone must make a grammar within the engine's limits (size, ...)
+      grammar::Grammar::parse("root ::= " + json_root + "\n" + kText + "\n" + json_rules + json_base().text);
+      break;
+    } catch (const grammar::SchemaError&) {
+      throw;
+    } catch (const std::exception&) {  // GrammarError / LimitError
+      if (pass == 0 && t.parameters.is_object()) {
+        schema = relax_schema(t.parameters, true);
+        continue;
+      }
+      json_rules.clear();
+      json_root = "json-object";
+      break;
+    }
   }
   rules += json_rules;
   std::string args = O + std::string(" ") + lit("json type=\"object\"") + " " + S + " " + json_root + " " + C + " " +
@@ -205,6 +230,12 @@ std::string call_rule(const ToolSpec& t, size_t k, std::string& rules) {
 
 }  // namespace
 
+grammar::Budget tool_budget() {
+  grammar::Budget b;
+  b.max_expanded = b.max_size * (kMaxToolCalls + 1);  // the tools section repeats the calls' rule (our structure)
+  return b;
+}
+
 std::string prefix_gbnf(const std::string& gbnf, const std::string& prefix) {
   std::set<std::string> defined;
   for (const std::string& l : lines_of(gbnf)) {
@@ -242,8 +273,8 @@ std::string prefix_gbnf(const std::string& gbnf, const std::string& prefix) {
   return out;
 }
 
-ojson relax_schema(const ojson& s) {
-  if (s.is_boolean()) return ojson::object();
+ojson relax_schema(const ojson& s, bool coarse) {
+  if (s.is_boolean()) return s.get<bool>() ? ojson::object() : s;
   if (!s.is_object()) return s;
   ojson in = s;
   if (in.contains("allOf") && in["allOf"].is_array()) {  // merged: properties, required, the first type
@@ -266,7 +297,9 @@ ojson relax_schema(const ojson& s) {
   ojson out = ojson::object();
   for (auto it = in.begin(); it != in.end(); ++it)
     if (kept_keywords().count(it.key())) out[it.key()] = it.value();
-  // the converter takes these only alone (with annotations)
+  for (const char* k : {"exclusiveMinimum", "exclusiveMaximum"})  // draft 4's boolean form
+    if (out.contains(k) && out[k].is_boolean()) out.erase(k);
+  // the converter takes these only alone (with annotations; enum / const with type)
   auto only = [&](std::initializer_list<const char*> keep) {
     ojson o = ojson::object();
     for (auto it = out.begin(); it != out.end(); ++it) {
@@ -277,63 +310,77 @@ ojson relax_schema(const ojson& s) {
     out = std::move(o);
   };
   if (out.contains("$ref")) only({"$ref"});
-  else if (out.contains("const")) only({"const"});
-  else if (out.contains("enum")) only({"enum"});
+  else if (out.contains("const")) only({"const", "type"});
+  else if (out.contains("enum")) only({"enum", "type"});
   else if (out.contains("anyOf")) only({"anyOf"});
   else if (out.contains("oneOf")) only({"oneOf"});
-  for (const char* k : {"minLength", "maxLength"})
-    if (out.contains(k) && !small_count(out[k], 64)) out.erase(k);
-  for (const char* k : {"minItems", "maxItems"})
-    if (out.contains(k) && !small_count(out[k], 4)) out.erase(k);
+  // coarse (a schema whose exact grammar is beyond the limits): long strings and item counts are not spelled out
+  if (coarse) {
+    for (const char* k : {"minLength", "maxLength"})
+      if (out.contains(k) && !small_count(out[k], 64)) out.erase(k);
+    for (const char* k : {"minItems", "maxItems"})
+      if (out.contains(k) && !small_count(out[k], 4)) out.erase(k);
+  }
+  if (out.contains("pattern") && (out.contains("minLength") || out.contains("maxLength"))) {  // the converter takes one of them
+    out.erase("minLength");
+    out.erase("maxLength");
+  }
   const bool plain = !out.contains("$ref") && !out.contains("const") && !out.contains("enum") && !out.contains("anyOf") &&
                      !out.contains("oneOf");
   if (plain && !out.contains("type")) {  // the type its keywords imply
     if (out.contains("properties")) out["type"] = "object";
     else if (out.contains("items")) out["type"] = "array";
   }
-  const std::string type = out.contains("type") && out["type"].is_string() ? out["type"].get<std::string>() : "";
-  if (type != "string") {
-    out.erase("minLength");
-    out.erase("maxLength");
+  // keywords of types the schema does not allow are dropped (a type list keeps each type's)
+  std::set<std::string> types;
+  if (out.contains("type")) {
+    if (out["type"].is_string()) types.insert(out["type"].get<std::string>());
+    else if (out["type"].is_array())
+      for (const auto& t : out["type"])
+        if (t.is_string()) types.insert(t.get<std::string>());
   }
-  if (type != "array") {
-    out.erase("minItems");
-    out.erase("maxItems");
-    out.erase("items");
-  }
-  if (type != "object") {
-    out.erase("properties");
-    out.erase("required");
-    out.erase("additionalProperties");
+  if (plain && !types.empty()) {
+    if (!types.count("string"))
+      for (const char* k : {"minLength", "maxLength", "pattern"}) out.erase(k);
+    if (!types.count("array"))
+      for (const char* k : {"minItems", "maxItems", "items"}) out.erase(k);
+    if (!types.count("object"))
+      for (const char* k : {"properties", "required", "additionalProperties"}) out.erase(k);
+    if (!types.count("number") && !types.count("integer"))
+      for (const char* k : {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"}) out.erase(k);
   }
   if (out.contains("items") && !out["items"].is_object() && !out["items"].is_boolean()) out.erase("items");
   if (out.contains("additionalProperties")) {
-    const ojson& ap = out["additionalProperties"];
-    const bool no_extra = ap.is_boolean() && !ap.get<bool>();
-    if (!no_extra) out.erase("additionalProperties");  // no extra properties are written
+    ojson& ap = out["additionalProperties"];
+    if (ap.is_object()) ap = relax_schema(ap, coarse);
+    else if (!ap.is_boolean()) out.erase("additionalProperties");
   }
   if (out.contains("properties")) {
     if (!out["properties"].is_object()) {
       out.erase("properties");
     } else {
-      for (auto it = out["properties"].begin(); it != out["properties"].end(); ++it) it.value() = relax_schema(it.value());
+      for (auto it = out["properties"].begin(); it != out["properties"].end(); ++it) it.value() = relax_schema(it.value(), coarse);
     }
   }
   if (out.contains("required")) {
     ojson req = ojson::array();
     if (out["required"].is_array() && out.contains("properties"))
       for (const auto& r : out["required"])
-        if (r.is_string() && out["properties"].contains(r.get<std::string>())) req.push_back(r);
+        if (r.is_string() && out["properties"].contains(r.get<std::string>())) {
+          bool dup = false;
+          for (const auto& q : req) dup = dup || q == r;
+          if (!dup) req.push_back(r);
+        }
     if (req.empty()) out.erase("required");
     else out["required"] = std::move(req);
   }
-  if (out.contains("items")) out["items"] = relax_schema(out["items"]);
+  if (out.contains("items")) out["items"] = relax_schema(out["items"], coarse);
   for (const char* k : {"anyOf", "oneOf"})
     if (out.contains(k) && out[k].is_array())
-      for (auto& v : out[k]) v = relax_schema(v);
+      for (auto& v : out[k]) v = relax_schema(v, coarse);
   for (const char* d : {"$defs", "definitions"})
     if (out.contains(d) && out[d].is_object())
-      for (auto it = out[d].begin(); it != out[d].end(); ++it) it.value() = relax_schema(it.value());
+      for (auto it = out[d].begin(); it != out[d].end(); ++it) it.value() = relax_schema(it.value(), coarse);
   return out;
 }
 
@@ -402,13 +449,21 @@ void set_tool_constraint(GenParams& gen, const ojson& tools, const ojson& tool_c
     specs.push_back(std::move(s));
   }
   try {
-    gen.tool_grammar = grammar::Grammar::parse(tool_gbnf(specs, mode, forced, thinking, one_call));
+    gen.tool_grammar = grammar::Grammar::parse(tool_gbnf(specs, mode, forced, thinking, one_call), tool_budget());
+  } catch (const grammar::SchemaError& e) {
+    throw ApiError(400, fmt::format("tools: a tool's parameters cannot be enforced: {} (keyword '{}')", e.what(), e.feature),
+                   "invalid_request_error", "tools", "unsupported_schema");
   } catch (const std::exception& e) {
     throw ApiError(400, fmt::format("tools: the tool-call grammar of these tools cannot be built: {}", e.what()),
                    "invalid_request_error", "tools");
   }
   gen.tool_trigger = mode == ToolMode::Auto && !one_call ? kToolTrigger : "";
-  if (mode == ToolMode::Required) gen.grammar = nullptr;  // the response is empty
+  if (mode == ToolMode::Required) {
+    gen.grammar = nullptr;  // the response is empty
+    // the answer ends with a call: its cheapest completion is forced once max_tokens leaves only
+    // its room, and the think channel is closed early enough (Scheduler::start)
+    gen.tool_must_finish = true;
+  }
 }
 
 }  // namespace kimi::server

@@ -56,7 +56,14 @@ std::string tool_gbnf(const std::vector<ToolSpec>& tools, ToolMode mode, const s
 // (pattern, format, minimum, ...) are dropped, `allOf` merged, additionalProperties beside
 // properties dropped (no extra properties are generated). Generation under the relaxed schema
 // writes values the original may refuse only where those keywords would.
-nlohmann::ordered_json relax_schema(const nlohmann::ordered_json& schema);
+// coarse: also drop lengths above 64 and item counts above 4 (the fallback of a schema whose exact
+// grammar exceeds the engine's limits).
+nlohmann::ordered_json relax_schema(const nlohmann::ordered_json& schema, bool coarse = false);
+
+// The compile budget of a whole tool grammar: the default one, with the expanded size allowed
+// kMaxToolCalls + 1 times over (the tools section refers to the calls' rule once per call it may
+// hold; each tool's own grammar is held to the default budget).
+grammar::Budget tool_budget();
 
 // Sets gen.tool_grammar / gen.tool_trigger for a chat request's `tools` and `tool_choice` (the
 // OpenAI chat shapes, already checked; null when absent): required or a named function -> from the

@@ -365,8 +365,9 @@ ChatRequest ChatRequest::from_json(const ojson& body) {
 std::string render_chat(const ChatRequest& req) {
   const bool thinking = req.thinking ? truthy(*req.thinking) : true;
   const ojson effort = req.thinking_effort ? *req.thinking_effort : ojson("max");
-  const bool effort_known = effort.is_string() && (effort == "low" || effort == "medium" || effort == "high" ||
-                                                    effort == "max");
+  // the K3 template's check takes low, high and max (its message and instruction also name medium,
+  // which the model was never shown: refused with the template's own message)
+  const bool effort_known = effort.is_string() && (effort == "low" || effort == "high" || effort == "max");
   if (thinking && !effort.is_null() && !effort_known)
     fail("Unsupported thinking_effort={}; supported values are low, medium, high, and max.", py_str(effort));
   std::string out;
@@ -1026,12 +1027,29 @@ ChatDelta ChatParser::push(std::string_view text) {
     if (is_open || is_close) {
       const size_t hdr = (is_open ? open : close).size();
       const size_t sep = rest.find(SEP, hdr);
+      // a bare tag: another "<|" before its <|sep|>, or no <|sep|> within kMaxTagHeader bytes. In a
+      // channel or between sections it is dropped (the text after it is kept): a stray <|open|> /
+      // <|close|> of the model never reaches a client's reasoning or content verbatim
+      const size_t next = rest.find("<|", hdr);
+      const bool sep_may_start = sep == std::string_view::npos && next != std::string_view::npos &&
+                                 std::string_view(SEP).substr(0, rest.size() - next) == rest.substr(next);
+      const bool bare = free_text() && ((next < sep && !sep_may_start) ||
+                                        (sep == std::string_view::npos && rest.size() - hdr > kMaxTagHeader) ||
+                                        (sep != std::string_view::npos && sep - hdr > kMaxTagHeader));
+      if (bare) {
+        pos += hdr;
+        continue;
+      }
       if (sep == std::string_view::npos) break;  // header not complete yet: wait
       handle_tag(is_open, rest.substr(hdr, sep - hdr), d);
       pos += sep + std::string_view(SEP).size();
       continue;
     }
-    if (starts(EOM) || starts(OPEN) || starts(CLOSE)) break;  // could still become a tag: wait
+    if (rest.size() >= std::string_view(SEP).size() && rest.substr(0, std::string_view(SEP).size()) == SEP && free_text()) {
+      pos += std::string_view(SEP).size();  // a bare <|sep|>: dropped as well
+      continue;
+    }
+    if (starts(EOM) || starts(OPEN) || starts(CLOSE) || starts(SEP)) break;  // could still become a tag: wait
     emit_text(std::string_view(buf_).substr(pos, 2), d);  // a literal "<|"
     pos += 2;
   }
@@ -1044,7 +1062,13 @@ ChatDelta ChatParser::finish() {
   ChatDelta d;
   // held text is the start of a tag: in a channel it is text after all; inside a call (cut off) the
   // arguments end without it
-  if (where_ != Where::Done && !(args_.open && (where_ == Where::Argument || where_ == Where::Json))) emit_text(buf_, d);
+  if (where_ != Where::Done && !(args_.open && (where_ == Where::Argument || where_ == Where::Json))) {
+    std::string_view held(buf_);
+    if (free_text())
+      for (const std::string_view tag : {std::string_view(OPEN), std::string_view(CLOSE), std::string_view(SEP)})
+        if (held.substr(0, tag.size()) == tag) held.remove_prefix(tag.size());  // a bare tag: dropped (push)
+    emit_text(held, d);
+  }
   buf_.clear();
   if (args_.open) args_close(d);  // a call cut off: its JSON still ends as an object
   return d;

@@ -94,7 +94,10 @@ struct ChatDelta {
 
 // Incremental parser of the assistant output that follows the generation prompt. Feed it the
 // detokenized text (special tokens as their text) in any chunking; a chunk may end in the middle
-// of a tag, which is held back until complete. start_in_think: the prompt ended with the think
+// of a tag, which is held back until complete. In the think and response channels (and between
+// sections) a bare tag -- <|open|> or <|close|> not followed by a header and <|sep|> before the
+// next "<|" (or within kMaxTagHeader bytes), or a <|sep|> alone -- is dropped from the text (the
+// text after it is kept), so stray tags of the model never reach a client verbatim. start_in_think: the prompt ended with the think
 // tag open (thinking on); otherwise with the response tag open.
 class ChatParser {
  public:
@@ -105,6 +108,10 @@ class ChatParser {
 
  private:
   enum class Where { Think, Response, Tools, Call, Argument, Json, Outside, Done };
+  // A tag header (between <|open|> / <|close|> and <|sep|>) longer than this, in a channel or
+  // between sections, makes the tag a bare one (dropped; its text is kept).
+  static constexpr size_t kMaxTagHeader = 256;
+  bool free_text() const { return where_ == Where::Think || where_ == Where::Response || where_ == Where::Outside; }
   void handle_tag(bool open, std::string_view header, ChatDelta& d);
   void emit_text(std::string_view text, ChatDelta& d);
   Where where_;

@@ -178,9 +178,12 @@ TEST(ServerGrammar, BadConstraintsAre400NamingTheProblem) {
   RunningServer r(server_opts());
   struct Case { ojson extra; std::string param, in_message; };
   const std::vector<Case> cases = {
-      {{{"json_schema", {{"type", "string"}, {"pattern", "^a+$"}}}}, "json_schema", "'pattern'"},
-      {{{"response_format", {{"type", "json_schema"}, {"json_schema", {{"schema", {{"type", "integer"}, {"minimum", 1}}}}}}}},
-       "response_format.json_schema.schema", "'minimum'"},
+      {{{"json_schema", {{"type", "string"}, {"pattern", "(?=a)a+"}}}}, "json_schema", "'pattern'"},  // lookaround
+      {{{"response_format", {{"type", "json_schema"},
+                             {"json_schema", {{"name", "x"}, {"schema", {{"type", "number"}, {"minimum", 0.2}, {"maximum", 0.8}}}}}}}},
+       "response_format.json_schema.schema", "'minimum'"},  // no integer inside the range
+      {{{"response_format", {{"type", "json_schema"}, {"json_schema", {{"name", "x"}, {"schema", {{"type", "number"}, {"multipleOf", 2}}}}}}}},
+       "response_format.json_schema.schema", "'multipleOf'"},
       {{{"response_format", {{"type", "json_schema"}, {"json_schema", {{"name", "x"}}}}}},
        "response_format.json_schema.schema", "required"},
       {{{"grammar", "root ::= undefined-rule"}}, "grammar", "'undefined-rule' is used but not defined"},
@@ -196,5 +199,128 @@ TEST(ServerGrammar, BadConstraintsAre400NamingTheProblem) {
     EXPECT_EQ(st, 400) << j.dump();
     EXPECT_EQ(j["error"]["param"], c.param) << j.dump();
     EXPECT_NE(j["error"]["message"].get<std::string>().find(c.in_message), std::string::npos) << j.dump();
+  }
+}
+
+// ------------------------------------------------------------------------------------------------
+// Issue 38: schemas the enforced tool grammar got wrong (each valid; each call checked here by hand
+// against the schema, the schema suite tests/schema checks hundreds with python3-jsonschema).
+
+namespace {
+
+size_t code_points(const std::string& s) {
+  size_t n = 0;
+  for (unsigned char c : s) n += (c & 0xC0) != 0x80;
+  return n;
+}
+
+RunningServer& tool_srv() {
+  static RunningServer s([] {
+    server::ServerOptions o = server_opts();
+    o.ctx = 4096;  // the nested schema's declaration alone is ~1 500 tokens
+    return o;
+  }());
+  return s;
+}
+
+// The arguments of forced calls of tool "t" with these parameters (seeds 1..n), whole answers.
+std::vector<ojson> forced_args(const ojson& params, int n, int* status = nullptr, ojson* error = nullptr) {
+  std::vector<ojson> out;
+  for (int seed = 1; seed <= n; ++seed) {
+    const ojson body = {{"messages", kMsgs}, {"thinking", false}, {"max_tokens", 150}, {"seed", seed},
+                        {"tools", ojson::array({{{"type", "function"}, {"function", {{"name", "t"}, {"parameters", params}}}}})},
+                        {"tool_choice", {{"type", "function"}, {"function", {{"name", "t"}}}}}};
+    int st = 0;
+    const ojson r = tool_srv().post("/v1/chat/completions", body, &st);
+    if (status) *status = st;
+    if (st != 200) {
+      if (error) *error = r;
+      return out;
+    }
+    const ojson& c = r["choices"][0];
+    EXPECT_EQ(c["finish_reason"], "tool_calls") << r.dump();
+    if (!c["message"].contains("tool_calls")) continue;
+    out.push_back(ojson::parse(c["message"]["tool_calls"][0]["function"]["arguments"].get<std::string>()));
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST(ServerGrammar, ToolTypeListsKeepTheirKeywords) {
+  // "type": ["object"] / ["array"] / ["string"] made the grammar ignore properties, items, maxLength
+  const ojson p = ojson::parse(R"({"type": "object", "properties": {"value": {"type": ["object"],
+      "properties": {"id": {"type": "string", "maxLength": 4}}, "required": ["id"], "additionalProperties": false},
+      "list": {"type": ["array"], "items": {"type": "boolean"}, "maxItems": 2},
+      "s": {"type": ["string"], "maxLength": 3}}, "required": ["value", "list", "s"], "additionalProperties": false})");
+  const auto all = forced_args(p, 6);
+  EXPECT_EQ(all.size(), 6u);
+  for (const ojson& a : all) {
+    SCOPED_TRACE(a.dump());
+    ASSERT_TRUE(a["value"].is_object());
+    ASSERT_EQ(a["value"].size(), 1u);
+    ASSERT_TRUE(a["value"]["id"].is_string());
+    EXPECT_LE(code_points(a["value"]["id"].get<std::string>()), 4u);
+    ASSERT_TRUE(a["list"].is_array());
+    EXPECT_LE(a["list"].size(), 2u);
+    for (const auto& b : a["list"]) EXPECT_TRUE(b.is_boolean());
+    ASSERT_TRUE(a["s"].is_string());
+    EXPECT_LE(code_points(a["s"].get<std::string>()), 3u);
+  }
+}
+
+TEST(ServerGrammar, ToolRefsNestedOptionalsAndAdditionalProperties) {
+  // a $ref into a $defs entry by JSON pointer was a 400
+  const ojson ref = ojson::parse(R"({"type": "object", "$defs": {"p": {"type": "object", "properties":
+      {"id": {"type": "integer", "minimum": 3, "maximum": 7}}}}, "properties": {"id": {"$ref": "#/$defs/p/properties/id"}},
+      "required": ["id"], "additionalProperties": false})");
+  for (const ojson& a : forced_args(ref, 4)) {
+    ASSERT_TRUE(a["id"].is_number_integer()) << a.dump();
+    EXPECT_GE(a["id"].get<int>(), 3);
+    EXPECT_LE(a["id"].get<int>(), 7);
+  }
+  // 6 optional objects of 6 optional strings: a 400 "more than 1048576 symbols"
+  ojson inner = {{"type", "object"}, {"properties", ojson::object()}, {"additionalProperties", false}};
+  for (int i = 0; i < 6; ++i) inner["properties"]["f" + std::to_string(i)] = {{"type", "string"}, {"maxLength", 5}};
+  ojson nested = {{"type", "object"}, {"properties", ojson::object()}, {"additionalProperties", false}};
+  for (int i = 0; i < 6; ++i) nested["properties"]["o" + std::to_string(i)] = inner;
+  int st = 0;
+  ojson err;
+  const auto all = forced_args(nested, 4, &st, &err);
+  ASSERT_EQ(st, 200) << err.dump();
+  for (const ojson& a : all) {
+    for (auto it = a.begin(); it != a.end(); ++it) {
+      ASSERT_EQ(it.key().size(), 2u) << a.dump();
+      ASSERT_TRUE(it.value().is_object()) << a.dump();
+      for (auto f = it.value().begin(); f != it.value().end(); ++f) EXPECT_TRUE(f.value().is_string()) << a.dump();
+    }
+  }
+  // an object without properties honours additionalProperties (false: {}; a schema: its values)
+  const ojson closed = ojson::parse(R"({"type": "object", "properties": {"m": {"type": "object", "additionalProperties": false}},
+      "required": ["m"], "additionalProperties": false})");
+  for (const ojson& a : forced_args(closed, 4)) EXPECT_EQ(a, ojson::parse(R"({"m": {}})"));
+  const ojson ints = ojson::parse(R"({"type": "object", "properties": {"m": {"type": "object",
+      "additionalProperties": {"type": "integer", "minimum": 0, "maximum": 9}}}, "required": ["m"], "additionalProperties": false})");
+  for (const ojson& a : forced_args(ints, 4))
+    for (auto it = a["m"].begin(); it != a["m"].end(); ++it) {
+      ASSERT_TRUE(it.value().is_number_integer()) << a.dump();
+      EXPECT_TRUE(it.value().get<int>() >= 0 && it.value().get<int>() <= 9) << a.dump();
+    }
+  // a pattern outside the regex subset: a 400 naming the keyword
+  const ojson bad = ojson::parse(R"({"type": "object", "properties": {"s": {"type": "string", "pattern": "(?<=a)b"}}})");
+  forced_args(bad, 1, &st, &err);
+  EXPECT_EQ(st, 400);
+  EXPECT_NE(err["error"]["message"].get<std::string>().find("pattern"), std::string::npos) << err.dump();
+}
+
+// maxLength in enforced arguments: a string holding '<' got one character too many (21 code points
+// for maxLength 20): now a '<' is written as \u003c and counts once.
+TEST(ServerGrammar, ToolMaxLengthCountsEveryCharacter) {
+  const ojson p = ojson::parse(R"({"type": "object", "properties": {"s": {"type": "string", "maxLength": 4}},
+      "required": ["s"], "additionalProperties": false})");
+  const auto all = forced_args(p, 10);
+  EXPECT_EQ(all.size(), 10u);
+  for (const ojson& a : all) {
+    EXPECT_LE(code_points(a["s"].get<std::string>()), 4u) << a.dump();
   }
 }

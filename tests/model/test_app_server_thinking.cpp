@@ -480,9 +480,10 @@ TEST(ServerThinking, GrammarsStayValidAcrossTheForcedClose) {
   EXPECT_GE(at_none, static_cast<size_t>(kB));
   EXPECT_LE(at_none, static_cast<size_t>(kB + 3));
   EXPECT_NE(none.result.finish_reason, server::FinishReason::GrammarDeadEnd);
-  // without a budget the grammar-held thinking runs on past B
-  const JobRun unbudgeted = run_job({{"messages", kUser}, {"temperature", 0}, {"max_tokens", kN}, {"tools", tools},
-                            {"tool_choice", "required"}});
+  // without a budget the grammar-held thinking runs on past B (max_tokens leaves the call its room:
+  // a required call closes thinking at max_tokens - (3T/2 + 16) at the latest)
+  const JobRun unbudgeted = run_job({{"messages", kUser}, {"temperature", 0}, {"max_tokens", 200}, {"ignore_eos", true},
+                                     {"tools", tools}, {"tool_choice", "required"}});
   EXPECT_EQ(find_seq(std::vector<int32_t>(unbudgeted.ids.begin(), unbudgeted.ids.begin() + std::min<size_t>(unbudgeted.ids.size(), kB + 3 + 14)),
                      srv().s->scheduler().think_close()),
             std::string::npos);
@@ -560,4 +561,22 @@ TEST(ServerThinking, BadBudgetIs400NamingTheField) {
     EXPECT_EQ(r["error"]["type"], "invalid_request_error") << r.dump();
     EXPECT_NE(r["error"]["message"].get<std::string>().find("thinking.budget_tokens"), std::string::npos) << r.dump();
   }
+}
+
+// Issue 38's repro: on the tiny model this request thinks past a bare <|close|> (one that no tag
+// name and <|sep|> follow); the budget stopped counting there and the answer held 234 tokens of
+// reasoning. The budget counts every think-channel token until a whole tag leaves the channel, and
+// the bare tags do not reach the client.
+TEST(ServerThinking, BudgetCountsPastABareCloseTag) {
+  const ojson r = chat({{"messages", ojson::array({{{"role", "user"}, {"content", "say hi"}}})}, {"thinking_budget_tokens", 32},
+                        {"max_tokens", 400}, {"seed", 91}, {"temperature", 1}});
+  const std::string reasoning = reasoning_of(r);
+  const JobRun j = run_job({{"messages", ojson::array({{{"role", "user"}, {"content", "say hi"}}})}, {"thinking_budget_tokens", 32},
+                            {"max_tokens", 120}, {"seed", 91}, {"temperature", 1}, {"ignore_eos", true}});
+  EXPECT_GE(j.result.n_thinking, 32);
+  EXPECT_LE(j.result.n_thinking, 32 + 3) << r.dump();
+  const size_t at = find_seq(j.ids, srv().s->scheduler().think_close());  // the forced close came
+  EXPECT_GE(at, 32u);
+  EXPECT_LE(at, 32u + 3u);
+  for (const char* tag : {"<|open|>", "<|close|>", "<|sep|>"}) EXPECT_EQ(reasoning.find(tag), std::string::npos) << r.dump();
 }

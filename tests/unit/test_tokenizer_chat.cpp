@@ -523,3 +523,30 @@ TEST(ChatParse, RandomCallsAlwaysStreamOneObject) {
     }
   }
 }
+
+// Issue 38: bare tags the model writes inside its thinking (an <|open|> or <|close|> that no tag
+// name and <|sep|> follow, a <|sep|> alone) reached clients verbatim; they are dropped, the text
+// around them kept, in any chunking. A real close still ends the think channel.
+TEST(ChatParse, BareTagsAreDroppedFromTheChannels) {
+  const std::string out =
+      "one<|close|>two<|open|><|open|>three<|sep|>four<|close|>think<|sep|><|open|>response<|sep|>five<|close|>six";
+  for (size_t chunk : {1u, 2u, 5u, 1000u}) {
+    ChatParser p(true);
+    std::string reasoning, content;
+    for (size_t i = 0; i < out.size(); i += chunk) {
+      ChatDelta d = p.push(std::string_view(out).substr(i, chunk));
+      reasoning += d.reasoning;
+      content += d.content;
+    }
+    ChatDelta d = p.finish();
+    reasoning += d.reasoning;
+    content += d.content;
+    EXPECT_EQ(reasoning, "onetwofour") << chunk;  // <|open|>three<|sep|>: a whole tag of no known name, dropped
+    EXPECT_EQ(content, "fivesix") << chunk;
+    EXPECT_EQ(p.message().reasoning, reasoning);
+  }
+  // a header longer than ChatParser::kMaxTagHeader without <|sep|>: a bare tag, not held back
+  ChatParser q(true);
+  const ChatDelta d = q.push("<|open|>" + std::string(300, 'x'));
+  EXPECT_EQ(d.reasoning, std::string(300, 'x'));
+}

@@ -78,8 +78,14 @@ int cmd_run(int argc, char** argv) {
       media += kimi::media_text(ps.back());
     }
     std::vector<const kimi::image::Patches*> pp;
-    for (const auto& p : ps) pp.push_back(&p);
+    int64_t n_patches = 0;
+    for (const auto& p : ps) pp.push_back(&p), n_patches += p.size.gh * p.size.gw;
+    const auto tv = std::chrono::steady_clock::now();
     image_rows = vr.encode(pp);
+    const double sv = std::chrono::duration<double>(std::chrono::steady_clock::now() - tv).count();
+    std::fprintf(stderr, "images: %zu, %lld patches -> %lld tokens, vision tower %.3f s (%.1f patches/s)\n", ps.size(),
+                 static_cast<long long>(n_patches), static_cast<long long>(image_rows.size() / model->hparams().n_embd),
+                 sv, n_patches / std::max(sv, 1e-9));
     placeholder = vr.model().hp().placeholder;
     prompt = media + prompt;
   }

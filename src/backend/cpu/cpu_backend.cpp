@@ -698,32 +698,49 @@ void CpuBackend::segment_attention(const float* qkv, int64_t ld, int64_t n, int6
   check(D <= 512, "segment_attention: head_dim {} (at most 512)", D);
   check(n_seg >= 1 && seg[0] == 0 && seg[n_seg] == n, "segment_attention: segments do not cover the {} rows", n);
   const int64_t Q = H * D;
-  // one work item per (row, head); the row's segment found by a binary search of the bounds
-  par(n * H, (n / n_seg + 1) * D * 4, [&](int64_t item, int) {
-    const int64_t t = item / H, h = item % H;
-    const int64_t si = std::upper_bound(seg, seg + n_seg + 1, t) - seg - 1;
-    const int64_t s0 = seg[si], s1 = seg[si + 1];
-    const float* q = qkv + t * ld + h * D;
-    float acc[512];
-    std::fill(acc, acc + D, 0.0f);
-    float mx = -INFINITY, sum = 0.0f;
-    for (int64_t s = s0; s < s1; ++s) {
-      const float* k = qkv + s * ld + Q + h * D;
-      const float* v = qkv + s * ld + 2 * Q + h * D;
-      const float sc = scale * kern::dot_f32(q, k, D);
-      if (sc > mx) {
-        const float r = std::exp(mx - sc);  // exp(-inf) = 0 on the first key
-        for (int64_t i = 0; i < D; ++i) acc[i] *= r;
-        sum *= r;
-        mx = sc;
+  // A work item is a block of kRows consecutive query rows and one head: every key and value row
+  // is read once per block instead of once per query (the rows of a big image do not fit in the
+  // cache). Each query keeps its own online softmax over its segment's keys in key order, so the
+  // result does not depend on the blocking.
+  constexpr int64_t kRows = 16;
+  const int64_t n_blocks = (n + kRows - 1) / kRows;
+  par(n_blocks * H, kRows * (n / n_seg + 1) * D * 4, [&](int64_t item, int) {
+    const int64_t blk = item / H, h = item % H;
+    const int64_t r0 = blk * kRows, r1 = std::min(n, r0 + kRows);
+    float acc[kRows][512];
+    float mx[kRows], sum[kRows], sc[kRows];
+    for (int64_t a = r0; a < r1;) {  // runs of rows in the same segment
+      const int64_t si = std::upper_bound(seg, seg + n_seg + 1, a) - seg - 1;
+      const int64_t s0 = seg[si], s1 = seg[si + 1];
+      const int64_t b = std::min(r1, s1), m = b - a;
+      for (int64_t i = 0; i < m; ++i) {
+        std::fill(acc[i], acc[i] + D, 0.0f);
+        mx[i] = -INFINITY;
+        sum[i] = 0.0f;
       }
-      const float p = std::exp(sc - mx);
-      sum += p;
-      kern::axpy_f32(p, v, acc, D);
+      for (int64_t s = s0; s < s1; ++s) {
+        const float* k = qkv + s * ld + Q + h * D;
+        const float* v = qkv + s * ld + 2 * Q + h * D;
+        for (int64_t i = 0; i < m; ++i) sc[i] = scale * kern::dot_f32(qkv + (a + i) * ld + h * D, k, D);
+        for (int64_t i = 0; i < m; ++i) {
+          if (sc[i] > mx[i]) {
+            const float r = std::exp(mx[i] - sc[i]);  // exp(-inf) = 0 on the first key
+            for (int64_t j = 0; j < D; ++j) acc[i][j] *= r;
+            sum[i] *= r;
+            mx[i] = sc[i];
+          }
+          const float p = std::exp(sc[i] - mx[i]);
+          sum[i] += p;
+          kern::axpy_f32(p, v, acc[i], D);
+        }
+      }
+      for (int64_t i = 0; i < m; ++i) {
+        float* o = out + (a + i) * Q + h * D;
+        const float inv = 1.0f / sum[i];
+        for (int64_t j = 0; j < D; ++j) o[j] = acc[i][j] * inv;
+      }
+      a = b;
     }
-    float* o = out + t * Q + h * D;
-    const float inv = 1.0f / sum;
-    for (int64_t i = 0; i < D; ++i) o[i] = acc[i] * inv;
   });
 }
 

@@ -128,12 +128,7 @@ void map_tools(const ojson& b, ojson& chat, std::set<std::string>& names, FieldM
       if (!sc) bad(w + ".input_schema", "Field required");
       if (!sc->is_object()) bad(w + ".input_schema", "must be an object (a JSON schema)");
       fn["parameters"] = *sc;
-      const std::string cw = fmt::format("tools[{}]", out.size());  // server tools left out: other indices
-      fm.add(cw, w);
-      fm.add(cw + ".function", w);
-      fm.add(cw + ".function.name", w + ".name");
-      fm.add(cw + ".function.description", w + ".description");
-      fm.add(cw + ".function.parameters", w + ".input_schema");
+      fm.add_tool(out.size(), w, "input_schema");  // server tools left out: other indices
       out.push_back({{"type", "function"}, {"function", std::move(fn)}});
     }
     if (!out.empty()) chat["tools"] = std::move(out);
@@ -215,11 +210,12 @@ AnthropicRequest anthropic_to_chat(const ojson& b, const Limits& lim, bool count
   FieldMap& fm = r.fields;
   map_tools(b, chat, tool_names, fm);
   for (const char* k : {"max_tokens", "temperature", "top_p", "top_k", "tool_choice", "thinking"}) fm.add(k, k);
-  fm.add("thinking_budget_tokens", "thinking.budget_tokens");
-  fm.add("thinking_effort", "output_config.effort");
-  fm.add("response_format", "output_config.format");
-  fm.add("response_format.json_schema.schema", "output_config.format.schema");
-  fm.add("parallel_tool_calls", "tool_choice.disable_parallel_tool_use");
+  for (const auto& [c, own] : {std::pair{"thinking_budget_tokens", "thinking.budget_tokens"},
+                               {"thinking_effort", "output_config.effort"},
+                               {"response_format", "output_config.format"},
+                               {"response_format.json_schema.schema", "output_config.format.schema"},
+                               {"parallel_tool_calls", "tool_choice.disable_parallel_tool_use"}})
+    fm.add(c, own);
 
   ojson msgs = ojson::array();
   auto chat_msg = [&] { return fmt::format("messages[{}]", msgs.size()); };  // the next chat message's path
@@ -318,12 +314,7 @@ AnthropicRequest anthropic_to_chat(const ojson& b, const Limits& lim, bool count
         const ojson* in = get(bl, "input");
         if (!in) bad(bw + ".input", "Field required");
         if (!in->is_object()) bad(bw + ".input", fmt::format("must be a JSON object (got {})", in->type_name()));
-        const std::string cw = fmt::format("{}.tool_calls[{}]", chat_msg(), calls.size());
-        fm.add(cw, bw);
-        fm.add(cw + ".id", bw + ".id");
-        fm.add(cw + ".function", bw);
-        fm.add(cw + ".function.name", bw + ".name");
-        fm.add(cw + ".function.arguments", bw + ".input");
+        fm.add_call(fmt::format("{}.tool_calls[{}]", chat_msg(), calls.size()), bw, "id", "input");
         calls.push_back({{"id", id}, {"type", "function"}, {"function", {{"name", name}, {"arguments", *in}}}});
         open_calls.insert(id);
       } else {

@@ -68,12 +68,7 @@ void map_tools(const ojson& b, ojson& chat, ojson& echo, FieldMap& fm) {
         if (!p->is_object()) bad(w + ".parameters", "must be an object (a JSON schema)");
         fn["parameters"] = *p;
       }
-      const std::string cw = fmt::format("tools[{}]", out.size());  // hosted tools left out: other indices
-      fm.add(cw, w);
-      fm.add(cw + ".function", w);
-      fm.add(cw + ".function.name", w + ".name");
-      fm.add(cw + ".function.description", w + ".description");
-      fm.add(cw + ".function.parameters", w + ".parameters");
+      fm.add_tool(out.size(), w, "parameters");  // hosted tools left out: other indices
       out.push_back({{"type", "function"}, {"function", std::move(fn)}});
     }
     echo["tools"] = *tools;
@@ -172,13 +167,14 @@ ResponsesRequest responses_to_chat(const ojson& b, const Limits& lim) {
   FieldMap& fm = r.fields;
   map_tools(b, chat, r.echo, fm);
   for (const char* k : {"temperature", "top_p", "tool_choice", "parallel_tool_calls"}) fm.add(k, k);
-  fm.add("max_tokens", "max_output_tokens");
-  fm.add("thinking", "reasoning.effort");
-  fm.add("thinking_effort", "reasoning.effort");
-  fm.add("response_format", "text.format");
-  fm.add("response_format.json_schema.schema", "text.format.schema");
-  fm.add("response_format.json_schema.name", "text.format.name");
-  fm.add("response_format.json_schema.strict", "text.format.strict");
+  for (const auto& [c, own] : {std::pair{"max_tokens", "max_output_tokens"},
+                               {"thinking", "reasoning.effort"},
+                               {"thinking_effort", "reasoning.effort"},
+                               {"response_format", "text.format"},
+                               {"response_format.json_schema.schema", "text.format.schema"},
+                               {"response_format.json_schema.name", "text.format.name"},
+                               {"response_format.json_schema.strict", "text.format.strict"}})
+    fm.add(c, own);
 
   ojson msgs = ojson::array();
   auto chat_msg = [&] { return fmt::format("messages[{}]", msgs.size()); };  // the next chat message's path
@@ -265,12 +261,7 @@ ResponsesRequest responses_to_chat(const ojson& b, const Limits& lim) {
         bad(w + ".arguments", "must be a JSON object (as a string)");
       ojson& a = assistant();
       if (!a.contains("tool_calls")) a["tool_calls"] = ojson::array();
-      const std::string cw = fmt::format("{}.tool_calls[{}]", chat_msg(), a["tool_calls"].size());
-      fm.add(cw, w);
-      fm.add(cw + ".id", w + ".call_id");
-      fm.add(cw + ".function", w);
-      fm.add(cw + ".function.name", w + ".name");
-      fm.add(cw + ".function.arguments", w + ".arguments");
+      fm.add_call(fmt::format("{}.tool_calls[{}]", chat_msg(), a["tool_calls"].size()), w, "call_id", "arguments");
       a["tool_calls"].push_back({{"id", id}, {"type", "function"}, {"function", {{"name", name}, {"arguments", parsed}}}});
     } else if (type == "function_call_output") {
       const std::string id = str(it, "call_id", w, true);

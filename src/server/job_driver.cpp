@@ -84,6 +84,23 @@ std::string FieldMap::own(const std::string& chat_path) const {
   return best ? best->second + chat_path.substr(best->first.size()) : chat_path;
 }
 
+void FieldMap::add_tool(size_t i, const std::string& own, const char* schema_key) {
+  const std::string c = fmt::format("tools[{}]", i);
+  add(c, own);
+  add(c + ".function", own);
+  add(c + ".function.name", own + ".name");
+  add(c + ".function.description", own + ".description");
+  add(c + ".function.parameters", own + "." + schema_key);
+}
+
+void FieldMap::add_call(const std::string& call, const std::string& own, const char* id_key, const char* arguments_key) {
+  add(call, own);
+  add(call + ".id", own + "." + id_key);
+  add(call + ".function", own);
+  add(call + ".function.name", own + ".name");
+  add(call + ".function.arguments", own + "." + arguments_key);
+}
+
 std::string FieldMap::rename(const std::string& text) const {
   auto word = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.'; };
   std::string out;

@@ -129,6 +129,12 @@ struct FieldReader {
 struct FieldMap {
   std::vector<std::pair<std::string, std::string>> paths;  // (chat path, own path)
   void add(std::string chat, std::string own) { paths.emplace_back(std::move(chat), std::move(own)); }
+  // chat's tools[i] ({"type":"function","function":{"name","description","parameters"}}) was the
+  // API's tool at `own`, its schema at own.<schema_key>
+  void add_tool(size_t i, const std::string& own, const char* schema_key);
+  // a chat tool call at `call` (messages[m].tool_calls[c]: id, function.name, function.arguments) was
+  // the API's item at `own` (its id at own.<id_key>, name at own.name, arguments at own.<arguments_key>)
+  void add_call(const std::string& call, const std::string& own, const char* id_key, const char* arguments_key);
   // the own path of a chat path: its longest mapped prefix (ending at a '.' or '[') replaced; an
   // unmapped path as it is
   std::string own(const std::string& chat_path) const;

@@ -38,7 +38,7 @@ struct Limits {
                                 // a prompt text longer than limit * this is refused untokenized
   // Sampling of a request that leaves a field out (kimi serve --temp, --top-k, ...; OpenAI's
   // temperature 1 by default). The seed: a random one per request unless fixed_seed.
-  SamplerParams sampling = {.temp = 1.0f};
+  SamplerParams sampling = {.temp = 1.0f, .top_p = 0.95f};  // K3's sampling contract
   bool fixed_seed = false;
   // The thinking budget of a chat request that gives none (kimi serve --reasoning-budget;
   // GenParams::thinking_budget): -1 no cap.

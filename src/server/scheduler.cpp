@@ -443,7 +443,8 @@ void Scheduler::start(Active& a) {
     std::vector<int32_t> q;
     if (completion_tokens(*a.tool_matcher, q)) {
       const int t = static_cast<int>(q.size());
-      const int cap = std::max(0, gp.max_tokens - (t + t / 2 + 16));
+      const int room = std::min(gp.max_tokens, n_ctx_ - 2 - static_cast<int>(P.size()));  // max_tokens, or the context
+      const int cap = std::max(0, room - (t + t / 2 + 16));
       a.think_budget = a.think_budget < 0 ? cap : std::min(a.think_budget, cap);
     }
   }
@@ -842,7 +843,10 @@ bool Scheduler::forced_token(Active& a, int32_t& t) {
 bool Scheduler::finish_due(Active& a, int32_t sampled) {
   const GenParams& gp = a.job->params();
   if (!gp.tool_must_finish || !tool_active(a) || a.forced_next >= 0 || a.finish_i < a.finish_q.size()) return false;
-  const int64_t left = static_cast<int64_t>(gp.max_tokens) - a.n_gen;  // including the token chosen now
+  // tokens that may still be generated, including the one chosen now: max_tokens, and the context
+  // (on_token ends the answer once the sequence holds n_ctx - 1 positions)
+  const int64_t in_ctx = static_cast<int64_t>(n_ctx_) - 1 - static_cast<int64_t>(seqs_[static_cast<size_t>(a.seq)].toks.size());
+  const int64_t left = std::min<int64_t>(static_cast<int64_t>(gp.max_tokens) - a.n_gen, in_ctx);
   // far from the end (the cost in bytes bounds the tokens from above): nothing to check
   const uint64_t now = a.tool_matcher->min_cost();
   if (now == UINT64_MAX || static_cast<int64_t>(now) + 1 + 64 < left) return false;

@@ -42,7 +42,8 @@ struct ServerOptions {
   // context's positions and batch size are still the server's (ctx, sched).
   std::optional<ContextOptions> engine;
   int ctx = 4096;                   // positions per sequence
-  SamplerParams sampling = {.temp = 1.0f};  // for requests that leave a field out (Limits::sampling)
+  // for requests that leave a field out (Limits::sampling): K3's sampling contract, temperature 1.0, top_p 0.95
+  SamplerParams sampling = {.temp = 1.0f, .top_p = 0.95f};
   bool fixed_seed = false;          // requests without "seed" use sampling.seed (else a random one)
   SchedulerOptions sched;
   // safety

@@ -418,7 +418,7 @@ TEST(AppCli, ServeSamplingFlagsAreRequestDefaults) {
   const std::string bare = R"({"prompt": "hi", "max_tokens": 2})";
   const kimi::SamplerParams openai = kimi::server::parse_completion_request(bare, tok, lim).gen.sampler;
   EXPECT_EQ(openai.temp, 1.0f);  // OpenAI's default when no flag is given
-  EXPECT_EQ(openai.top_p, 1.0f);
+  EXPECT_EQ(openai.top_p, 0.95f);  // K3's sampling contract (temperature 1.0, top_p 0.95)
   EXPECT_EQ(openai.top_k, 0);
   lim.sampling.temp = 0.25f;
   lim.sampling.top_k = 7;

@@ -569,10 +569,10 @@ TEST(ServerThinking, BadBudgetIs400NamingTheField) {
 // the bare tags do not reach the client.
 TEST(ServerThinking, BudgetCountsPastABareCloseTag) {
   const ojson r = chat({{"messages", ojson::array({{{"role", "user"}, {"content", "say hi"}}})}, {"thinking_budget_tokens", 32},
-                        {"max_tokens", 400}, {"seed", 91}, {"temperature", 1}});
+                        {"max_tokens", 400}, {"seed", 91}, {"temperature", 1}, {"top_p", 1}});
   const std::string reasoning = reasoning_of(r);
   const JobRun j = run_job({{"messages", ojson::array({{{"role", "user"}, {"content", "say hi"}}})}, {"thinking_budget_tokens", 32},
-                            {"max_tokens", 120}, {"seed", 91}, {"temperature", 1}, {"ignore_eos", true}});
+                            {"max_tokens", 120}, {"seed", 91}, {"temperature", 1}, {"top_p", 1}, {"ignore_eos", true}});
   EXPECT_GE(j.result.n_thinking, 32);
   EXPECT_LE(j.result.n_thinking, 32 + 3) << r.dump();
   const size_t at = find_seq(j.ids, srv().s->scheduler().think_close());  // the forced close came

@@ -987,3 +987,41 @@ TEST(Matmul, IsaOverrideOnlyGoesDown) {
 }
 
 }  // namespace
+
+// A token's row is the same bits whether it is multiplied alone (the GEMV) or in a batch of up to 15
+// tokens (the register tiles and decoded panels): the invariance that makes prefill == decode and a
+// speculative verify pass == plain decoding exact in Fast precision (docs/speculative.md). Every
+// level the CPU has, the types of the K3 files' dense and expert weights, column counts with several
+// 32-column steps / groups of 4 blocks and a tail (the old AVX-512 GEMVs summed alternate steps into
+// separate accumulators, which only showed from 128 columns on), 1 and 3 threads. Batches of 16 and
+// more tokens may take the token-lane and AMX kernels, whose sums run in another order (not checked).
+TEST(Matmul, BatchRowEqualsAlone) {
+  IsaRestore restore;
+  ThreadPool one(1), three(3);
+  std::mt19937 rng(1207);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (Isa isa : isa_levels()) {
+    set_isa(isa);
+    for (GgmlType type : {GgmlType::BF16, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::MXFP4}) {
+      for (int64_t cols : {2048, 2080, 1184}) {
+        const int64_t rows = 37;
+        const auto w = random_weights(type, rows, cols, rng);
+        const MatView W{type, w.data(), rows, cols, row_bytes(type, cols)};
+        for (int64_t nt : {2, 3, 5, 8, 9, 15}) {
+          std::vector<float> x(nt * cols);
+          for (auto& v : x) v = nd(rng);
+          for (ThreadPool* pool : {&one, &three}) {
+            std::vector<float> yb(nt * rows, NAN), y1(rows, NAN);
+            matmul(W, x.data(), nt, yb.data(), *pool, Precision::Fast);
+            for (int64_t t = 0; t < nt; ++t) {
+              matmul(W, x.data() + t * cols, 1, y1.data(), *pool, Precision::Fast);
+              ASSERT_EQ(std::memcmp(y1.data(), yb.data() + t * rows, rows * 4), 0)
+                  << isa_name(isa) << " " << type_name(type) << " cols=" << cols << " nt=" << nt << " t=" << t
+                  << " threads=" << pool->size();
+            }
+          }
+        }
+      }
+    }
+  }
+}

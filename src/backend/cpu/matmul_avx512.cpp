@@ -133,39 +133,44 @@ struct Bf16DpL {
 };
 using Bf16Dp = PlainTiles<Bf16DpL>;
 
-// GEMV (one token): rows one after another, so the weights are read as ONE sequential stream
-// (rows are contiguous), 4 independent accumulators per row, software prefetch kPfBytes ahead of
-// the linear read position (hardware prefetchers stop at 4 KiB pages; a BF16 row of 2048 columns
-// is exactly one page, so short interleaved row streams ran at half the bandwidth).
+// GEMV (one token). Each row sums in exactly the order of the register tile (Bf16Dp::tile<R, T>): ONE
+// accumulator over the 32-column steps from the first column to the last, the masked tail step into
+// the same accumulator, then _mm512_reduce_add_ps. So a token's row is the same bits decoded alone
+// (this GEMV) and in a batch of fewer than 16 tokens (the tiles): prefill == decode and a speculative
+// verify pass == plain decoding hold in Fast precision too (tests/unit/test_kernels_matmul.cpp
+// Matmul.BatchRowEqualsAlone). The latency of the single chain per row is hidden by 4 rows at a time
+// (4 independent chains, the activation loads shared); the software prefetch reads the same columns of
+// the next row block (whole blocks, at least kPfBytes ahead): 2 KiB ahead inside one row would land in
+// the next row, which this block reads itself. Measured (bench_matmul, 1 thread, AMD EPYC, loaded):
+// from DRAM as fast as the 4-accumulator form it replaces; from cache ~25 % slower (compute-bound).
+template <int RR>
+inline void bf16_rows(const uint8_t* w, uint64_t rb, const uint8_t* act, int64_t cols, int64_t pf, float* y) {
+  __m512 acc[RR];
+  KIMI_UNROLL for (int i = 0; i < RR; ++i) acc[i] = _mm512_setzero_ps();
+  int64_t k = 0;
+  for (; k + 32 <= cols; k += 32) {
+    const __m512i x = _mm512_loadu_si512(act + 2 * k);
+    KIMI_UNROLL for (int i = 0; i < RR; ++i) {
+      const uint8_t* p = w + i * rb + 2 * k;
+      prefetch_line(p + pf);
+      acc[i] = _mm512_dpbf16_ps(acc[i], (__m512bh)_mm512_loadu_si512(p), (__m512bh)x);
+    }
+  }
+  if (k < cols) {  // activation row zero padded to a multiple of 32
+    const __m512i x = _mm512_loadu_si512(act + 2 * k);
+    KIMI_UNROLL for (int i = 0; i < RR; ++i)
+      acc[i] = _mm512_dpbf16_ps(acc[i], (__m512bh)_mm512_maskz_loadu_epi16(mask32(cols - k), w + i * rb + 2 * k),
+                                (__m512bh)x);
+  }
+  KIMI_UNROLL for (int i = 0; i < RR; ++i) y[i] = _mm512_reduce_add_ps(acc[i]);
+}
 
 void gemv_bf16(const MatView& W, const uint8_t* act, int64_t r0, int64_t r1, float* y) {
-  const int64_t cols = W.cols;
-  const int64_t c128 = cols / 128 * 128, c32 = cols / 32 * 32;
-  for (int64_t r = r0; r < r1; ++r) {
-    const uint8_t* w = W.data + static_cast<uint64_t>(r) * W.row_bytes;
-    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-    int64_t k = 0;
-    for (; k < c128; k += 128) {
-      const uint8_t* p = w + 2 * k;
-      prefetch_line(p + kPfBytes);
-      prefetch_line(p + kPfBytes + 64);
-      prefetch_line(p + kPfBytes + 128);
-      prefetch_line(p + kPfBytes + 192);
-      a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_loadu_si512(p), (__m512bh)_mm512_loadu_si512(act + 2 * k));
-      a1 = _mm512_dpbf16_ps(a1, (__m512bh)_mm512_loadu_si512(p + 64), (__m512bh)_mm512_loadu_si512(act + 2 * k + 64));
-      a2 = _mm512_dpbf16_ps(a2, (__m512bh)_mm512_loadu_si512(p + 128), (__m512bh)_mm512_loadu_si512(act + 2 * k + 128));
-      a3 = _mm512_dpbf16_ps(a3, (__m512bh)_mm512_loadu_si512(p + 192), (__m512bh)_mm512_loadu_si512(act + 2 * k + 192));
-    }
-    for (; k < c32; k += 32) {
-      prefetch_line(w + 2 * k + kPfBytes);
-      a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_loadu_si512(w + 2 * k), (__m512bh)_mm512_loadu_si512(act + 2 * k));
-    }
-    if (k < cols) {  // activation row zero padded to a multiple of 32
-      const __m512i wv = _mm512_maskz_loadu_epi16(mask32(cols - k), w + 2 * k);
-      a1 = _mm512_dpbf16_ps(a1, (__m512bh)wv, (__m512bh)_mm512_loadu_si512(act + 2 * k));
-    }
-    y[r] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
-  }
+  const uint64_t rb = W.row_bytes;
+  const int64_t blk = 4 * static_cast<int64_t>(rb), pf = blk * ((kPfBytes + blk - 1) / blk);
+  int64_t r = r0;
+  for (; r + 4 <= r1; r += 4) bf16_rows<4>(W.data + static_cast<uint64_t>(r) * rb, rb, act, W.cols, pf, y + r);
+  for (; r < r1; ++r) bf16_rows<1>(W.data + static_cast<uint64_t>(r) * rb, rb, act, W.cols, static_cast<int64_t>(rb), y + r);
 }
 
 void run_bf16(const MatView& W, const uint8_t* act, size_t stride, int64_t nt, int64_t r0, int64_t r1, float* y,
@@ -421,15 +426,18 @@ struct Q8Tiles {
   }
 };
 
-// GEMV (one token): one row at a time (a sequential stream over the contiguous rows) with two
-// accumulators over alternate groups and software prefetch ahead of the read position.
+// GEMV (one token): one row at a time (a sequential stream over the contiguous rows), software
+// prefetch ahead of the read position. The groups sum into ONE accumulator in column order and the
+// tail blocks into a float after it, exactly as Q8Tiles::tile<R, T> sums a row: a token's row is the
+// same bits alone and in a batch of fewer than 16 tokens (Matmul.BatchRowEqualsAlone). Only the FMA
+// into the accumulator is a chain; the decode and integer dot products of the next groups overlap it.
 template <class P>
 void gemv_q8(const MatView& W, const uint8_t* act, int64_t r0, int64_t r1, float* y) {
   const int64_t nb = W.cols / 32, ng = nb / P::kG;
   constexpr int kGB = P::kG * P::kBB;  // weight bytes per group
   for (int64_t r = r0; r < r1; ++r) {
     const uint8_t* w = W.data + static_cast<uint64_t>(r) * W.row_bytes;
-    __m512 a0 = _mm512_setzero_ps(), a1 = a0;
+    __m512 a0 = _mm512_setzero_ps();
     int64_t g = 0;
     for (; g + 2 <= ng; g += 2) {
       const uint8_t* p = w + g * kGB;
@@ -437,13 +445,13 @@ void gemv_q8(const MatView& W, const uint8_t* act, int64_t r0, int64_t r1, float
       prefetch_line(p + kPfBytes + kGB);
       if constexpr (2 * kGB > 128) prefetch_line(p + kPfBytes + 128);
       a0 = P::dot(P::decode(p), act + g * P::kAG, a0);
-      a1 = P::dot(P::decode(p + kGB), act + (g + 1) * P::kAG, a1);
+      a0 = P::dot(P::decode(p + kGB), act + (g + 1) * P::kAG, a0);
     }
     if (g < ng) a0 = P::dot(P::decode(w + g * kGB), act + g * P::kAG, a0);
     float tl = 0.0f;
     for (int64_t b = ng * P::kG; b < nb; ++b)
       tl += P::tail(w + b * P::kBB, act + ng * P::kAG + (b - ng * P::kG) * kTailBlockBytes);
-    y[r] = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1)) + tl;
+    y[r] = _mm512_reduce_add_ps(a0) + tl;
   }
 }
 
@@ -458,9 +466,10 @@ void gemv_q8(const MatView& W, const uint8_t* act, int64_t r0, int64_t r1, float
 //    a subnormal; e = 255: NaN) fixed by one vfixupimmps on the classes "zero" and "+inf";
 //  - the offset correction negated once per call (ncorr) and loaded as the first vpdpbusd's
 //    accumulator, instead of a zeroed register and a subtraction per row;
-//  - 4 rows at a time (the activation loads shared, 8 independent chains), prefetching the same
+//  - 4 rows at a time (the activation loads shared, 4 independent chains), prefetching the same
 //    columns of the next 4 rows.
-// Rows and blocks sum in the same order as gemv_q8 (two accumulators per row: even / odd groups).
+// Rows and blocks sum in the same order as gemv_q8 and Q8Tiles (one accumulator per row, groups in
+// column order): the same bits alone and in a batch.
 struct MxVbmi {
   __m512i gather, tab, eidx, fix;
   __m512 sub;
@@ -469,7 +478,7 @@ struct MxVbmi {
 template <int RR>
 __attribute__((target("avx512vbmi"))) inline void mxfp4_rows_vbmi(const uint8_t* w, uint64_t rb, int64_t ng,
                                                                   const uint8_t* act, const uint8_t* ncorr,
-                                                                  const MxVbmi& c, __m512* acc0, __m512* acc1) {
+                                                                  const MxVbmi& c, __m512* acc0) {
   constexpr int kGB = 4 * NibP<true>::kBB;  // 68
   // prefetch the same columns of the next row block (whole row blocks, at least kPfBytes ahead), not
   // 2 KiB ahead in each row, which for 4 adjacent rows lands in lines the next row's own stream has
@@ -489,7 +498,7 @@ __attribute__((target("avx512vbmi"))) inline void mxfp4_rows_vbmi(const uint8_t*
     s = _mm512_dpbusd_epi32(s, hi, _mm512_loadu_si512(a + 64));
     return _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dw, _mm512_loadu_ps(a + 128)), acc);
   };
-  for (int i = 0; i < RR; ++i) acc0[i] = acc1[i] = _mm512_setzero_ps();
+  for (int i = 0; i < RR; ++i) acc0[i] = _mm512_setzero_ps();
   int64_t g = 0;
   for (; g + 2 <= ng; g += 2) {
     const uint8_t* a = act + g * kNibGroupBytes;
@@ -500,7 +509,7 @@ __attribute__((target("avx512vbmi"))) inline void mxfp4_rows_vbmi(const uint8_t*
       prefetch_line(p + pf + 64);
       prefetch_line(p + pf + 128);
       acc0[i] = group(p, a, nc, acc0[i]);
-      acc1[i] = group(p + kGB, a + kNibGroupBytes, nc + 64, acc1[i]);
+      acc0[i] = group(p + kGB, a + kNibGroupBytes, nc + 64, acc0[i]);
     }
   }
   if (g < ng)
@@ -532,21 +541,21 @@ __attribute__((target("avx512vbmi"))) void gemv_mxfp4_vbmi(const MatView& W, con
     _mm512_storeu_si512(ncorr + g * 64,
                         _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_loadu_si512(act + g * kNibGroupBytes + 192)));
   const uint64_t rb = W.row_bytes;
-  auto finish = [&](int64_t r, __m512 a0, __m512 a1) {
+  auto finish = [&](int64_t r, __m512 a0) {
     const uint8_t* w = W.data + static_cast<uint64_t>(r) * rb;
     float tl = 0.0f;
     for (int64_t b = ng * 4; b < nb; ++b) tl += P::tail(w + b * P::kBB, act + ng * P::kAG + (b - ng * 4) * kTailBlockBytes);
-    y[r] = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1)) + tl;
+    y[r] = _mm512_reduce_add_ps(a0) + tl;
   };
-  __m512 a0[4], a1[4];
+  __m512 a0[4];
   int64_t r = r0;
   for (; r + 4 <= r1; r += 4) {
-    mxfp4_rows_vbmi<4>(W.data + static_cast<uint64_t>(r) * rb, rb, ng, act, ncorr, c, a0, a1);
-    for (int i = 0; i < 4; ++i) finish(r + i, a0[i], a1[i]);
+    mxfp4_rows_vbmi<4>(W.data + static_cast<uint64_t>(r) * rb, rb, ng, act, ncorr, c, a0);
+    for (int i = 0; i < 4; ++i) finish(r + i, a0[i]);
   }
   for (; r < r1; ++r) {
-    mxfp4_rows_vbmi<1>(W.data + static_cast<uint64_t>(r) * rb, rb, ng, act, ncorr, c, a0, a1);
-    finish(r, a0[0], a1[0]);
+    mxfp4_rows_vbmi<1>(W.data + static_cast<uint64_t>(r) * rb, rb, ng, act, ncorr, c, a0);
+    finish(r, a0[0]);
   }
 }
 

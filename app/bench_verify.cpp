@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <map>
@@ -109,6 +110,7 @@ int run_verify_bench(const Model& model, Context& ctx, const VerifyBenchOptions&
   struct Sample {
     std::vector<double> s;  // seconds per step
     uint64_t picks = 0, distinct = 0, steps = 0;
+    PhaseTimes phases;      // summed over the timed steps
   };
   std::map<int, Sample> res;  // k -> samples; k = 0: the single-token decode step
   std::vector<int> order{0};
@@ -127,6 +129,7 @@ int run_verify_bench(const Model& model, Context& ctx, const VerifyBenchOptions&
     r.s.push_back(s);
     r.picks += pt.expert_picks;
     r.distinct += pt.expert_distinct;
+    for (int p = 0; p < PhaseTimes::Count; ++p) r.phases.s[p] += pt.s[p];
     ++r.steps;
   };
   one(kmax, false);  // warm-up (page faults of the mapped weights, scratch)
@@ -179,6 +182,12 @@ int run_verify_bench(const Model& model, Context& ctx, const VerifyBenchOptions&
     if (a <= kmax) s.at_kmax = (a + 1) / ratio_of(kmax);
     speed.push_back(s);
   }
+  auto phase_ms = [&](int k) {  // mean ms per step of each part of the forward pass
+    nlohmann::ordered_json ph;
+    const Sample& r = res[k];
+    for (int p = 0; p < PhaseTimes::Count; ++p) ph[PhaseTimes::name(p)] = r.steps ? 1e3 * r.phases.s[p] / double(r.steps) : 0.0;
+    return ph;
+  };
   if (o.output != "md") {
     nlohmann::ordered_json j;
     j["model"] = o.model_name;
@@ -190,7 +199,8 @@ int run_verify_bench(const Model& model, Context& ctx, const VerifyBenchOptions&
     for (const Row& x : rows)
       j["verify"].push_back({{"k", x.k}, {"rows", x.k + 1}, {"ms_median", x.med_ms}, {"ms_min", x.min_ms},
                              {"cost_vs_decode", x.ratio}, {"cost_vs_k_decodes", x.vs_k_decodes},
-                             {"expert_union_share", x.union_share}, {"bytes", x.bytes}, {"bytes_vs_decode", x.bytes_ratio}});
+                             {"expert_union_share", x.union_share}, {"bytes", x.bytes}, {"bytes_vs_decode", x.bytes_ratio},
+                             {"phase_ms", phase_ms(x.k)}});
     for (const Speed& s : speed)
       j["speedup"].push_back({{"accept_len", s.a}, {"k_eq_a", s.at_k_a}, {fmt::format("k_{}", kmax), s.at_kmax}});
     std::printf("%s\n", j.dump(o.output == "json" ? 2 : -1).c_str());
@@ -205,6 +215,17 @@ int run_verify_bench(const Model& model, Context& ctx, const VerifyBenchOptions&
     std::printf("| %d | %d | %.2f (%.2f) | %.3f | %s | %.3f | %.1f | %.3f |\n", x.k, x.k + 1, x.med_ms, x.min_ms,
                 x.ratio, x.k ? fmt::format("{:.3f}", x.vs_k_decodes).c_str() : "-", x.union_share,
                 x.bytes / 1048576.0, x.bytes_ratio);
+  std::printf("\nms per step by part of the forward pass (mean; the parts scale with the layer counts of a full model):\n|  k |");
+  for (int p = 0; p < PhaseTimes::Count; ++p) std::printf(" %s |", PhaseTimes::name(p));
+  std::printf("\n|---:|");
+  for (int p = 0; p < PhaseTimes::Count; ++p) std::printf("---:|");
+  std::printf("\n");
+  for (int k : order) {
+    const Sample& r = res[k];
+    std::printf("| %d |", k);
+    for (int p = 0; p < PhaseTimes::Count; ++p) std::printf(" %.2f |", r.steps ? 1e3 * r.phases.s[p] / double(r.steps) : 0.0);
+    std::printf("\n");
+  }
   std::printf("\nspeedup over plain decoding at acceptance length a (a drafted tokens kept per step, a + 1 emitted; "
               "drafting costs nothing):\n");
   std::printf("| a | draft k = a | draft k = %d |\n|---:|---:|---:|\n", kmax);
@@ -214,6 +235,130 @@ int run_verify_bench(const Model& model, Context& ctx, const VerifyBenchOptions&
   std::printf("weights: %.1f MiB read once per step + %.2f MiB per distinct routed expert per layer (%d MoE layers, top %u of %u)\n",
               w.fixed / 1048576.0, w.expert / 1048576.0, w.n_moe_layers, hp.n_expert_used, hp.n_expert);
   return 0;
+}
+
+int run_spec_bench(const Model& model, Context& ctx, Drafter& drafter, const SpecParams& sp,
+                   const SpecBenchOptions& o) {
+  (void)model;
+  const int V = ctx.n_vocab();
+  std::mt19937_64 rng(o.seed);
+  std::vector<int32_t> P(static_cast<size_t>(o.n_prompt));
+  for (auto& x : P) x = static_cast<int32_t>(rng() % static_cast<uint64_t>(V));
+  using clk = std::chrono::steady_clock;
+  // one greedy generation of n tokens after prompt (seq 0 cleared first); the tokens and the seconds
+  // from the first token to the last
+  struct Run {
+    std::vector<int32_t> toks;
+    double s = 0;
+    SpecStats st;
+  };
+  auto generate = [&](const std::vector<int32_t>& prompt, int n, Drafter* d) {
+    Run r;
+    ctx.seq_clear(0);
+    drafter.reset();
+    Batch b;
+    b.add_sequence(prompt, 0, 0, true);
+    ctx.decode(b);
+    Sampler smp({}, V);
+    const int32_t first = smp.sample(ctx.logits(b.size() - 1));
+    smp.accept(first);
+    r.toks.push_back(first);
+    Speculator spec(ctx, 0, smp, d, sp);
+    spec.start(prompt, first);
+    const auto t0 = clk::now();
+    while (static_cast<int>(r.toks.size()) < n)
+      for (int32_t t : spec.step(n - static_cast<int>(r.toks.size()))) r.toks.push_back(t);
+    r.s = std::chrono::duration<double>(clk::now() - t0).count();
+    r.st = spec.stats();
+    return r;
+  };
+  const Run g = generate(P, o.n_gen, nullptr);  // G: what the model writes after P (untimed)
+  std::vector<int32_t> prompt = P;
+  Drafter* d = &drafter;
+  struct Oracle final : Drafter {  // drafts the known answer, wrong at block position `wrong`
+    std::vector<int32_t> truth;
+    int wrong = -1;
+    std::string name() const override { return "oracle"; }
+    int propose(std::span<const int32_t> t, int n_max, std::vector<int32_t>& draft) override {
+      draft.clear();
+      if (t.size() >= truth.size() || !std::equal(t.begin(), t.end(), truth.begin())) return 0;
+      for (int j = 0; j < n_max && t.size() + static_cast<size_t>(j) < truth.size(); ++j) {
+        const int32_t x = truth[t.size() + static_cast<size_t>(j)];
+        draft.push_back(j == wrong ? (x + 1) % 1000 : x);
+      }
+      return static_cast<int>(draft.size());
+    }
+  } oracle;
+  if (o.accept >= 0) {  // P alone; the oracle knows G
+    oracle.truth = P;
+    oracle.truth.insert(oracle.truth.end(), g.toks.begin(), g.toks.end());
+    oracle.wrong = o.accept;
+    d = &oracle;
+  } else {  // P + G + P: after it the model may write G again, which the n-gram drafter finds
+    prompt.insert(prompt.end(), g.toks.begin(), g.toks.end());
+    prompt.insert(prompt.end(), P.begin(), P.end());
+  }
+  generate(prompt, 2, d);  // warm-up
+  std::vector<double> plain_tps, spec_tps;
+  SpecStats total;
+  bool same = true;
+  for (int rep = 0; rep < o.reps; ++rep) {
+    const Run a = generate(prompt, o.n_gen, nullptr);
+    const Run b = generate(prompt, o.n_gen, d);
+    same = same && a.toks == b.toks;
+    plain_tps.push_back((o.n_gen - 1) / a.s);
+    spec_tps.push_back((o.n_gen - 1) / b.s);
+    total.add(b.st);
+  }
+  auto mm = [](const std::vector<double>& v) {
+    return std::array<double, 3>{*std::min_element(v.begin(), v.end()), vb_median(v), *std::max_element(v.begin(), v.end())};
+  };
+  const auto pa = mm(plain_tps), sa = mm(spec_tps);
+  if (o.output != "md") {
+    nlohmann::ordered_json j;
+    j["model"] = o.model_name;
+    j["spec"] = o.spec_name;
+    if (o.accept >= 0) j["oracle_wrong_at"] = o.accept;
+    j["draft_max"] = sp.n_max;
+    j["n_prompt"] = prompt.size();
+    j["n_gen"] = o.n_gen;
+    j["plain_tok_s"] = {{"min", pa[0]}, {"median", pa[1]}, {"max", pa[2]}, {"samples", plain_tps}};
+    j["spec_tok_s"] = {{"min", sa[0]}, {"median", sa[1]}, {"max", sa[2]}, {"samples", spec_tps}};
+    j["speedup_median"] = sa[1] / pa[1];
+    j["same_tokens"] = same;
+    j["steps"] = total.steps;
+    j["verify_steps"] = total.verify_steps;
+    j["drafted"] = total.drafted;
+    j["accepted"] = total.accepted;
+    j["accept_rate"] = total.accept_rate();
+    j["accept_len"] = total.accept_len();
+    j["tokens_per_step"] = total.tokens_per_step();
+    j["verify_cost_vs_decode"] = total.verify_cost();
+    j["recomputed"] = total.recomputed;
+    j["paused"] = total.paused;
+    std::printf("%s\n", j.dump(o.output == "json" ? 2 : -1).c_str());
+    return same ? 0 : 1;
+  }
+  if (o.accept >= 0)
+    std::printf("greedy tg%d after %zu random tokens, drafts of the known answer wrong at block position %d (%d kept "
+                "per full step), %d threads, --draft-max %d, %d interleaved repetitions\n",
+                o.n_gen, prompt.size(), o.accept, std::min(o.accept, sp.n_max), ctx.pool().size(), sp.n_max, o.reps);
+  else
+    std::printf("greedy tg%d after a prompt the model repeats (%zu tokens), %d threads, --spec %s --draft-max %d, %d "
+                "interleaved repetitions\n",
+                o.n_gen, prompt.size(), ctx.pool().size(), o.spec_name.c_str(), sp.n_max, o.reps);
+  std::printf("| run | t/s min | median | max |\n|---|---:|---:|---:|\n");
+  std::printf("| plain | %.2f | %.2f | %.2f |\n| %s | %.2f | %.2f | %.2f |\n", pa[0], pa[1], pa[2], o.spec_name.c_str(),
+              sa[0], sa[1], sa[2]);
+  std::printf("speedup (medians) %.2fx; same tokens: %s\n", sa[1] / pa[1], same ? "yes" : "NO");
+  std::printf("per repetition: %.1f forward passes for %d tokens (%.2f tokens per pass), %.1f verify steps, "
+              "%.1f drafted, %.1f accepted (%.1f %%), %.2f accepted per verify step, %.1f kept tokens decoded "
+              "again, %.1f steps paused; verify step %.2fx a plain step\n",
+              double(total.steps) / o.reps, o.n_gen - 1, total.tokens_per_step(), double(total.verify_steps) / o.reps,
+              double(total.drafted) / o.reps, double(total.accepted) / o.reps, 100.0 * total.accept_rate(),
+              total.accept_len(), double(total.recomputed) / o.reps, double(total.paused) / o.reps,
+              total.verify_cost());
+  return same ? 0 : 1;
 }
 
 }  // namespace kimi::app

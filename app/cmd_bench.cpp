@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <sys/resource.h>
@@ -97,8 +98,40 @@ int cmd_bench(int argc, char** argv) {
                  "one forward pass of k + 1 tokens with logits at every row against one decode step at depth -d, "
                  "the expert-union share, the bytes read and the speedup at acceptance lengths 1-6 (-r repetitions, "
                  "interleaved)");
+  kimi::app::SpecArgs sa;
+  kimi::app::add_spec_options(app, sa);
+  int spec_accept = -1;
+  app.add_option("--spec-accept", spec_accept,
+                 "with --spec: draft the answer a plain run gave, wrong at this block position (>= --draft-max: "
+                 "always right), to measure the speedup at a known acceptance length")
+      ->check(CLI::Range(0, 256));
   if (int rc = kimi::app::parse_engine_cli(app, argc, argv); rc >= 0) return rc;
   if (json && !app.count("--output")) output = "json";
+  kimi::check(spec_accept < 0 || sa.type != "off", "--spec-accept needs --spec");
+  if (sa.type != "off") {  // greedy generation with and without speculation (docs/speculative.md)
+    kimi::check(verify_k.empty(), "give one of --verify-k and --spec");
+    const kimi::SpecParams sp = kimi::app::spec_params(sa);
+    auto model = kimi::Model::load(ea.model, kimi::app::model_options(ea));
+    const int n_ctx_spec = 2 * n_prompt + 2 * n_gen + sa.draft_max + 2;
+    std::unique_ptr<kimi::Drafter> drafter = kimi::app::make_drafter(sa, *model, n_ctx_spec + 64, ea.threads);
+    kimi::ContextOptions co = kimi::app::context_options(ea, n_ctx_spec,
+                                                         std::max(1, std::min(ea.batch, 2 * n_prompt + n_gen)));
+    co.n_batch_max = std::max(co.n_batch_max, 3 * sp.n_max + 2);
+    co.n_snapshots_max += 1;
+    kimi::Context ctx(*model, co);
+    kimi::app::print_engine_summary(ea, ctx);
+    ctx.set_tap_layers({drafter->tap_layers().begin(), drafter->tap_layers().end()});
+    kimi::app::SpecBenchOptions so;
+    so.n_prompt = std::max(n_prompt, 1);
+    so.n_gen = std::max(n_gen, 2);
+    so.reps = reps;
+    so.seed = seed;
+    so.output = output;
+    so.model_name = ea.model;
+    so.spec_name = sa.type;
+    so.accept = spec_accept;
+    return kimi::app::run_spec_bench(*model, ctx, *drafter, sp, so);
+  }
   if (!verify_k.empty()) {
     kimi::app::VerifyBenchOptions vo;
     vo.ks = kimi::app::parse_verify_k(verify_k);

@@ -282,8 +282,11 @@ int cmd_chat(int argc, char** argv) {
   app.add_option("--image", first_images, "an image for the first message (repeatable; later: /image FILE)");
   app.add_option("--mmproj", mmproj, "the vision projector file (default: MODEL.mmproj.gguf next to the model)");
   kimi::app::add_sampling_options(app, sp);
+  kimi::app::SpecArgs sa;
+  kimi::app::add_spec_options(app, sa);
   if (int rc = kimi::app::parse_engine_cli(app, argc, argv); rc >= 0) return rc;
   co.thinking = thinking == "on";
+  const kimi::SpecParams spec = kimi::app::spec_params(sa);
 
   auto model = kimi::Model::load(ea.model, kimi::app::model_options(ea));
   kimi::check(model->reader().has("tokenizer.ggml.tokens"),
@@ -291,9 +294,17 @@ int cmd_chat(int argc, char** argv) {
   const kimi::tok::Tokenizer tok = kimi::tok::Tokenizer::from_gguf(model->reader());
   const uint32_t train = model->hparams().n_ctx_train;
   const int n_ctx = ea.ctx > 0 ? ea.ctx : static_cast<int>(train > 0 ? std::min<uint32_t>(train, 4096) : 4096);
-  kimi::Context ctx(*model, kimi::app::context_options(ea, n_ctx, std::min(ea.batch, n_ctx)));
+  std::unique_ptr<kimi::Drafter> drafter = kimi::app::make_drafter(sa, *model, n_ctx + 64, ea.threads);
+  kimi::ContextOptions cop = kimi::app::context_options(ea, n_ctx, std::min(ea.batch, n_ctx));
+  if (drafter) {  // a verify step in one micro-batch; one snapshot slot for its rollback (docs/speculative.md)
+    cop.n_batch_max = std::max(cop.n_batch_max, std::min(ea.batch, 3 * spec.n_max + 2));
+    cop.n_snapshots_max += 1;
+  }
+  kimi::Context ctx(*model, cop);
   kimi::app::print_engine_summary(ea, ctx);
+  if (drafter) ctx.set_tap_layers({drafter->tap_layers().begin(), drafter->tap_layers().end()});
   kimi::ChatSession session(ctx, tok, sp, co);
+  if (drafter) session.set_drafter(drafter.get(), spec);
   // images (docs/engine.md, "Images"): the tower is loaded on the first one
   std::unique_ptr<kimi::VisionRunner> vision;
   std::vector<std::string> pending_images = first_images;

@@ -35,6 +35,8 @@ int cmd_serve(int argc, char** argv) {
   spec.verbose_help = "log the model summary and every request to stderr";
   kimi::app::add_engine_options(app, ea, spec);
   kimi::app::add_sampling_options(app, o.sampling);  // defaults for requests (temperature 1)
+  kimi::app::SpecArgs sa;  // speculative decoding for requests that do not choose ("speculative")
+  kimi::app::add_spec_options(app, sa);
   app.add_option("--host", o.host, "address to bind (default 127.0.0.1; 0.0.0.0 exposes the server)");
   app.add_option("--port", o.port, "port (0 = ephemeral; the chosen port is printed)")->check(CLI::Range(0, 65535));
   app.add_option("--alias", o.model_id, "model id reported by the API (default: file name stem)");
@@ -89,6 +91,10 @@ int cmd_serve(int argc, char** argv) {
   sigaddset(&set, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
   o.sched.prompt_cache = !no_cache;
+  o.sched.spec = kimi::app::spec_params(sa);
+  o.sched.spec_type = kimi::parse_spec_type(sa.type, "--spec");
+  kimi::check(o.sched.spec_type != kimi::SpecType::Dspark,
+              "--spec dspark: kimi serve does not load a DSpark draft yet (kimi run does); use ngram or auto");
   o.sched.cache_ram = cache_ram_mib < 0 ? kimi::server::default_prompt_cache_ram() : uint64_t(cache_ram_mib) << 20;
   o.sched.cache_disk = uint64_t(cache_disk_mib) << 20;
   if (!o.sched.cache_dir.empty() && (no_cache || o.sched.cache_ram == 0))

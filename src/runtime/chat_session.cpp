@@ -249,7 +249,50 @@ ReplyStats ChatSession::generate(const DeltaFn& on_delta, const StopFn& stop) {
   const float* lg = ctx_.logits(logits_entry_);
   Batch b;
   r.stop = StopReason::Eog;
-  for (;;) {
+  // one sampled token: true when the reply ends with it
+  auto take = [&](int32_t next) {
+    r.tokens.push_back(next);
+    feed(detok.push(next));
+    if (tok_.is_eog(next) || next == eos) {
+      r.stop = StopReason::Eog;
+      return true;
+    }
+    if (opts_.max_tokens >= 0 && static_cast<int>(r.tokens.size()) >= opts_.max_tokens) {
+      r.stop = StopReason::MaxTokens;
+      return true;
+    }
+    return false;
+  };
+  if (drafter_) {  // speculative decoding: several tokens per forward pass, the same reply
+    if (stop && stop()) {
+      r.stop = StopReason::Interrupted;
+    } else if (opts_.max_tokens == 0) {
+      r.stop = StopReason::MaxTokens;
+    } else {
+      const int32_t first = sampler_.sample(lg);
+      sampler_.accept(first);
+      Speculator spec(ctx_, opts_.seq_id, sampler_, drafter_, spec_);
+      spec.start(cached_, first);
+      bool done = take(first);
+      while (!done) {
+        if (stop && stop()) {
+          r.stop = StopReason::Interrupted;
+          break;
+        }
+        if (ctx_.seq_len(opts_.seq_id) + spec.pending() > n_ctx) {
+          r.stop = StopReason::ContextFull;
+          break;
+        }
+        const int left = opts_.max_tokens >= 0 ? opts_.max_tokens - static_cast<int>(r.tokens.size()) : 1 << 30;
+        for (int32_t t : spec.step(left))
+          if ((done = take(t))) break;
+      }
+      // the tokens the context's sequence now holds
+      cached_.assign(spec.history().begin(), spec.history().begin() + ctx_.seq_len(opts_.seq_id));
+      spec_stats_.add(spec.stats());
+    }
+  }
+  for (; !drafter_;) {
     if (stop && stop()) {
       r.stop = StopReason::Interrupted;
       break;
@@ -260,16 +303,7 @@ ReplyStats ChatSession::generate(const DeltaFn& on_delta, const StopFn& stop) {
     }
     const int32_t next = sampler_.sample(lg);
     sampler_.accept(next);
-    r.tokens.push_back(next);
-    feed(detok.push(next));
-    if (tok_.is_eog(next) || next == eos) {
-      r.stop = StopReason::Eog;
-      break;
-    }
-    if (opts_.max_tokens >= 0 && static_cast<int>(r.tokens.size()) >= opts_.max_tokens) {
-      r.stop = StopReason::MaxTokens;
-      break;
-    }
+    if (take(next)) break;
     if (static_cast<int>(cached_.size()) >= n_ctx) {
       r.stop = StopReason::ContextFull;
       break;

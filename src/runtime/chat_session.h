@@ -32,6 +32,7 @@
 
 #include "runtime/context.h"
 #include "runtime/sampling.h"
+#include "runtime/speculative.h"
 #include "tokenizer/chat.h"
 #include "tokenizer/tokenizer.h"
 
@@ -83,6 +84,14 @@ class ChatSession {
   // successful prefill_turn() since the last generate().
   ReplyStats generate(const DeltaFn& on_delta = {}, const StopFn& stop = {});
 
+  // Speculative decoding of the replies (runtime/speculative.h; nullptr: off). The drafter must
+  // outlive the session; the context needs one spare snapshot slot and n_batch_max >= 3 n_max + 2.
+  void set_drafter(Drafter* d, const SpecParams& p) {
+    drafter_ = d;
+    spec_ = p;
+  }
+  const SpecStats& spec_stats() const { return spec_stats_; }  // summed over the replies
+
   // Conversation management.
   void reset();                                   // forget all turns (the system message stays)
   void set_system(const std::string& text);       // "" removes it; takes effect at the next turn
@@ -125,6 +134,9 @@ class ChatSession {
   std::vector<float> image_rows_;           // every image's projector rows, conversation order
   size_t committed_rows_ = 0;               // of which belong to completed turns
   int32_t placeholder_ = -1;                // <|media_pad|> (-1: no image yet)
+  Drafter* drafter_ = nullptr;
+  SpecParams spec_;
+  SpecStats spec_stats_;
 };
 
 // The prompt of a single user turn (for `kimi run -p TEXT --chat`).

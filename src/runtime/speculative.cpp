@@ -62,6 +62,9 @@ void SpecStats::add(const SpecStats& o) {
   accepted += o.accepted;
   emitted += o.emitted;
   recomputed += o.recomputed;
+  paused += o.paused;
+  verify_s += o.verify_s;
+  plain_s += o.plain_s;
 }
 
 // ---- the loop ----

@@ -346,6 +346,31 @@ void common_params(const ojson& b, ParsedRequest& r, const Limits& lim, bool cha
     sp.seed = (static_cast<uint64_t>(rd()) << 32) ^ rd();
   }
   r.gen.ignore_eos = boolean(b, "ignore_eos", false);
+  // speculative decoding (docs/speculative.md): {"speculative": {"type", "n_max", "n_min"}}, or
+  // llama-server's flat "speculative.n_max" / "speculative.n_min"
+  auto spec_int = [&](const ojson& o, const char* k, const std::string& name) -> int {
+    const ojson* v = field(o, k);
+    if (!v) return -1;
+    if (!v->is_number_integer() || v->get<int64_t>() < 0 || v->get<int64_t>() > 256)
+      bad(name, fmt::format("'{}' must be an integer in 0..256", name));
+    return static_cast<int>(v->get<int64_t>());
+  };
+  if (const ojson* sp = field(b, "speculative")) {
+    if (!sp->is_object())
+      bad("speculative", "'speculative' must be an object: {\"type\": \"ngram\"|\"dspark\"|\"off\", \"n_max\": N, \"n_min\": N}");
+    if (const ojson* t = field(*sp, "type")) {
+      const std::string ts = t->is_string() ? t->get<std::string>() : std::string();
+      if (ts == "off" || ts == "none") r.gen.spec_type = SpecType::Off;
+      else if (ts == "ngram") r.gen.spec_type = SpecType::Ngram;
+      else if (ts == "auto") r.gen.spec_type = SpecType::Auto;
+      else if (ts == "dspark") bad("speculative.type", "'speculative.type' dspark needs a draft model, which this server does not have");
+      else bad("speculative.type", "'speculative.type' must be \"ngram\", \"dspark\", \"auto\" or \"off\"");
+    }
+    r.gen.spec_n_max = spec_int(*sp, "n_max", "speculative.n_max");
+    r.gen.spec_n_min = spec_int(*sp, "n_min", "speculative.n_min");
+  }
+  if (const int v = spec_int(b, "speculative.n_max", "speculative.n_max"); v >= 0) r.gen.spec_n_max = v;
+  if (const int v = spec_int(b, "speculative.n_min", "speculative.n_min"); v >= 0) r.gen.spec_n_min = v;
   if (const ojson* s = field(b, "stop")) {
     auto add = [&](const ojson& x) {
       if (!x.is_string()) bad("stop", "'stop' must be a string or an array of strings");

@@ -627,6 +627,11 @@ void Server::Impl::log_generation(const httpd::Request& req, const std::string& 
                prefill_s, prefill_s > 0 ? evaluated / prefill_s : 0.0, n_gen, gen_s,
                gen_s > 0 && n_gen > 1 ? (n_gen - 1) / gen_s : 0.0,
                total_s);
+  int drafted = 0, accepted = 0, steps = 0;
+  for (const auto& r : rs) drafted += r.spec_drafted, accepted += r.spec_accepted, steps += r.spec_steps;
+  if (drafted > 0)
+    std::fprintf(stderr, "kimi serve: %s speculative: %d drafted, %d accepted (%.1f %%) in %d verify steps, %.2f accepted per step\n",
+                 id.c_str(), drafted, accepted, 100.0 * accepted / drafted, steps, steps ? double(accepted) / steps : 0.0);
 }
 
 std::string Server::Impl::metrics() const {
@@ -662,6 +667,13 @@ std::string Server::Impl::metrics() const {
          "tokens of the close of thinking forced by a thinking budget (decoded in the step of the token before them)",
          one("kimi_thinking_forced_tokens_total", s.forced_tokens));
   metric("kimi_decode_seconds_total", "counter", "time spent in batched decode", one("kimi_decode_seconds_total", s.busy_s));
+  // speculative decoding (docs/speculative.md)
+  metric("kimi_spec_verify_steps_total", "counter", "speculative verify steps (a request's draft checked in a step)",
+         one("kimi_spec_verify_steps_total", s.spec_verify_steps));
+  metric("kimi_spec_drafted_tokens_total", "counter", "tokens drafted and verified", one("kimi_spec_drafted_tokens_total", s.spec_drafted));
+  metric("kimi_spec_accepted_tokens_total", "counter", "drafted tokens accepted", one("kimi_spec_accepted_tokens_total", s.spec_accepted));
+  metric("kimi_spec_recomputed_tokens_total", "counter", "accepted tokens decoded again after a KDA rollback",
+         one("kimi_spec_recomputed_tokens_total", s.spec_recomputed));
   metric("kimi_prefix_cache_entries_total", "counter", "prefix entries stored at divergence points",
          one("kimi_prefix_cache_entries_total", s.prefix_entries));
   // the prompt-cache store (server/prompt_cache.h; all 0 without --cache-ram)

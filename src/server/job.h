@@ -10,12 +10,14 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <ostream>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "runtime/sampling.h"
+#include "runtime/speculative.h"
 #include "server/grammar.h"
 #include "tokenizer/chat.h"
 
@@ -72,6 +74,11 @@ struct GenParams {
   // is forced, so the answer ends with a whole call instead of being cut by max_tokens.
   bool tool_must_finish = false;
   Clock::time_point deadline = Clock::time_point::max();
+  // Speculative decoding of this request (the request's "speculative" object; docs/speculative.md):
+  // unset fields take the server's --spec / --draft-max / --draft-min (SchedulerOptions). Used only
+  // when the output is unconstrained (no grammar, tool grammar or thinking budget).
+  std::optional<SpecType> spec_type;
+  int spec_n_max = -1, spec_n_min = -1;
   // Report the prefill's progress (JobOutput::prompt_done) after every prompt chunk (the job driver
   // turns it into progress events of a stream).
   bool progress = false;
@@ -129,6 +136,7 @@ class Job {
     double total_s = 0;
     double prefill_s = 0;       // admitted to a slot -> first generated token (prompt evaluation)
     double gen_s = 0;           // first generated token -> end
+    int spec_drafted = 0, spec_accepted = 0, spec_steps = 0;  // speculative decoding: tokens drafted, kept; verify steps
   };
   Result result() const;  // valid after wait() returned true
   bool finished() const;

@@ -33,6 +33,7 @@ Scheduler::Scheduler(const Model& model, const tok::Tokenizer& tok, const Contex
   // and the forced tokens known after it (the close sequence)
   o.n_batch_max = std::max(o.n_batch_max, so_.chunk * so_.max_chunks +
                                               so_.parallel * static_cast<int>(1 + think_close_.size()));
+  if (so_.spec_type != SpecType::Off) o.n_snapshots_max += 1;  // a verify step's snapshot (docs/speculative.md)
   ctx_ = std::make_unique<Context>(model_, o);
   n_ctx_ = o.n_ctx_max;
   any_prefix_ = model_.hparams().n_kda_layers() == 0;
@@ -421,6 +422,20 @@ void Scheduler::start(Active& a) {
       }
   const GenParams& gp = a.job->params();
   a.sampler.emplace(gp.sampler, ctx_->n_vocab());
+  {  // speculative decoding: the request's choice, else the server's
+    const SpecType t = gp.spec_type.value_or(so_.spec_type);
+    a.spec = so_.spec;
+    if (gp.spec_n_max >= 0) a.spec.n_max = gp.spec_n_max;
+    if (gp.spec_n_min >= 0) a.spec.n_min = gp.spec_n_min;
+    a.spec.n_min = std::min(a.spec.n_min, a.spec.n_max);
+    const bool free_output = !gp.grammar && !gp.tool_grammar && gp.thinking_budget < 0;
+    a.drafter.reset();
+    if ((t == SpecType::Ngram || t == SpecType::Auto) && free_output && a.spec.n_max > 0)
+      a.drafter = so_.make_drafter ? so_.make_drafter() : std::make_unique<NgramDrafter>();
+    a.draft.clear();
+    a.redo.clear();
+    a.draft.reserve(static_cast<size_t>(a.spec.n_max));
+  }
   if (gp.sampler.repeat_penalty != 1.0f)
     for (int32_t tkn : P) a.sampler->accept(tkn);
   a.detok.emplace(tok_, false);
@@ -448,6 +463,7 @@ void Scheduler::start(Active& a) {
       a.think_budget = a.think_budget < 0 ? cap : std::min(a.think_budget, cap);
     }
   }
+  if (a.think_budget >= 0 || gp.tool_must_finish) a.drafter.reset();  // forced tokens may come: no drafts
   {
     Job::Result r;  // record prompt/cached counts early (visible in the final result)
     std::lock_guard<std::mutex> lk(a.job->mu_);
@@ -523,10 +539,19 @@ void Scheduler::step() {
     const int32_t base = static_cast<int32_t>(seqs_[static_cast<size_t>(a.seq)].toks.size());
     feed_forced(a, static_cast<size_t>(base));
     const bool lp = a.job->params().logprobs >= 0;
-    batch_.add(a.pending, a.seq, base, lp || a.ahead.empty());
+    // speculative decoding: kept tokens to decode again (after a rollback), then the sampled token
+    // and this step's draft, logits at each drafted position
+    const int32_t r = static_cast<int32_t>(a.redo.size());
+    for (int32_t i = 0; i < r; ++i) batch_.add(a.redo[static_cast<size_t>(i)], a.seq, base + i, false);
+    a.spec_base = base;
+    if (a.drafter && a.ahead.empty()) spec_draft(a, base);
+    batch_.add(a.pending, a.seq, base + r, lp || a.ahead.empty());
+    const int pending_row = static_cast<int>(batch_.size()) - 1;
+    for (size_t i = 0; i < a.draft.size(); ++i)
+      batch_.add(a.draft[i], a.seq, base + r + 1 + static_cast<int32_t>(i), true);
     for (size_t i = 0; i < a.ahead.size(); ++i)
       batch_.add(a.ahead[i], a.seq, base + 1 + static_cast<int32_t>(i), lp || i + 1 == a.ahead.size());
-    a.logit_idx = static_cast<int>(batch_.size()) - 1;
+    a.logit_idx = a.draft.empty() ? static_cast<int>(batch_.size()) - 1 : pending_row;
   }
   int chunks = 0;
   for (auto& up : active_) {
@@ -588,6 +613,8 @@ void Scheduler::step() {
     Active& a = *up;
     if (!a.generating) continue;
     std::vector<int32_t>& toks = seqs_[static_cast<size_t>(a.seq)].toks;
+    toks.insert(toks.end(), a.redo.begin(), a.redo.end());
+    a.redo.clear();
     toks.push_back(a.pending);
     toks.insert(toks.end(), a.ahead.begin(), a.ahead.end());
     gen_now.push_back(&a);
@@ -625,6 +652,10 @@ void Scheduler::step() {
     }
   }
   for (Active* a : gen_now) {
+    if (!a->draft.empty()) {  // a verify step (speculative decoding)
+      generated += spec_verify(*a);
+      continue;
+    }
     // one row per token this step decoded for the sequence: the token that follows row i is the
     // forced a->ahead[i] (already decoded, its logits only for logprobs), after the last row it is
     // sampled (or forced, when the chunk was cut short); exactly what one token per step gives
@@ -665,6 +696,89 @@ void Scheduler::step() {
   st_.hot_picks = xs.hot_picks, st_.host_picks = xs.host_picks, st_.hot_reranks = xs.hot_reranks;
   rate_.emplace_back(t1, generated);
   while (rate_.size() > 2 && std::chrono::duration<double>(t1 - rate_.front().first).count() > 10) rate_.pop_front();
+}
+
+// ---- speculative decoding (docs/speculative.md) ----
+
+void Scheduler::spec_draft(Active& a, int32_t base) {
+  a.draft.clear();
+  if (static_cast<int>(a.redo.size()) > a.spec.n_max) return;  // commit the tokens to decode again first
+  const GenParams& gp = a.job->params();
+  const int32_t r = static_cast<int32_t>(a.redo.size());
+  // no token past max_tokens, no position past the context (on_token ends the request there)
+  const int n = std::min({a.spec.n_max, gp.max_tokens - a.n_gen - 1, n_ctx_ - base - r - 3});
+  if (n < std::max(1, a.spec.n_min)) return;
+  std::vector<int32_t>& toks = seqs_[static_cast<size_t>(a.seq)].toks;
+  const size_t n0 = toks.size();  // the drafter reads the whole text: context + redo + pending
+  toks.insert(toks.end(), a.redo.begin(), a.redo.end());
+  toks.push_back(a.pending);
+  const int k = std::min(a.drafter->propose(toks, n, a.draft), n);
+  toks.resize(n0);
+  if (k < std::max(1, a.spec.n_min)) {
+    a.draft.clear();
+    return;
+  }
+  a.draft.resize(static_cast<size_t>(k));
+  a.spec_snap_new = false;
+  if (model_.hparams().n_kda_layers() > 0) {  // the KDA states where this step starts (the rollback)
+    a.spec_snap_new = !ctx_->seq_has_snapshot(a.seq, base);
+    ctx_->seq_snapshot(a.seq);
+  }
+}
+
+int Scheduler::spec_verify(Active& a) {
+  const int32_t base = a.spec_base;
+  const size_t k = a.draft.size();
+  std::vector<int32_t>& toks = seqs_[static_cast<size_t>(a.seq)].toks;  // base + redo + pending
+  a.spec_out.clear();
+  size_t m = 0;  // drafted tokens kept
+  for (size_t i = 0; i <= k; ++i) {
+    const float* lg = ctx_->logits(static_cast<size_t>(a.logit_idx) + i);
+    bool acc = false;
+    const int32_t t = i < k ? a.sampler->verify(lg, a.draft[i], a.drafter->draft_probs(static_cast<int>(i)), acc)
+                            : a.sampler->sample(lg);
+    a.sampler->accept(t);
+    a.spec_out.push_back(t);
+    if (!acc) break;
+    toks.push_back(a.draft[i]);
+    ++m;
+  }
+  a.drafter->accepted(static_cast<int>(m));
+  a.spec_drafted += static_cast<int>(k);
+  a.spec_accepted += static_cast<int>(m);
+  ++a.spec_steps;
+  const bool kda = model_.hparams().n_kda_layers() > 0;
+  uint64_t recomputed = 0;
+  if (m < k) {  // roll back the rejected drafts
+    if (kda) {  // to the step's start; what was kept since is decoded again in the next step
+      ctx_->seq_truncate(a.seq, base);
+      a.redo.assign(toks.begin() + base, toks.end());
+      toks.resize(static_cast<size_t>(base));
+      recomputed = a.redo.size();
+    } else {  // rows only: to the last kept token
+      ctx_->seq_truncate(a.seq, static_cast<int32_t>(toks.size()));
+    }
+  }
+  if (a.spec_snap_new) ctx_->seq_snapshot_drop(a.seq, base);
+  a.spec_snap_new = false;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    ++st_.spec_verify_steps;
+    st_.spec_drafted += k;
+    st_.spec_accepted += m;
+    st_.spec_recomputed += recomputed;
+  }
+  int emitted = 0;
+  for (size_t i = 0; i < a.spec_out.size() && !a.done; ++i) {
+    {
+      std::lock_guard<std::mutex> lk(mu_);  // before on_token: it may finish the job and wake the client
+      ++st_.generated_tokens;
+    }
+    ++emitted;
+    on_token(a, a.spec_out[i], ctx_->logits(static_cast<size_t>(a.logit_idx) + i));
+  }
+  a.draft.clear();
+  return emitted;
 }
 
 void Scheduler::emit(Active& a, const std::string& text) {
@@ -1046,6 +1160,9 @@ void Scheduler::finish(Active& a, FinishReason reason, int status, const std::st
   }
   r.n_generated = a.n_gen;
   r.n_thinking = a.think_n;
+  r.spec_drafted = a.spec_drafted;
+  r.spec_accepted = a.spec_accepted;
+  r.spec_steps = a.spec_steps;
   if (a.n_gen > 0) {
     r.prefill_s = std::chrono::duration<double>(a.t_first - a.t_admit).count();
     r.gen_s = std::chrono::duration<double>(Clock::now() - a.t_first).count();

@@ -40,6 +40,7 @@
 #include "model/model.h"
 #include "runtime/context.h"
 #include "runtime/sampling.h"
+#include "runtime/speculative.h"
 #include "server/grammar.h"
 #include "server/job.h"
 #include "server/prompt_cache.h"
@@ -64,6 +65,12 @@ struct SchedulerOptions {
   uint64_t cache_ram = 0;
   std::string cache_dir;
   uint64_t cache_disk = uint64_t{10} << 30;
+  // speculative decoding for requests that do not choose (--spec, --draft-max, --draft-min)
+  SpecType spec_type = SpecType::Off;
+  SpecParams spec;
+  // the drafter of a request that drafts (unset: the n-gram drafter); tests give one that knows
+  // the answer, to force acceptances and rejections at chosen positions
+  std::function<std::unique_ptr<Drafter>()> make_drafter;
 };
 
 // One sequence of the context, for /slots: a slot running a request, or one that keeps a prompt.
@@ -90,6 +97,9 @@ struct SchedulerStats {
   PromptCacheStats cache;       // the prompt-cache store (SchedulerOptions::cache_ram)
   // hybrid mode with --gpu-experts: routed expert picks the GPU's resident experts ran / the CPU ran
   uint64_t hot_picks = 0, host_picks = 0, hot_reranks = 0;
+  // speculative decoding (docs/speculative.md): verify steps of the requests that draft, tokens
+  // drafted and accepted, kept tokens decoded again after a KDA rollback
+  uint64_t spec_verify_steps = 0, spec_drafted = 0, spec_accepted = 0, spec_recomputed = 0;
 };
 
 class Scheduler {
@@ -174,12 +184,24 @@ class Scheduler {
     int think_tag_n = 0;        // think_n before that tag began
     std::vector<int32_t> finish_q;  // GenParams::tool_must_finish: the forced cheapest completion
     size_t finish_i = 0;            // its next token
+    // speculative decoding (runtime/speculative.h): the drafter (nullptr: none), this step's draft
+    // (decoded after `pending`, logits at each), and the kept tokens to decode again before
+    // `pending` after a KDA rollback (the sequence went back to where that step started)
+    std::unique_ptr<Drafter> drafter;
+    SpecParams spec;
+    std::vector<int32_t> draft, redo;
+    bool spec_snap_new = false;      // this step's snapshot was taken for the draft (dropped after)
+    int32_t spec_base = 0;           // the sequence's length when this step started
+    int spec_drafted = 0, spec_accepted = 0, spec_steps = 0;  // this request's (Job::Result)
+    std::vector<int32_t> spec_out;   // scratch: the tokens a verify step emits
   };
 
   void loop();
   void start(Active& a);
   void step();
   void on_token(Active& a, int32_t t, const float* logits);
+  void spec_draft(Active& a, int32_t base);    // a.draft for this step (may stay empty)
+  int spec_verify(Active& a);                  // after the decode: accept, roll back, emit; tokens emitted
   int32_t sample_constrained(Active& a, const float* logits);
   bool forced_token(Active& a, int32_t& t);  // the thinking budget / a due completion: the next token is forced
   bool finish_due(Active& a, int32_t sampled);  // GenParams::tool_must_finish: builds a.finish_q when due

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <map>
 #include <random>
+#include <sstream>
 
 #include "engine_fixture.h"
 #include "model/model.h"
@@ -564,4 +565,70 @@ TEST_F(Spec, SamplerVerifyMatchesSampleDistribution) {
   EXPECT_FALSE(acc);
   EXPECT_EQ(g.verify(logits, 4, nullptr, acc), 4);
   EXPECT_TRUE(acc);
+}
+
+// `kimi run --spec ngram` prints the ids `kimi run` prints, on a prompt the model repeats (P, its
+// own continuation G, P again: the n-gram drafter proposes G); -n and --draft-max are respected.
+TEST(SpecCli, RunWithNgramPrintsThePlainIds) {
+  const std::string m = test::tiny_gguf();
+  auto first_line = [](const std::string& s) { return s.substr(0, s.find('\n')); };
+  auto join = [](const std::vector<int32_t>& v) {
+    std::string r;
+    for (size_t i = 0; i < v.size(); ++i) r += (i ? "," : "") + std::to_string(v[i]);
+    return r;
+  };
+  const std::vector<int32_t> P = random_tokens(20, 21, 900);
+  auto g = test::run_kimi("run -m " + m + " --tokens " + join(P) + " -n 30 --ids --ignore-eos");
+  ASSERT_EQ(g.exit_code, 0) << g.out;
+  std::vector<int32_t> prompt = P;
+  {
+    std::istringstream in(first_line(g.out));
+    for (int32_t x; in >> x;) prompt.push_back(x);
+  }
+  ASSERT_EQ(prompt.size(), 50u) << g.out;
+  prompt.insert(prompt.end(), P.begin(), P.end());
+  const std::string args = "run -m " + m + " --tokens " + join(prompt) + " -n 30 --ids --ignore-eos";
+  auto plain = test::run_kimi(args);
+  ASSERT_EQ(plain.exit_code, 0) << plain.out;
+  for (const char* spec : {"--spec ngram --draft-max 4", "--spec auto", "--spec ngram --draft-min 3"}) {
+    auto a = test::run_kimi(args + " " + spec);
+    ASSERT_EQ(a.exit_code, 0) << a.out;
+    EXPECT_EQ(first_line(a.out), first_line(plain.out)) << spec;
+    EXPECT_NE(a.out.find("speculative ("), std::string::npos) << a.out;
+  }
+  auto bad = test::run_kimi(args + " --spec medusa");
+  EXPECT_NE(bad.exit_code, 0);
+  bad = test::run_kimi(args + " --spec dspark");
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.out.find("-md/--model-draft"), std::string::npos) << bad.out;
+  bad = test::run_kimi(args + " --spec ngram --draft-max 2 --draft-min 3");
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.out.find("--draft-min"), std::string::npos) << bad.out;
+  bad = test::run_kimi(args + " -md x.gguf");
+  EXPECT_NE(bad.exit_code, 0);
+}
+
+// `kimi chat --spec ngram`: the same replies (greedy) over two turns as without, the context kept
+// consistent between turns (the second turn reuses the first's cache).
+TEST(SpecCli, ChatWithNgramGivesThePlainReplies) {
+  const std::string m = test::tiny_gguf();
+  TempDir d;
+  test::write_file(d.file("in.txt"), "say something\nand again the same\n");
+  const std::string args = "chat -m " + m + " -n 24 -t 1 --temp 0 < " + d.file("in.txt");
+  auto plain = test::run_kimi(args);
+  ASSERT_EQ(plain.exit_code, 0) << plain.out;
+  auto spec = test::run_kimi("chat -m " + m + " -n 24 -t 1 --temp 0 --spec ngram --draft-max 5 < " + d.file("in.txt"));
+  ASSERT_EQ(spec.exit_code, 0) << spec.out;
+  auto body = [](const std::string& s) {  // the replies and the token counts, without the speeds
+    std::string r;
+    std::istringstream in(s);
+    for (std::string l; std::getline(in, l);) {
+      if (l.rfind("speculative", 0) == 0) continue;
+      if (l.rfind("[prompt", 0) == 0) l = l.substr(0, l.find("reused"));  // "[prompt N tokens: X new, Y "
+      r += l + "\n";
+    }
+    return r;
+  };
+  EXPECT_NE(body(plain.out).find("[prompt"), std::string::npos);
+  EXPECT_EQ(body(spec.out), body(plain.out));
 }

@@ -1,0 +1,61 @@
+#!/usr/bin/env python3
+"""What a speculative verify step costs on the real Kimi-K3.1, and the speedup it gives (docs/speculative.md).
+
+A decode step of one sequence is bound by reading weights. A verify step of k drafted tokens (k + 1 rows)
+reads the always-read weights once and the routed experts of the union of its rows' picks: the expert
+bytes grow with (k + 1) x u_k, u_k the expert-union share (distinct experts / picks) that
+`kimi bench --verify-k` measures. Byte counts from docs/gpu.md (computed from k3-architecture.md section 2).
+
+    python3 bench/spec_cost_model.py [--union 0.861,0.793,...]   # u_1..u_8 (default: measured, docs/speculative.md)
+"""
+import argparse
+
+# measured on the zipf router with K3's 896 experts top 16 (kimi synth --preset tiny --experts 896
+# --experts-used 16 --router zipf; kimi bench --verify-k 1..8 -d 256 -r 20): u_1 .. u_8
+UNION = [0.861, 0.793, 0.745, 0.712, 0.681, 0.654, 0.637, 0.616]
+
+EXPERTS_GB = 25.8  # 92 MoE layers x 16 picks x 17.55 MB (MXFP4), one token
+ALWAYS_GB = {"BF16": 113.0, "Q8_0": 60.0, "Q4_K": 31.8}  # everything but the routed experts
+RAM_GBS = 380.0    # 12-channel DDR5-4800 socket, read ceiling
+GPU = {"H100 80 GB (3.3 TB/s)": 3300.0}
+
+
+def configs(union):
+    u = [1.0] + list(union)  # u_0 = 1: one token's picks are distinct
+    out = []
+    for name, gb in ALWAYS_GB.items():  # CPU-only: everything from RAM
+        out.append((f"CPU-only, {name} always-read + MXFP4 experts", [(gb + EXPERTS_GB * (k + 1) * u[k]) / RAM_GBS for k in range(len(u))]))
+    for gname, bw in GPU.items():  # hybrid: Q8_0 always-read on the GPU, the experts in RAM (sides one after the other)
+        out.append((f"hybrid, {gname} Q8_0 always-read, experts in RAM", [60.0 / bw + EXPERTS_GB * (k + 1) * u[k] / RAM_GBS for k in range(len(u))]))
+    # one sequence with every weight in GPU memory (several GPUs): the same reads as CPU-only at a
+    # higher bandwidth, so the same ratios as the CPU-only row of its weight type
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--union", default=",".join(str(x) for x in UNION), help="u_1..u_K, comma-separated")
+    a = ap.parse_args()
+    union = [float(x) for x in a.union.split(",")]
+    K = len(union)
+    print("verify step of k drafts, time relative to a decode step (bytes read / bandwidth):\n")
+    print("| configuration | decode t/s | " + " | ".join(f"k={k}" for k in range(1, K + 1)) + " |")
+    print("|---|---:|" + "---:|" * K)
+    rows = configs(union)
+    for name, t in rows:
+        print(f"| {name} | {1.0 / t[0]:.1f} | " + " | ".join(f"{t[k] / t[0]:.2f}" for k in range(1, K + 1)) + " |")
+    print("\nspeedup at acceptance length a (a drafts kept per step, a + 1 tokens emitted): draft k = a / draft k = 7 "
+          "(DSpark's block) / nothing kept (a = 0) with k = 1:\n")
+    print("| configuration | " + " | ".join(f"a={a_}" for a_ in range(1, 7)) + " | a=0, k=1 |")
+    print("|---|" + "---:|" * 7)
+    for name, t in rows:
+        cells = []
+        for a_ in range(1, 7):
+            s1 = (a_ + 1) * t[0] / t[a_]
+            s7 = (a_ + 1) * t[0] / t[7] if K >= 7 else float("nan")
+            cells.append(f"{s1:.2f} / {s7:.2f}")
+        print(f"| {name} | " + " | ".join(cells) + f" | {t[0] / t[1]:.2f} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,206 @@
+// kimi serve with speculative decoding per request ("speculative": {"type": "ngram", ...}): greedy
+// answers with drafts equal those without, token for token and logprob for logprob, while another
+// request without speculation runs in the same batches; the counters in /metrics; bad values 400.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <thread>
+
+#include "runtime/speculative.h"
+#include "server_fixture.h"
+
+using namespace kimi;
+using namespace kimi::test;
+
+namespace {
+
+std::vector<int32_t> ids(int n, uint32_t seed) {
+  std::vector<int32_t> v;
+  uint32_t x = seed;
+  for (int i = 0; i < n; ++i) {
+    x = x * 1664525u + 1013904223u;
+    v.push_back(static_cast<int32_t>(300 + (x >> 8) % 600));
+  }
+  return v;
+}
+
+ojson completion(const std::vector<int32_t>& prompt, int n, const ojson& spec = nullptr) {
+  ojson b = {{"prompt", prompt}, {"max_tokens", n}, {"temperature", 0}, {"ignore_eos", true}, {"logprobs", 1}};
+  if (!spec.is_null()) b["speculative"] = spec;
+  return b;
+}
+
+double metric(const std::string& text, const std::string& name) {
+  const size_t at = text.find("\n" + name + " ");
+  if (at == std::string::npos) return -1;
+  return std::stod(text.substr(at + name.size() + 2));
+}
+
+}  // namespace
+
+// A prompt the model's greedy continuation of which it then sees again: P + G + P, where G is what
+// the model writes after P; after the second P the n-gram drafter proposes G (mostly right).
+TEST(ServerSpec, NgramEqualsPlainWithABatchNeighbour) {
+  auto o = server_opts();
+  o.quiet = true;
+  RunningServer s(o);
+  auto m = Model::load(o.model_path);
+  const std::vector<int32_t> P = ids(24, 5);
+  const std::vector<int32_t> G = reference_greedy_ids(*m, P, 40);
+  std::vector<int32_t> prompt = P;
+  prompt.insert(prompt.end(), G.begin(), G.end());
+  prompt.insert(prompt.end(), P.begin(), P.end());
+
+  int st = 0;
+  const ojson plain = s.post("/v1/completions", completion(prompt, 48), &st);
+  ASSERT_EQ(st, 200) << plain.dump();
+  const ojson plain_b = s.post("/v1/completions", completion(ids(30, 9), 24), &st);
+  ASSERT_EQ(st, 200) << plain_b.dump();
+
+  // the neighbour: a long request without speculation, running when the speculative one starts
+  ojson neighbour;
+  std::thread tb([&] {
+    ojson body = completion(ids(30, 9), 300);
+    neighbour = s.post("/v1/completions", body);
+  });
+  // wait until it is decoding (a condition, not a delay)
+  for (int i = 0; i < 20000; ++i) {
+    const ojson slots = s.get("/slots");
+    bool busy = false;
+    for (const auto& sl : slots)
+      if (sl.value("is_processing", false) && sl.contains("request") && sl["request"].value("n_decoded", 0) > 0)
+        busy = true;
+    if (busy) break;
+    std::this_thread::yield();
+  }
+  const ojson spec = s.post("/v1/completions", completion(prompt, 48, {{"type", "ngram"}, {"n_max", 6}}), &st);
+  tb.join();
+  ASSERT_EQ(st, 200) << spec.dump();
+  EXPECT_EQ(spec["choices"][0]["text"], plain["choices"][0]["text"]);
+  EXPECT_EQ(spec["choices"][0]["logprobs"]["tokens"], plain["choices"][0]["logprobs"]["tokens"]);
+  EXPECT_EQ(spec["choices"][0]["logprobs"]["token_logprobs"], plain["choices"][0]["logprobs"]["token_logprobs"]);
+  EXPECT_EQ(spec["usage"]["completion_tokens"], 48);
+  // the neighbour's first 24 tokens are the short plain run's
+  ASSERT_EQ(neighbour["choices"][0]["logprobs"]["token_logprobs"].size(), 300u);
+  for (size_t i = 0; i < 24; ++i)
+    EXPECT_EQ(neighbour["choices"][0]["logprobs"]["token_logprobs"][i], plain_b["choices"][0]["logprobs"]["token_logprobs"][i]) << i;
+
+  auto c = s.client();
+  auto res = c.Get("/metrics");
+  ASSERT_TRUE(res);
+  const double drafted = metric(res->body, "kimi_spec_drafted_tokens_total");
+  const double accepted = metric(res->body, "kimi_spec_accepted_tokens_total");
+  EXPECT_GT(drafted, 0) << res->body;  // (the synthetic model rarely repeats: few drafts are right)
+  EXPECT_GE(accepted, 0) << res->body;
+  EXPECT_LE(accepted, drafted);
+  EXPECT_GT(metric(res->body, "kimi_spec_verify_steps_total"), 0);
+
+  // the same with the server's default (--spec ngram) and a request that turns it off
+  auto o2 = o;
+  o2.sched.spec_type = SpecType::Ngram;
+  o2.sched.spec.n_max = 3;
+  RunningServer s2(o2);
+  const ojson d = s2.post("/v1/completions", completion(prompt, 48), &st);
+  ASSERT_EQ(st, 200);
+  EXPECT_EQ(d["choices"][0]["logprobs"]["token_logprobs"], plain["choices"][0]["logprobs"]["token_logprobs"]);
+  const ojson off = s2.post("/v1/completions", completion(prompt, 48, {{"type", "off"}}), &st);
+  ASSERT_EQ(st, 200);
+  EXPECT_EQ(off["choices"][0]["text"], plain["choices"][0]["text"]);
+}
+
+namespace {
+
+// Proposes the reference answer, wrong at one block position (-1: never): acceptances and rejections
+// where the test wants them.
+struct OracleDrafter final : Drafter {
+  std::shared_ptr<std::vector<int32_t>> truth;
+  int wrong_at = -1, block = 4;
+  std::string name() const override { return "oracle"; }
+  int propose(std::span<const int32_t> t, int n_max, std::vector<int32_t>& draft) override {
+    draft.clear();
+    const auto& T = *truth;
+    if (t.size() >= T.size() || !std::equal(t.begin(), t.end(), T.begin())) return 0;
+    for (int j = 0; j < std::min(n_max, block) && t.size() + static_cast<size_t>(j) < T.size(); ++j)
+      draft.push_back(j == wrong_at ? (T[t.size() + static_cast<size_t>(j)] + 1) % 1000 : T[t.size() + static_cast<size_t>(j)]);
+    return static_cast<int>(draft.size());
+  }
+};
+
+}  // namespace
+
+// Drafts right up to block position j and wrong there, for every j (and always right): the answer is
+// the plain greedy answer token for token and logprob for logprob, while a request without drafts
+// decodes in the same steps; the accepted and recomputed counters move as the positions say.
+TEST(ServerSpec, RejectionAtEveryBlockPositionEqualsPlain) {
+  auto o = server_opts();
+  o.quiet = true;
+  auto truth = std::make_shared<std::vector<int32_t>>();
+  auto wrong = std::make_shared<int>(-1);
+  o.sched.make_drafter = [truth, wrong] {
+    auto d = std::make_unique<OracleDrafter>();
+    d->truth = truth;
+    d->wrong_at = *wrong;
+    return d;
+  };
+  RunningServer s(o);
+  auto m = Model::load(o.model_path);
+  const std::vector<int32_t> P = ids(20, 7);
+  *truth = P;
+  const std::vector<int32_t> G = reference_greedy_ids(*m, P, 40);
+  truth->insert(truth->end(), G.begin(), G.end());
+  int st = 0;
+  const ojson plain = s.post("/v1/completions", completion(P, 40), &st);
+  ASSERT_EQ(st, 200) << plain.dump();
+  double last_acc = 0;
+  for (int j = -1; j < 4; ++j) {
+    *wrong = j;
+    ojson neighbour;
+    std::thread tb([&] { neighbour = s.post("/v1/completions", completion(ids(30, 9), 60)); });
+    for (int i = 0; i < 20000; ++i) {  // the neighbour decoding first (a condition, not a delay)
+      bool busy = false;
+      for (const auto& sl : s.get("/slots"))
+        if (sl.value("is_processing", false) && sl.contains("request") && sl["request"].value("n_decoded", 0) > 0)
+          busy = true;
+      if (busy) break;
+      std::this_thread::yield();
+    }
+    const ojson got = s.post("/v1/completions", completion(P, 40, {{"type", "ngram"}, {"n_max", 4}}), &st);
+    tb.join();
+    ASSERT_EQ(st, 200) << got.dump();
+    EXPECT_EQ(got["choices"][0]["text"], plain["choices"][0]["text"]) << j;
+    EXPECT_EQ(got["choices"][0]["logprobs"]["token_logprobs"], plain["choices"][0]["logprobs"]["token_logprobs"]) << j;
+    EXPECT_EQ(neighbour["usage"]["completion_tokens"], 60);
+    auto c = s.client();
+    auto res = c.Get("/metrics");
+    ASSERT_TRUE(res);
+    const double acc = metric(res->body, "kimi_spec_accepted_tokens_total");
+    if (j != 0) {
+      EXPECT_GT(acc, last_acc) << j << res->body;  // drafts kept
+    } else {
+      EXPECT_EQ(acc, last_acc) << res->body;  // wrong at 0: nothing kept
+    }
+    if (j >= 0) EXPECT_GT(metric(res->body, "kimi_spec_recomputed_tokens_total"), 0) << res->body;
+    last_acc = acc;
+  }
+}
+
+TEST(ServerSpec, BadSpeculativeFieldsAre400) {
+  auto o = server_opts();
+  o.quiet = true;
+  RunningServer s(o);
+  for (const ojson& bad : {ojson("ngram"), ojson{{"type", "medusa"}}, ojson{{"type", 3}}, ojson{{"n_max", -1}},
+                           ojson{{"n_max", 1000}}, ojson{{"n_min", "2"}}, ojson{{"type", "dspark"}}}) {
+    int st = 0;
+    const ojson r = s.post("/v1/completions", completion(ids(5, 1), 4, bad), &st);
+    EXPECT_EQ(st, 400) << bad.dump() << " -> " << r.dump();
+    EXPECT_NE(r.dump().find("speculative"), std::string::npos) << r.dump();
+  }
+  int st = 0;
+  ojson flat = completion(ids(5, 1), 4);
+  flat["speculative.n_max"] = 4;  // llama-server's flat form
+  s.post("/v1/completions", flat, &st);
+  EXPECT_EQ(st, 200);
+  flat["speculative.n_max"] = -3;
+  s.post("/v1/completions", flat, &st);
+  EXPECT_EQ(st, 400);
+}

@@ -130,7 +130,7 @@ const std::vector<int32_t>& Speculator::step(int max_new) {
   // Drafting pauses while more than n_max tokens wait to be decoded again after rollbacks; the
   // plain step that follows commits them (a bound on the batch: 2 n_max + 1 + n_max rows).
   if (may_draft && p <= p_.n_max + 1) {
-    const int n = std::min({p_.n_max, max_new - 1, room});
+    const int n = std::min({p_.n_max, max_new - 1, room, kSpecMaxStepRows - p});
     if (n > 0) {
       k = std::min(drafter_->propose(hist_, n, draft_), n);
       if (k < std::max(p_.n_min, 1)) k = 0;

@@ -97,6 +97,13 @@ enum class SpecType { Off, Auto, Ngram, Dspark };
 SpecType parse_spec_type(const std::string& s, const char* what);
 const char* spec_type_name(SpecType t);
 
+// The most rows one sequence puts in a verify step (the pending tokens and the draft): the CPU's
+// matmul kernels compute a row with the same bits as alone only in batches of fewer than 16 tokens
+// (from 16 on the token-lane and AMX kernels sum in another order; Matmul.BatchRowEqualsAlone), so a
+// longer step would make fast-precision greedy output differ from plain decoding. The draft is cut
+// to fit (a step after a rollback, which decodes its kept tokens again, drafts fewer).
+inline constexpr int kSpecMaxStepRows = 15;
+
 struct SpecParams {
   int n_max = 8;  // --draft-max: tokens drafted per step at most
   int n_min = 0;  // --draft-min: a proposal shorter than this is not verified (plain step)

@@ -706,7 +706,8 @@ void Scheduler::spec_draft(Active& a, int32_t base) {
   const GenParams& gp = a.job->params();
   const int32_t r = static_cast<int32_t>(a.redo.size());
   // no token past max_tokens, no position past the context (on_token ends the request there)
-  const int n = std::min({a.spec.n_max, gp.max_tokens - a.n_gen - 1, n_ctx_ - base - r - 3});
+  const int n = std::min({a.spec.n_max, gp.max_tokens - a.n_gen - 1, n_ctx_ - base - r - 3,
+                          kSpecMaxStepRows - r - 1});  // with redo + pending: < 16 rows, bit-exact
   if (n < std::max(1, a.spec.n_min)) return;
   std::vector<int32_t>& toks = seqs_[static_cast<size_t>(a.seq)].toks;
   const size_t n0 = toks.size();  // the drafter reads the whole text: context + redo + pending

@@ -93,18 +93,23 @@ TEST(HardenOutputs, ConvertRefusesToReplaceAnySourceFile) {
   const std::string hf = copy_hf(td);
   fs::create_symlink(hf + "/config.json", td.file("link.gguf"));
   const auto before = snapshot(hf);
-  for (const std::string& out : {hf + "/config.json", hf + "/model-00001-of-00002.safetensors",
-                                hf + "/model.safetensors.index.json", hf + "/tiktoken.model", td.file("link.gguf")}) {
+  // the first weight shard, whatever the shard count of the tiny checkpoint (its vision tensors made it 3)
+  std::string shard;
+  for (const auto& n : names_in(hf))
+    if (n.rfind("model-00001-of-", 0) == 0) shard = n;
+  ASSERT_FALSE(shard.empty()) << "no model-00001-of-* shard in " << hf;
+  ASSERT_TRUE(read_file(hf + "/model.safetensors.index.json").find(shard) != std::string::npos) << shard;
+  for (const std::string& out : {hf + "/config.json", hf + "/" + shard, hf + "/model.safetensors.index.json",
+                                hf + "/tiktoken.model", td.file("link.gguf")}) {
     auto r = run_bounded("convert " + hf + " -o " + out + " -q");
     EXPECT_EQ(r.exit_code, 1) << out << ": " << r.out;
     EXPECT_NE(r.out.find("is the input file"), std::string::npos) << out << ": " << r.out;
   }
   EXPECT_EQ(snapshot(hf), before);  // every source file untouched
   // a split output whose shard names are source files
-  fs::rename(hf + "/model-00001-of-00002.safetensors", hf + "/x-00001-of-00002.gguf");
+  fs::rename(hf + "/" + shard, hf + "/x-00001-of-00002.gguf");
   std::string idx = read_file(hf + "/model.safetensors.index.json");
-  for (size_t p; (p = idx.find("model-00001-of-00002.safetensors")) != std::string::npos;)
-    idx.replace(p, 32, "x-00001-of-00002.gguf");
+  for (size_t p; (p = idx.find(shard)) != std::string::npos;) idx.replace(p, shard.size(), "x-00001-of-00002.gguf");
   write_file(hf + "/model.safetensors.index.json", idx);
   const auto before_split = snapshot(hf);
   auto r = run_bounded("convert " + hf + " -o " + hf + "/x.gguf --split-max-size 600K -q");
@@ -335,7 +340,8 @@ TEST(HardenTemps, NextRunRemovesStaleTempsOfDeadRuns) {
   write_file(out + ".tmp", "not ours");
   auto r = run_bounded("convert " + kimi::test::tiny_hf() + " -o " + out + " -q");
   ASSERT_EQ(r.exit_code, 0) << r.out;
-  EXPECT_EQ(names_in(td.path), (std::vector<std::string>{"out.gguf", "out.gguf.tmp"}));
+  // the text model, its companion vision projector (docs/spec/vision.md), and the file that is not ours
+  EXPECT_EQ(names_in(td.path), (std::vector<std::string>{"out.gguf", "out.gguf.tmp", "out.mmproj.gguf"}));
   EXPECT_EQ(read_file(out + ".tmp"), "not ours");
 }
 

@@ -118,23 +118,38 @@ namespace {
 struct Served {
   pid_t pid = -1;
   int port = 0;
-  Served(const std::string& model, const std::string& flags, const std::string& log) {
-    std::mt19937 rng(static_cast<uint32_t>(::getpid()) * 7919u + static_cast<uint32_t>(flags.size()));
-    port = 20000 + static_cast<int>(rng() % 30000);
-    const std::string cmd = std::string(KIMI_BIN) + " serve -m " + model + " --port " + std::to_string(port) +
-                            " --precision f32 -c 512 " + flags + " > " + log + " 2>&1";
+  std::string log;
+  // --port 0: the server binds a free port itself and names it on its first log line ("bound to
+  // 127.0.0.1:PORT"), so two servers (of this test or of a test beside it) can never pick the same one
+  Served(const std::string& model, const std::string& flags, const std::string& log_path) : log(log_path) {
+    const std::string cmd = std::string(KIMI_BIN) + " serve -m " + model + " --port 0 --precision f32 -c 512 " + flags +
+                            " > " + log + " 2>&1";
     pid = ::fork();
     if (pid == 0) {
       ::execl("/bin/sh", "sh", "-c", ("exec " + cmd).c_str(), static_cast<char*>(nullptr));
       ::_exit(127);
     }
   }
-  bool wait_ready() const {
+  bool wait_ready() {
     for (int i = 0; i < 600; ++i) {  // up to 60 s (lavapipe compiles shaders at first use)
-      httplib::Client c("127.0.0.1", port);
-      if (auto r = c.Get("/health"); r && r->status == 200) return true;
+      if (port == 0) {
+        std::string text;
+        try {
+          text = test::read_file(log);  // the shell may not have created it yet
+        } catch (const std::exception&) {
+        }
+        const std::string key = "bound to 127.0.0.1:";
+        if (const size_t at = text.find(key); at != std::string::npos) port = std::atoi(text.c_str() + at + key.size());
+      }
+      if (port > 0) {
+        httplib::Client c("127.0.0.1", port);
+        if (auto r = c.Get("/health"); r && r->status == 200) return true;
+      }
       int st = 0;
-      if (::waitpid(pid, &st, WNOHANG) == pid) return false;
+      if (::waitpid(pid, &st, WNOHANG) == pid) {
+        pid = -1;
+        return false;
+      }
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
     return false;

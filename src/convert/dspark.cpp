@@ -246,21 +246,7 @@ SynthSummary write_synth(const SynthConfig& c, const std::string& dir, bool forc
     discard_temp(tmp.string());
     throw;
   }
-  if (replace) {
-    const fs::path old = final_path.string() + ".old." + std::to_string(::getpid());
-    fs::rename(final_path, old, ec);
-    check(!ec, "synth: cannot move the old '{}' aside: {}", final_path.string(), ec.message());
-    fs::rename(tmp, final_path, ec);
-    if (ec) discard_temp(tmp.string());
-    check(!ec, "synth: cannot rename '{}' to '{}': {}", tmp.string(), final_path.string(), ec.message());
-    unregister_temp(tmp.string());
-    fs::remove_all(old, ec);
-  } else {
-    fs::rename(tmp, final_path, ec);
-    if (ec) discard_temp(tmp.string());
-    check(!ec, "synth: cannot rename '{}' to '{}': {}", tmp.string(), final_path.string(), ec.message());
-    unregister_temp(tmp.string());
-  }
+  synth::install_dir(tmp.string(), final_path.string(), replace);
   return sum;
 }
 

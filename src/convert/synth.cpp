@@ -945,22 +945,27 @@ Summary write_checkpoint(const Config& c, const std::string& dir, const WriteOpt
     throw;
   }
 
+  install_dir(tmp.string(), final_path.string(), replace);
+  return sum;
+}
+
+void install_dir(const std::string& tmp, const std::string& final_path, bool replace) {
+  std::error_code ec;
   if (replace) {
-    const fs::path old = final_path.string() + ".old." + std::to_string(::getpid());
+    const std::string old = final_path + ".old." + std::to_string(::getpid());
     fs::rename(final_path, old, ec);
-    check(!ec, "synth: cannot move the old '{}' aside: {}", final_path.string(), ec.message());
+    check(!ec, "synth: cannot move the old '{}' aside: {}", final_path, ec.message());
     fs::rename(tmp, final_path, ec);
-    if (ec) discard_temp(tmp.string());
-    check(!ec, "synth: cannot rename '{}' to '{}': {}", tmp.string(), final_path.string(), ec.message());
-    unregister_temp(tmp.string());
+    if (ec) discard_temp(tmp);
+    check(!ec, "synth: cannot rename '{}' to '{}': {}", tmp, final_path, ec.message());
+    unregister_temp(tmp);
     fs::remove_all(old, ec);
   } else {
     fs::rename(tmp, final_path, ec);
-    if (ec) discard_temp(tmp.string());
-    check(!ec, "synth: cannot rename '{}' to '{}': {}", tmp.string(), final_path.string(), ec.message());
-    unregister_temp(tmp.string());
+    if (ec) discard_temp(tmp);
+    check(!ec, "synth: cannot rename '{}' to '{}': {}", tmp, final_path, ec.message());
+    unregister_temp(tmp);
   }
-  return sum;
 }
 
 }  // namespace kimi::synth

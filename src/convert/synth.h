@@ -105,6 +105,11 @@ nlohmann::ordered_json tokenizer_config_json(const Config& c);
 // The learned base vocabulary (V-256 tokens, rank order) and the size of its training text.
 std::vector<std::string> learn_vocab(int64_t vocab, size_t* text_bytes = nullptr);
 
+// Move a finished temporary directory `tmp` into place at `final_path` (with `replace`: the existing
+// directory is moved aside first and removed after), discarding tmp when the rename fails. Both the
+// K3 synth and the DSpark draft's synth end with it.
+void install_dir(const std::string& tmp, const std::string& final_path, bool replace);
+
 struct WriteOptions {
   bool force = false;  // replace an existing non-empty output directory
   bool quiet = false;  // no progress output

@@ -1034,7 +1034,11 @@ ChatDelta ChatParser::push(std::string_view text) {
       const bool sep_may_start = sep == std::string_view::npos && next != std::string_view::npos &&
                                  std::string_view(SEP).substr(0, rest.size() - next) == rest.substr(next);
       const bool bare = free_text() && ((next < sep && !sep_may_start) ||
-                                        (sep == std::string_view::npos && rest.size() - hdr > kMaxTagHeader) ||
+                                        // no <|sep|> can still start within kMaxTagHeader bytes (one
+                                        // cut by the end of the buffer would: wait for it, as the
+                                        // whole text would find it)
+                                        (sep == std::string_view::npos &&
+                                         rest.size() - hdr >= kMaxTagHeader + std::string_view(SEP).size()) ||
                                         (sep != std::string_view::npos && sep - hdr > kMaxTagHeader));
       if (bare) {
         pos += hdr;

@@ -9,7 +9,9 @@
 //    renders as such, nothing of the model's text becomes HTML, and the incremental rendering equals
 //    the full rendering after a reload;
 //  - conversations survive a reload, the list switches, renames and deletes them; Stop ends a long
-//    generation (the server's slot goes idle); light/dark themes; no horizontal overflow at 380 px.
+//    generation (the server's slot goes idle); light/dark themes; no horizontal overflow at 380 px;
+//  - images pasted, dropped and picked: thumbnails, the image_url data: URL parts of the request (the
+//    files' exact bytes), kept over a reload; the page shows what the server answers that request.
 // Any page JS error or request to another host fails the test.
 // usage: node webui_test.js <kimi binary> [page source, to compare with what is served]
 // Env: KIMI_WEBUI_SHOTS=DIR saves screenshots (desktop and phone width, light and dark) there;
@@ -630,6 +632,118 @@ async function main() {
   await page.evaluate(() => { document.getElementById("scroller").scrollTop = 0; });
   await shot("phone-dark");
   eq(await overflow(), [], "phone width, dark: elements outside the screen");
+
+  // 8) images: one pasted into the message box, one dropped on the page, one picked with the image
+  //    button; each shows a thumbnail, the x removes one, a dropped text file is refused; the request
+  //    sends them as OpenAI image_url parts with data: URLs holding the files' exact bytes, the
+  //    conversation keeps them over a reload, and the page shows what the server answers that request
+  await page.setViewportSize({ width: 1280, height: 820 });
+  await page.click("#new-chat");
+  // the images, drawn by the browser (PNG and JPEG encoders that are not the page's)
+  const drawn = await page.evaluate(async () => {
+    const draw = async (w, h, colours, type) => {
+      const c = document.createElement("canvas");
+      c.width = w; c.height = h;
+      const g = c.getContext("2d");
+      colours.forEach((col, k) => { g.fillStyle = col; g.fillRect(k * w / colours.length, 0, w / colours.length, h); });
+      const blob = await new Promise((r) => c.toBlob(r, type, 0.9));
+      return Array.from(new Uint8Array(await blob.arrayBuffer()));
+    };
+    return { pasted: await draw(37, 23, ["#e63946", "#2a9d8f", "#264653"], "image/png"),
+             dropped: await draw(16, 40, ["#ffb703", "#023047"], "image/png"),
+             picked: await draw(50, 30, ["#8338ec", "#3a86ff", "#fb5607", "#ffbe0b"], "image/jpeg") };
+  });
+  const bytes = Object.fromEntries(Object.entries(drawn).map(([k, v]) => [k, Buffer.from(v)]));
+  check(bytes.pasted.subarray(1, 4).toString() === "PNG" && bytes.picked[0] === 0xff && bytes.picked[1] === 0xd8,
+        "the browser drew a PNG and a JPEG");
+  const dataURL = (mime, b) => `data:${mime};base64,${b.toString("base64")}`;
+  const want = { pasted: dataURL("image/png", bytes.pasted), dropped: dataURL("image/png", bytes.dropped),
+                 picked: dataURL("image/jpeg", bytes.picked) };
+  const pickedFile = path.join(tmp, "picked photo.jpg");
+  fs.writeFileSync(pickedFile, bytes.picked);
+  const thumbs = () => page.$$eval("#attachments .thumb img", (l) => l.map((i) => i.getAttribute("src")));
+  const waitThumbs = (n) => page.waitForFunction((k) => document.querySelectorAll("#attachments .thumb img").length === k, n);
+  // paste (a ClipboardEvent with the file, as the browser makes it for a pasted screenshot)
+  await page.evaluate((b) => {
+    const dt = new DataTransfer();
+    dt.items.add(new File([new Uint8Array(b)], "image.png", { type: "image/png" }));
+    document.getElementById("msg").dispatchEvent(new ClipboardEvent("paste", { clipboardData: dt, bubbles: true, cancelable: true }));
+  }, drawn.pasted);
+  await waitThumbs(1);
+  check(!(await page.isDisabled("#send")), "an image alone enables Send");
+  // drop on the conversation (dragover, then drop), and a text file dropped beside it
+  const dropped = await page.evaluate((b) => {
+    const dt = new DataTransfer();
+    dt.items.add(new File([new Uint8Array(b)], "tall.png", { type: "image/png" }));
+    dt.items.add(new File(["just text"], "notes.txt", { type: "text/plain" }));
+    const log = document.getElementById("scroller");
+    const over = new DragEvent("dragover", { dataTransfer: dt, bubbles: true, cancelable: true });
+    log.dispatchEvent(over);
+    const highlighted = document.body.classList.contains("drop-over");
+    const accepted = !log.dispatchEvent(new DragEvent("drop", { dataTransfer: dt, bubbles: true, cancelable: true }));
+    return { overAccepted: over.defaultPrevented, highlighted, accepted };
+  }, drawn.dropped);
+  eq(dropped, { overAccepted: true, highlighted: true, accepted: true }, "drag and drop of files: accepted and highlighted");
+  await waitThumbs(2);
+  await page.waitForFunction(() => document.getElementById("toast").textContent.includes("notes.txt"));
+  check((await page.textContent("#toast")).includes("not a PNG, JPEG, WebP or GIF image (text/plain)"),
+        "the dropped text file is refused: " + await page.textContent("#toast"));
+  check(!(await page.evaluate(() => document.body.classList.contains("drop-over"))), "the drop ends the highlight");
+  // the image button opens the file picker
+  const [chooser] = await Promise.all([page.waitForEvent("filechooser"), page.click("#attach")]);
+  check(chooser.isMultiple(), "the file picker takes several images");
+  await chooser.setFiles(pickedFile);
+  await waitThumbs(3);
+  eq(await thumbs(), [want.pasted, want.dropped, want.picked], "thumbnails: the pasted, dropped and picked images' bytes");
+  const thumbSizes = await page.$$eval("#attachments .thumb img", (l) => l.map((i) => [i.naturalWidth, i.naturalHeight]));
+  eq(thumbSizes, [[37, 23], [16, 40], [50, 30]], "thumbnails decode to the images' sizes");
+  await page.click("#attachments .thumb:nth-child(2) .thumb-remove");
+  await waitThumbs(2);
+  eq(await thumbs(), [want.pasted, want.picked], "x removed the second image");
+  await shot("desktop-images-light");
+  const nImg = chatBodies.length;
+  const imgPrompt = "What is in these two images?";
+  await send(imgPrompt);
+  await page.waitForFunction(() => document.body.dataset.state !== "generating");
+  check(chatBodies.length === nImg + 1, "one request with the images");
+  const sentImg = chatBodies[nImg];
+  eq(sentImg.messages, [{ role: "user", content: [{ type: "image_url", image_url: { url: want.pasted } },
+                                                  { type: "image_url", image_url: { url: want.picked } },
+                                                  { type: "text", text: imgPrompt }] }],
+     "the request's user message: image_url parts (data: URLs) then the text");
+  eq(await thumbs(), [], "sending clears the thumbnails");
+  const userImgs = () => page.$$eval("#log .msg.user", (l) => Array.from(l[l.length - 1].querySelectorAll(".user-images img"))
+    .map((i) => i.getAttribute("src")));
+  eq(await userImgs(), [want.pasted, want.picked], "the sent message shows its images");
+  // what the page shows = what the server answers the same request (greedy, not streamed)
+  const direct = await fetch(CHAT, { method: "POST", headers: { "Content-Type": "application/json" },
+                                     body: JSON.stringify({ ...sentImg, stream: false, stream_options: undefined }) });
+  const directJ = await direct.json();
+  const shownImg = await lastAssistant();
+  if (direct.ok) {
+    await waitState("done");
+    const m = directJ.choices[0].message;
+    eq([shownImg.reasoning, shownImg.error], [m.reasoning_content || "", ""], "image turn: reasoning as the server's reply");
+    const stImg = await stored();
+    const storedImg = stImg.convs.find((c) => c.id === stImg.current).messages[1];
+    eq(storedImg.content, m.content || "", "image turn: the streamed answer = the server's non-streamed reply");
+    check(directJ.usage.prompt_tokens > 64, "image turn: the prompt counts the image tokens: " + JSON.stringify(directJ.usage));
+    console.log(`images: pasted, dropped, picked; sent as image_url data: URLs; answered (${directJ.usage.prompt_tokens} prompt tokens)`);
+  } else {
+    await waitState("error");
+    check(direct.status === 400 && directJ.error && directJ.error.message, `image request: HTTP ${direct.status} ${JSON.stringify(directJ)}`);
+    eq(shownImg.error, `HTTP 400 Bad Request: ${directJ.error.message}`, "image turn: the page shows the server's 400");
+    // the browser logs the failed request itself: that one line is expected
+    const k = jsErrors.findIndex((e) => /Failed to load resource: .* 400 \(Bad Request\)/.test(e));
+    check(k >= 0, "the browser logged no failed request for the 400");
+    jsErrors.splice(k, 1);
+    console.log(`images: pasted, dropped, picked; sent as image_url data: URLs; the server answered 400 "${directJ.error.message}"`);
+  }
+  await page.reload();
+  await page.waitForSelector("#log .msg.user");
+  eq(await userImgs(), [want.pasted, want.picked], "after a reload the message still shows its images");
+  eq((await stored()).convs.find((c) => c.title === imgPrompt).messages[0].images, [want.pasted, want.picked],
+     "the stored message keeps its images");
 
   check(external.length === 0, "the page requested external URLs: " + external.join(", "));
   // the page's Content-Security-Policy: even a bug that made an <img> of another host loads nothing

@@ -12,6 +12,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "backend/backend.h"
 #include "backend/vulkan/vk_runtime.h"
@@ -66,6 +67,14 @@ class VulkanBackend final : public Backend {
   void sigmoid(float* x, int64_t count) override;
   void mul_sigmoid_rows(float* x, const float* gate, int64_t n, int64_t width) override;
   void situ_rows(float* g, const float* u, int64_t n, int64_t width, float beta, float lambda) override;
+  void silu_mul_rows(float* g, const float* u, int64_t n, int64_t width) override;
+  void rope_rows(float* x, int64_t ld, const BatchEntry* e, int64_t n, int64_t n_heads, int64_t head_stride,
+                 int64_t n_rot, const float* cs) override;
+  void gelu(float* x, int64_t count, bool tanh_approx) override;
+  void rope_2d(float* x, int64_t ld, int64_t n, int64_t heads, int64_t head_dim, const int32_t* row, const int32_t* col,
+               float theta) override;
+  void segment_attention(const float* qkv, int64_t ld, int64_t n, int64_t H, int64_t D, const int64_t* seg,
+                         int64_t n_seg, float scale, float* out) override;
   void gather_rows(const float* src, int64_t width, const int32_t* rows, int64_t n, float* dst) override;
   void set_i32(int32_t* dst, int64_t count, int32_t v) override;
   void res_mix(const float* cur, const float* w, const float* bank, const float* bank_inv, uint32_t nb,
@@ -143,6 +152,9 @@ class VulkanBackend final : public Backend {
   std::unique_ptr<Buffer> ex_sort_;                   // routed experts: moe_sort.comp's tiles and slot order
   std::unique_ptr<Buffer> op_scratch_[2];           // per op family (op_scratch)
   uint64_t scratch_ = 0;
+  // host-side inputs of the vision ops, staged per call (vk_draft_vision.cpp); they only grow
+  std::vector<int32_t> host_i32_;
+  std::vector<float> host_f32_;
 };
 
 }  // namespace kimi

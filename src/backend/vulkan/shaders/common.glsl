@@ -27,3 +27,28 @@ float tanh_safe(float x) {
   return x < 0.0 ? -r : r;
 }
 float sigmoid(float x) { return 1.0 / (1.0 + exp(-x)); }
+
+// erf (GLSL has none): erf(x) = 1 - erfc(x) with erfc from the Chebyshev-fitted exponential form
+// (Numerical Recipes' erfcc, fractional error below 1.2e-7 everywhere); for |x| < 0.5 a Taylor
+// series (odd powers to x^13, error below 1e-9), where 1 - erfc would cancel
+float erf_f32(float x) {
+  float a = abs(x);
+  if (a < 0.5) {
+    float x2 = x * x;
+    // 2/sqrt(pi) * (x - x^3/3 + x^5/10 - x^7/42 + x^9/216 - x^11/1320 + x^13/9360)
+    float p = 1.0 / 9360.0;
+    p = p * x2 - 1.0 / 1320.0;
+    p = p * x2 + 1.0 / 216.0;
+    p = p * x2 - 1.0 / 42.0;
+    p = p * x2 + 1.0 / 10.0;
+    p = p * x2 - 1.0 / 3.0;
+    p = p * x2 + 1.0;
+    return 1.1283791670955126 * x * p;
+  }
+  float t = 1.0 / (1.0 + 0.5 * a);
+  float e = t * exp(-a * a - 1.26551223 + t * (1.00002368 + t * (0.37409196 + t * (0.09678418 +
+            t * (-0.18628806 + t * (0.27886807 + t * (-1.13520398 + t * (1.48851587 +
+            t * (-0.82215223 + t * 0.17087277)))))))));
+  float r = 1.0 - e;
+  return x < 0.0 ? -r : r;
+}

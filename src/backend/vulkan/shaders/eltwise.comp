@@ -6,6 +6,9 @@
 //   4 situ:         y = SiTU(y, x) = beta tanh(y / beta) sigmoid(y) * (lambda > 0 ? lambda tanh(x / lambda) : x)
 //   5 set_i32:      y = i (as int)
 //   6 copy:         y = x
+//   7 silu_mul:     y = silu(y) * x = y / (1 + exp(-y)) * x   (the DSpark draft's SwiGLU)
+//   8 gelu_tanh:    y = 0.5 y (1 + tanh(sqrt(2/pi) (y + 0.044715 y^3)))
+//   9 gelu_erf:     y = 0.5 y (1 + erf(y / sqrt 2))
 #version 460
 #include "common.glsl"
 
@@ -36,6 +39,21 @@ void main() {
       }
       case 5u: I32(pc.y).v[k] = pc.i; break;
       case 6u: y.v[k] = x.v[k]; break;
+      case 7u: {
+        float g = y.v[k];
+        y.v[k] = g / (1.0 + exp(-g)) * x.v[k];
+        break;
+      }
+      case 8u: {
+        float g = y.v[k];
+        y.v[k] = 0.5 * g * (1.0 + tanh_safe(0.7978845608028654 * (g + 0.044715 * g * g * g)));
+        break;
+      }
+      case 9u: {
+        float g = y.v[k];
+        y.v[k] = 0.5 * g * (1.0 + erf_f32(g * 0.7071067811865476));
+        break;
+      }
     }
   }
 }

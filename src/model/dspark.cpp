@@ -141,22 +141,7 @@ struct DsparkLoader {
       if (ti->ne[i] != (i < ne.size() ? ne[i] : 1))
         bad(fmt::format("tensor '{}': expected shape {}, found {}", name, shape(ne), ti->shape_string()));
     WeightView w;
-    w.info = ti;
-    if (vec) {
-      if (ti->type != GgmlType::F32)
-        bad(fmt::format("tensor '{}': expected type F32, found {}", name, type_name(ti->type)));
-      w.f32 = reinterpret_cast<const float*>(ti->data);
-      w.mat = {GgmlType::F32, ti->data, 1, ti->ne[0], static_cast<uint64_t>(ti->ne[0]) * 4};
-      return w;
-    }
-    auto tt = type_traits(static_cast<uint32_t>(ti->type));
-    if (!tt) bad(fmt::format("tensor '{}': unsupported type id {}", name, static_cast<uint32_t>(ti->type)));
-    if (ti->ne[0] % tt->block != 0)
-      bad(fmt::format("tensor '{}': row length {} is not a multiple of the {} block size {}", name, ti->ne[0], tt->name,
-                      tt->block));
-    const uint64_t rb = row_bytes(ti->type, static_cast<uint64_t>(ti->ne[0]));
-    w.mat = {ti->type, ti->data, ti->ne[1], ti->ne[0], rb};
-    w.slice_bytes = rb * static_cast<uint64_t>(ti->ne[1]);
+    if (std::string why = weight_view_of(*ti, vec, w); !why.empty()) bad(why);
     return w;
   }
 

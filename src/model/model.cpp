@@ -14,6 +14,25 @@
 
 namespace kimi {
 
+std::string weight_view_of(const gguf::TensorInfo& ti, bool vec, WeightView& out) {
+  out.info = &ti;
+  if (vec) {
+    if (ti.type != GgmlType::F32) return fmt::format("tensor '{}': expected type F32, found {}", ti.name, type_name(ti.type));
+    out.f32 = reinterpret_cast<const float*>(ti.data);
+    out.mat = {GgmlType::F32, ti.data, 1, ti.ne[0], static_cast<uint64_t>(ti.ne[0]) * 4};
+    return {};
+  }
+  const auto tt = type_traits(static_cast<uint32_t>(ti.type));
+  if (!tt) return fmt::format("tensor '{}': unsupported type id {}", ti.name, static_cast<uint32_t>(ti.type));
+  if (ti.ne[0] % tt->block != 0)
+    return fmt::format("tensor '{}': row length {} is not a multiple of the {} block size {}", ti.name, ti.ne[0],
+                       tt->name, tt->block);
+  const uint64_t rb = row_bytes(ti.type, static_cast<uint64_t>(ti.ne[0]));
+  out.mat = {ti.type, ti.data, ti.ne[1], ti.ne[0], rb};
+  out.slice_bytes = rb * static_cast<uint64_t>(ti.ne[1]);
+  return {};
+}
+
 uint32_t HParams::n_mla_layers() const {
   uint32_t n = 0;
   for (auto v : is_mla) n += v ? 1 : 0;
@@ -187,22 +206,7 @@ struct ModelLoader {
       }
     }
     check_shape(*ti, ne);
-    w.info = ti;
-    if (kind == Kind::Vec) {
-      if (ti->type != GgmlType::F32)
-        bad(fmt::format("tensor '{}': expected type F32, found {}", name, type_name(ti->type)));
-      w.f32 = reinterpret_cast<const float*>(ti->data);
-      w.mat = {GgmlType::F32, ti->data, 1, ti->ne[0], static_cast<uint64_t>(ti->ne[0]) * 4};
-      return w;
-    }
-    auto tt = type_traits(static_cast<uint32_t>(ti->type));
-    if (!tt) bad(fmt::format("tensor '{}': unsupported type id {}", name, static_cast<uint32_t>(ti->type)));
-    if (ti->ne[0] % tt->block != 0)
-      bad(fmt::format("tensor '{}': row length {} is not a multiple of the {} block size {}", name, ti->ne[0], tt->name,
-                      tt->block));
-    const uint64_t rb = row_bytes(ti->type, static_cast<uint64_t>(ti->ne[0]));
-    w.mat = {ti->type, ti->data, ti->ne[1], ti->ne[0], rb};
-    w.slice_bytes = rb * static_cast<uint64_t>(ti->ne[1]);
+    if (std::string why = weight_view_of(*ti, kind == Kind::Vec, w); !why.empty()) bad(why);
     return w;
   }
 

@@ -100,6 +100,11 @@ struct WeightView {
   }
 };
 
+// The view of a stored tensor whose shape was already checked: a vector (`vec`, F32 only) or a matrix
+// of any known type whose block size divides its row length. Returns "" and fills `out`, or the
+// reason it cannot be used (naming the tensor).
+std::string weight_view_of(const gguf::TensorInfo& ti, bool vec, WeightView& out);
+
 struct LayerWeights {
   WeightView attn_norm, ffn_norm, attn_res_score, ffn_res_score;
   // KDA

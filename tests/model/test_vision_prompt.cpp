@@ -7,9 +7,9 @@
 
 #include <cmath>
 #include <filesystem>
-#include <random>
 
 #include "image/image.h"
+#include "image_fixture.h"
 #include "model/model.h"
 #include "runtime/context.h"
 #include "runtime/vision_input.h"
@@ -21,15 +21,7 @@ using namespace kimi;
 
 namespace {
 
-image::Rgb random_image(int64_t w, int64_t h, uint32_t seed) {
-  std::mt19937 g(seed);
-  image::Rgb r;
-  r.width = w;
-  r.height = h;
-  r.px.resize(static_cast<size_t>(w * h * 3));
-  for (auto& v : r.px) v = static_cast<uint8_t>(g() & 255);
-  return r;
-}
+using test::random_image;
 
 struct VisionSetup {
   std::string dir = test::tiny_vision_dir(1);

@@ -5,10 +5,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <random>
 
 #include "backend/cpu/cpu_backend.h"
 #include "image/image.h"
+#include "image_fixture.h"
 #include "model/vision.h"
 #include "ref/ref_vision.h"
 #include "test_util.h"
@@ -19,15 +19,7 @@ using namespace kimi;
 
 namespace {
 
-image::Rgb random_image(int64_t w, int64_t h, uint32_t seed) {
-  std::mt19937 g(seed);
-  image::Rgb r;
-  r.width = w;
-  r.height = h;
-  r.px.resize(static_cast<size_t>(w * h * 3));
-  for (auto& v : r.px) v = static_cast<uint8_t>(g() & 255);
-  return r;
-}
+using test::random_image;
 
 double rel_rms(const std::vector<float>& a, size_t off, const std::vector<std::vector<double>>& b) {
   double num = 0, den = 0;

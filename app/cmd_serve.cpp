@@ -64,6 +64,11 @@ int cmd_serve(int argc, char** argv) {
   app.add_option("--api-key", o.api_key, "require Authorization: Bearer KEY (also env KIMI_API_KEY)")->envname("KIMI_API_KEY");
   app.add_option("--cors", o.cors_origin, "allow cross-origin requests from ORIGIN (or *)");
   app.add_option("--max-body", o.max_body, "request body limit (bytes)");
+  app.add_option("--mmproj", o.mmproj, "the vision projector file (default: MODEL.mmproj.gguf next to the model, if present)");
+  app.add_flag("--no-mmproj", o.no_mmproj, "serve text only, even when MODEL.mmproj.gguf is there");
+  app.add_option("--image-max-count", o.image_max_count, "images in one request at most")->check(CLI::NonNegativeNumber);
+  app.add_option("--image-max-bytes", o.image_max_bytes, "bytes of one image file at most (after base64)");
+  app.add_option("--image-max-pixels", o.image_max_pixels, "pixels (width x height) of one image at most");
   app.add_option("--max-prompt-tokens", o.max_prompt_tokens, "prompt token limit (0 = ctx - 1)")->check(CLI::NonNegativeNumber);
   app.add_option("--max-tokens", o.max_tokens, "limit for a request's max_tokens (0 = ctx)")->check(CLI::NonNegativeNumber);
   app.add_option("--default-max-tokens", o.default_max_tokens, "chat max_tokens when the request has none (0 = up to ctx)")

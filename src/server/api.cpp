@@ -8,8 +8,10 @@
 #include <random>
 #include <set>
 
+#include "runtime/vision_input.h"
 #include "server/grammar.h"
 #include "server/tool_grammar.h"
+#include "tokenizer/tiktoken_file.h"
 #include "util/error.h"
 #include "util/json.h"
 
@@ -414,7 +416,93 @@ bool truthy(const ojson& v) {
   return true;
 }
 
-void check_content(const ojson& c, const std::string& where, bool allow_null) {
+// The images of a chat request, decoded and preprocessed in the order of their parts.
+struct ImageParts {
+  const Limits& lim;
+  std::vector<image::Patches> images;
+
+  // an image_url part at `pw` (its role `role`)
+  void add(const ojson& p, const std::string& pw, const std::string& role) {
+    const std::string iw = pw + ".image_url";
+    if (!lim.vision) bad(iw, no_vision_message(lim.model_path));
+    if (role != "user" && role != "tool")
+      bad(pw, fmt::format("'{}': images are allowed in user and tool messages only (this one is '{}')", pw, role));
+    if (images.size() >= static_cast<size_t>(std::max(0, lim.image_max_count)))
+      bad(pw, fmt::format("'{}': too many images: at most {} per request (kimi serve --image-max-count)", pw,
+                          lim.image_max_count));
+    if (!p.contains("image_url")) bad(iw, fmt::format("'{}' is required", iw));
+    const ojson& iu = p["image_url"];
+    const ojson* url = &iu;
+    std::string uw = iw;
+    if (iu.is_object()) {
+      if (!iu.contains("url")) bad(iw + ".url", fmt::format("'{}.url' is required", iw));
+      url = &iu["url"];
+      uw = iw + ".url";
+      if (iu.contains("detail") && !iu["detail"].is_null()) {  // accepted; every image is read at full resolution
+        const ojson& d = iu["detail"];
+        if (!d.is_string() || (d != "auto" && d != "low" && d != "high"))
+          bad(iw + ".detail", fmt::format("'{}.detail' must be \"auto\", \"low\" or \"high\"", iw));
+      }
+    }
+    if (!url->is_string()) bad(uw, fmt::format("'{}' must be a string (a data: URL)", uw));
+    images.push_back(decode_data_url(url->get_ref<const std::string&>(), uw, lim));
+  }
+
+  static image::Patches decode_data_url(const std::string& u, const std::string& uw, const Limits& lim) {
+    auto starts = [&](const char* pre) {
+      const size_t n = std::strlen(pre);
+      if (u.size() < n) return false;
+      for (size_t i = 0; i < n; ++i)
+        if (std::tolower(static_cast<unsigned char>(u[i])) != pre[i]) return false;
+      return true;
+    };
+    if (starts("http://") || starts("https://"))
+      bad(uw, fmt::format("'{}': the server fetches nothing from the network; send the image inline as a data: URL "
+                          "(data:image/png;base64,...)",
+                          uw));
+    if (!starts("data:"))
+      bad(uw, fmt::format("'{}' must be a data: URL (data:image/png;base64,...)", uw));
+    const size_t comma = u.find(',');
+    if (comma == std::string::npos) bad(uw, fmt::format("'{}': the data: URL has no ',' before its data", uw));
+    std::string head = u.substr(5, comma - 5);
+    for (char& ch : head) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    const std::string b64 = ";base64";
+    if (head.size() < b64.size() || head.compare(head.size() - b64.size(), b64.size(), b64) != 0)
+      bad(uw, fmt::format("'{}': the data: URL must be base64 (data:image/png;base64,...)", uw));
+    const std::string mime = head.substr(0, head.find(';'));
+    const image::Format mf = image::format_from_mime(mime);
+    if (mf == image::Format::Unknown)
+      bad(uw, fmt::format("'{}': the media type '{}' is not one of image/png, image/jpeg, image/webp, image/gif", uw, mime));
+    const size_t n64 = u.size() - comma - 1;
+    if (n64 / 4 * 3 > lim.image_max_bytes + 2)
+      bad(uw, fmt::format("'{}': the image is larger than {} bytes (kimi serve --image-max-bytes)", uw, lim.image_max_bytes));
+    std::string bytes;
+    if (!tok::base64_decode(std::string_view(u).substr(comma + 1), bytes))
+      bad(uw, fmt::format("'{}': the data is not valid base64", uw));
+    if (bytes.size() > lim.image_max_bytes)
+      bad(uw, fmt::format("'{}': the image is {} bytes, more than {} (kimi serve --image-max-bytes)", uw, bytes.size(),
+                          lim.image_max_bytes));
+    const auto* data = reinterpret_cast<const uint8_t*>(bytes.data());
+    const image::Format f = image::sniff(data, bytes.size());
+    if (f == image::Format::Unknown)
+      bad(uw, fmt::format("'{}': the data is not a PNG, JPEG, WebP or GIF image", uw));
+    if (f != mf)
+      bad(uw, fmt::format("'{}': the media type is {} but the data is a {} image", uw, mime, image::format_name(f)));
+    image::Limits il;
+    il.max_bytes = lim.image_max_bytes;
+    il.max_pixels = lim.image_max_pixels;
+    try {
+      return lim.vision->preprocess(image::decode(data, bytes.size(), il, uw));
+    } catch (const ApiError&) {
+      throw;
+    } catch (const std::exception& e) {  // kimi::Error naming the image, the format and what is wrong
+      bad(uw, fmt::format("'{}': {}", uw, e.what()));
+    }
+  }
+};
+
+void check_content(const ojson& c, const std::string& where, bool allow_null, ImageParts* images = nullptr,
+                   const std::string& role = "") {
   if (c.is_null()) {
     if (!allow_null) bad(where, fmt::format("'{}' is required", where));
     return;
@@ -429,10 +517,39 @@ void check_content(const ojson& c, const std::string& where, bool allow_null) {
     const std::string t = p["type"].get<std::string>();
     if (t == "text") {
       if (!p.contains("text") || !p["text"].is_string()) bad(pw, fmt::format("'{}.text' must be a string", pw));
+    } else if (t == "image_url" && images) {
+      images->add(p, pw, role);
     } else {
       bad(pw, fmt::format("content part type '{}' is not supported (text only)", t));
     }
   }
+}
+
+// The prompt's <|media_pad|> runs (image k's tokens, in order) become image keys; their rows in the
+// tower's output are recorded (job.h PromptImages).
+std::shared_ptr<const PromptImages> key_images(std::vector<int32_t>& prompt, std::vector<image::Patches> imgs,
+                                               const tok::Tokenizer& tok) {
+  auto pi = std::make_shared<PromptImages>();
+  pi->placeholder = tok.token_id("<|media_pad|>");
+  pi->row.assign(prompt.size(), -1);
+  size_t k = 0;
+  int64_t j = 0, row = 0;
+  uint64_t h = 0;
+  for (size_t i = 0; i < prompt.size(); ++i) {
+    if (prompt[i] != pi->placeholder) continue;
+    while (k < imgs.size() && j == imgs[k].size.tokens) ++k, j = 0;
+    if (k >= imgs.size()) throw Error("internal: more image positions in the prompt than the images have tokens");
+    if (j == 0) h = image::content_hash(imgs[k]);
+    prompt[i] = image_key(h, j++);
+    pi->row[i] = static_cast<int32_t>(row++);
+  }
+  int64_t want = 0;
+  for (const auto& im : imgs) want += im.size.tokens;
+  if (row != want)
+    throw Error(fmt::format("internal: the prompt has {} image positions, the images {} tokens", row, want));
+  pi->n_rows = row;
+  pi->images = std::move(imgs);
+  return pi;
 }
 
 }  // namespace
@@ -447,6 +564,7 @@ ParsedRequest parse_chat_request(const std::string& body_text, const tok::Tokeni
   if (msgs->empty()) bad("messages", "'messages' must not be empty");
   ojson req = ojson::object();  // what the template sees
   ojson out_msgs = ojson::array();
+  ImageParts images{lim, {}};
   std::vector<std::string> dyn_names;  // tools declared by system messages
   ojson dyn_tools = ojson::array();
   for (size_t i = 0; i < msgs->size(); ++i) {
@@ -462,7 +580,8 @@ ParsedRequest parse_chat_request(const std::string& body_text, const tok::Tokeni
       bad(w + ".name", fmt::format("'{}.name' must be a string", w));
     const bool has_calls = m.contains("tool_calls") && !m["tool_calls"].is_null();
     check_content(m.contains("content") ? m["content"] : ojson(nullptr), w + ".content",
-                  role == "assistant" || (role == "system" && m.contains("tools") && !m["tools"].is_null()));
+                  role == "assistant" || (role == "system" && m.contains("tools") && !m["tools"].is_null()), &images,
+                  role);
     if (role == "assistant") {
       for (const char* k : {"reasoning_content", "reasoning"})
         if (m.contains(k) && !m[k].is_null() && !m[k].is_string())
@@ -604,7 +723,7 @@ ParsedRequest parse_chat_request(const std::string& body_text, const tok::Tokeni
     if (m.contains("thinking") && !m["thinking"].get<bool>()) req["thinking"] = thinking = false;
   }
   try {
-    r.prompt = render_chat_tokens(req, tok, lim, &r.rendered);
+    r.prompt = render_chat_tokens(req, tok, lim, &r.rendered, images.images.empty() ? nullptr : &images.images);
   } catch (const ApiError&) {
     throw;
   } catch (const std::exception& e) {  // kimi::Error from the template, or a JSON type error
@@ -612,6 +731,7 @@ ParsedRequest parse_chat_request(const std::string& body_text, const tok::Tokeni
     if (effort_key && m.find("thinking_effort") != std::string::npos) bad(effort_key, m);
     bad("messages", "cannot render the chat: " + m);
   }
+  if (!images.images.empty()) r.gen.images = key_images(r.prompt, std::move(images.images), tok);
   r.gen.chat = true;
   r.gen.start_in_think = thinking;
   // the thinking budget (an extension; Anthropic's thinking.budget_tokens arrives here): a hard cap
@@ -887,7 +1007,7 @@ void check_tool_call_ids(const ojson& messages, const std::string& param) {
 }
 
 std::vector<int32_t> render_chat_tokens(const ojson& template_request, const tok::Tokenizer& tok, const Limits& lim,
-                                        std::string* rendered) {
+                                        std::string* rendered, const std::vector<image::Patches>* images) {
   const std::string marked = tok::render_chat_marked(tok::ChatRequest::from_json(template_request));
   std::vector<std::pair<size_t, size_t>> user;
   std::string text = tok::strip_user_marks(marked, &user);
@@ -904,6 +1024,19 @@ std::vector<int32_t> render_chat_tokens(const ojson& template_request, const tok
     std::stable_sort(v.begin(), v.end(), [&](int32_t a, int32_t b) {
       return tok.token_to_piece(a).size() > tok.token_to_piece(b).size();
     });
+  // images: the template's placeholder of each image part becomes its media tokens
+  const std::string_view ph = tok::kImagePlaceholder;
+  size_t n_img = 0;
+  int32_t media_begin = -1, media_content = -1, media_pad = -1, media_end = -1;
+  if (images) {
+    media_begin = tok.token_id("<|media_begin|>");
+    media_content = tok.token_id("<|media_content|>");
+    media_pad = tok.token_id("<|media_pad|>");
+    media_end = tok.token_id("<|media_end|>");
+    if (media_begin < 0 || media_content < 0 || media_pad < 0 || media_end < 0)
+      throw ApiError(400, "the model's vocabulary lacks the media tokens (<|media_begin|>, <|media_content|>, "
+                          "<|media_pad|>, <|media_end|>): it cannot read images", "invalid_request_error", "messages");
+  }
   // special tokens are matched only in the template's own text: [from, to) between user ranges
   std::vector<int32_t> ids;
   size_t seg = 0;  // start of the text not yet encoded
@@ -922,6 +1055,22 @@ std::vector<int32_t> render_chat_tokens(const ojson& template_request, const tok
       continue;
     }
     const size_t trusted_end = u < user.size() ? user[u].first : text.size();
+    if (images && text.compare(pos, ph.size(), ph) == 0 && pos + ph.size() <= trusted_end) {
+      encode_to(pos);
+      if (n_img >= images->size()) throw Error("the chat has more image parts than images");
+      const image::Patches& im = (*images)[n_img++];
+      ids.push_back(media_begin);
+      const std::vector<int32_t> wh = tok.encode(fmt::format("image {}x{}", im.width, im.height), false);
+      ids.insert(ids.end(), wh.begin(), wh.end());
+      ids.push_back(media_content);
+      if (ids.size() + static_cast<size_t>(im.size.tokens) > limit + 1)
+        too_long(lim, true, fmt::format("more than {} tokens (image {} alone is {} tokens)", limit, n_img, im.size.tokens));
+      ids.insert(ids.end(), static_cast<size_t>(im.size.tokens), media_pad);
+      ids.push_back(media_end);
+      pos += ph.size();
+      seg = pos;
+      continue;
+    }
     int32_t hit = -1;
     for (int32_t id : by_byte[static_cast<unsigned char>(text[pos])]) {
       const std::string& p = tok.token_to_piece(id);
@@ -941,6 +1090,10 @@ std::vector<int32_t> render_chat_tokens(const ojson& template_request, const tok
   }
   encode_to(text.size());
   if (ids.size() > limit) too_long(lim, true, fmt::format("more than {} tokens", limit));
+  if (images && n_img != images->size())
+    throw ApiError(400, fmt::format("{} of the {} images are not in the rendered prompt (images go in user and tool "
+                                    "messages)", images->size() - n_img, images->size()),
+                   "invalid_request_error", "messages");
   if (rendered) *rendered = std::move(text);
   return ids;
 }

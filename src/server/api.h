@@ -8,6 +8,7 @@
 #include <string_view>
 #include <vector>
 
+#include "model/vision.h"
 #include "server/api_error.h"
 #include "server/grammar.h"
 #include "server/job.h"
@@ -46,6 +47,16 @@ struct Limits {
   // The compile budget of grammars, schemas and tool parameter schemas (grammar.h); its
   // `cancelled` is set per request (the client has gone).
   grammar::Budget budget;
+  // Images in chat messages (docs/server.md "Images"): the vision model whose preprocessing they go
+  // through (nullptr: a text-only model, an image is refused with a 400 that says how to get a
+  // vision-capable file; `model_path` names the model there), and the limits of one request:
+  // images, bytes of each image file (after base64), pixels of each image (width x height as its
+  // header states it, checked before any pixel is decoded).
+  const VisionModel* vision = nullptr;
+  std::string model_path;
+  int image_max_count = 16;
+  uint64_t image_max_bytes = uint64_t{20} << 20;
+  uint64_t image_max_pixels = 40'000'000;
 };
 
 // The prompt token limit these limits give (max_prompt_tokens or n_ctx - 1, whichever is smaller).
@@ -129,8 +140,12 @@ void check_tool_call_ids(const ojson& messages, const std::string& param = "mess
 // 8 characters). Outside user text the tokens are exactly those of tok.encode(rendered, true).
 // `rendered` (optional) receives the plain prompt text. Throws ApiError 400
 // (context_length_exceeded) as the prompt limit of `lim` requires; template errors propagate.
+// `images`: the request's images in the order of its image parts; each image part the template
+// renders (tok::kImagePlaceholder) becomes that image's media tokens, <|media_begin|>image WxH
+// <|media_content|> + its tokens x <|media_pad|> + <|media_end|> (docs/spec/vision.md §4).
 std::vector<int32_t> render_chat_tokens(const ojson& template_request, const tok::Tokenizer& tok, const Limits& lim,
-                                        std::string* rendered = nullptr);
+                                        std::string* rendered = nullptr,
+                                        const std::vector<image::Patches>* images = nullptr);
 
 // The output constraint compilers (GBNF text, JSON schema) under the one compile budget
 // (grammar::Budget: nesting depth, expanded size, time, cancellation): ApiError 400 naming `param`

@@ -10,6 +10,7 @@
 #include <optional>
 #include <thread>
 
+#include "runtime/vision_input.h"
 #include "server/api.h"
 #include "server/api_anthropic.h"
 #include "server/api_openai.h"
@@ -56,6 +57,7 @@ struct Server::Impl {
   ServerOptions o;
   std::unique_ptr<Model> model;
   std::optional<tok::Tokenizer> tok;
+  std::unique_ptr<VisionRunner> vision;  // the projector file's tower (nullptr: text only); outlives sched
   std::unique_ptr<Scheduler> sched;
   std::unique_ptr<httpd::HttpServer> http;
   Limits lim;
@@ -110,6 +112,10 @@ Server::Server(const ServerOptions& opts) : impl_(std::make_unique<Impl>()) {
   I.lim.fixed_seed = opts.fixed_seed;
   check(opts.reasoning_budget >= -1, "--reasoning-budget must be >= -1 (got {})", opts.reasoning_budget);
   I.lim.thinking_budget = opts.reasoning_budget;
+  I.lim.model_path = opts.model_path;
+  I.lim.image_max_count = opts.image_max_count;
+  I.lim.image_max_bytes = opts.image_max_bytes;
+  I.lim.image_max_pixels = opts.image_max_pixels;
   Sampler check_sampling(opts.sampling, 1);  // a bad default (e.g. --top-p 2) fails at startup
 
   httpd::Options h;
@@ -167,7 +173,18 @@ void Server::Impl::load() {
   }
   co.n_ctx_max = o.ctx;
   co.n_batch_max = o.sched.chunk * o.sched.max_chunks + o.sched.parallel;
-  sched = std::make_unique<Scheduler>(*model, *tok, co, o.sched);
+  // the vision tower (docs/server.md "Images"): --mmproj, else MODEL.mmproj.gguf beside the model
+  SchedulerOptions so = o.sched;
+  const std::string mmproj = o.mmproj.empty() ? find_mmproj(o.model_path) : o.mmproj;
+  if (!mmproj.empty() && !o.no_mmproj) {
+    vision = std::make_unique<VisionRunner>(mmproj, model->hparams().n_embd, co.n_threads, co.precision);
+    check(tok->token_id("<|media_pad|>") == vision->model().hp().placeholder,
+          "{}: the projector's placeholder id {} is not the tokenizer's <|media_pad|> ({})", mmproj,
+          vision->model().hp().placeholder, tok->token_id("<|media_pad|>"));
+    so.vision = vision.get();
+    lim.vision = &vision->model();
+  }
+  sched = std::make_unique<Scheduler>(*model, *tok, co, so);
   lim.max_token_bytes = tok->max_token_bytes();
   ready.store(true, std::memory_order_release);
   if (o.on_loaded) o.on_loaded();

@@ -16,6 +16,7 @@
 #include <string_view>
 #include <vector>
 
+#include "image/image.h"
 #include "runtime/sampling.h"
 #include "runtime/speculative.h"
 #include "server/grammar.h"
@@ -40,6 +41,30 @@ inline bool is_answer(FinishReason r) { return r <= FinishReason::GrammarDeadEnd
 // The answer was cut before its natural end (Length, GrammarDeadEnd, Timeout).
 inline bool is_cut(FinishReason r) {
   return r == FinishReason::Length || r == FinishReason::GrammarDeadEnd || r == FinishReason::Timeout;
+}
+
+// The images of a prompt (docs/spec/vision.md §4, docs/engine.md "Images in the server"), decoded
+// and preprocessed when the request is parsed. In the job's prompt every <|media_pad|> position
+// holds an image key instead of the placeholder id: a negative value made from the image's
+// content hash and the position inside the image (image_key), so that the prompt cache, which
+// compares token ids, matches an image span only when the same image is at the same place. The
+// scheduler feeds `placeholder` with the tower's row `row[i]` at such a position i.
+struct PromptImages {
+  std::vector<image::Patches> images;  // in prompt order
+  std::vector<int32_t> row;            // per prompt token: its row of the tower's output, -1 for a text token
+  int32_t placeholder = -1;            // <|media_pad|>
+  int64_t n_rows = 0;                  // sum of the images' tokens
+};
+
+// The key of the j-th <|media_pad|> of an image with content hash h: a value in [-2^30, -1]
+// (token ids are >= 0); two different images differ at their first position but with
+// probability 2^-30.
+inline int32_t image_key(uint64_t h, int64_t j) {
+  uint64_t x = h + 0x9E3779B97F4A7C15ull * static_cast<uint64_t>(j + 1);
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  x ^= x >> 31;
+  return -1 - static_cast<int32_t>(x & 0x3FFFFFFFu);
 }
 
 struct GenParams {
@@ -82,6 +107,8 @@ struct GenParams {
   // Report the prefill's progress (JobOutput::prompt_done) after every prompt chunk (the job driver
   // turns it into progress events of a stream).
   bool progress = false;
+  // The prompt's images (nullptr: a text prompt); see PromptImages.
+  std::shared_ptr<const PromptImages> images;
 };
 
 // The log-probability of one generated token (log-softmax of the raw logits, temperature 1) and

@@ -695,7 +695,8 @@ SequenceFile read_sequence_file(const Context& ctx, const std::string& identity,
     at = to;
   }
   check(static_cast<uint32_t>(at) == nt, "the segments do not cover the tokens");
-  for (int32_t t : out.toks) check(t >= 0 && t < ctx.n_vocab(), "token id {} is out of range", t);
+  // a token id, or an image key of the server's prompts (server/job.h image_key: -2^30..-1)
+  for (int32_t t : out.toks) check(t >= -(int32_t{1} << 30) && t < ctx.n_vocab(), "token id {} is out of range", t);
   const char* data = seg + size_t{ns} * 8;
   out.rows.assign(data, data + rb * nt);
   out.state.assign(data + rb * nt, data + rb * nt + sb);

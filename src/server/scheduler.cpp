@@ -1,5 +1,7 @@
 #include "server/scheduler.h"
 
+#include "runtime/vision_input.h"
+
 #include "server/tool_grammar.h"
 
 #include <algorithm>
@@ -437,7 +439,9 @@ void Scheduler::start(Active& a) {
     a.draft.reserve(static_cast<size_t>(a.spec.n_max));
   }
   if (gp.sampler.repeat_penalty != 1.0f)
-    for (int32_t tkn : P) a.sampler->accept(tkn);
+    for (int32_t tkn : P) a.sampler->accept(tkn < 0 && gp.images ? gp.images->placeholder : tkn);
+  a.img_rows.clear();
+  if (gp.images) a.drafter.reset();  // image keys are no tokens to draft
   a.detok.emplace(tok_, false);
   if (gp.chat) a.parser.emplace(gp.start_in_think);
   a.in_think = gp.chat && gp.start_in_think;
@@ -474,6 +478,27 @@ void Scheduler::start(Active& a) {
   ++st_.active;
   st_.prompt_tokens += P.size();
   st_.cached_tokens += best_r;
+}
+
+bool Scheduler::image_rows(Active& a, size_t from, size_t n) {
+  const PromptImages& im = *a.job->params().images;
+  if (!a.img_rows.empty()) return true;
+  bool need = false;
+  for (size_t i = from; i < from + n && !need; ++i) need = im.row[i] >= 0;
+  if (!need) return true;
+  try {
+    check(so_.vision != nullptr, "the server has no vision tower");
+    std::vector<const image::Patches*> ps;
+    for (const auto& p : im.images) ps.push_back(&p);
+    a.img_rows = so_.vision->encode(ps);
+    check(static_cast<int64_t>(a.img_rows.size()) == im.n_rows * model_.hparams().n_embd,
+          "the vision tower gave {} floats for {} rows of {}", a.img_rows.size(), im.n_rows, model_.hparams().n_embd);
+  } catch (const std::exception& e) {
+    a.img_rows.clear();
+    finish(a, FinishReason::Error, 500, std::string("the vision tower failed: ") + e.what());
+    return false;
+  }
+  return true;
 }
 
 int Scheduler::restore_from_store(const std::vector<int32_t>& P, size_t cap, size_t& best_r, size_t& L, int& src) {
@@ -574,8 +599,17 @@ void Scheduler::step() {
     // budget 0: the close sequence follows the prompt's last token in its chunk
     if (last) feed_forced(a, static_cast<size_t>(base) + n - 1);
     const bool lp = a.job->params().logprobs >= 0;
-    for (size_t i = 0; i < n; ++i)
-      batch_.add(P[a.pos + i], a.seq, base + static_cast<int32_t>(i), last && i + 1 == n && (lp || a.ahead.empty()));
+    const PromptImages* im = a.job->params().images.get();
+    if (im && !image_rows(a, a.pos, n)) continue;
+    for (size_t i = 0; i < n; ++i) {
+      const bool want = last && i + 1 == n && (lp || a.ahead.empty());
+      const int32_t t = P[a.pos + i];
+      if (t < 0 && im)  // an image position: the tower's row instead of the token's
+        batch_.add_embd(im->placeholder, a.img_rows.data() + static_cast<size_t>(im->row[a.pos + i]) * static_cast<size_t>(model_.hparams().n_embd),
+                        a.seq, base + static_cast<int32_t>(i), want);
+      else
+        batch_.add(t, a.seq, base + static_cast<int32_t>(i), want);
+    }
     for (size_t i = 0; i < a.ahead.size(); ++i)
       batch_.add(a.ahead[i], a.seq, base + static_cast<int32_t>(n + i), lp || i + 1 == a.ahead.size());
     a.logit_idx = last ? static_cast<int>(batch_.size()) - 1 : -1;

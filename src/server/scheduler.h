@@ -46,6 +46,10 @@
 #include "server/prompt_cache.h"
 #include "tokenizer/tokenizer.h"
 
+namespace kimi {
+class VisionRunner;
+}
+
 namespace kimi::server {
 
 struct SchedulerOptions {
@@ -71,6 +75,11 @@ struct SchedulerOptions {
   // the drafter of a request that drafts (unset: the n-gram drafter); tests give one that knows
   // the answer, to force acceptances and rejections at chosen positions
   std::function<std::unique_ptr<Drafter>()> make_drafter;
+  // The vision tower (runtime/vision_input.h; not owned, outlives the scheduler; nullptr: a text
+  // model). A job with images (GenParams::images) runs it on the scheduler thread, all of the
+  // job's images in one call, when its prefill first reaches a <|media_pad|> position that the
+  // prompt cache did not restore; its rows then take those positions (Batch::embd).
+  VisionRunner* vision = nullptr;
 };
 
 // One sequence of the context, for /slots: a slot running a request, or one that keeps a prompt.
@@ -194,6 +203,7 @@ class Scheduler {
     int32_t spec_base = 0;           // the sequence's length when this step started
     int spec_drafted = 0, spec_accepted = 0, spec_steps = 0;  // this request's (Job::Result)
     std::vector<int32_t> spec_out;   // scratch: the tokens a verify step emits
+    std::vector<float> img_rows;     // GenParams::images: the tower's rows (filled at the first image position fed)
   };
 
   void loop();
@@ -209,7 +219,8 @@ class Scheduler {
   void track_think(Active& a, int32_t t);       // the think channel's token count (thinking budget)
   bool close_due(const Active& a) const;     // the budget is spent: the close sequence comes next
   bool begin_close(Active& a);               // starts it (when due); true while it is on
-  void feed_forced(Active& a, size_t T);     // a.ahead: the forced tokens known after position T
+  void feed_forced(Active& a, size_t T);
+  bool image_rows(Active& a, size_t from, size_t n);  // a.img_rows ready for prompt [from, from + n) (false: the job failed)     // a.ahead: the forced tokens known after position T
   bool grammar_allows(const Active& a, int32_t t) const;
   bool tool_allows(const Active& a, int32_t t) const;  // GenParams::tool_grammar
   bool tool_active(const Active& a) const { return a.tool_on && !a.constrained; }

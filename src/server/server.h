@@ -46,6 +46,13 @@ struct ServerOptions {
   SamplerParams sampling = {.temp = 1.0f, .top_p = 0.95f};
   bool fixed_seed = false;          // requests without "seed" use sampling.seed (else a random one)
   SchedulerOptions sched;
+  // images (docs/server.md "Images"): the projector file ("": MODEL.mmproj.gguf beside the model
+  // when it exists), no_mmproj: serve text only; the limits of one request
+  std::string mmproj;
+  bool no_mmproj = false;
+  int image_max_count = 16;
+  uint64_t image_max_bytes = uint64_t{20} << 20;
+  uint64_t image_max_pixels = 40'000'000;
   // safety
   std::string api_key;              // empty: no auth
   std::string cors_origin;          // empty: no CORS headers

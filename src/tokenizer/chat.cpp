@@ -16,7 +16,6 @@ const char* const OPEN = "<|open|>";
 const char* const CLOSE = "<|close|>";
 const char* const SEP = "<|sep|>";
 const char* const EOM = "<|end_of_msg|>";
-const char* const kImagePlaceholder = "<|kimi_image_placeholder|>";
 
 // render_chat_marked: every string taken from the request is enclosed in kUserTextBegin /
 // kUserTextEnd (set for the duration of one rendering on this thread).

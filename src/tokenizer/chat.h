@@ -40,6 +40,9 @@ std::string render_chat_request(const ojson& body);
 // can contain them. A caller tokenizes the user ranges without special-token parsing (no user text
 // can then forge the format's tags); strip_user_marks gives exactly render_chat's text and the
 // user ranges in it ([begin, end) byte offsets, in order, not overlapping).
+// What the template renders for an image part of a message (type "image" or "image_url"); the
+// server replaces it with the image's media tokens (docs/spec/vision.md §4).
+inline constexpr const char* kImagePlaceholder = "<|kimi_image_placeholder|>";
 inline constexpr const char* kUserTextBegin = "\xFE";
 inline constexpr const char* kUserTextEnd = "\xFF";
 std::string render_chat_marked(const ChatRequest& req);

@@ -1,0 +1,378 @@
+// Images through kimi serve (docs/server.md "Images", docs/engine.md "Images in the server") on the
+// tiny synthetic model with its projector file (tiny_vision_dir, --precision f32):
+//  - an OpenAI image_url part becomes the media tokens of docs/spec/vision.md §4 at the part's place
+//    (the parsed prompt equals the template's text with the media text spliced in, tokenized), and
+//    the first generated token's log-probabilities equal an in-process forward pass of that prompt
+//    with the tower's rows at the <|media_pad|> positions (so the rows are the tower's, in order);
+//  - usage counts the image tokens (the navit rule by hand: 100x70 -> 112x84 padded -> 8x6 patches
+//    -> 12 tokens);
+//  - the prompt cache: a follow-up turn with the same image resumes past the image, a same-size
+//    different image does not resume inside it, and the cached answer equals a cold server's;
+//  - the three APIs (OpenAI image_url, Anthropic image block, Responses input_image) give the same
+//    prompt tokens and the same greedy text, in tool results too; count_tokens counts the image;
+//  - streaming with an image; refusals: http(s) URLs, wrong media type, truncated data, bad base64,
+//    too many images, too many bytes, too many pixels, a text-only server: 400 naming the field.
+#include <gtest/gtest.h>
+#include <png.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+
+#include "server/api_anthropic.h"
+#include "server/api_responses.h"
+#include "server_fixture.h"
+#include "runtime/vision_input.h"
+#include "tokenizer/chat.h"
+#include "tokenizer/tokenizer.h"
+
+using namespace kimi;
+using kimi::test::RunningServer;
+using server::ojson;
+
+namespace {
+
+std::string vision_dir() { return test::tiny_vision_dir(1); }
+
+server::ServerOptions vision_opts() {
+  server::ServerOptions o = test::server_opts();
+  o.model_path = vision_dir() + "/model.gguf";
+  o.quiet = true;
+  o.fixed_seed = true;
+  o.image_max_count = 3;
+  o.image_max_bytes = 100000;
+  o.image_max_pixels = 1000000;
+  return o;
+}
+
+image::Rgb pattern(int64_t w, int64_t h, uint32_t seed) {
+  std::mt19937 g(seed);
+  image::Rgb r;
+  r.width = w;
+  r.height = h;
+  r.px.resize(static_cast<size_t>(w * h * 3));
+  for (auto& v : r.px) v = static_cast<uint8_t>(g() & 255);
+  return r;
+}
+
+std::string png_bytes(const image::Rgb& im) {
+  png_image p;
+  std::memset(&p, 0, sizeof p);
+  p.version = PNG_IMAGE_VERSION;
+  p.width = static_cast<png_uint_32>(im.width);
+  p.height = static_cast<png_uint_32>(im.height);
+  p.format = PNG_FORMAT_RGB;
+  png_alloc_size_t n = 0;
+  EXPECT_TRUE(png_image_write_to_memory(&p, nullptr, &n, 0, im.px.data(), 0, nullptr));
+  std::string out(n, '\0');
+  EXPECT_TRUE(png_image_write_to_memory(&p, out.data(), &n, 0, im.px.data(), 0, nullptr));
+  out.resize(n);
+  return out;
+}
+
+std::string b64(const std::string& s) {
+  static const char* A = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  std::string o;
+  size_t i = 0;
+  for (; i + 2 < s.size(); i += 3) {
+    const uint32_t v = (uint8_t(s[i]) << 16) | (uint8_t(s[i + 1]) << 8) | uint8_t(s[i + 2]);
+    for (int k = 3; k >= 0; --k) o += A[(v >> (6 * k)) & 63];
+  }
+  if (i + 1 == s.size()) {
+    const uint32_t v = uint8_t(s[i]) << 16;
+    o += A[(v >> 18) & 63], o += A[(v >> 12) & 63], o += "==";
+  } else if (i + 2 == s.size()) {
+    const uint32_t v = (uint8_t(s[i]) << 16) | (uint8_t(s[i + 1]) << 8);
+    o += A[(v >> 18) & 63], o += A[(v >> 12) & 63], o += A[(v >> 6) & 63], o += '=';
+  }
+  return o;
+}
+
+const std::string kPngA = png_bytes(pattern(100, 70, 1));
+const std::string kPngB = png_bytes(pattern(100, 70, 2));  // same size, other pixels
+const int kTokens100x70 = 12;                              // 112 x 84 padded: 8 x 6 patches / 4
+
+std::string data_url(const std::string& bytes, const std::string& mime = "image/png") {
+  return "data:" + mime + ";base64," + b64(bytes);
+}
+
+ojson oa_image(const std::string& bytes) {
+  return {{"type", "image_url"}, {"image_url", {{"url", data_url(bytes)}}}};
+}
+
+ojson oa_chat(const ojson& content, int max_tokens = 6) {
+  return {{"messages", {{{"role", "user"}, {"content", content}}}},
+          {"max_tokens", max_tokens},
+          {"temperature", 0}};
+}
+
+int cached(const ojson& r) { return r["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>(); }
+
+struct Parsing {
+  std::unique_ptr<Model> model = Model::load(vision_dir() + "/model.gguf");
+  tok::Tokenizer tok = tok::Tokenizer::from_gguf(model->reader());
+  std::unique_ptr<VisionModel> vm = VisionModel::load(vision_dir() + "/model.mmproj.gguf", model->hparams().n_embd);
+  server::Limits lim;
+  Parsing() {
+    lim.n_ctx = 1024;
+    lim.vision = vm.get();
+  }
+  // the prompt with image keys back to <|media_pad|>
+  static std::vector<int32_t> real(const server::ParsedRequest& r) {
+    std::vector<int32_t> p = r.prompt;
+    for (auto& t : p)
+      if (t < 0) t = r.gen.images->placeholder;
+    return p;
+  }
+  static size_t first_pad(const server::ParsedRequest& r) {
+    for (size_t i = 0; i < r.prompt.size(); ++i)
+      if (r.prompt[i] < 0) return i;
+    return r.prompt.size();
+  }
+};
+
+Parsing& parsing() {
+  static Parsing p;
+  return p;
+}
+
+TEST(ServerVision, PromptIsTheTemplateWithTheMediaText) {
+  Parsing& P = parsing();
+  const ojson body = oa_chat({oa_image(kPngA), {{"type", "text"}, {"text", "What is this?"}}});
+  const server::ParsedRequest r = server::parse_chat_request(body.dump(), P.tok, P.lim);
+  ASSERT_TRUE(r.gen.images);
+  ASSERT_EQ(r.gen.images->images.size(), 1u);
+  EXPECT_EQ(r.gen.images->n_rows, kTokens100x70);
+  // the reference: the rendered text with the placeholder replaced by the media text, tokenized
+  std::string media = "<|media_begin|>image 100x70<|media_content|>";
+  for (int i = 0; i < kTokens100x70; ++i) media += "<|media_pad|>";
+  media += "<|media_end|>";
+  std::string text = r.rendered;
+  const size_t at = text.find(tok::kImagePlaceholder);
+  ASSERT_NE(at, std::string::npos);
+  text.replace(at, std::strlen(tok::kImagePlaceholder), media);
+  EXPECT_EQ(Parsing::real(r), P.tok.encode(text, true));
+  // the keys: negative, different per position, and different for another image of the same size
+  const server::ParsedRequest rb =
+      server::parse_chat_request(oa_chat({oa_image(kPngB), {{"type", "text"}, {"text", "What is this?"}}}).dump(),
+                                 P.tok, P.lim);
+  ASSERT_EQ(rb.prompt.size(), r.prompt.size());
+  const size_t p0 = Parsing::first_pad(r);
+  EXPECT_EQ(Parsing::first_pad(rb), p0);
+  EXPECT_NE(r.prompt[p0], rb.prompt[p0]);
+  EXPECT_NE(r.prompt[p0], r.prompt[p0 + 1]);
+  EXPECT_TRUE(std::equal(r.prompt.begin(), r.prompt.begin() + static_cast<std::ptrdiff_t>(p0), rb.prompt.begin()));
+}
+
+class VisionServerTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { srv_ = new RunningServer(vision_opts()); }
+  static void TearDownTestSuite() {
+    delete srv_;
+    srv_ = nullptr;
+  }
+  static RunningServer* srv_;
+};
+RunningServer* VisionServerTest::srv_ = nullptr;
+
+TEST_F(VisionServerTest, FirstTokenLogprobsEqualTheEnginePath) {
+  Parsing& P = parsing();
+  ojson body = oa_chat({oa_image(kPngA), {{"type", "text"}, {"text", "Describe it."}}}, 1);
+  body["logprobs"] = true;
+  body["top_logprobs"] = 3;
+  int st = 0;
+  const ojson r = srv_->post("/v1/chat/completions", body, &st);
+  ASSERT_EQ(st, 200) << r.dump();
+  EXPECT_EQ(r["usage"]["prompt_tokens"].get<int>(),
+            static_cast<int>(server::parse_chat_request(body.dump(), P.tok, P.lim).prompt.size()));
+  const ojson& lp = r["choices"][0]["logprobs"];
+  const ojson* first = nullptr;
+  if (lp.contains("reasoning_content") && !lp["reasoning_content"].empty()) first = &lp["reasoning_content"][0];
+  else if (!lp["content"].empty()) first = &lp["content"][0];
+  ASSERT_NE(first, nullptr) << r.dump();
+
+  // the engine path: the tower's rows at the <|media_pad|> positions, one forward pass
+  const server::ParsedRequest pr = server::parse_chat_request(body.dump(), P.tok, P.lim);
+  const std::vector<int32_t> prompt = Parsing::real(pr);
+  VisionRunner vr(vision_dir() + "/model.mmproj.gguf", P.model->hparams().n_embd, 2, Precision::F32);
+  const std::vector<float> rows = vr.encode({&pr.gen.images->images[0]});
+  ContextOptions co;
+  co.n_threads = 2;
+  co.precision = Precision::F32;
+  co.n_ctx_max = 1024;
+  Context ctx(*P.model, co);
+  Batch b;
+  add_prompt_with_images(b, prompt, pr.gen.images->placeholder, rows.data(), kTokens100x70,
+                         P.model->hparams().n_embd, 0, 0, true);
+  ctx.decode(b);
+  const float* lg = ctx.logits(b.size() - 1);
+  const int nv = ctx.n_vocab();
+  double mx = -1e300, sum = 0;
+  for (int i = 0; i < nv; ++i) mx = std::max(mx, double(lg[i]));
+  for (int i = 0; i < nv; ++i) sum += std::exp(double(lg[i]) - mx);
+  std::vector<double> ref(static_cast<size_t>(nv));
+  for (int i = 0; i < nv; ++i) ref[static_cast<size_t>(i)] = double(lg[i]) - mx - std::log(sum);
+  std::sort(ref.begin(), ref.end(), std::greater<>());
+  ASSERT_EQ((*first)["top_logprobs"].size(), 3u);
+  for (size_t k = 0; k < 3; ++k)
+    EXPECT_NEAR((*first)["top_logprobs"][k]["logprob"].get<double>(), ref[k], 1e-4) << k;
+  EXPECT_NEAR((*first)["logprob"].get<double>(), ref[0], 1e-4);  // greedy: the most likely token
+}
+
+TEST_F(VisionServerTest, UsageCountsTheImageTokens) {
+  const ojson text_only = oa_chat({{{"type", "text"}, {"text", "Hello"}}}, 1);
+  const ojson with_image = oa_chat({oa_image(kPngA), {{"type", "text"}, {"text", "Hello"}}}, 1);
+  int st = 0;
+  const ojson a = srv_->post("/v1/chat/completions", text_only, &st);
+  ASSERT_EQ(st, 200) << a.dump();
+  const ojson b = srv_->post("/v1/chat/completions", with_image, &st);
+  ASSERT_EQ(st, 200) << b.dump();
+  const ojson wh = srv_->post("/tokenize", ojson{{"content", "image 100x70"}, {"special", false}});
+  // <|media_begin|> "image 100x70" <|media_content|> 12 x <|media_pad|> <|media_end|>
+  EXPECT_EQ(b["usage"]["prompt_tokens"].get<int>(),
+            a["usage"]["prompt_tokens"].get<int>() + 3 + wh["count"].get<int>() + kTokens100x70);
+}
+
+TEST_F(VisionServerTest, ImageChangesTheAnswerDistribution) {
+  auto first_top = [&](const std::string& png) {
+    ojson body = oa_chat({oa_image(png), {{"type", "text"}, {"text", "Describe it."}}}, 1);
+    body["logprobs"] = true;
+    body["top_logprobs"] = 2;
+    int st = 0;
+    const ojson r = srv_->post("/v1/chat/completions", body, &st);
+    EXPECT_EQ(st, 200) << r.dump();
+    const ojson& lp = r["choices"][0]["logprobs"];
+    return lp.contains("reasoning_content") ? lp["reasoning_content"][0]["top_logprobs"].dump()
+                                            : lp["content"][0]["top_logprobs"].dump();
+  };
+  EXPECT_NE(first_top(kPngA), first_top(kPngB));
+  EXPECT_EQ(first_top(kPngA), first_top(kPngA));
+}
+
+TEST(ServerVisionCache, FollowUpResumesPastTheImageAndAnotherImageDoesNot) {
+  Parsing& P = parsing();
+  RunningServer srv(vision_opts());
+  server::ServerOptions co = vision_opts();
+  co.sched.parallel = 1;
+  co.sched.prompt_cache = false;
+  RunningServer cold(co);
+  const ojson q1 = oa_chat({oa_image(kPngA), {{"type", "text"}, {"text", "What is this?"}}}, 5);
+  int st = 0;
+  const ojson r1 = srv.post("/v1/chat/completions", q1, &st);
+  ASSERT_EQ(st, 200) << r1.dump();
+  const server::ParsedRequest p1 = server::parse_chat_request(q1.dump(), P.tok, P.lim);
+  const size_t p0 = Parsing::first_pad(p1);
+  const size_t image_end = p0 + kTokens100x70;  // the positions up to the image's last <|media_pad|>
+  // the second turn: the same image, the answer, a new question
+  ojson q2 = q1;
+  q2["messages"].push_back({{"role", "assistant"}, {"content", r1["choices"][0]["message"]["content"]}});
+  q2["messages"].push_back({{"role", "user"}, {"content", "And the colours?"}});
+  const ojson r2 = srv.post("/v1/chat/completions", q2, &st);
+  ASSERT_EQ(st, 200) << r2.dump();
+  EXPECT_GE(cached(r2), static_cast<int>(image_end)) << r2["usage"].dump();
+  const ojson c2 = cold.post("/v1/chat/completions", q2, &st);
+  ASSERT_EQ(st, 200) << c2.dump();
+  EXPECT_EQ(cached(c2), 0);
+  EXPECT_EQ(r2["choices"][0]["message"], c2["choices"][0]["message"]);
+  // another image of the same size: nothing at or after its first <|media_pad|> is reused
+  const ojson q3 = oa_chat({oa_image(kPngB), {{"type", "text"}, {"text", "What is this?"}}}, 5);
+  const ojson r3 = srv.post("/v1/chat/completions", q3, &st);
+  ASSERT_EQ(st, 200) << r3.dump();
+  EXPECT_LE(cached(r3), static_cast<int>(p0)) << r3["usage"].dump();
+  const ojson c3 = cold.post("/v1/chat/completions", q3, &st);
+  ASSERT_EQ(st, 200);
+  EXPECT_EQ(r3["choices"][0]["message"], c3["choices"][0]["message"]);
+  // the first image again: the whole prompt but its last token comes from the cache
+  const ojson r4 = srv.post("/v1/chat/completions", q1, &st);
+  ASSERT_EQ(st, 200);
+  EXPECT_EQ(cached(r4), static_cast<int>(p1.prompt.size()) - 1);
+  EXPECT_EQ(r4["choices"][0]["message"], r1["choices"][0]["message"]);
+}
+
+TEST_F(VisionServerTest, StreamWithAnImage) {
+  ojson body = oa_chat({oa_image(kPngA), {{"type", "text"}, {"text", "What is this?"}}}, 6);
+  int st = 0;
+  const ojson whole = srv_->post("/v1/chat/completions", body, &st);
+  ASSERT_EQ(st, 200);
+  body["stream"] = true;
+  body["stream_options"] = {{"include_usage", true}};
+  const std::string sse = srv_->post_stream("/v1/chat/completions", body);
+  std::string content, reasoning;
+  int prompt_tokens = -1;
+  for (const auto& [name, ev] : test::named_events(sse)) {
+    if (ev.contains("usage") && ev["usage"].is_object()) prompt_tokens = ev["usage"]["prompt_tokens"].get<int>();
+    if (!ev.contains("choices") || ev["choices"].empty()) continue;
+    const ojson& d = ev["choices"][0]["delta"];
+    if (d.contains("content") && d["content"].is_string()) content += d["content"].get<std::string>();
+    if (d.contains("reasoning_content") && d["reasoning_content"].is_string())
+      reasoning += d["reasoning_content"].get<std::string>();
+  }
+  const ojson& m = whole["choices"][0]["message"];
+  EXPECT_EQ(content, m["content"].is_string() ? m["content"].get<std::string>() : "");
+  EXPECT_EQ(reasoning, m.contains("reasoning_content") && m["reasoning_content"].is_string()
+                           ? m["reasoning_content"].get<std::string>()
+                           : "");
+  EXPECT_EQ(prompt_tokens, whole["usage"]["prompt_tokens"].get<int>());
+}
+
+// a 400 whose param and message name `param` and whose message contains `says`
+void expect_refused(const RunningServer& s, const ojson& body, const std::string& param, const std::string& says) {
+  int st = 0;
+  const ojson r = s.post("/v1/chat/completions", body, &st);
+  EXPECT_EQ(st, 400) << r.dump();
+  EXPECT_EQ(r["error"]["param"], param) << r.dump();
+  const std::string msg = r["error"]["message"].get<std::string>();
+  EXPECT_NE(msg.find(says), std::string::npos) << msg;
+  EXPECT_NE(msg.find(param), std::string::npos) << msg;
+}
+
+TEST_F(VisionServerTest, RefusedImages) {
+  const std::string u = "messages[0].content[0].image_url.url";
+  auto with_url = [](const std::string& url) {
+    return oa_chat({{{"type", "image_url"}, {"image_url", {{"url", url}}}}, {{"type", "text"}, {"text", "?"}}});
+  };
+  expect_refused(*srv_, with_url("https://example.com/cat.png"), u, "data: URL");
+  expect_refused(*srv_, with_url("HTTP://example.com/cat.png"), u, "fetches nothing");
+  expect_refused(*srv_, with_url(data_url(kPngA, "image/jpeg")), u, "the data is a PNG");
+  expect_refused(*srv_, with_url(data_url(kPngA, "image/bmp")), u, "image/bmp");
+  expect_refused(*srv_, with_url(data_url(kPngA.substr(0, kPngA.size() / 2))), u, "PNG");
+  expect_refused(*srv_, with_url("data:image/png;base64,@@@@"), u, "base64");
+  expect_refused(*srv_, with_url("data:image/png,hello"), u, "base64");
+  expect_refused(*srv_, with_url(data_url("hello, world")), u, "not a PNG, JPEG, WebP or GIF");
+  // limits: 3 images, 100000 bytes, 1000000 pixels (vision_opts)
+  ojson four = ojson::array();
+  for (int i = 0; i < 4; ++i) four.push_back(oa_image(kPngA));
+  expect_refused(*srv_, oa_chat(four), "messages[0].content[3]", "at most 3");
+  expect_refused(*srv_, with_url(data_url(png_bytes(pattern(200, 200, 3)))), u, "100000");
+  image::Rgb big;
+  big.width = 1001;
+  big.height = 1000;
+  big.px.assign(static_cast<size_t>(big.width * big.height * 3), 40);
+  expect_refused(*srv_, with_url(data_url(png_bytes(big))), u, "1000000");
+  // images only in user and tool messages
+  ojson sys = oa_chat("hi");
+  sys["messages"].insert(sys["messages"].begin(), ojson{{"role", "system"}, {"content", {oa_image(kPngA)}}});
+  expect_refused(*srv_, sys, "messages[0].content[0]", "user and tool messages");
+  // the server still answers
+  int st = 0;
+  srv_->post("/v1/chat/completions", oa_chat({oa_image(kPngA), {{"type", "text"}, {"text", "?"}}}, 1), &st);
+  EXPECT_EQ(st, 200);
+}
+
+TEST(ServerVisionTextOnly, ImageOnATextModelSaysHowToGetAVisionFile) {
+  server::ServerOptions o = vision_opts();
+  o.no_mmproj = true;
+  RunningServer s(o);
+  const ojson body = oa_chat({oa_image(kPngA), {{"type", "text"}, {"text", "?"}}});
+  int st = 0;
+  const ojson r = s.post("/v1/chat/completions", body, &st);
+  EXPECT_EQ(st, 400) << r.dump();
+  EXPECT_EQ(r["error"]["param"], "messages[0].content[0].image_url");
+  const std::string msg = r["error"]["message"].get<std::string>();
+  EXPECT_NE(msg.find("--mmproj"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("kimi convert"), std::string::npos) << msg;
+  s.post("/v1/chat/completions", oa_chat("hello", 1), &st);
+  EXPECT_EQ(st, 200);
+}
+
+}  // namespace

@@ -21,6 +21,7 @@
 #include "backend/cpu/dispatch.h"
 #include "backend/cpu/matmul.h"
 #include "backend/cpu/matmul_amx.h"
+#include "backend/cpu/matmul_mx_lanes.h"
 #include "backend/cpu/repack.h"
 #include "tensor/quants.h"
 
@@ -132,6 +133,26 @@ void gemm(benchmark::State& st, GgmlType t, int64_t rows, int64_t cols, int64_t 
   }
   st.SetItemsProcessed(static_cast<int64_t>(st.iterations()) * 2 * rows * cols * nt);
   st.SetLabel(kernel_label(t));
+}
+
+// MXFP4 A/B on one binary: arg 1 = the lane path with register broadcasts (matmul_mx_lanes.h), 0 = the lane kernel it
+// replaced (set_mx_lanes); run with --benchmark_enable_random_interleaving=true and repetitions so the
+// two alternate (docs/performance.md, section 6.6).
+void gemm_mx(benchmark::State& st, int64_t rows, int64_t cols, int64_t nt) {
+  const bool on = st.range(0) != 0;
+  const auto w = make_weights(GgmlType::MXFP4, rows, cols);
+  const auto x = make_x(cols * nt);
+  std::vector<float> y(static_cast<size_t>(rows * nt));
+  MatView W{GgmlType::MXFP4, w.data(), rows, cols, row_bytes(GgmlType::MXFP4, static_cast<uint64_t>(cols))};
+  set_mx_lanes(on);
+  const bool took = mx_lanes_takes(W, nt, Precision::Fast);
+  for (auto _ : st) {
+    matmul(W, x.data(), nt, y.data(), pool());
+    benchmark::DoNotOptimize(y.data());
+  }
+  set_mx_lanes(true);
+  st.SetItemsProcessed(static_cast<int64_t>(st.iterations()) * 2 * rows * cols * nt);
+  st.SetLabel(kernel_label(GgmlType::MXFP4) + (took ? " mx-lanes" : " q8-lanes"));
 }
 
 // The same through packed copies (one per rotated copy), as CpuBackend::prepare_weight makes them.
@@ -318,6 +339,13 @@ BENCHMARK_CAPTURE(gemm, bf16_12288x7168_t512, GgmlType::BF16, 12288, 7168, 512)-
 BENCHMARK_CAPTURE(gemm_packed, bf16_12288x7168_t512, GgmlType::BF16, 12288, 7168, 512)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(gemm_packed, bf16_2048x2048_t512, GgmlType::BF16, 2048, 2048, 512)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(gemm, mxfp4_3072x3584_t64, GgmlType::MXFP4, 3072, 3584, 64)->UseRealTime()->Unit(benchmark::kMillisecond);
+// K3's routed experts (gate / up 3584 -> 3072, down 3072 -> 3584) at the tokens an expert gets: A/B
+BENCHMARK_CAPTURE(gemm_mx, k3_gate_3072x3584_t9, 3072, 3584, 9)->Arg(0)->Arg(1)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(gemm_mx, k3_gate_3072x3584_t16, 3072, 3584, 16)->Arg(0)->Arg(1)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(gemm_mx, k3_gate_3072x3584_t64, 3072, 3584, 64)->Arg(0)->Arg(1)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(gemm_mx, k3_gate_3072x3584_t128, 3072, 3584, 128)->Arg(0)->Arg(1)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(gemm_mx, k3_down_3584x3072_t64, 3584, 3072, 64)->Arg(0)->Arg(1)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(gemm_mx, k3_down_3584x3072_t128, 3584, 3072, 128)->Arg(0)->Arg(1)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(gemm, mxfp4_1024x768_t64, GgmlType::MXFP4, 1024, 768, 64)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(gemm, q8_0_2048x2048_t512, GgmlType::Q8_0, 2048, 2048, 512)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(gemm, mxfp4_768x1024_t512, GgmlType::MXFP4, 768, 1024, 512)->UseRealTime()->Unit(benchmark::kMillisecond);

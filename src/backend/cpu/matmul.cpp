@@ -14,6 +14,7 @@
 
 #include "backend/cpu/dispatch.h"
 #include "backend/cpu/matmul_amx.h"
+#include "backend/cpu/matmul_mx_lanes.h"
 #include "backend/cpu/repack.h"
 #include "backend/cpu/vec.h"
 #include "tensor/quants.h"
@@ -356,6 +357,10 @@ void matmul(const MatView& W, const float* x, int64_t n_tokens, float* y, Thread
     matmul_amx_nib(W, x, n_tokens, y, &pool, 0, W.rows);
     return;
   }
+  if (mx_lanes_takes(W, n_tokens, prec)) {  // MXFP4 prefill, rows in lanes (matmul_mx_lanes.h)
+    matmul_mx_lanes(W, x, n_tokens, y, &pool, 0, W.rows);
+    return;
+  }
   const MatKernel k = pick_matmul_kernel(W.type, prec);
   const Prepared a = prepare(k, x, n_tokens, W.cols, &pool);
   const int nth = pool.size();
@@ -526,6 +531,10 @@ void matmul_rows(const MatView& W, const float* x, int64_t n_tokens, float* y, i
   }
   if (prec == Precision::Fast && amx_nib_takes(W, n_tokens)) {
     matmul_amx_nib(W, x, n_tokens, y, nullptr, r0, r1);
+    return;
+  }
+  if (mx_lanes_takes(W, n_tokens, prec)) {
+    matmul_mx_lanes(W, x, n_tokens, y, nullptr, r0, r1);
     return;
   }
   const MatKernel k = pick_matmul_kernel(W.type, prec);

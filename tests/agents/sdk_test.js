@@ -7,6 +7,10 @@
 // arrive in several pieces, which each SDK's own stream helper accumulates into exactly the
 // arguments of the same request answered whole (greedy). One tool call at most: the field of each API,
 // set through the SDK, gives one call where the same request otherwise gives several.
+// Images (the tiny model converted with its vision tower, MODEL.mmproj.gguf beside it): image_url
+// data: URLs in chat completions (one and two, whole and streamed): the usage counts exactly the tokens docs/spec/vision.md makes of the
+// image (the navit rule computed here, the text tokenized by /tokenize); the same requests to a server
+// of the text-only file (`kimi convert --no-vision`) fail with the SDKs' 400 that names the fix.
 // usage: node sdk_test.js <kimi binary>
 // Without the npm packages (npm ci --prefix tests/agents) the test skips (exit 77), unless
 // KIMI_REQUIRE_AGENTS=1 or CI=true, where it fails.
@@ -15,6 +19,7 @@ const fs = require("fs");
 const os = require("os");
 const path = require("path");
 const { spawn, execFileSync } = require("child_process");
+const { png, imagePromptText, imageTokens } = require("./images.js");
 
 const KIMI = process.argv[2];
 const STEP_MS = 60000;
@@ -42,11 +47,11 @@ function check(cond, msg) {
 }
 
 const tmp = fs.mkdtempSync(path.join(os.tmpdir(), "kimi-agents-"));
-let server = null;
 
+const servers = [];
 function startServer(model, key) {
   return new Promise((resolve, reject) => {
-    server = spawn(KIMI, ["serve", "-m", model, "--host", "127.0.0.1", "--port", "0", "-c", "4096", "--parallel", "2",
+    const server = spawn(KIMI, ["serve", "-m", model, "--host", "127.0.0.1", "--port", "0", "-c", "4096", "--parallel", "2",
                           "--api-key", key, "-q"], { stdio: ["ignore", "pipe", "pipe"] });
     let out = "", err = "";
     const timer = setTimeout(() => reject(new Error("kimi serve did not start in time:\n" + err)), STEP_MS);
@@ -57,6 +62,7 @@ function startServer(model, key) {
     });
     server.stderr.on("data", (d) => { err += d; });
     server.on("exit", (code) => { clearTimeout(timer); reject(new Error(`kimi serve exited (${code}):\n${err}`)); });
+    servers.push(server);
   });
 }
 
@@ -309,6 +315,63 @@ async function oneCallTests(base, key) {
   console.log(`one call at most: ${JSON.stringify(counts)}`);
 }
 
+// Images through the three APIs. `base`: the vision-capable server; `textBase`: the text-only one.
+async function imageTests(base, textBase, key) {
+  const openai = new OpenAI({ baseURL: base + "/v1", apiKey: key, maxRetries: 0, timeout: STEP_MS });
+  const W = 60, H = 40, W2 = 301, H2 = 97;
+  const b64 = png(W, H, 1).toString("base64"), b64b = png(W2, H2, 2).toString("base64");
+  const url = "data:image/png;base64," + b64, url2 = "data:image/png;base64," + b64b;
+  const perImage = await imageTokens(base, key, W, H), perImage2 = await imageTokens(base, key, W2, H2);
+  check(perImage >= imagePromptText(W, H).pads + 3 && perImage2 >= imagePromptText(W2, H2).pads + 3,
+        `images: ${W}x${H} makes ${perImage} tokens, ${W2}x${H2} ${perImage2} (docs/spec/vision.md)`);
+  const question = "What is in the picture?";
+  const part = async (what, fn) => {  // one API's part: an exception fails it, the others still run
+    try { await fn(); } catch (e) { check(false, `images, ${what}: ${e.message}`); }
+  };
+
+  // chat completions: one image, then two, each against the same request without them
+  await part("chat completions", async () => {
+  const chat = (content, extra) => openai.chat.completions.create({ model: "kimi", messages: [{ role: "user", content }],
+                                                                   max_tokens: 4, temperature: 0, thinking: false, ...extra });
+  const ctext = await chat([{ type: "text", text: question }]);
+  const c1 = await chat([{ type: "image_url", image_url: { url } }, { type: "text", text: question }]);
+  const c2 = await chat([{ type: "image_url", image_url: { url, detail: "high" } }, { type: "image_url", image_url: { url: url2 } },
+                         { type: "text", text: question }]);
+  check(c1.object === "chat.completion" && c1.choices[0].message.role === "assistant", "images: chat completion");
+  check(c1.usage.prompt_tokens - ctext.usage.prompt_tokens === perImage,
+        `images: chat prompt_tokens ${c1.usage.prompt_tokens} = ${ctext.usage.prompt_tokens} without the image + ${perImage}`);
+  check(c2.usage.prompt_tokens - ctext.usage.prompt_tokens === perImage + perImage2,
+        `images: chat with two images ${c2.usage.prompt_tokens} = ${ctext.usage.prompt_tokens} + ${perImage} + ${perImage2}`);
+  // streamed through the SDK's helper: the same text and usage as the whole answer (greedy)
+  const st = openai.chat.completions.stream({ model: "kimi", max_tokens: 4, temperature: 0, thinking: false,
+    messages: [{ role: "user", content: [{ type: "image_url", image_url: { url } }, { type: "text", text: question }] }],
+    stream_options: { include_usage: true } });
+  const sc = await st.finalChatCompletion();
+  check(sc.choices[0].message.content === c1.choices[0].message.content && sc.usage && sc.usage.prompt_tokens === c1.usage.prompt_tokens,
+        `images: streamed chat ${JSON.stringify(sc.choices[0].message.content)} / ${sc.usage && sc.usage.prompt_tokens} vs ` +
+        `${JSON.stringify(c1.choices[0].message.content)} / ${c1.usage.prompt_tokens}`);
+  });
+
+  console.log(`images: ${W}x${H} = ${perImage} prompt tokens, ${W2}x${H2} = ${perImage2}, counted by chat completions`);
+
+  // the text-only file: each API's SDK gets a 400 that says how to get a vision-capable file
+  const topenai = new OpenAI({ baseURL: textBase + "/v1", apiKey: key, maxRetries: 0, timeout: STEP_MS });
+  const refusals = {
+    chat: () => topenai.chat.completions.create({ model: "kimi", max_tokens: 4,
+      messages: [{ role: "user", content: [{ type: "image_url", image_url: { url } }, { type: "text", text: question }] }] }),
+  };
+  for (const [api, call] of Object.entries(refusals)) {
+    try {
+      await call();
+      check(false, `images, text-only model: ${api} accepted an image`);
+    } catch (e) {
+      check(e.status === 400 && /mmproj/.test(e.message) && /--no-vision|kimi convert/.test(e.message),
+            `images, text-only model: ${api}: ${e.status} ${e.message}`);
+      if (api === "chat") console.log(`images, text-only model: 400 "${e.message}"`);
+    }
+  }
+}
+
 (async () => {
   try {
     const hf = path.join(tmp, "hf"), gguf = path.join(tmp, "tiny.gguf");
@@ -316,15 +379,21 @@ async function oneCallTests(base, key) {
     execFileSync(KIMI, ["convert", hf, "-o", gguf, "--quiet"], { stdio: "ignore", timeout: 120000 });
     const key = "test-key-" + process.pid;
     const base = await startServer(gguf, key);
+    check(fs.existsSync(path.join(tmp, "tiny.mmproj.gguf")), "kimi convert wrote no tiny.mmproj.gguf");
     await anthropicTests(base, key);
     await responsesTests(base, key);
     await chatTests(base, key);
     await oneCallTests(base, key);
+    const textOnly = path.join(tmp, "text", "tiny.gguf");
+    fs.mkdirSync(path.dirname(textOnly));
+    execFileSync(KIMI, ["convert", hf, "-o", textOnly, "--no-vision", "--quiet"], { stdio: "ignore", timeout: 120000 });
+    check(!fs.existsSync(path.join(tmp, "text", "tiny.mmproj.gguf")), "convert --no-vision wrote a projector file");
+    await imageTests(base, await startServer(textOnly, key), key);
   } catch (e) {
     console.error("FAIL: " + (e && e.stack ? e.stack : e));
     failures++;
   } finally {
-    if (server) server.kill("SIGTERM");
+    for (const p of servers) p.kill("SIGTERM");
     fs.rmSync(tmp, { recursive: true, force: true });
   }
   if (failures) { console.error(`${failures} check(s) failed`); process.exit(1); }

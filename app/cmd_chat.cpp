@@ -294,7 +294,9 @@ int cmd_chat(int argc, char** argv) {
   const kimi::tok::Tokenizer tok = kimi::tok::Tokenizer::from_gguf(model->reader());
   const uint32_t train = model->hparams().n_ctx_train;
   const int n_ctx = ea.ctx > 0 ? ea.ctx : static_cast<int>(train > 0 ? std::min<uint32_t>(train, 4096) : 4096);
-  std::unique_ptr<kimi::Drafter> drafter = kimi::app::make_drafter(sa, *model, n_ctx + 64, ea.threads);
+  std::unique_ptr<kimi::Drafter> drafter = kimi::app::make_drafter(
+      sa, *model, n_ctx + 64, ea.threads, ea.precision == "f32" ? kimi::Precision::F32 : kimi::Precision::Fast,
+      sa.type == "dspark" ? kimi::app::side_backend(ea) : nullptr);
   kimi::ContextOptions cop = kimi::app::context_options(ea, n_ctx, std::min(ea.batch, n_ctx));
   if (drafter) {  // a verify step in one micro-batch; one snapshot slot for its rollback (docs/speculative.md)
     cop.n_batch_max = std::max(cop.n_batch_max, std::min(ea.batch, 3 * spec.n_max + 2));
@@ -314,7 +316,8 @@ int cmd_chat(int argc, char** argv) {
       if (mmproj.empty()) mmproj = kimi::find_mmproj(ea.model);
       kimi::check(!mmproj.empty(), "{}", kimi::no_vision_message(ea.model));
       vision = std::make_unique<kimi::VisionRunner>(mmproj, model->hparams().n_embd, ea.threads,
-                                                    ea.precision == "f32" ? kimi::Precision::F32 : kimi::Precision::Fast);
+                                                    ea.precision == "f32" ? kimi::Precision::F32 : kimi::Precision::Fast,
+                                                    kimi::app::side_backend(ea));
     }
     std::vector<kimi::image::Patches> ps;
     std::string media;

@@ -70,7 +70,8 @@ int cmd_run(int argc, char** argv) {
     if (mmproj.empty()) mmproj = kimi::find_mmproj(ea.model);
     kimi::check(!mmproj.empty(), "{}", kimi::no_vision_message(ea.model));
     kimi::VisionRunner vr(mmproj, model->hparams().n_embd, ea.threads,
-                          ea.precision == "f32" ? kimi::Precision::F32 : kimi::Precision::Fast);
+                          ea.precision == "f32" ? kimi::Precision::F32 : kimi::Precision::Fast,
+                          kimi::app::side_backend(ea));
     std::vector<kimi::image::Patches> ps;
     std::string media;
     for (const auto& f : images) {
@@ -83,9 +84,10 @@ int cmd_run(int argc, char** argv) {
     const auto tv = std::chrono::steady_clock::now();
     image_rows = vr.encode(pp);
     const double sv = std::chrono::duration<double>(std::chrono::steady_clock::now() - tv).count();
-    std::fprintf(stderr, "images: %zu, %lld patches -> %lld tokens, vision tower %.3f s (%.1f patches/s)\n", ps.size(),
+    std::fprintf(stderr, "images: %zu, %lld patches -> %lld tokens, vision tower on %s %.3f s (%.1f patches/s)\n",
+                 ps.size(),
                  static_cast<long long>(n_patches), static_cast<long long>(image_rows.size() / model->hparams().n_embd),
-                 sv, n_patches / std::max(sv, 1e-9));
+                 vr.backend_name(), sv, n_patches / std::max(sv, 1e-9));
     placeholder = vr.model().hp().placeholder;
     prompt = media + prompt;
   }
@@ -119,9 +121,11 @@ int cmd_run(int argc, char** argv) {
               n_predict, n_pos, ea.ctx);
   const int n_ctx = static_cast<int>(std::min<int64_t>(n_ctx_need, INT32_MAX));
   // the DSpark draft's block may reach block_size - 1 positions past the last one decoded
+  // the DSpark draft on a Vulkan backend of its own when the target's layers are on Vulkan
+  const std::shared_ptr<kimi::Backend> draft_be = sa.type == "dspark" ? kimi::app::side_backend(ea) : nullptr;
   std::unique_ptr<kimi::Drafter> drafter =
       kimi::app::make_drafter(sa, *model, n_ctx + 64, ea.threads,
-                              ea.precision == "f32" ? kimi::Precision::F32 : kimi::Precision::Fast);
+                              ea.precision == "f32" ? kimi::Precision::F32 : kimi::Precision::Fast, draft_be);
   int n_batch = std::min<int>(ea.batch, static_cast<int>(in.size()));
   kimi::ContextOptions co = kimi::app::context_options(ea, n_ctx, n_batch);
   if (drafter) {  // a verify step in one micro-batch; one snapshot slot for the step's rollback
@@ -186,9 +190,11 @@ int cmd_run(int argc, char** argv) {
   if (drafter) {
     const kimi::SpecStats& st = gen.stats();
     std::fprintf(stderr,
-                 "speculative (%s%s): %llu steps, %llu with a draft: %llu drafted, %llu accepted (%.1f %%), %.2f accepted "
+                 "speculative (%s%s%s): %llu steps, %llu with a draft: %llu drafted, %llu accepted (%.1f %%), %.2f accepted "
                  "per verify step, %.2f tokens per step, verify step %.2fx a decode step%s\n",
-                 sa.type.c_str(), sa.type == "auto" ? ", ngram" : "", static_cast<unsigned long long>(st.steps),
+                 sa.type.c_str(), sa.type == "auto" ? ", ngram" : "",
+                 draft_be ? fmt::format(", draft on {}", draft_be->name()).c_str() : "",
+                 static_cast<unsigned long long>(st.steps),
                  static_cast<unsigned long long>(st.verify_steps), static_cast<unsigned long long>(st.drafted),
                  static_cast<unsigned long long>(st.accepted), 100.0 * st.accept_rate(), st.accept_len(),
                  st.tokens_per_step(), st.verify_cost(),

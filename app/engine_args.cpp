@@ -364,8 +364,19 @@ SpecParams spec_params(const SpecArgs& a) {
   return p;
 }
 
+std::shared_ptr<Backend> side_backend(const EngineArgs& a) {
+  if (a.n_gpu_layers == 0) return nullptr;
+#ifdef KIMI_HAVE_VULKAN
+  for (const std::string& item : split_devices(a.device))
+    if (is_vulkan_item(item))
+      return make_vulkan_backend(item == "vulkan" ? 0 : std::stoi(item.substr(7)),
+                                 a.precision == "f32" ? Precision::F32 : Precision::Fast);
+#endif
+  return nullptr;
+}
+
 std::unique_ptr<Drafter> make_drafter(const SpecArgs& a, const Model& target, int n_ctx, int n_threads,
-                                      Precision precision) {
+                                      Precision precision, std::shared_ptr<Backend> backend) {
   switch (parse_spec_type(a.type, "--spec")) {
     case SpecType::Off: return nullptr;
     case SpecType::Auto:
@@ -377,6 +388,7 @@ std::unique_ptr<Drafter> make_drafter(const SpecArgs& a, const Model& target, in
       o.n_ctx = n_ctx;
       o.n_threads = n_threads;
       o.precision = precision;
+      o.backend = std::move(backend);
       return std::make_unique<DsparkDrafter>(std::move(dm), target, o);
     }
   }

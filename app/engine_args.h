@@ -102,8 +102,15 @@ SpecParams spec_params(const SpecArgs& a);
 // dspark needs -md FILE.
 // n_ctx: positions the draft may see (the context's n_ctx_max plus the block); n_threads: the
 // draft's own threads (0: all); precision: the draft's (the context's).
+// backend: the draft's own (side_backend), nullptr: the draft's own CPU backend.
 std::unique_ptr<Drafter> make_drafter(const SpecArgs& a, const Model& target, int n_ctx = 4096, int n_threads = 0,
-                                      Precision precision = Precision::Fast);
+                                      Precision precision = Precision::Fast,
+                                      std::shared_ptr<Backend> backend = nullptr);
+// The backend a side model (the DSpark draft, the vision tower) runs on when the target's layers are
+// on an accelerator (--device vulkan[:N] and -ngl not 0): a new Vulkan backend on that device, its
+// own (a side model reserves its own scratch and runs beside the target's context); nullptr when
+// the layers are on the CPU (the side model then makes its own CPU backend).
+std::shared_ptr<Backend> side_backend(const EngineArgs& a);
 
 // kimi::parse_cli (util/cli.h) after spelling the llama.cpp-style multi-letter short flags -ngl,
 // -ot, -np, -ub, -fa, -md as --n-gpu-layers, --override-tensor, --parallel, --ubatch-size, --flash-attn,

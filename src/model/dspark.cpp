@@ -227,7 +227,6 @@ struct DsparkDraft::Impl {
 
   Impl(const DsparkModel& m, const Model& target, Backend& b, const DsparkOptions& opt)
       : dm(m), hp(m.hparams()), be(b), o(opt) {
-    check(be.host_visible(), "dspark: the draft runs on a host-visible backend, not '{}'", be.name());
     check(o.n_seq >= 1 && o.n_ctx >= 1 && o.n_batch >= 1, "dspark: n_seq, n_ctx and n_batch must be >= 1");
     dm.check_target(target.hparams());
     nb = std::max<int64_t>(hp.block, o.n_batch);

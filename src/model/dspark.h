@@ -9,8 +9,9 @@
 //   draft.add_context(entries, n, taps);                 // every token the target processed
 //   int n = draft.draft_greedy(seq, anchor, pos, 7, out); // up to block_size drafted tokens
 //
-// The draft runs on a host-visible backend of its own (it calls reserve() with its own limits); the
-// ops it uses beyond the K3 set are Backend::silu_mul_rows and Backend::rope_rows.
+// The draft runs on a backend of its own (it calls reserve() with its own limits): the CPU backend,
+// or a Vulkan one (its own instance, not the target context's); the ops it uses beyond the K3 set
+// are Backend::silu_mul_rows and Backend::rope_rows.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -87,8 +88,8 @@ struct DsparkOptions {
 
 class DsparkDraft {
  public:
-  // `target` gives the token embedding and output matrix (dspark.md §3.2). `be` must be host
-  // visible and is the draft's own (reserve() is called with the draft's limits).
+  // `target` gives the token embedding and output matrix (dspark.md §3.2). `be` is the draft's own
+  // (reserve() is called with the draft's limits); host inputs and outputs are copied to and from it.
   DsparkDraft(const DsparkModel& dm, const Model& target, Backend& be, const DsparkOptions& o);
   ~DsparkDraft();
 

@@ -14,8 +14,12 @@ DsparkDrafter::DsparkDrafter(std::shared_ptr<const DsparkModel> dm, const Model&
     : dm_(std::move(dm)), n_batch_(std::max(1, o.n_batch)), n_ctx_(std::max(1, o.n_ctx)) {
   check(dm_ != nullptr, "dspark drafter: no draft model");
   dm_->check_target(target.hparams());
-  pool_ = std::make_unique<ThreadPool>(o.n_threads);
-  be_ = std::make_unique<CpuBackend>(*pool_, o.precision);
+  be_ = o.backend;
+  if (!be_) {
+    pool_ = std::make_unique<ThreadPool>(o.n_threads);
+    cpu_ = std::make_unique<CpuBackend>(*pool_, o.precision);
+    be_ = std::shared_ptr<Backend>(cpu_.get(), [](Backend*) {});  // owned by cpu_
+  }
   draft_ = std::make_unique<DsparkDraft>(*dm_, target, *be_,
                                          DsparkOptions{.n_seq = 1, .n_ctx = n_ctx_, .n_batch = n_batch_});
   for (uint32_t t : dm_->hparams().taps) taps_.push_back(static_cast<int>(t));

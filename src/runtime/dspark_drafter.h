@@ -26,6 +26,10 @@ struct DsparkDrafterOptions {
   // the draft's matmuls (Fast: bf16/q8 activations as the target's Fast mode); greedy verification
   // keeps the output exact either way, only which tokens are drafted can change
   Precision precision = Precision::Fast;
+  // the backend the draft runs on, its own (not the target context's: the draft reserves its own
+  // scratch); nullptr: a CPU backend of n_threads threads. app/engine_args.cpp gives a Vulkan one
+  // when the target's layers are on a Vulkan device.
+  std::shared_ptr<Backend> backend;
 };
 
 class DsparkDrafter final : public Drafter {
@@ -46,7 +50,8 @@ class DsparkDrafter final : public Drafter {
  private:
   std::shared_ptr<const DsparkModel> dm_;
   std::unique_ptr<ThreadPool> pool_;
-  std::unique_ptr<CpuBackend> be_;
+  std::unique_ptr<CpuBackend> cpu_;
+  std::shared_ptr<Backend> be_;  // cpu_ or DsparkDrafterOptions::backend
   std::unique_ptr<DsparkDraft> draft_;
   std::vector<int> taps_;
   std::vector<BatchEntry> entries_;

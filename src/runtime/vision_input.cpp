@@ -37,10 +37,14 @@ std::string media_text(const image::Patches& p) {
   return s;
 }
 
-VisionRunner::VisionRunner(const std::string& mmproj, int64_t text_hidden, int n_threads, Precision prec)
-    : pool_(std::make_unique<ThreadPool>(n_threads)),
-      be_(std::make_unique<CpuBackend>(*pool_, prec)),
-      m_(VisionModel::load(mmproj, text_hidden)) {
+VisionRunner::VisionRunner(const std::string& mmproj, int64_t text_hidden, int n_threads, Precision prec,
+                           std::shared_ptr<Backend> backend)
+    : be_(std::move(backend)), m_(VisionModel::load(mmproj, text_hidden)) {
+  if (!be_) {
+    pool_ = std::make_unique<ThreadPool>(n_threads);
+    cpu_ = std::make_unique<CpuBackend>(*pool_, prec);
+    be_ = std::shared_ptr<Backend>(cpu_.get(), [](Backend*) {});  // owned by cpu_
+  }
   be_->reserve({});
   enc_ = std::make_unique<VisionEncoder>(*m_, *be_);
 }

@@ -1,5 +1,6 @@
 // Images in a prompt (docs/spec/vision.md §4): the projector file next to a model, the media text
-// an image becomes, the tower run on its own CPU backend, and a batch whose <|media_pad|>
+// an image becomes, the tower run on a backend of its own (CPU, or a Vulkan one the caller gives),
+// and a batch whose <|media_pad|>
 // positions take the tower's rows.
 #pragma once
 #include <cstdint>
@@ -28,17 +29,22 @@ std::string media_text(const image::Patches& p);
 
 class VisionRunner {
  public:
-  // mmproj: the projector file; text_hidden: the text model's hidden size (checked)
-  VisionRunner(const std::string& mmproj, int64_t text_hidden, int n_threads, Precision prec);
+  // mmproj: the projector file; text_hidden: the text model's hidden size (checked); backend: the
+  // tower's own backend (not a context's: the runner reserves its scratch), nullptr: a CPU backend
+  // of n_threads threads in precision prec
+  VisionRunner(const std::string& mmproj, int64_t text_hidden, int n_threads, Precision prec,
+               std::shared_ptr<Backend> backend = nullptr);
   ~VisionRunner();
   const VisionModel& model() const { return *m_; }
+  const char* backend_name() const { return be_->name(); }  // "cpu", "vulkan:0", ...
   image::Patches preprocess(const image::Rgb& img) const { return m_->preprocess(img); }
   // rows [sum of tokens][text hidden] for the images in order
   std::vector<float> encode(const std::vector<const image::Patches*>& images);
 
  private:
   std::unique_ptr<ThreadPool> pool_;
-  std::unique_ptr<CpuBackend> be_;
+  std::unique_ptr<CpuBackend> cpu_;
+  std::shared_ptr<Backend> be_;  // cpu_ or the given backend
   std::unique_ptr<VisionModel> m_;
   std::unique_ptr<VisionEncoder> enc_;
 };

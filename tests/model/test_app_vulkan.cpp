@@ -487,3 +487,64 @@ TEST(AppVulkan, ServeBatchedHybridHotExpertsAsAlone) {
   EXPECT_GT(from_file, 0.0);
   EXPECT_GE(from_file, by_id);
 }
+
+// Speculative decoding with the target on Vulkan (docs/speculative.md): `kimi run --device vulkan`
+// greedy with `--spec ngram` and with `--spec dspark` (the synthetic draft, on a Vulkan backend of
+// its own: nearly every draft is rejected, so nearly every step rolls the KDA states back) prints the
+// ids of `--spec off`, full GPU and hybrid (--cpu-moe), at the default --draft-max 8 (a step holds at
+// most 15 rows, below the 16 from which the Vulkan kernels stop giving a row the bits it gets alone:
+// docs/gpu.md, "Batch invariance").
+TEST(AppVulkan, SpeculativeRunEqualsPlainRun) {
+  if (!have_vulkan()) GTEST_SKIP() << "no Vulkan device on this machine: Vulkan CLI tests skipped";
+  test::TempDir d;
+  const std::string g = test::tiny_gguf(1);
+  auto r = test::run_kimi("synth --preset dspark-tiny --seed 1 -q -o " + d.file("draft-hf"));
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  r = test::run_kimi("convert " + d.file("draft-hf") + " -o " + d.file("draft.gguf") + " --quiet");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  auto ids = [](const std::string& out) { return out.substr(0, out.find('\n')); };
+  for (const char* place : {"--device vulkan", "--device vulkan --cpu-moe"}) {
+    SCOPED_TRACE(place);
+    const std::string base = std::string("run -m ") + g + " --tokens 7,8,9,10,11,7,8,9,10,11,7,8,9 -n 24 --temp 0 --ids " +
+                             place;
+    const auto off = test::run_kimi(base + " --spec off");
+    ASSERT_EQ(off.exit_code, 0) << off.out;
+    EXPECT_GT(ids(off.out).size(), 24u);
+    const auto ng = test::run_kimi(base + " --spec ngram");
+    ASSERT_EQ(ng.exit_code, 0) << ng.out;
+    EXPECT_EQ(ids(ng.out), ids(off.out)) << ng.out;
+    EXPECT_NE(ng.out.find("speculative (ngram): "), std::string::npos) << ng.out;
+    const auto ds = test::run_kimi(base + " --spec dspark -md " + d.file("draft.gguf"));
+    ASSERT_EQ(ds.exit_code, 0) << ds.out;
+    EXPECT_EQ(ids(ds.out), ids(off.out)) << ds.out;
+    const auto at = ds.out.find("speculative (dspark, draft on vulkan:0): ");
+    ASSERT_NE(at, std::string::npos) << ds.out;
+    const auto dr = ds.out.find(" drafted", at);
+    ASSERT_NE(dr, std::string::npos) << ds.out;
+    const auto sp = ds.out.rfind(' ', dr - 1);
+    EXPECT_GT(std::stoi(ds.out.substr(sp + 1, dr - sp - 1)), 10) << ds.out;  // it drafted
+  }
+}
+
+// `kimi run --image` with the model on Vulkan runs the vision tower there too, and gives the CPU
+// run's greedy ids (f32).
+TEST(AppVulkan, ImageRunMatchesCpu) {
+  if (!have_vulkan()) GTEST_SKIP() << "no Vulkan device on this machine: Vulkan CLI tests skipped";
+  const std::string dir = test::tiny_vision_dir(1);
+  const std::string img = std::string(KIMI_SOURCE_DIR) + "/data/images/red-square.png";
+  const std::string base = "run -m " + dir + "/model.gguf --image " + img + " -p 'What is it?' -n 8 --ids --precision f32 --temp 0";
+  const auto cpu = test::run_kimi(base);
+  ASSERT_EQ(cpu.exit_code, 0) << cpu.out;
+  EXPECT_NE(cpu.out.find("vision tower on cpu "), std::string::npos) << cpu.out;
+  const auto gpu = test::run_kimi(base + " --device vulkan");
+  ASSERT_EQ(gpu.exit_code, 0) << gpu.out;
+  EXPECT_NE(gpu.out.find("vision tower on vulkan:0 "), std::string::npos) << gpu.out;
+  auto ids = [](const std::string& out) {  // the line of generated ids (stderr's lines are mixed in)
+    std::istringstream in(out);
+    for (std::string line; std::getline(in, line);)
+      if (!line.empty() && std::isdigit(static_cast<unsigned char>(line[0]))) return line;
+    return std::string();
+  };
+  EXPECT_FALSE(ids(cpu.out).empty()) << cpu.out;
+  EXPECT_EQ(ids(gpu.out), ids(cpu.out));
+}

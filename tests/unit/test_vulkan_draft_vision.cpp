@@ -103,7 +103,8 @@ TEST_F(VulkanDraftVision, Rope2d) {
 }
 
 // segment_attention over segments of 1, 70 (more than one 64-key chunk), 0 and 9 rows; head dims
-// 20 and 72 (the tower's) and one of 136 (three output values per invocation)
+// 20 and 72 (the tower's) and one of 136 (three output values per invocation); in one dispatch and
+// in key windows (KIMI_VULKAN_SEG_WINDOW); more than 65535 (row, head) items (several dispatches)
 TEST_F(VulkanDraftVision, SegmentAttention) {
   for (int64_t D : {20, 72, 136}) {
     SCOPED_TRACE("head_dim " + std::to_string(D));
@@ -126,6 +127,31 @@ TEST_F(VulkanDraftVision, SegmentAttention) {
     auto [c2, g2] = read(out2);
     EXPECT_LT(rel_rms(g2, c2), 1e-6);
     EXPECT_GT(rel_rms(g2, g), 1e-3);
+    // the keys in windows of one 64-key chunk (what lavapipe's loop limit makes of long segments),
+    // the running max and sum carried between dispatches: the same result
+    ::setenv("KIMI_VULKAN_SEG_WINDOW", "1", 1);
+    auto out3 = zeros(static_cast<size_t>(n * Q));
+    gpu_->segment_attention(qkv.gp<float>(), ld, n, H, D, seg, 4, scale, out3.gp<float>());
+    auto out4 = zeros(static_cast<size_t>(n * Q));
+    gpu_->segment_attention(qkv.gp<float>(), ld, n, H, D, one, 1, scale, out4.gp<float>());
+    ::unsetenv("KIMI_VULKAN_SEG_WINDOW");
+    auto [c3, g3] = read(out3);
+    EXPECT_LT(rel_rms(g3, c), 1e-6) << "windowed";
+    auto [c4, g4] = read(out4);
+    EXPECT_LT(rel_rms(g4, c2), 1e-6) << "windowed, one segment";
+  }
+  {  // 4400 rows x 16 heads = 70400 items: two dispatches of workgroups
+    const int64_t H = 16, D = 8, Q = H * D, n = 4400, ld = 3 * Q;
+    std::vector<int64_t> seg;  // 2200 images of 2 patches (cheap on lavapipe)
+    for (int64_t b = 0; b <= n; b += 2) seg.push_back(b);
+    const int64_t ns = static_cast<int64_t>(seg.size()) - 1;
+    auto qkv = both(random_floats(static_cast<size_t>(n * ld), 99, 1.5f));
+    auto out = zeros(static_cast<size_t>(n * Q));
+    cpu_->segment_attention(qkv.cp<float>(), ld, n, H, D, seg.data(), ns, 0.35f, out.cp<float>());
+    gpu_->segment_attention(qkv.gp<float>(), ld, n, H, D, seg.data(), ns, 0.35f, out.gp<float>());
+    auto [c, g] = read(out);
+    EXPECT_LT(rel_rms(g, c), 1e-6);
+    EXPECT_LT(std::fabs(g.back() - c.back()), 1e-5 * (1 + std::fabs(c.back()))) << "the last item";
   }
   // bounds that do not cover the rows: a clear error
   const int64_t bad[] = {0, 5};

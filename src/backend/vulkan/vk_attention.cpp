@@ -65,7 +65,12 @@ void VulkanBackend::mla_attention(const CacheRows& latent, int64_t kvl, const Ba
   }
   const bool dense = path == AttnPath::Dense;
   const int64_t chunks = (max_vis + kChunk - 1) / kChunk;
-  const int64_t splits = std::clamp<int64_t>(std::min(chunks, kTargetGroups / (n * H)), 1, kMaxSplits);
+  // below the GEMM switch (decode, a speculative verify step) the split count depends on the heads
+  // only, not on the batch or how far its rows see: each row's sums then go in the order of the same
+  // token decoded alone (splits that get no chunk are empty in the combine; docs/gpu.md, "Batch
+  // invariance"); larger batches (prefill) split only while the grid is small
+  const int64_t splits = n < gemm_min_ ? std::clamp<int64_t>(kTargetGroups / H, 1, kMaxSplits)
+                                       : std::clamp<int64_t>(std::min(chunks, kTargetGroups / (n * H)), 1, kMaxSplits);
   const int64_t mask_words = dense ? (max_vis + 31) / 32 : 0;
   const int64_t per_split = (chunks + splits - 1) / splits;  // chunks one split may walk
   const int64_t window = std::min(per_split, attn_window(rt_.info(), W));

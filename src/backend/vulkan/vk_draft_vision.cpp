@@ -2,6 +2,8 @@
 // and of the MoonViT vision tower (gelu, rope_2d, segment_attention: docs/spec/vision.md §3).
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <limits>
 
 #include "backend/vulkan/vk_backend_impl.h"
 #include "util/error.h"
@@ -79,14 +81,40 @@ void VulkanBackend::segment_attention(const float* qkv, int64_t ld, int64_t n, i
     host_i32_[static_cast<size_t>(i)] = static_cast<int32_t>(u32(seg[i], "segment bound"));
   }
   const uint64_t bounds = rt_.stage(host_i32_.data(), host_i32_.size() * 4);
+  int64_t longest = 0;
+  for (int64_t i = 0; i < n_seg; ++i) longest = std::max(longest, seg[i + 1] - seg[i]);
+  const int64_t items = n * H;
+  check(items < (int64_t{1} << 32), "vulkan: segment_attention over {} rows x heads", items);
+  // keys per dispatch: all on a GPU; on a cpu device (lavapipe ends an invocation's loops after
+  // 65535 iterations) windows of chunks within a loop budget: per 64-key chunk the dot product (D),
+  // the chunk's max and sum (2 x 64) and the value sums (64 per 64 output values)
+  int64_t window = std::numeric_limits<int64_t>::max() / 2;
+  if (const char* w = std::getenv("KIMI_VULKAN_SEG_WINDOW")) {
+    const long v = std::strtol(w, nullptr, 10);
+    check(v > 0, "KIMI_VULKAN_SEG_WINDOW={} is not a positive number of 64-key chunks", w);
+    window = v * 64;
+  } else if (rt_.info().type == "cpu") {
+    window = std::max<int64_t>(1, 32768 / (D + 160 + (D + 63) / 64 * 66)) * 64;
+  }
+  const bool one_window = longest <= window;
+  void* state = one_window ? nullptr : op_scratch(0, static_cast<uint64_t>(items) * 8);
   struct {
-    uint64_t qkv, seg, out;
+    uint64_t qkv, seg, out, state;
     uint32_t ld, n, heads, dim, n_seg;
     float scale;
-  } pc{dev_addr(qkv), bounds, dev_addr(out), u32(ld, "ld"), u32(n, "rows"), u32(H, "heads"), u32(D, "head_dim"),
-       u32(n_seg, "segments"), scale};
-  check(n * H < (int64_t{1} << 32), "vulkan: segment_attention over {} rows x heads", n * H);
-  rt_.dispatch(pipe("seg_attn"), &pc, sizeof(pc), groups(n * H));
+    uint32_t item0, win0, win1, flags;
+  } pc{dev_addr(qkv), bounds, dev_addr(out), dev_addr(state), u32(ld, "ld"), u32(n, "rows"), u32(H, "heads"),
+       u32(D, "head_dim"), u32(n_seg, "segments"), scale, 0, 0, 0, 0};
+  for (int64_t w0 = 0; w0 < std::max<int64_t>(longest, 1); w0 += window) {
+    const int64_t w1 = std::min(longest, w0 + window);
+    pc.win0 = u32(w0, "key window");
+    pc.win1 = u32(one_window ? longest : w1, "key window");
+    pc.flags = (w0 == 0 ? 1u : 0u) | (w1 >= longest ? 2u : 0u);
+    for (int64_t i0 = 0; i0 < items; i0 += 65535) {
+      pc.item0 = static_cast<uint32_t>(i0);
+      rt_.dispatch(pipe("seg_attn"), &pc, sizeof(pc), groups(std::min<int64_t>(65535, items - i0)));
+    }
+  }
 }
 
 }  // namespace kimi

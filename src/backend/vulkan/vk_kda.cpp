@@ -25,15 +25,17 @@ constexpr int64_t kScanMaxD = 256;   // kda_scan.comp MAXD
 constexpr int64_t kChunkMaxD = 128;  // kda_chunk.comp MAXD
 constexpr uint32_t kChunkShared = (3 * 16 * 128 + 2 * 16 * 16 + 128 + 2 * 16 + 2) * 4;  // its shared memory
 
-// The chunked scan pays off when the sequences of a batch have several tokens each (prefill); a
-// decode batch (one token per sequence) takes the per-token kernel. KIMI_VULKAN_KDA_SCAN=seq or
-// =chunk forces one kernel (the tests run both on the same data).
-bool use_chunked(const BatchEntry* e, int64_t n) {
+// The chunked scan pays off when the sequences of a batch have many tokens each (prefill); a
+// decode batch (one token per sequence) takes the per-token kernel, and so does a batch of fewer
+// than min_tokens (the matmuls' GEMM switch, gemm_min_) tokens per sequence: a speculative verify
+// step's rows then get the bits each would get decoded alone (docs/gpu.md, "Batch invariance").
+// KIMI_VULKAN_KDA_SCAN=seq or =chunk forces one kernel (the tests run both on the same data).
+bool use_chunked(const BatchEntry* e, int64_t n, int64_t min_tokens) {
   if (const char* f = std::getenv("KIMI_VULKAN_KDA_SCAN")) {
     if (std::strcmp(f, "seq") == 0) return false;
     if (std::strcmp(f, "chunk") == 0) return true;
   }
-  if (n < 4) return false;
+  if (n < min_tokens) return false;
   uint64_t seen[64] = {};  // distinct sequences below 4096 (others count once each)
   int64_t distinct = 0;
   for (int64_t t = 0; t < n; ++t) {
@@ -45,7 +47,7 @@ bool use_chunked(const BatchEntry* e, int64_t n) {
       ++distinct;
     }
   }
-  return n >= 4 * distinct;
+  return n >= min_tokens * distinct;
 }
 
 }  // namespace
@@ -94,7 +96,7 @@ void VulkanBackend::kda_scan(const SeqStates& rec, const BatchEntry* e, int64_t 
         H, D);
   u32(n * H * D, "kda_scan tokens x channels");
   const uint64_t ents = stage_entries(e, n);
-  const bool chunked = D <= kChunkMaxD && rt_.info().shared_memory >= kChunkShared && use_chunked(e, n);
+  const bool chunked = D <= kChunkMaxD && rt_.info().shared_memory >= kChunkShared && use_chunked(e, n, gemm_min_);
   // loop iterations per token of one invocation: per-token kernel ~2D per owned column (+ the
   // window's first-token scan); chunked kernel ~(2D + 48) per token plus the pair sums
   const int64_t cols = (D + 127) / 128;

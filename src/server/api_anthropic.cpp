@@ -55,6 +55,59 @@ std::string text_of(const ojson& v, const std::string& where, size_t from = 0) {
   return out;
 }
 
+// An image block ({"type":"image","source":{"type":"base64","media_type","data"}}) as a chat
+// image_url part (a data: URL); its chat path `part` names the block `bw` in errors.
+ojson image_part(const ojson& bl, const std::string& bw, const std::string& part, FieldMap& fm) {
+  const ojson* src = get(bl, "source");
+  if (!src) bad(bw + ".source", "Field required");
+  if (!src->is_object()) bad(bw + ".source", "must be an object");
+  const std::string type = str(*src, "type", bw + ".source", true);
+  if (type == "url")
+    bad(bw + ".source.type", "the server fetches nothing from the network: send the image as a base64 source "
+                             "({\"type\": \"base64\", \"media_type\": \"image/png\", \"data\": ...})");
+  if (type != "base64") bad(bw + ".source.type", fmt::format("image source type '{}' is not supported (base64)", type));
+  const std::string mt = str(*src, "media_type", bw + ".source", true);
+  const std::string data = str(*src, "data", bw + ".source", true);
+  fm.add(part, bw);
+  fm.add(part + ".image_url", bw + ".source");
+  fm.add(part + ".image_url.url", bw + ".source.data");
+  return {{"type", "image_url"}, {"image_url", {{"url", "data:" + mt + ";base64," + data}}}};
+}
+
+// Content blocks (text, image) as chat content: the text alone (blocks joined by "\n") when there
+// is no image, else parts in order (consecutive text blocks joined by "\n"). `path`: the chat
+// message's content path. `prefix` goes before the text.
+ojson blocks_content(const ojson& v, const std::string& where, const std::string& path, FieldMap& fm,
+                     const std::string& prefix = "") {
+  if (v.is_string()) return prefix + v.get<std::string>();
+  if (!v.is_array()) bad(where, "must be a string or an array of text and image blocks");
+  ojson parts = ojson::array();
+  std::string text = prefix;
+  bool any_image = false, open = !prefix.empty();
+  for (size_t i = 0; i < v.size(); ++i) {
+    const ojson& b = v[i];
+    const std::string w = fmt::format("{}[{}]", where, i);
+    if (!b.is_object()) bad(w, "must be an object");
+    const std::string type = str(b, "type", w, true);
+    if (type == "text") {
+      if (open && !text.empty() && text != prefix) text += "\n";
+      text += str(b, "text", w, true);
+      open = true;
+    } else if (type == "image") {
+      if (open) parts.push_back({{"type", "text"}, {"text", text}});
+      text.clear();
+      open = false;
+      parts.push_back(image_part(b, w, fmt::format("{}[{}]", path, parts.size()), fm));
+      any_image = true;
+    } else {
+      bad(w + ".type", fmt::format("content block type '{}' is not supported here (text, image)", type));
+    }
+  }
+  if (!any_image) return text;
+  if (open) parts.push_back({{"type", "text"}, {"text", text}});
+  return parts;
+}
+
 // The request's `system`: its text without Claude Code's billing block (system[0] only).
 std::string system_text(const ojson& sys) {
   return text_of(sys, "system", sys.is_array() && !sys.empty() && is_billing_block(sys[0]) ? 1 : 0);
@@ -250,14 +303,23 @@ AnthropicRequest anthropic_to_chat(const ojson& b, const Limits& lim, bool count
     if (!blocks.is_array()) bad(w + ".content", "must be a string or an array of content blocks");
     if (role == "user") {
       std::string text;
+      ojson parts = ojson::array();  // with an image: the message's parts (text blocks joined by "\n")
+      bool open = false;              // text holds a part not yet in parts
       for (size_t j = 0; j < blocks.size(); ++j) {
         const ojson& bl = blocks[j];
         const std::string bw = fmt::format("{}.content[{}]", w, j);
         if (!bl.is_object()) bad(bw, "must be an object");
         const std::string type = str(bl, "type", bw, true);
         if (type == "text") {
-          if (!text.empty()) text += "\n";
+          if (open) text += "\n";
           text += str(bl, "text", bw, true);
+          open = true;
+        } else if (type == "image") {
+          if (open) parts.push_back({{"type", "text"}, {"text", text}});
+          text.clear();
+          open = false;
+          // the user message comes after this block's tool results: its path is known at the end
+          parts.push_back(image_part(bl, bw, fmt::format("@user.content[{}]", parts.size()), fm));
         } else if (type == "tool_result") {
           const std::string id = str(bl, "tool_use_id", bw, true);
           if (!open_calls.count(id))
@@ -265,21 +327,29 @@ AnthropicRequest anthropic_to_chat(const ojson& b, const Limits& lim, bool count
                 all_ids.count(id) ? fmt::format("tool_use '{}' already has a result", id)
                                   : fmt::format("no tool_use with id '{}' in the preceding assistant message", id));
           open_calls.erase(id);
-          std::string out;
-          if (const ojson* c = get(bl, "content")) out = text_of(*c, bw + ".content");
           const ojson* err = get(bl, "is_error");
           if (err && !err->is_boolean()) bad(bw + ".is_error", "must be a boolean");
-          if (err && err->get<bool>()) out = "Error: " + out;
+          ojson out = "";
+          if (const ojson* c = get(bl, "content"))
+            out = blocks_content(*c, bw + ".content", chat_msg() + ".content", fm, err && err->get<bool>() ? "Error: " : "");
+          else if (err && err->get<bool>())
+            out = "Error: ";
           fm.add(chat_msg(), bw);
           fm.add(chat_msg() + ".tool_call_id", bw + ".tool_use_id");
           msgs.push_back({{"role", "tool"}, {"tool_call_id", id}, {"content", out}});
-        } else if (type == "image" || type == "document") {
-          bad(bw + ".type", fmt::format("'{}' blocks are not supported (the engine is text-only)", type));
+        } else if (type == "document") {
+          bad(bw + ".type", "'document' blocks are not supported (text, image and tool_result are)");
         } else {
-          bad(bw + ".type", fmt::format("content block type '{}' is not supported in a user message (text, tool_result)", type));
+          bad(bw + ".type",
+              fmt::format("content block type '{}' is not supported in a user message (text, image, tool_result)", type));
         }
       }
-      if (!text.empty() || blocks.empty()) {
+      if (!parts.empty()) {  // with images: the parts in order (their paths were recorded as @user)
+        if (open) parts.push_back({{"type", "text"}, {"text", text}});
+        fm.rebase("@user", chat_msg());
+        fm.add(chat_msg(), w);
+        msgs.push_back({{"role", "user"}, {"content", std::move(parts)}});
+      } else if (!text.empty() || blocks.empty()) {
         fm.add(chat_msg(), w);
         msgs.push_back({{"role", "user"}, {"content", text}});
       }

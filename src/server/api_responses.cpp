@@ -22,27 +22,60 @@ std::string str(const ojson& o, const char* k, const std::string& where, bool re
   return kFields.str(o, k, where, required);
 }
 
-// A message's content: a string or parts (input_text, output_text, text, refusal).
+// One text part (input_text, output_text, text, refusal) at `w`.
+std::string part_text(const ojson& p, const std::string& w) {
+  if (!p.is_object()) bad(w, "must be an object");
+  const std::string type = str(p, "type", w, true);
+  if (type == "input_text" || type == "output_text" || type == "text") return str(p, "text", w, true);
+  if (type == "refusal") return str(p, "refusal", w, true);
+  if (type == "input_image")
+    bad(w + ".type", "'input_image' is allowed in user, system and developer messages and function_call_output only");
+  if (type == "input_file" || type == "input_audio") bad(w + ".type", fmt::format("'{}' is not supported", type));
+  bad(w + ".type", fmt::format("content part type '{}' is not supported (input_text, output_text, input_image)", type));
+}
+
+// A message's content: a string or text parts.
 std::string content_text(const ojson& c, const std::string& where) {
   if (c.is_string()) return c.get<std::string>();
   if (!c.is_array()) bad(where, "must be a string or an array of content parts");
   std::string out;
+  for (size_t i = 0; i < c.size(); ++i) out += part_text(c[i], fmt::format("{}[{}]", where, i));
+  return out;
+}
+
+// User, system and tool content that may hold images: the text alone when there is no input_image
+// part, else chat parts in order (text between images concatenated; each input_image an image_url
+// part at chat path `path`[k], its errors named by the input part).
+ojson content_parts(const ojson& c, const std::string& where, const std::string& path, FieldMap& fm) {
+  if (!c.is_array()) return content_text(c, where);
+  ojson parts = ojson::array();
+  std::string text;
+  bool any_image = false;
   for (size_t i = 0; i < c.size(); ++i) {
     const ojson& p = c[i];
     const std::string w = fmt::format("{}[{}]", where, i);
     if (!p.is_object()) bad(w, "must be an object");
-    const std::string type = str(p, "type", w, true);
-    if (type == "input_text" || type == "output_text" || type == "text") {
-      out += str(p, "text", w, true);
-    } else if (type == "refusal") {
-      out += str(p, "refusal", w, true);
-    } else if (type == "input_image" || type == "input_file" || type == "input_audio") {
-      bad(w + ".type", fmt::format("'{}' is not supported (the engine is text-only)", type));
-    } else {
-      bad(w + ".type", fmt::format("content part type '{}' is not supported (input_text, output_text)", type));
+    if (str(p, "type", w, true) != "input_image") {
+      text += part_text(p, w);
+      continue;
     }
+    if (get(p, "file_id")) bad(w + ".file_id", "is not supported (the server keeps no files): send image_url as a data: URL");
+    const ojson* u = get(p, "image_url");
+    if (!u) bad(w + ".image_url", "is required (a data: URL)");
+    if (!text.empty()) parts.push_back({{"type", "text"}, {"text", std::move(text)}});
+    text.clear();
+    const std::string cp = fmt::format("{}[{}]", path, parts.size());
+    fm.add(cp, w);
+    fm.add(cp + ".image_url", w + ".image_url");
+    fm.add(cp + ".image_url.url", w + ".image_url");
+    ojson iu = {{"url", *u}};
+    if (const ojson* d = get(p, "detail")) iu["detail"] = *d;
+    parts.push_back({{"type", "image_url"}, {"image_url", std::move(iu)}});
+    any_image = true;
   }
-  return out;
+  if (!any_image) return text;
+  if (!text.empty()) parts.push_back({{"type", "text"}, {"text", std::move(text)}});
+  return parts;
 }
 
 void map_tools(const ojson& b, ojson& chat, ojson& echo, FieldMap& fm) {
@@ -217,8 +250,8 @@ ResponsesRequest responses_to_chat(const ojson& b, const Limits& lim) {
       const std::string role = str(it, "role", w, true);
       const ojson* c = get(it, "content");
       if (!c) bad(w + ".content", "is required");
-      const std::string text = content_text(*c, w + ".content");
       if (role == "assistant") {
+        const std::string text = content_text(*c, w + ".content");
         ojson& a = assistant();
         if (a.contains("tool_calls")) {  // text after calls: a new assistant turn
           flush();
@@ -229,8 +262,9 @@ ResponsesRequest responses_to_chat(const ojson& b, const Limits& lim) {
         fm.add(chat_msg() + ".content", w + ".content");
       } else if (role == "user" || role == "system" || role == "developer") {
         flush();
+        ojson content = content_parts(*c, w + ".content", chat_msg() + ".content", fm);
         fm.add(chat_msg(), w);
-        msgs.push_back({{"role", role == "developer" ? "system" : role}, {"content", text}});
+        msgs.push_back({{"role", role == "developer" ? "system" : role}, {"content", std::move(content)}});
       } else {
         bad(w + ".role", fmt::format("'{}' is not one of user, assistant, system, developer", role));
       }
@@ -269,8 +303,8 @@ ResponsesRequest responses_to_chat(const ojson& b, const Limits& lim) {
       if (!answered.insert(id).second) bad(w + ".call_id", fmt::format("function_call '{}' already has an output", id));
       const ojson* o = get(it, "output");
       if (!o) bad(w + ".output", "is required");
-      const std::string out = content_text(*o, w + ".output");
       flush();
+      ojson out = content_parts(*o, w + ".output", chat_msg() + ".content", fm);
       fm.add(chat_msg(), w);
       fm.add(chat_msg() + ".tool_call_id", w + ".call_id");
       fm.add(chat_msg() + ".content", w + ".output");

@@ -129,6 +129,12 @@ struct FieldReader {
 struct FieldMap {
   std::vector<std::pair<std::string, std::string>> paths;  // (chat path, own path)
   void add(std::string chat, std::string own) { paths.emplace_back(std::move(chat), std::move(own)); }
+  // the chat paths that start with `from` (a placeholder for a message whose index is known later)
+  // start with `to` instead
+  void rebase(const std::string& from, const std::string& to) {
+    for (auto& pm : paths)
+      if (pm.first.compare(0, from.size(), from) == 0) pm.first = to + pm.first.substr(from.size());
+  }
   // chat's tools[i] ({"type":"function","function":{"name","description","parameters"}}) was the
   // API's tool at `own`, its schema at own.<schema_key>
   void add_tool(size_t i, const std::string& own, const char* schema_key);

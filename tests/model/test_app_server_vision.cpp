@@ -359,6 +359,138 @@ TEST_F(VisionServerTest, RefusedImages) {
   EXPECT_EQ(st, 200);
 }
 
+// The same image and question through the three APIs (thinking off in each).
+ojson openai_body(const std::string& png) {
+  ojson b = oa_chat({oa_image(png), {{"type", "text"}, {"text", "What is this?"}}}, 8);
+  b["thinking"] = false;
+  return b;
+}
+ojson anthropic_image(const std::string& png) {
+  ojson src = {{"type", "base64"}, {"media_type", "image/png"}, {"data", b64(png)}};
+  return {{"type", "image"}, {"source", src}};
+}
+ojson anthropic_body(const std::string& png) {
+  ojson content = ojson::array({anthropic_image(png), ojson{{"type", "text"}, {"text", "What is this?"}}});
+  ojson msg = {{"role", "user"}, {"content", content}};
+  return {{"model", "m"}, {"max_tokens", 8}, {"temperature", 0}, {"messages", ojson::array({msg})}};
+}
+ojson responses_body(const std::string& png) {
+  return {{"model", "m"},
+          {"max_output_tokens", 8},
+          {"temperature", 0},
+          {"reasoning", {{"effort", "none"}}},
+          {"input",
+           {{{"role", "user"},
+             {"content",
+              {{{"type", "input_image"}, {"image_url", data_url(png)}}, {{"type", "input_text"}, {"text", "What is this?"}}}}}}}};
+}
+
+TEST(ServerVision, ThreeApisGiveTheSamePrompt) {
+  Parsing& P = parsing();
+  const server::ParsedRequest o = server::parse_chat_request(openai_body(kPngA).dump(), P.tok, P.lim);
+  const server::AnthropicRequest ar = server::anthropic_to_chat(anthropic_body(kPngA), P.lim, false);
+  const server::ParsedRequest a = server::parse_as_chat(ar.chat, ar.fields, P.tok, P.lim);
+  const server::ResponsesRequest rr = server::responses_to_chat(responses_body(kPngA), P.lim);
+  const server::ParsedRequest r = server::parse_as_chat(rr.chat, rr.fields, P.tok, P.lim);
+  ASSERT_TRUE(o.gen.images && a.gen.images && r.gen.images);
+  EXPECT_EQ(o.prompt, a.prompt);  // image keys included: the same image at the same place
+  EXPECT_EQ(o.prompt, r.prompt);
+  EXPECT_EQ(o.rendered, a.rendered);
+  EXPECT_EQ(o.rendered, r.rendered);
+}
+
+TEST_F(VisionServerTest, ThreeApisGiveTheSameGreedyText) {
+  int st = 0;
+  const ojson o = srv_->post("/v1/chat/completions", openai_body(kPngA), &st);
+  ASSERT_EQ(st, 200) << o.dump();
+  const ojson a = srv_->post("/v1/messages", anthropic_body(kPngA), &st);
+  ASSERT_EQ(st, 200) << a.dump();
+  const ojson r = srv_->post("/v1/responses", responses_body(kPngA), &st);
+  ASSERT_EQ(st, 200) << r.dump();
+  const std::string ot = o["choices"][0]["message"]["content"].is_string()
+                             ? o["choices"][0]["message"]["content"].get<std::string>()
+                             : "";
+  std::string at, rt;
+  for (const auto& b : a["content"])
+    if (b["type"] == "text") at += b["text"].get<std::string>();
+  for (const auto& it : r["output"])
+    if (it["type"] == "message")
+      for (const auto& c : it["content"])
+        if (c["type"] == "output_text") rt += c["text"].get<std::string>();
+  EXPECT_FALSE(ot.empty()) << o.dump();
+  EXPECT_EQ(ot, at);
+  EXPECT_EQ(ot, rt);
+  // the prompt counted the same: usage and count_tokens
+  const int n = o["usage"]["prompt_tokens"].get<int>();
+  EXPECT_EQ(a["usage"]["input_tokens"].get<int>() + a["usage"]["cache_read_input_tokens"].get<int>(), n);
+  EXPECT_EQ(r["usage"]["input_tokens"].get<int>(), n);
+  ojson ct = anthropic_body(kPngA);
+  ct.erase("max_tokens");
+  ct.erase("temperature");
+  const ojson c = srv_->post("/v1/messages/count_tokens", ct, &st);
+  ASSERT_EQ(st, 200) << c.dump();
+  EXPECT_EQ(c["input_tokens"].get<int>(), n);
+  // a different image changes the count by nothing (same size) but not the prompt's keys (checked above)
+}
+
+TEST(ServerVision, ImagesInToolResults) {
+  Parsing& P = parsing();
+  // Anthropic: a tool_result whose content holds an image; Responses: a function_call_output with an input_image
+  const ojson tools = {{{"name", "shot"}, {"description", "takes a screenshot"}, {"input_schema", {{"type", "object"}}}}};
+  ojson a_body = ojson::parse(R"({"model": "m", "max_tokens": 8, "messages": [
+      {"role": "user", "content": "Look at the screen."},
+      {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "shot", "input": {}}]},
+      {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": [{"type": "text", "text": "here"}]}]}]})");
+  a_body["tools"] = tools;
+  a_body["messages"][2]["content"][0]["content"].push_back(anthropic_image(kPngA));
+  const server::AnthropicRequest ar = server::anthropic_to_chat(a_body, P.lim, false);
+  const server::ParsedRequest a = server::parse_as_chat(ar.chat, ar.fields, P.tok, P.lim);
+  ASSERT_TRUE(a.gen.images);
+  EXPECT_EQ(a.gen.images->n_rows, kTokens100x70);
+  ojson r_body = ojson::parse(R"({"model": "m", "tools": [{"type": "function", "name": "shot", "parameters": {"type": "object"}}],
+      "input": [{"role": "user", "content": "Look at the screen."},
+                {"type": "function_call", "call_id": "t1", "name": "shot", "arguments": "{}"},
+                {"type": "function_call_output", "call_id": "t1", "output": [{"type": "input_text", "text": "here"}]}]})");
+  r_body["input"][2]["output"].push_back({{"type", "input_image"}, {"image_url", data_url(kPngA)}});
+  const server::ResponsesRequest rr = server::responses_to_chat(r_body, P.lim);
+  const server::ParsedRequest r = server::parse_as_chat(rr.chat, rr.fields, P.tok, P.lim);
+  ASSERT_TRUE(r.gen.images);
+  EXPECT_EQ(r.gen.images->n_rows, kTokens100x70);
+  // the media text sits inside the tool message, after "here"
+  for (const std::string* t : {&a.rendered, &r.rendered}) {
+    const size_t tool = t->find("role=\"tool\"");
+    const size_t here = t->find("here", tool);
+    const size_t img = t->find(tok::kImagePlaceholder, tool);
+    EXPECT_NE(tool, std::string::npos) << *t;
+    EXPECT_LT(here, img) << *t;
+    EXPECT_NE(img, std::string::npos) << *t;
+  }
+}
+
+TEST_F(VisionServerTest, RefusedImagesNameTheirApisFields) {
+  int st = 0;
+  // Anthropic: a url source, a wrong media type (named by the block's path)
+  ojson a = anthropic_body(kPngA);
+  a["messages"][0]["content"][0]["source"] = {{"type", "url"}, {"url", "https://example.com/a.png"}};
+  ojson e = srv_->post("/v1/messages", a, &st);
+  EXPECT_EQ(st, 400) << e.dump();
+  EXPECT_NE(e.dump().find("messages[0].content[0].source.type"), std::string::npos) << e.dump();
+  EXPECT_NE(e.dump().find("fetches nothing"), std::string::npos) << e.dump();
+  a = anthropic_body(kPngA);
+  a["messages"][0]["content"][0]["source"]["media_type"] = "image/webp";
+  e = srv_->post("/v1/messages", a, &st);
+  EXPECT_EQ(st, 400) << e.dump();
+  EXPECT_NE(e.dump().find("messages[0].content[0].source.data"), std::string::npos) << e.dump();
+  EXPECT_NE(e.dump().find("PNG"), std::string::npos) << e.dump();
+  // Responses: an http URL, named input[0].content[0].image_url
+  ojson r = responses_body(kPngA);
+  r["input"][0]["content"][0]["image_url"] = "http://example.com/a.png";
+  e = srv_->post("/v1/responses", r, &st);
+  EXPECT_EQ(st, 400) << e.dump();
+  EXPECT_EQ(e["error"]["param"], "input[0].content[0].image_url") << e.dump();
+  EXPECT_NE(e.dump().find("data: URL"), std::string::npos) << e.dump();
+}
+
 TEST(ServerVisionTextOnly, ImageOnATextModelSaysHowToGetAVisionFile) {
   server::ServerOptions o = vision_opts();
   o.no_mmproj = true;

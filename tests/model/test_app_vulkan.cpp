@@ -548,3 +548,73 @@ TEST(AppVulkan, ImageRunMatchesCpu) {
   EXPECT_FALSE(ids(cpu.out).empty()) << cpu.out;
   EXPECT_EQ(ids(gpu.out), ids(cpu.out));
 }
+
+// `kimi serve --device vulkan` with speculation per request: a greedy completion with n-gram drafts
+// ("speculative": {"type": "ngram"}) while another request decodes in the same batches gives the
+// tokens and logprobs of the same completion without drafts (docs/speculative.md, docs/gpu.md
+// "Batch invariance").
+TEST(AppVulkan, ServeSpeculativeEqualsPlain) {
+  if (!have_vulkan()) GTEST_SKIP() << "no Vulkan device on this machine: Vulkan CLI tests skipped";
+  test::TempDir d;
+  Served gpu(test::tiny_gguf(), "--device vulkan -np 2", d.file("gpu.log"));
+  ASSERT_TRUE(gpu.wait_ready()) << test::read_file(d.file("gpu.log"));
+  auto post = [&](const nlohmann::json& body) {
+    httplib::Client c("127.0.0.1", gpu.port);
+    c.set_read_timeout(300, 0);
+    auto r = c.Post("/v1/completions", body.dump(), "application/json");
+    EXPECT_TRUE(r);
+    if (!r) return nlohmann::json();
+    EXPECT_EQ(r->status, 200) << r->body;
+    return nlohmann::json::parse(r->body, nullptr, false);
+  };
+  // P + G + P, G the model's greedy continuation of P: after the second P the n-gram drafter proposes G
+  const std::vector<int32_t> P = {301, 517, 88, 912, 45, 600, 733, 12, 250, 871, 64, 399};
+  std::string ptext;
+  for (int32_t t : P) ptext += (ptext.empty() ? "" : ",") + std::to_string(t);
+  const auto g = test::run_kimi("run -m " + test::tiny_gguf() + " --precision f32 --device vulkan --temp 0 --ids -n 32 --tokens " + ptext);
+  ASSERT_EQ(g.exit_code, 0) << g.out;
+  std::vector<int32_t> prompt = P;
+  {
+    std::istringstream in(g.out.substr(0, g.out.find('\n')));
+    for (int32_t t; in >> t;) prompt.push_back(t);
+  }
+  ASSERT_EQ(prompt.size(), P.size() + 32) << g.out;
+  prompt.insert(prompt.end(), P.begin(), P.end());
+  auto body = [&](const std::vector<int32_t>& p, int n) {
+    return nlohmann::json{{"prompt", p}, {"max_tokens", n}, {"temperature", 0}, {"ignore_eos", true}, {"logprobs", 1}};
+  };
+  const nlohmann::json plain = post(body(prompt, 32));
+  ASSERT_TRUE(plain.contains("choices")) << plain.dump();
+  nlohmann::json neighbour;
+  std::thread tb([&] { neighbour = post(body({400, 401, 402, 403}, 200)); });
+  // wait until the neighbour decodes (a condition, not a delay)
+  for (int i = 0; i < 200000; ++i) {
+    httplib::Client c("127.0.0.1", gpu.port);
+    auto r = c.Get("/slots");
+    bool busy = false;
+    if (r && r->status == 200) {
+      const auto slots = nlohmann::json::parse(r->body, nullptr, false);
+      if (slots.is_array())
+        for (const auto& sl : slots)
+          if (sl.value("is_processing", false) && sl.contains("request") && sl["request"].value("n_decoded", 0) > 0)
+            busy = true;
+    }
+    if (busy) break;
+    std::this_thread::yield();
+  }
+  nlohmann::json b = body(prompt, 32);
+  b["speculative"] = {{"type", "ngram"}, {"n_max", 6}};
+  const nlohmann::json spec = post(b);
+  tb.join();
+  ASSERT_TRUE(spec.contains("choices")) << spec.dump();
+  EXPECT_EQ(spec["choices"][0]["text"], plain["choices"][0]["text"]);
+  EXPECT_EQ(spec["choices"][0]["logprobs"]["token_logprobs"], plain["choices"][0]["logprobs"]["token_logprobs"]);
+  ASSERT_TRUE(neighbour.contains("choices")) << neighbour.dump();
+  httplib::Client c("127.0.0.1", gpu.port);
+  auto m = c.Get("/metrics");
+  ASSERT_TRUE(m);
+  const std::string key = "\nkimi_spec_drafted_tokens_total ";
+  const size_t at = m->body.find(key);
+  ASSERT_NE(at, std::string::npos) << m->body;
+  EXPECT_GT(std::stod(m->body.substr(at + key.size())), 0) << m->body;  // it drafted
+}

@@ -467,6 +467,33 @@ TEST(ServerVision, ImagesInToolResults) {
   }
 }
 
+TEST_F(VisionServerTest, AnthropicAndResponsesStreamsWithAnImageEqualTheWholeAnswer) {
+  int st = 0;
+  const ojson o = srv_->post("/v1/chat/completions", openai_body(kPngA), &st);
+  ASSERT_EQ(st, 200) << o.dump();
+  const std::string want = o["choices"][0]["message"]["content"].get<std::string>();
+  ojson a = anthropic_body(kPngA);
+  a["stream"] = true;
+  std::string at;
+  int a_in = -1;
+  for (const auto& [name, ev] : test::named_events(srv_->post_stream("/v1/messages", a))) {
+    if (name == "content_block_delta" && ev["delta"]["type"] == "text_delta") at += ev["delta"]["text"].get<std::string>();
+    if (name == "message_start") a_in = ev["message"]["usage"]["input_tokens"].get<int>();
+  }
+  EXPECT_EQ(at, want);
+  EXPECT_EQ(a_in, o["usage"]["prompt_tokens"].get<int>());
+  ojson r = responses_body(kPngA);
+  r["stream"] = true;
+  std::string rt;
+  int r_in = -1;
+  for (const auto& [name, ev] : test::named_events(srv_->post_stream("/v1/responses", r))) {
+    if (name == "response.output_text.delta") rt += ev["delta"].get<std::string>();
+    if (name == "response.completed" || name == "response.incomplete") r_in = ev["response"]["usage"]["input_tokens"].get<int>();
+  }
+  EXPECT_EQ(rt, want);
+  EXPECT_EQ(r_in, o["usage"]["prompt_tokens"].get<int>());
+}
+
 TEST_F(VisionServerTest, RefusedImagesNameTheirApisFields) {
   int st = 0;
   // Anthropic: a url source, a wrong media type (named by the block's path)

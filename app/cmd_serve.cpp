@@ -15,6 +15,7 @@
 
 #include "command.h"
 #include "engine_args.h"
+#include "runtime/vision_input.h"
 #include "server/server.h"
 #include "util/error.h"
 #include "util/numa.h"
@@ -119,6 +120,9 @@ int cmd_serve(int argc, char** argv) {
   // precision, placement, accelerators, expert streaming); the server sets positions and batch size
   o.engine = kimi::app::context_options(ea, ea.ctx, 0);
   o.threads = ea.threads;
+  // the vision tower on a Vulkan backend of its own when the layers are on Vulkan and there is a tower
+  if (!o.no_mmproj && !(o.mmproj.empty() && kimi::find_mmproj(ea.model).empty()))
+    o.vision_backend = kimi::app::side_backend(ea);
   if (ea.verbose && (!ea.cpus.empty() || !ea.numa.empty()))
     std::fprintf(stderr, "kimi serve: %s\n",
                  kimi::numa::describe(ea.numa.empty() ? kimi::numa::Mode::None : *kimi::numa::mode_from_name(ea.numa), ea.cpus)

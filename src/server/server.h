@@ -50,6 +50,9 @@ struct ServerOptions {
   // when it exists), no_mmproj: serve text only; the limits of one request
   std::string mmproj;
   bool no_mmproj = false;
+  // the tower's own backend (kimi serve: a Vulkan one when the model's layers are on Vulkan,
+  // app::side_backend; docs/gpu.md "Side models"); nullptr: a CPU backend of the server's threads
+  std::shared_ptr<Backend> vision_backend;
   int image_max_count = 16;
   uint64_t image_max_bytes = uint64_t{20} << 20;
   uint64_t image_max_pixels = 40'000'000;

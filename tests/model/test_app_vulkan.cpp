@@ -618,3 +618,48 @@ TEST(AppVulkan, ServeSpeculativeEqualsPlain) {
   ASSERT_NE(at, std::string::npos) << m->body;
   EXPECT_GT(std::stod(m->body.substr(at + key.size())), 0) << m->body;  // it drafted
 }
+
+// `kimi serve --device vulkan` with the projector beside the model runs the tower on Vulkan too: an
+// OpenAI request with an image gets the CPU server's greedy answer (f32).
+TEST(AppVulkan, ServeImageAsTheCpuServer) {
+  if (!have_vulkan()) GTEST_SKIP() << "no Vulkan device on this machine: Vulkan CLI tests skipped";
+  test::TempDir d;
+  const std::string model = test::tiny_vision_dir(1) + "/model.gguf";
+  Served cpu(model, "", d.file("cpu.log"));
+  Served gpu(model, "--device vulkan", d.file("gpu.log"));
+  ASSERT_TRUE(cpu.wait_ready()) << test::read_file(d.file("cpu.log"));
+  ASSERT_TRUE(gpu.wait_ready()) << test::read_file(d.file("gpu.log"));
+  const std::string png = test::read_file(std::string(KIMI_SOURCE_DIR) + "/data/images/red-square.png");
+  std::string b64;  // RFC 4648 base64 of the file
+  const char* abc = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  for (size_t i = 0; i < png.size(); i += 3) {
+    uint32_t v = static_cast<uint8_t>(png[i]) << 16;
+    if (i + 1 < png.size()) v |= static_cast<uint8_t>(png[i + 1]) << 8;
+    if (i + 2 < png.size()) v |= static_cast<uint8_t>(png[i + 2]);
+    b64 += abc[v >> 18 & 63];
+    b64 += abc[v >> 12 & 63];
+    b64 += i + 1 < png.size() ? abc[v >> 6 & 63] : '=';
+    b64 += i + 2 < png.size() ? abc[v & 63] : '=';
+  }
+  const nlohmann::json body = {
+      {"messages",
+       {{{"role", "user"},
+         {"content",
+          {{{"type", "text"}, {"text", "What is in the picture?"}},
+           {{"type", "image_url"}, {"image_url", {{"url", "data:image/png;base64," + b64}}}}}}}}},
+      {"max_tokens", 12}, {"temperature", 0}, {"thinking", false}};
+  auto ask = [&](int port) {
+    httplib::Client c("127.0.0.1", port);
+    c.set_read_timeout(120, 0);
+    auto r = c.Post("/v1/chat/completions", body.dump(), "application/json");
+    EXPECT_TRUE(r);
+    if (!r) return std::string();
+    EXPECT_EQ(r->status, 200) << r->body;
+    const auto j = nlohmann::json::parse(r->body, nullptr, false);
+    EXPECT_GT(j["usage"]["prompt_tokens"].get<int>(), 12) << r->body;  // the image's tokens are in the prompt
+    return j["choices"][0]["message"].dump();
+  };
+  const std::string a = ask(cpu.port), b = ask(gpu.port);
+  EXPECT_FALSE(a.empty());
+  EXPECT_EQ(a, b);
+}

@@ -135,15 +135,15 @@ void gemm(benchmark::State& st, GgmlType t, int64_t rows, int64_t cols, int64_t 
   st.SetLabel(kernel_label(t));
 }
 
-// MXFP4 A/B on one binary: arg 1 = the lane path with register broadcasts (matmul_mx_lanes.h), 0 = the lane kernel it
+// MXFP4 / Q8_0 A/B on one binary: arg 1 = the lane path with register broadcasts (matmul_mx_lanes.h), 0 = the lane kernel it
 // replaced (set_mx_lanes); run with --benchmark_enable_random_interleaving=true and repetitions so the
 // two alternate (docs/performance.md, section 6.6).
-void gemm_mx(benchmark::State& st, int64_t rows, int64_t cols, int64_t nt) {
+void gemm_mx(benchmark::State& st, int64_t rows, int64_t cols, int64_t nt, GgmlType t = GgmlType::MXFP4) {
   const bool on = st.range(0) != 0;
-  const auto w = make_weights(GgmlType::MXFP4, rows, cols);
+  const auto w = make_weights(t, rows, cols);
   const auto x = make_x(cols * nt);
   std::vector<float> y(static_cast<size_t>(rows * nt));
-  MatView W{GgmlType::MXFP4, w.data(), rows, cols, row_bytes(GgmlType::MXFP4, static_cast<uint64_t>(cols))};
+  MatView W{t, w.data(), rows, cols, row_bytes(t, static_cast<uint64_t>(cols))};
   set_mx_lanes(on);
   const bool took = mx_lanes_takes(W, nt, Precision::Fast);
   for (auto _ : st) {
@@ -152,7 +152,7 @@ void gemm_mx(benchmark::State& st, int64_t rows, int64_t cols, int64_t nt) {
   }
   set_mx_lanes(true);
   st.SetItemsProcessed(static_cast<int64_t>(st.iterations()) * 2 * rows * cols * nt);
-  st.SetLabel(kernel_label(GgmlType::MXFP4) + (took ? " mx-lanes" : " q8-lanes"));
+  st.SetLabel(kernel_label(t) + (took ? " mx-lanes" : " q8-lanes"));
 }
 
 // The same through packed copies (one per rotated copy), as CpuBackend::prepare_weight makes them.
@@ -346,6 +346,9 @@ BENCHMARK_CAPTURE(gemm_mx, k3_gate_3072x3584_t64, 3072, 3584, 64)->Arg(0)->Arg(1
 BENCHMARK_CAPTURE(gemm_mx, k3_gate_3072x3584_t128, 3072, 3584, 128)->Arg(0)->Arg(1)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(gemm_mx, k3_down_3584x3072_t64, 3584, 3072, 64)->Arg(0)->Arg(1)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(gemm_mx, k3_down_3584x3072_t128, 3584, 3072, 128)->Arg(0)->Arg(1)->UseRealTime()->Unit(benchmark::kMillisecond);
+// the same expert shape with Q8_0 weights (K-quant conversions keep some experts in Q8_0)
+BENCHMARK_CAPTURE(gemm_mx, q8_0_gate_3072x3584_t64, 3072, 3584, 64, GgmlType::Q8_0)->Arg(0)->Arg(1)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(gemm_mx, q8_0_gate_3072x3584_t128, 3072, 3584, 128, GgmlType::Q8_0)->Arg(0)->Arg(1)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(gemm, mxfp4_1024x768_t64, GgmlType::MXFP4, 1024, 768, 64)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(gemm, q8_0_2048x2048_t512, GgmlType::Q8_0, 2048, 2048, 512)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(gemm, mxfp4_768x1024_t512, GgmlType::MXFP4, 768, 1024, 512)->UseRealTime()->Unit(benchmark::kMillisecond);

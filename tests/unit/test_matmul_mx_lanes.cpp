@@ -1,9 +1,9 @@
-// The MXFP4 lane path with register broadcasts (matmul_mx_lanes.h: >= 16 tokens at the AVX-512 level)
+// The MXFP4 / Q8_0 lane path with register broadcasts (matmul_mx_lanes.h: >= 16 tokens at the AVX-512 level)
 // against a float64 reference that decodes the MXFP4 bytes itself (formats-quant.md: E2M1 value x
 // 2^(e - 127)) and emulates the Q8_0 activation rounding, and bit for bit against the lane kernel it
 // replaces (the same path switched off: matmul_rows then runs run_lanes over all tokens). Exponent
 // patterns: all equal, spreads of 1..3, gaps of 4..30, e = 0 (2^-127) beside small and large exponents,
-// random. Shapes: rows around the 3-row register tile and the 48-row item; token counts around 16 (the
+// random; Q8_0 rows with random scales. Shapes: rows around the 3-row register tile and the 48-row item; token counts around 16 (the
 // switch from the Q8_0 kernels), the 4-vector register tile (64 tokens) and the 128-token pass; 1 and 3
 // threads, matmul_rows over cut ranges.
 #include <gtest/gtest.h>
@@ -27,6 +27,11 @@ namespace {
 
 constexpr int kE2M1[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};  // doubled
 
+double ref_weight_q8(const uint8_t* row, int64_t c) {  // Q8_0: f16 d, then 32 int8
+  const uint8_t* b = row + (c / 32) * 34;
+  return static_cast<double>(f16_to_f32(static_cast<uint16_t>(b[0] | (b[1] << 8)))) * static_cast<int8_t>(b[2 + c % 32]);
+}
+
 double ref_weight(const uint8_t* row, int64_t c) {
   const uint8_t* b = row + (c / 32) * 17;
   const int j = static_cast<int>(c % 32);
@@ -47,6 +52,22 @@ void emulate_q8_0(const float* x, int64_t n, double* out) {
 }
 
 enum class Ex { Same, Spread3, Gaps, ZeroMix, Random };
+// Q8_0 rows: random q, d = f16 of a random scale (random bytes could be NaN / inf)
+std::vector<uint8_t> make_q8_weights(int64_t rows, int64_t cols, std::mt19937& rng) {
+  const uint64_t rb = row_bytes(GgmlType::Q8_0, cols);
+  std::vector<uint8_t> w(rb * rows);
+  std::uniform_int_distribution<int> byte(0, 255);
+  std::uniform_real_distribution<float> sc(1e-4f, 1e-2f);
+  for (auto& b : w) b = static_cast<uint8_t>(byte(rng));
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t b = 0; b < cols / 32; ++b) {
+      const uint16_t h = f32_to_f16(sc(rng));
+      w[r * rb + 34 * b] = static_cast<uint8_t>(h & 0xff);
+      w[r * rb + 34 * b + 1] = static_cast<uint8_t>(h >> 8);
+    }
+  return w;
+}
+
 std::vector<uint8_t> make_weights(int64_t rows, int64_t cols, Ex ex, std::mt19937& rng) {
   const uint64_t rb = row_bytes(GgmlType::MXFP4, cols);
   std::vector<uint8_t> w(rb * rows);
@@ -104,12 +125,16 @@ TEST(MatmulMxLanes, MatchesFloat64ReferenceAndTheLaneKernelBitForBit) {
       {130, 3584, {16, 70}},       {48, 576, {19, 111}}};
   int checked = 0;
   for (const Shape& sh : shapes) {
-    for (Ex ex : {Ex::Same, Ex::Spread3, Ex::Gaps, Ex::ZeroMix, Ex::Random}) {
-      const auto w = make_weights(sh.rows, sh.cols, ex, rng);
-      const MatView W{GgmlType::MXFP4, w.data(), sh.rows, sh.cols, row_bytes(GgmlType::MXFP4, sh.cols)};
+    for (int pat = 0; pat < 6; ++pat) {  // 5 MXFP4 exponent patterns, then Q8_0
+      const bool q8 = pat == 5;
+      const Ex ex = q8 ? Ex::Random : static_cast<Ex>(pat);
+      const GgmlType type = q8 ? GgmlType::Q8_0 : GgmlType::MXFP4;
+      const auto w = q8 ? make_q8_weights(sh.rows, sh.cols, rng) : make_weights(sh.rows, sh.cols, ex, rng);
+      const MatView W{type, w.data(), sh.rows, sh.cols, row_bytes(type, sh.cols)};
       std::vector<double> wd(sh.rows * sh.cols);
       for (int64_t r = 0; r < sh.rows; ++r)
-        for (int64_t c = 0; c < sh.cols; ++c) wd[r * sh.cols + c] = ref_weight(w.data() + r * W.row_bytes, c);
+        for (int64_t c = 0; c < sh.cols; ++c)
+          wd[r * sh.cols + c] = q8 ? ref_weight_q8(w.data() + r * W.row_bytes, c) : ref_weight(w.data() + r * W.row_bytes, c);
       for (int64_t nt : sh.toks) {
         std::vector<float> x(nt * sh.cols);
         for (auto& v : x) v = nd(rng);
@@ -131,7 +156,7 @@ TEST(MatmulMxLanes, MatchesFloat64ReferenceAndTheLaneKernelBitForBit) {
             ref[t * sh.rows + r] = s;
             mag[t * sh.rows + r] = m;
           }
-        const std::string what = std::string(ex_name(ex)) + " rows=" + std::to_string(sh.rows) +
+        const std::string what = std::string(q8 ? "Q8_0" : ex_name(ex)) + " rows=" + std::to_string(sh.rows) +
                                  " cols=" + std::to_string(sh.cols) + " nt=" + std::to_string(nt);
         // the lane kernel: the path off, matmul_rows (one call: run_lanes over all tokens)
         std::vector<float> lanes(nt * sh.rows, NAN);
@@ -157,7 +182,7 @@ TEST(MatmulMxLanes, MatchesFloat64ReferenceAndTheLaneKernelBitForBit) {
       }
     }
   }
-  EXPECT_GT(checked, 150);
+  EXPECT_GT(checked, 180);
 }
 
 // A token's row is the same bits in any batch of >= 16 tokens (each lane's sums run alike).
@@ -197,7 +222,10 @@ TEST(MatmulMxLanes, TakesOnlyItsWork) {
   set_isa(Isa::Avx2);
   EXPECT_FALSE(mx_lanes_takes(W, 64, Precision::Fast));
   const auto q = std::vector<uint8_t>(row_bytes(GgmlType::Q8_0, 512) * 24);
-  EXPECT_FALSE(mx_lanes_takes(MatView{GgmlType::Q8_0, q.data(), 24, 512, row_bytes(GgmlType::Q8_0, 512)}, 64, Precision::Fast));
+  set_isa(Isa::Avx512);
+  EXPECT_TRUE(mx_lanes_takes(MatView{GgmlType::Q8_0, q.data(), 24, 512, row_bytes(GgmlType::Q8_0, 512)}, 64, Precision::Fast));
+  const auto q4 = std::vector<uint8_t>(row_bytes(GgmlType::Q4_0, 512) * 24);
+  EXPECT_FALSE(mx_lanes_takes(MatView{GgmlType::Q4_0, q4.data(), 24, 512, row_bytes(GgmlType::Q4_0, 512)}, 64, Precision::Fast));
 }
 
 }  // namespace

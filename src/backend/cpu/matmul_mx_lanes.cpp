@@ -1,4 +1,4 @@
-// The driver of the MXFP4 lane path with register broadcasts (matmul_mx_lanes.h): per pass of up to
+// The driver of the MXFP4 / Q8_0 lane path with register broadcasts (matmul_mx_lanes.h): per pass of up to
 // kMxTokChunk tokens their activation tiles once, then items of kMxItemRows rows over the pool; an item
 // decodes its rows into records and runs them over every token of the pass, K chunk by K chunk.
 #include "backend/cpu/matmul_mx_lanes.h"
@@ -30,7 +30,7 @@ void set_mx_lanes(bool on) { enabled_flag().store(on); }
 bool mx_lanes_enabled() { return enabled_flag().load(std::memory_order_relaxed); }
 
 bool mx_lanes_takes(const MatView& W, int64_t n, Precision prec) {
-  return W.type == GgmlType::MXFP4 && prec == Precision::Fast && n >= kMxLanesMinTokens && W.rows > 0 &&
+  return (W.type == GgmlType::MXFP4 || W.type == GgmlType::Q8_0) && prec == Precision::Fast && n >= kMxLanesMinTokens && W.rows > 0 &&
          W.cols % 32 == 0 && mx_lanes_enabled() && family_isa(KernelFamily::Matmul) == Isa::Avx512 &&
          !amx_int8_usable();
 }
@@ -39,6 +39,7 @@ int64_t matmul_mx_lanes(const MatView& W, const float* x, int64_t n, float* y, T
                         int64_t r1) {
   if (r0 >= r1 || n <= 0) return r1;
   const int nth = pool ? pool->size() : 1;
+  const bool q8 = W.type == GgmlType::Q8_0;
   const int64_t nb = W.cols / 32;
   const size_t tile_stride = static_cast<size_t>(nb) * kMxTileBlk;
   const int64_t pass = std::min(n, kMxTokChunk), pass_v = (pass + 15) / 16;
@@ -59,12 +60,12 @@ int64_t matmul_mx_lanes(const MatView& W, const float* x, int64_t n, float* y, T
   for (int64_t t0 = 0; t0 < n; t0 += pass) {
     const int64_t nt = std::min(pass, n - t0), ntv = (nt + 15) / 16;
     each(ntv, [&](int64_t v, int) {
-      mx_lanes_tiles(x + t0 * W.cols, nt, W.cols, v, tiles + static_cast<size_t>(v) * tile_stride);
+      mx_lanes_tiles(x + t0 * W.cols, nt, W.cols, v, q8 ? 1.0f : 0.5f, tiles + static_cast<size_t>(v) * tile_stride);
     });
     each(n_items, [&](int64_t it, int th) {
       const int64_t row = r0 + kMxItemRows * it;
       const int nr = static_cast<int>(std::min<int64_t>(kMxItemRows, r1 - row));
-      mx_lanes_item(W.data + static_cast<uint64_t>(row) * W.row_bytes, W.row_bytes, nr, W.cols, tiles, tile_stride, nt,
+      mx_lanes_item(q8, W.data + static_cast<uint64_t>(row) * W.row_bytes, W.row_bytes, nr, W.cols, tiles, tile_stride, nt,
                     y + t0 * W.rows + row, W.rows, recs + rec_bytes * static_cast<size_t>(std::min(th, nth - 1)));
     });
   }

@@ -1,4 +1,4 @@
-// MXFP4 x 16 or more tokens at the AVX-512 level: the 16-token-lane kernel with each weight dword
+// MXFP4 and Q8_0 x 16 or more tokens at the AVX-512 level: the 16-token-lane kernel with each weight dword
 // broadcast ONCE into a register for up to 4 token vectors (prefill of the routed experts;
 // docs/performance.md, section 6.6).
 //
@@ -19,8 +19,9 @@
 // Layouts (caller scratch):
 //   activation tiles, per 16 tokens ("vector") and block, kMxTileBlk bytes: 8 x 64 (vector g: lane j =
 //     token j's q[4g..4g+3] + 128 as u8), then dx[16] f32;
-//   weight records, per row and block, kMxRecBlk bytes: w[32] s8 (natural order), dw f32 = 2^(e-127),
-//     nc i32 = -128 x sum(w).
+//   weight records, per row and block, kMxRecBlk bytes: w[32] s8 (natural order: the doubled E2M1 values,
+//     or Q8_0's q), dw f32 (2^(e-127), or Q8_0's f16 d), nc i32 = -128 x sum(w).
+// Q8_0 the same way (dx = f16(d), as its lane kernel), from the same rules.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -49,15 +50,15 @@ int64_t matmul_mx_lanes(const MatView& W, const float* x, int64_t n, float* y, T
 
 // The AVX-512 kernels (matmul_mxfp4_vnni_avx512.cpp; call only at the AVX-512 level):
 // the tiles of token vector v (tokens 16v..16v+15 of x, cols apart; zero past n): cols / 32 blocks of
-// kMxTileBlk bytes;
-void mx_lanes_tiles(const float* x, int64_t n, int64_t cols, int64_t v, uint8_t* out);
-// nr (<= kMxItemRows) rows from src (row_bytes apart) x the nt tokens of the tiles (tile_stride bytes per
+// kMxTileBlk bytes, dx = dscale x d (MXFP4 0.5, Q8_0 1);
+void mx_lanes_tiles(const float* x, int64_t n, int64_t cols, int64_t v, float dscale, uint8_t* out);
+// nr (<= kMxItemRows) rows (MXFP4, or Q8_0 when q8) from src (row_bytes apart) x the nt tokens of the tiles (tile_stride bytes per
 // vector): y[t * ldy + i] for i < nr; rec: mx_lanes_item_scratch(cols) bytes, 64-byte aligned.
 inline size_t mx_lanes_item_scratch(int64_t cols) {
   return (static_cast<size_t>(kMxItemRows) * static_cast<size_t>(cols / 32) * kMxRecBlk + 63) / 64 * 64 +
          static_cast<size_t>(kMxItemRows) * 4 * 64;
 }
-void mx_lanes_item(const uint8_t* src, uint64_t row_bytes, int nr, int64_t cols, const uint8_t* tiles,
+void mx_lanes_item(bool q8, const uint8_t* src, uint64_t row_bytes, int nr, int64_t cols, const uint8_t* tiles,
                    size_t tile_stride, int64_t nt, float* y, int64_t ldy, uint8_t* rec);
 
 }  // namespace kimi::kern

@@ -1,4 +1,4 @@
-// The AVX-512 VNNI kernels of the MXFP4 lane path with register broadcasts (matmul_mx_lanes.h: layouts and
+// The AVX-512 VNNI kernels of the MXFP4 / Q8_0 lane path with register broadcasts (matmul_mx_lanes.h: layouts and
 // rules). Only intrinsics and functions local to this file (and the AVX-512 quantizer of quantize_act.h)
 // are used (no inline library code that could be emitted with AVX-512 instructions and picked by the linker
 // for other callers).
@@ -57,6 +57,27 @@ void row_records(const uint8_t* src, int64_t nb, uint8_t* rec) {
   }
 }
 
+// One row's nb Q8_0 blocks (f16 d, q[32]) -> records.
+void row_records_q8(const uint8_t* src, int64_t nb, uint8_t* rec) {
+  const __m256i ones = _mm256_set1_epi8(1);
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* blk = src + b * 34;
+    uint8_t* out = rec + b * kMxRecBlk;
+    const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), q);
+    __m256i s = _mm256_dpbusd_epi32(_mm256_setzero_si256(), ones, q);
+    __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
+    const int32_t nc = -128 * _mm_cvtsi128_si32(s4);
+    uint16_t h;
+    std::memcpy(&h, blk, 2);
+    const float dw = _cvtsh_ss(h);
+    std::memcpy(out + 32, &dw, 4);
+    std::memcpy(out + 36, &nc, 4);
+  }
+}
+
 // RR rows (records rec + r * rec_row) x NV token vectors (tiles tl + v * tile_stride) over nb blocks of a K
 // chunk; the accumulators of row r and vector v live at accb + 16 (r kNV + v) between chunks (first: from 0).
 template <int RR, int NV>
@@ -101,7 +122,7 @@ constexpr TileFn kTiles[kRR][kNV] = {
 
 }  // namespace
 
-void mx_lanes_tiles(const float* x, int64_t n, int64_t cols, int64_t v, uint8_t* out) {
+void mx_lanes_tiles(const float* x, int64_t n, int64_t cols, int64_t v, float dscale, uint8_t* out) {
   const int64_t nb = cols / 32;
   for (int j = 0; j < 16; ++j) {
     const int64_t t = 16 * v + j;
@@ -121,17 +142,21 @@ void mx_lanes_tiles(const float* x, int64_t n, int64_t cols, int64_t v, uint8_t*
         dw ^= 0x80808080u;  // q + 128 as u8
         std::memcpy(tb + 64 * g + 4 * j, &dw, 4);
       }
-      const float dx = 0.5f * d;
+      const float dx = dscale * d;
       std::memcpy(tb + 512 + 4 * j, &dx, 4);
     }
   }
 }
 
-void mx_lanes_item(const uint8_t* src, uint64_t row_bytes, int nr, int64_t cols, const uint8_t* tiles,
+void mx_lanes_item(bool q8, const uint8_t* src, uint64_t row_bytes, int nr, int64_t cols, const uint8_t* tiles,
                    size_t tile_stride, int64_t nt, float* y, int64_t ldy, uint8_t* rec) {
   const int64_t nb = cols / 32, ntv = (nt + 15) / 16;
   const size_t rec_row = static_cast<size_t>(nb) * kMxRecBlk;
-  for (int i = 0; i < nr; ++i) row_records(src + static_cast<uint64_t>(i) * row_bytes, nb, rec + i * rec_row);
+  for (int i = 0; i < nr; ++i) {
+    const uint8_t* row = src + static_cast<uint64_t>(i) * row_bytes;
+    if (q8) row_records_q8(row, nb, rec + i * rec_row);
+    else row_records(row, nb, rec + i * rec_row);
+  }
   // the accumulators of the item's rows x kNV vectors, after the records (64-byte aligned)
   float* accb = reinterpret_cast<float*>(rec + (static_cast<size_t>(kMxItemRows) * rec_row + 63) / 64 * 64);
   for (int64_t v = 0; v < ntv; v += kNV) {
@@ -160,7 +185,7 @@ void mx_lanes_item(const uint8_t* src, uint64_t row_bytes, int nr, int64_t cols,
 
 #else
 namespace kimi::kern {
-void mx_lanes_tiles(const float*, int64_t, int64_t, int64_t, uint8_t*) {}
-void mx_lanes_item(const uint8_t*, uint64_t, int, int64_t, const uint8_t*, size_t, int64_t, float*, int64_t, uint8_t*) {}
+void mx_lanes_tiles(const float*, int64_t, int64_t, int64_t, float, uint8_t*) {}
+void mx_lanes_item(bool, const uint8_t*, uint64_t, int, int64_t, const uint8_t*, size_t, int64_t, float*, int64_t, uint8_t*) {}
 }  // namespace kimi::kern
 #endif

@@ -37,22 +37,22 @@ void Backend::indexer_select(const CacheRows& keys, const BatchEntry* e, int64_t
 }
 
 void Backend::silu_mul_rows(float*, const float*, int64_t, int64_t) {
-  fail("backend {}: silu_mul_rows is not supported (the DSpark draft runs on the CPU backend)", name());
+  fail("backend {}: silu_mul_rows is not supported (the DSpark draft runs on the CPU or Vulkan backend)", name());
 }
 
 void Backend::rope_rows(float*, int64_t, const BatchEntry*, int64_t, int64_t, int64_t, int64_t, const float*) {
-  fail("backend {}: rope_rows is not supported (the DSpark draft runs on the CPU backend)", name());
+  fail("backend {}: rope_rows is not supported (the DSpark draft runs on the CPU or Vulkan backend)", name());
 }
 
 void Backend::gelu(float*, int64_t, bool) {
-  fail("backend {}: gelu is not supported (the vision tower runs on the CPU backend)", name());
+  fail("backend {}: gelu is not supported (the vision tower runs on the CPU or Vulkan backend)", name());
 }
 void Backend::rope_2d(float*, int64_t, int64_t, int64_t, int64_t, const int32_t*, const int32_t*, float) {
-  fail("backend {}: rope_2d is not supported (the vision tower runs on the CPU backend)", name());
+  fail("backend {}: rope_2d is not supported (the vision tower runs on the CPU or Vulkan backend)", name());
 }
 void Backend::segment_attention(const float*, int64_t, int64_t, int64_t, int64_t, const int64_t*, int64_t, float,
                                 float*) {
-  fail("backend {}: segment_attention is not supported (the vision tower runs on the CPU backend)", name());
+  fail("backend {}: segment_attention is not supported (the vision tower runs on the CPU or Vulkan backend)", name());
 }
 
 void Backend::axpy(float*, float, const float*, int64_t) {

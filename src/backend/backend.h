@@ -198,7 +198,7 @@ class Backend {
   // g[t] = SiTU(g[t], u[t]) rows of width (ffn activation)
   virtual void situ_rows(float* g, const float* u, int64_t n, int64_t width, float beta, float lambda) = 0;
   // g[t] = silu(g[t]) * u[t] rows of width (the K3 DSpark draft's SwiGLU MLP, dspark.md §3.2 step 6);
-  // backends without it refuse (the draft runs on the CPU backend)
+  // the CPU and Vulkan backends have it, others refuse
   virtual void silu_mul_rows(float* g, const float* u, int64_t n, int64_t width);
   // Rotary embedding in place (dspark.md §3.3): for row t and head h < n_heads the pairs
   // (x[2i], x[2i+1]), i < n_rot / 2, of x + t * ld + h * head_stride are rotated by the angle of
@@ -274,7 +274,7 @@ class Backend {
                            const float* weights, int64_t n_used, int64_t n_expert, float situ_beta, float situ_lambda,
                            float* acc) = 0;
 
-  // ---- vision tower (docs/spec/vision.md §3); the defaults refuse (the tower runs on the CPU) ----
+  // ---- vision tower (docs/spec/vision.md §3); the CPU and Vulkan backends have them, the defaults refuse ----
   // x = GELU(x) elementwise: tanh_approx ? 0.5x(1 + tanh(sqrt(2/pi)(x + 0.044715x^3))) : 0.5x(1 + erf(x/sqrt 2))
   virtual void gelu(float* x, int64_t count, bool tanh_approx);
   // 2-D rotary embedding (vision.md §3.4) on n rows of `heads` vectors of head_dim values (row t at

@@ -13,6 +13,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <oneapi/dnnl/dnnl.hpp>
 #include <random>
 #include <string>
@@ -21,6 +22,7 @@
 
 #include "backend/cpu/dispatch.h"
 #include "backend/cpu/matmul.h"
+#include "backend/cpu/repack.h"
 #include "tensor/quants.h"
 #include "tensor/types.h"
 
@@ -46,7 +48,9 @@ std::vector<float> normal_floats(int64_t n, float sd, uint32_t seed) {
 }
 
 // ---- kimi: matmul(W [rows x cols] of type t, x [tokens x cols]) -> y [tokens x rows]
-void kimi_gemm(benchmark::State& st, GgmlType t, int64_t rows, int64_t cols, int64_t nt) {
+// packed: with the load-time copy the CPU backend makes (repack.h: BF16 in the bf16 x16 order on AVX-512
+// without AMX, the AMX tile order with it), as `kimi` runs the weight; else the rows in place.
+void kimi_gemm(benchmark::State& st, GgmlType t, int64_t rows, int64_t cols, int64_t nt, bool packed = false) {
   const uint64_t rb = row_bytes(t, static_cast<uint64_t>(cols));
   std::vector<uint8_t> w(rb * static_cast<uint64_t>(rows));
   const std::vector<float> row = normal_floats(cols, 0.02f, 42);
@@ -54,13 +58,15 @@ void kimi_gemm(benchmark::State& st, GgmlType t, int64_t rows, int64_t cols, int
   const std::vector<float> x = normal_floats(cols * nt, 1.0f, 7);
   std::vector<float> y(static_cast<size_t>(rows * nt));
   MatView W{t, w.data(), rows, cols, rb};
+  const std::unique_ptr<PackedWeight> P = packed ? pack_weight(W, &pool()) : nullptr;
+  W.packed = P.get();
   kern::matmul(W, x.data(), nt, y.data(), pool());  // warm: first-touch, the activation buffers
   for (auto _ : st) {
     kern::matmul(W, x.data(), nt, y.data(), pool());
     benchmark::DoNotOptimize(y.data());
   }
   st.SetItemsProcessed(static_cast<int64_t>(st.iterations()) * 2 * rows * cols * nt);
-  st.SetLabel(std::string("kimi ") + active_isa() + " " + std::to_string(pool().size()) + " threads");
+  st.SetLabel(std::string("kimi ") + active_isa() + (P ? " packed " : " ") + std::to_string(pool().size()) + " threads");
 }
 
 // ---- oneDNN: src [tokens x cols] x weights [cols x rows] -> dst [tokens x rows]
@@ -116,6 +122,9 @@ void onednn_gemm(benchmark::State& st, bool int8, int64_t rows, int64_t cols, in
 // micro-batch (64, 128: k3-layers' 64 experts top-16 at 512 and K3's 896 at 4096 give ~128 and ~73)
 #define KIMI_ANCHOR(name, rows, cols, nt)                                                                          \
   BENCHMARK_CAPTURE(kimi_gemm, bf16_##name, GgmlType::BF16, rows, cols, nt)->UseRealTime()->Unit(benchmark::kMillisecond); \
+  BENCHMARK_CAPTURE(kimi_gemm, bf16_packed_##name, GgmlType::BF16, rows, cols, nt, true)                          \
+      ->UseRealTime()                                                                                              \
+      ->Unit(benchmark::kMillisecond);                                                                             \
   BENCHMARK_CAPTURE(onednn_gemm, bf16_##name, false, rows, cols, nt)->UseRealTime()->Unit(benchmark::kMillisecond);          \
   BENCHMARK_CAPTURE(kimi_gemm, q8_0_##name, GgmlType::Q8_0, rows, cols, nt)->UseRealTime()->Unit(benchmark::kMillisecond); \
   BENCHMARK_CAPTURE(kimi_gemm, mxfp4_##name, GgmlType::MXFP4, rows, cols, nt)->UseRealTime()->Unit(benchmark::kMillisecond); \

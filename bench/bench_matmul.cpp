@@ -1,7 +1,8 @@
 // Matmul micro-benchmarks at small-preset and K3 shapes (run `KIMI_ISA=avx2 bench/bench_matmul` etc.
 // to compare levels). GEMV: bytes_per_second = weight bytes streamed (several copies of the matrix
 // rotate so it never sits in cache). GEMM: items_per_second = FLOPs (2 per multiply-add).
-// `packed_*`: the K-quants through their load-time row-interleaved copy (repack.h), as the CPU
+// `packed_*`: the K-quants and BF16 through their load-time copy (repack.h: row-interleaved x16; BF16 in
+// the AMX tile order or, on AVX-512 BF16 without AMX, the bf16 x16 order), as the CPU
 // backend runs them. `peak_*`: the dot-product peak of one instruction kind per thread count
 // (independent accumulators, no memory), the reference for the GEMM efficiency: items = MACs.
 #include <benchmark/benchmark.h>

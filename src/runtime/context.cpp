@@ -506,7 +506,7 @@ std::string Context::memory_summary() const {
     s += fmt::format("cpu: {} K-quant weights repacked for the SIMD kernels ({:.1f} MiB; KIMI_REPACK=0: off)\n", nq,
                      (c.cpu->packed_bytes() - c.cpu->packed_bf16_bytes()) / 1048576.0);
   if (c.cpu->packed_bf16_count() > 0)
-    s += fmt::format("cpu: {} BF16 weights repacked in the AMX tile order ({:.1f} MiB; KIMI_REPACK=0: off)\n",
+    s += fmt::format("cpu: {} BF16 weights repacked for the AMX / AVX-512 BF16 kernels ({:.1f} MiB; KIMI_REPACK=0: off)\n",
                      c.cpu->packed_bf16_count(), c.cpu->packed_bf16_bytes() / 1048576.0);
   if (!c.placement.single_device()) s += c.placement.summary();
   return s;

@@ -603,6 +603,87 @@ TEST(Matmul, AmxBf16TilesMatchReference) {
   EXPECT_EQ(std::memcmp(yb.data(), yr.data(), 16 * 4), 0);
 }
 
+// BF16 in the bf16 x16 order (repack.h; AVX-512 BF16 without AMX): the packed kernel (4 groups x 6 tokens
+// per register tile, one pass over the columns; the rows % 16 tail through the plain kernel) against the
+// float64 reference, and every token's row of a batch the same bits as the token alone (prefill == decode,
+// a sequence in a batch == alone) at every token count around the tile (6) and token-tile (96) edges,
+// through matmul on 1 and 3 threads and matmul_rows over ranges that cut the 16-row groups. Rows: 16 = one
+// group, 37 = 2 groups + 5 tail rows, 83 = 5 groups (a 4-group panel and one more) + 3, 130 = 8 groups + 2;
+// columns: one 32-column step, 2080, 4160.
+TEST(Matmul, PackedBf16MatchesReferenceAndBatchEqualsAlone) {
+  IsaRestore restore;
+  set_isa(best_isa());
+  if (amx_bf16_usable() || !packed_kernel_available(GgmlType::BF16))
+    GTEST_SKIP() << "the bf16 x16 order is for AVX-512 BF16 without AMX (best level here: " << isa_name(best_isa()) << ")";
+  ThreadPool one(1), three(3);
+  std::mt19937 rng(5151);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  for (int64_t cols : {32, 2080, 4160}) {
+    for (int64_t rows : {16, 37, 83, 130}) {
+      const auto w = random_weights(GgmlType::BF16, rows, cols, rng);
+      MatView W{GgmlType::BF16, w.data(), rows, cols, row_bytes(GgmlType::BF16, cols)};
+      const auto P = pack_weight(W, &three);
+      ASSERT_NE(P, nullptr) << rows << "x" << cols;
+      ASSERT_EQ(P->groups, rows / 16);
+      ASSERT_EQ(P->group_rows, 16);
+      W.packed = P.get();
+      std::vector<double> wd(rows * cols);
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c = 0; c < cols; ++c) wd[r * cols + c] = ref_elem(GgmlType::BF16, w.data() + r * W.row_bytes, c);
+      for (int64_t nt : {1, 2, 5, 6, 7, 13, 16, 95, 97, 200}) {
+        if (cols > 2080 && rows > 37 && nt > 16 && nt != 97) continue;  // keep the float64 reference quick
+        std::vector<float> x(nt * cols);
+        for (auto& v : x) v = u(rng);
+        x[nt > 1 ? cols + 5 : 5] = 0.0f;
+        x[nt > 1 ? cols + 6 : 6] = 40.0f;
+        std::vector<float> y(nt * rows, NAN);
+        matmul(W, x.data(), nt, y.data(), one, Precision::Fast);
+        const std::string what = std::to_string(rows) + "x" + std::to_string(cols) + " nt=" + std::to_string(nt);
+        // matmul_rows over ranges that cut the groups (those rows through the plain kernel)
+        std::vector<float> yc(nt * rows, NAN);
+        for (int64_t c : {int64_t{0}, int64_t{7}, int64_t{40}})
+          matmul_rows(W, x.data(), nt, yc.data(), std::min(c, rows), std::min(c == 0 ? 7 : c == 7 ? 40 : rows, rows),
+                      Precision::Fast);
+        for (int64_t t = 0; t < nt; ++t)
+          for (int64_t r = 0; r < rows; ++r) {
+            double s = 0, m = 0;
+            for (int64_t c = 0; c < cols; ++c) {
+              const double p = wd[r * cols + c] * static_cast<double>(bf16_to_f32(f32_to_bf16(x[t * cols + c])));
+              s += p;
+              m += std::fabs(p);
+            }
+            ASSERT_NEAR(y[t * rows + r], s, 1e-5 * m + 1e-30) << what << " t=" << t << " r=" << r;
+            ASSERT_NEAR(yc[t * rows + r], s, 1e-5 * m + 1e-30) << "matmul_rows over cut groups " << what << " t=" << t
+                                                                << " r=" << r;
+          }
+        // the same bits on 1 and 3 threads and over ranges on group boundaries (a range that cuts a group runs
+        // those rows through the plain kernel, whose sums are in another order: checked above)
+        ASSERT_NO_FATAL_FAILURE(
+            expect_same_bits_through_matmul(W, x, nt, y, {0, 16, 48, 64, rows}, one, three, "packed " + what));
+        std::vector<float> y1(rows, NAN);
+        for (int64_t t = 0; t < nt; ++t) {  // each token alone (the one-token product of the same copy)
+          matmul(W, x.data() + t * cols, 1, y1.data(), three, Precision::Fast);
+          ASSERT_EQ(std::memcmp(y1.data(), y.data() + t * rows, rows * 4), 0) << what << " t=" << t;
+        }
+      }
+    }
+  }
+  // a packed copy made from other data (a view that moved) is not used; fewer than 16 rows are not packed
+  const auto w = random_weights(GgmlType::BF16, 32, 64, rng), w2 = random_weights(GgmlType::BF16, 32, 64, rng);
+  MatView a{GgmlType::BF16, w.data(), 32, 64, row_bytes(GgmlType::BF16, 64)}, b = a;
+  b.data = w2.data();
+  const auto Pa = pack_weight(a);
+  ASSERT_NE(Pa, nullptr);
+  b.packed = Pa.get();
+  std::vector<float> x(3 * 64, 0.25f), yb(3 * 32), yr(3 * 32);
+  matmul(b, x.data(), 3, yb.data(), one, Precision::Fast);
+  b.packed = nullptr;
+  matmul(b, x.data(), 3, yr.data(), one, Precision::Fast);
+  EXPECT_EQ(std::memcmp(yb.data(), yr.data(), yb.size() * 4), 0);
+  EXPECT_EQ(pack_weight(MatView{GgmlType::BF16, w.data(), 15, 64, row_bytes(GgmlType::BF16, 64)}), nullptr);
+  EXPECT_EQ(pack_weight(MatView{GgmlType::BF16, w.data(), 16, 48, row_bytes(GgmlType::BF16, 48)}), nullptr);
+}
+
 // AMX-INT8 for MXFP4 / Q4_0 / Q8_0 with >= 16 tokens (matmul_amx.h): bit-identical to the AVX-512 kernel's
 // 16-token-lane path (run_lanes, which the AVX-512 kernel uses for every token tile of >= 16 tokens and
 // matmul_rows for >= 16 tokens), through matmul on 1 and 3 threads and matmul_rows over ranges that cut

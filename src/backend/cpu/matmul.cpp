@@ -88,7 +88,7 @@ Prepared prepare(const K& k, const float* x, int64_t n_tokens, int64_t cols, Thr
 bool packed_usable(const MatView& W, int64_t n_tokens, Precision prec, PackedKernel* pk) {
   if (W.packed == nullptr || prec != Precision::Fast) return false;
   const PackedWeight& P = *W.packed;
-  if (P.src != W.data || P.type != W.type || P.cols != W.cols) return false;
+  if (P.src != W.data || P.type != W.type || P.cols != W.cols || P.group_rows != kPackRows) return false;
   return pick_packed_kernel(W.type, pk) && (n_tokens > 1 || pk->gemv);
 }
 
@@ -127,9 +127,13 @@ void matmul_packed(const MatView& W, const PackedKernel& pk, const float* x, int
   }
   // GEMM: token tiles (a multiple of 8 tokens, <= ~512 KiB of activations; AMX: 128) x chunks of 3 groups
   int64_t tok_tile = amx ? 128 : std::clamp<int64_t>((512 << 10) / static_cast<int64_t>(a.stride), 8, 64) / 8 * 8;
+  // BF16 (one pass over all columns per register tile, activations read as 4-byte broadcasts): 96 tokens,
+  // a multiple of its 6-token tile, so a weight panel is streamed once per 96 tokens
+  if (W.type == GgmlType::BF16 && !amx) tok_tile = 96;
   tok_tile = std::min(tok_tile, n);
   const int64_t n_tt = (n + tok_tile - 1) / tok_tile;
-  const int64_t gc = serial ? ng : 3, n_gc = (ng + gc - 1) / gc;
+  // (BF16: 8 groups, two of its 4-group register panels)
+  const int64_t gc = serial ? ng : W.type == GgmlType::BF16 ? 8 : 3, n_gc = (ng + gc - 1) / gc;
   auto item = [&](int64_t it, int) {
     const int64_t tt = it / n_gc, gi = it % n_gc;
     const int64_t t0 = tt * tok_tile, nt = std::min(tok_tile, n - t0);
@@ -201,8 +205,8 @@ AmxScratch amx_scratch(int64_t cols, int64_t nb, int nth) {
 // W's packed copy in the AMX tile order (repack.h) when it was made from this view's data, else nullptr
 const uint8_t* amx_packed(const MatView& W) {
   const PackedWeight* P = W.packed;
-  if (P == nullptr || P->type != GgmlType::BF16 || P->src != W.data || P->cols != W.cols ||
-      P->groups * kAmxPackRows < W.rows)
+  if (P == nullptr || P->type != GgmlType::BF16 || P->group_rows != kAmxPackRows || P->src != W.data ||
+      P->cols != W.cols || P->groups * kAmxPackRows < W.rows)
     return nullptr;
   return P->data;
 }
@@ -447,7 +451,7 @@ void matmul_set(const MatView* const* W, float* const* y, int count, const float
     total += (bytes(cols) + 63) / 64 * 64;
     return n_preps++;
   };
-  int prep_of[kMaxW];
+  int prep_of[kMaxW], tail_prep[kMaxW];
   for (int i = 0; i < count; ++i) {
     validate(*W[i], x, 1, y[i]);
     check(i == 0 || W[i]->cols == W[0]->cols, "matmul_set: weight {} has {} columns, weight 0 {}", i, W[i]->cols,
@@ -460,6 +464,14 @@ void matmul_set(const MatView* const* W, float* const* y, int count, const float
     prep_of[i] = !has_prep ? -1 : o.packed ? act_for(o.pk.act_bytes, o.pk.prep, W[i]->cols)
                                            : act_for(o.k.act_bytes, o.k.prep, W[i]->cols);
     if (!o.packed && !o.amx && o.k.scratch_rows > 0) per = std::max<int64_t>(per, (o.k.scratch_rows * W[i]->cols + 15) / 16 * 16);
+    // a packed weight's rows past its groups: the plain kernel, on its own prepared activation (shared
+    // with the other weights that prepare the same way: K-quants' packed and plain preps differ, BF16's not)
+    tail_prep[i] = -2;
+    if (o.packed && std::min(W[i]->packed->groups, W[i]->rows / kPackRows) * kPackRows < W[i]->rows) {
+      o.k = pick_matmul_kernel(W[i]->type, Precision::Fast);
+      tail_prep[i] = o.k.act_bytes ? act_for(o.k.act_bytes, o.k.prep, W[i]->cols) : -1;
+      if (o.k.scratch_rows > 0) per = std::max<int64_t>(per, (o.k.scratch_rows * W[i]->cols + 15) / 16 * 16);
+    }
   }
   // the prepared activations, one after another in this thread's scratch (grows once)
   uint8_t* buf = act_scratch(total + 64, 0);
@@ -487,23 +499,16 @@ void matmul_set(const MatView* const* W, float* const* y, int count, const float
       o.g1 = std::min(P.groups, M.rows / kPackRows);
       const int64_t gc = std::max<int64_t>(1, (o.g1 + nth * 8 - 1) / (nth * 8));
       for (int64_t g = 0; g < o.g1; g += gc) add(true, g, std::min(o.g1, g + gc));
-      if (o.g1 * kPackRows < M.rows) {  // rows past the last full group: the plain kernel
-        o.k = pick_matmul_kernel(M.type, Precision::Fast);
-        add(false, o.g1 * kPackRows, M.rows);
-      }
+      if (o.g1 * kPackRows < M.rows) add(false, o.g1 * kPackRows, M.rows);  // past the last full group: o.k
     } else {
       int64_t rc = (M.rows + nth * 8 - 1) / (nth * 8);
       rc = std::max<int64_t>(16, (rc + 15) / 16 * 16);
       for (int64_t r = 0; r < M.rows; r += rc) add(false, r, std::min(M.rows, r + rc));
     }
   }
-  // a packed weight's rows past its groups use the plain kernel's activations: prepared here
   const uint8_t* tail_act[kMaxW] = {};
   for (int i = 0; i < count; ++i)
-    if (w[i].packed && w[i].g1 * kPackRows < W[i]->rows) {
-      const Prepared a = prepare(w[i].k, x, 1, W[i]->cols, nullptr, 1);
-      tail_act[i] = a.act;
-    }
+    if (tail_prep[i] != -2) tail_act[i] = tail_prep[i] < 0 ? xb : buf + offs[tail_prep[i]];
   float* const lend = per > 0 ? f32_scratch(per * nth, 3) : nullptr;
   pool.parallel_for(static_cast<int64_t>(items.size()), [&](int64_t it, int th) {
     const Item& m = items[it];

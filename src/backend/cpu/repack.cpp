@@ -120,6 +120,14 @@ void pack_group_bf16_amx(const MatView& W, int64_t g, uint8_t* out) {
   }
 }
 
+void pack_group_bf16_x16(const MatView& W, int64_t g, uint8_t* out) {
+  const int64_t np = W.cols / 2;
+  for (int i = 0; i < kPackRows; ++i) {
+    const uint8_t* src = W.data + static_cast<uint64_t>(g * kPackRows + i) * W.row_bytes;
+    for (int64_t p = 0; p < np; ++p) std::memcpy(out + static_cast<uint64_t>(p) * 64 + 4 * i, src + 4 * p, 4);
+  }
+}
+
 namespace {
 // A copy of W of `groups` groups of gb bytes, group g filled by fill(W, g, its bytes), in parallel on pool.
 std::unique_ptr<PackedWeight> make_packed(const MatView& W, int64_t groups, uint64_t gb,
@@ -144,10 +152,15 @@ std::unique_ptr<PackedWeight> pack_weight(const MatView& W, ThreadPool* pool) {
   const char* env = std::getenv("KIMI_REPACK");
   if (env && env[0] == '0') return nullptr;
   if (W.data != nullptr && W.type == GgmlType::BF16) {  // the AMX tile order
-    if (W.cols % 32 != 0 || W.rows < 1 || W.row_bytes != static_cast<size_t>(W.cols) * 2 || !amx_bf16_usable())
-      return nullptr;
-    return make_packed(W, (W.rows + kAmxPackRows - 1) / kAmxPackRows, static_cast<uint64_t>(W.cols) * 2 * kAmxPackRows,
-                       pack_group_bf16_amx, pool);
+    if (W.cols % 32 != 0 || W.rows < 1 || W.row_bytes != static_cast<size_t>(W.cols) * 2) return nullptr;
+    if (amx_bf16_usable()) {
+      auto P = make_packed(W, (W.rows + kAmxPackRows - 1) / kAmxPackRows,
+                           static_cast<uint64_t>(W.cols) * 2 * kAmxPackRows, pack_group_bf16_amx, pool);
+      P->group_rows = kAmxPackRows;
+      return P;
+    }
+    if (W.rows < kPackRows || !packed_kernel_available(W.type)) return nullptr;
+    return make_packed(W, W.rows / kPackRows, static_cast<uint64_t>(W.cols) * 2 * kPackRows, pack_group_bf16_x16, pool);
   }
   if (W.data == nullptr || W.rows < kPackRows || !packed_kernel_available(W.type)) return nullptr;
   const uint64_t gb = packed_group_bytes(W.type, W.cols);

@@ -21,6 +21,13 @@
 //     ql[64h + 32k + 4s ..] | qh: 16 vectors, vector 8h+s = qh[32h + 4s ..].
 // Every value is the original bits moved: the packed kernels compute what the reference does.
 //
+// BF16 weights on CPUs with AVX-512 BF16 but without usable AMX tiles get the "bf16 x16" order (groups of
+// 16 rows, the rows % 16 tail not packed; cols % 32 == 0): a group is cols / 2 vectors of 64 bytes, vector p
+// holding columns 2p and 2p + 1 of each of the 16 rows (lane i = row i's bf16 pair), so one vdpbf16ps with
+// a token's column pair broadcast does 2 multiply-adds for 16 rows, each row summing in its own lane from
+// the first pair to the last. Every product of a packed group (one token or many, any K block) sums in that
+// one order: a token's row is the same bits alone and in any batch (repack_avx512.cpp, run_packed_bf16).
+//
 // BF16 weights on CPUs whose AMX-BF16 tiles are usable (matmul_amx.h) get the tiles' own order instead:
 // groups of kAmxPackRows = 32 rows (the last zero-padded; groups = ceil(rows / 32)), a group being
 // cols / 32 column steps of 32 rows x 64 bytes (row i's bf16 columns 32s .. 32s + 31 at 64 i), i.e. the two
@@ -40,6 +47,7 @@ namespace kimi {
 struct PackedWeight {
   GgmlType type = GgmlType::F32;
   int64_t groups = 0;           // packed groups of 16 rows (rows 0 .. 16*groups-1); BF16 (AMX order): of 32
+  int group_rows = 16;          // rows per group: 16 (x16 orders), 32 (the AMX tile order)
   int64_t cols = 0;
   uint64_t group_bytes = 0;     // bytes per group (a multiple of 64)
   uint8_t* data = nullptr;      // kPackedAlign aligned (alloc_packed), groups * group_bytes
@@ -72,12 +80,16 @@ void pack_group(const MatView& W, int64_t g, uint8_t* out);
 constexpr int kAmxPackRows = 32;
 void pack_group_bf16_amx(const MatView& W, int64_t g, uint8_t* out);
 
+// Group g of a BF16 W in the bf16 x16 order (rows 16g .. 16g + 15, all present): cols * 32 bytes.
+void pack_group_bf16_x16(const MatView& W, int64_t g, uint8_t* out);
+
 // Whether the running ISA level has packed kernels for type t.
 bool packed_kernel_available(GgmlType t);
 
 // The packed copy of W; nullptr when the running ISA has no packed kernel for W's type, W has
-// fewer than 16 rows (K-quants), or env KIMI_REPACK=0. BF16: the AMX tile order, only where
-// amx_bf16_usable() and cols % 32 == 0. Groups are packed in parallel on `pool` (if given).
+// fewer than 16 rows (K-quants), or env KIMI_REPACK=0. BF16 (cols % 32 == 0): the AMX tile order where
+// amx_bf16_usable(), else the bf16 x16 order where the running level has its kernel (AVX-512 BF16) and W
+// has 16 rows or more. Groups are packed in parallel on `pool` (if given).
 std::unique_ptr<PackedWeight> pack_weight(const MatView& W, ThreadPool* pool = nullptr);
 
 }  // namespace kimi::kern

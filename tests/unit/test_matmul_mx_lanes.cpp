@@ -8,6 +8,7 @@
 // threads, matmul_rows over cut ranges.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>

@@ -8,7 +8,8 @@
 // arguments of the same request answered whole (greedy). One tool call at most: the field of each API,
 // set through the SDK, gives one call where the same request otherwise gives several.
 // Images (the tiny model converted with its vision tower, MODEL.mmproj.gguf beside it): image_url
-// data: URLs in chat completions (one and two, whole and streamed): the usage counts exactly the tokens docs/spec/vision.md makes of the
+// data: URLs in chat completions (one and two, whole and streamed), input_image in Responses, an image
+// block in Messages and in count_tokens: the usage counts exactly the tokens docs/spec/vision.md makes of the
 // image (the navit rule computed here, the text tokenized by /tokenize); the same requests to a server
 // of the text-only file (`kimi convert --no-vision`) fail with the SDKs' 400 that names the fix.
 // usage: node sdk_test.js <kimi binary>
@@ -317,6 +318,7 @@ async function oneCallTests(base, key) {
 
 // Images through the three APIs. `base`: the vision-capable server; `textBase`: the text-only one.
 async function imageTests(base, textBase, key) {
+  const anthropic = new Anthropic({ baseURL: base, apiKey: key, maxRetries: 0, timeout: STEP_MS });
   const openai = new OpenAI({ baseURL: base + "/v1", apiKey: key, maxRetries: 0, timeout: STEP_MS });
   const W = 60, H = 40, W2 = 301, H2 = 97;
   const b64 = png(W, H, 1).toString("base64"), b64b = png(W2, H2, 2).toString("base64");
@@ -331,34 +333,64 @@ async function imageTests(base, textBase, key) {
 
   // chat completions: one image, then two, each against the same request without them
   await part("chat completions", async () => {
-  const chat = (content, extra) => openai.chat.completions.create({ model: "kimi", messages: [{ role: "user", content }],
-                                                                   max_tokens: 4, temperature: 0, thinking: false, ...extra });
-  const ctext = await chat([{ type: "text", text: question }]);
-  const c1 = await chat([{ type: "image_url", image_url: { url } }, { type: "text", text: question }]);
-  const c2 = await chat([{ type: "image_url", image_url: { url, detail: "high" } }, { type: "image_url", image_url: { url: url2 } },
-                         { type: "text", text: question }]);
-  check(c1.object === "chat.completion" && c1.choices[0].message.role === "assistant", "images: chat completion");
-  check(c1.usage.prompt_tokens - ctext.usage.prompt_tokens === perImage,
-        `images: chat prompt_tokens ${c1.usage.prompt_tokens} = ${ctext.usage.prompt_tokens} without the image + ${perImage}`);
-  check(c2.usage.prompt_tokens - ctext.usage.prompt_tokens === perImage + perImage2,
-        `images: chat with two images ${c2.usage.prompt_tokens} = ${ctext.usage.prompt_tokens} + ${perImage} + ${perImage2}`);
-  // streamed through the SDK's helper: the same text and usage as the whole answer (greedy)
-  const st = openai.chat.completions.stream({ model: "kimi", max_tokens: 4, temperature: 0, thinking: false,
-    messages: [{ role: "user", content: [{ type: "image_url", image_url: { url } }, { type: "text", text: question }] }],
-    stream_options: { include_usage: true } });
-  const sc = await st.finalChatCompletion();
-  check(sc.choices[0].message.content === c1.choices[0].message.content && sc.usage && sc.usage.prompt_tokens === c1.usage.prompt_tokens,
-        `images: streamed chat ${JSON.stringify(sc.choices[0].message.content)} / ${sc.usage && sc.usage.prompt_tokens} vs ` +
-        `${JSON.stringify(c1.choices[0].message.content)} / ${c1.usage.prompt_tokens}`);
+    const chat = (content, extra) => openai.chat.completions.create({ model: "kimi", messages: [{ role: "user", content }],
+                                                                     max_tokens: 4, temperature: 0, thinking: false, ...extra });
+    const ctext = await chat([{ type: "text", text: question }]);
+    const c1 = await chat([{ type: "image_url", image_url: { url } }, { type: "text", text: question }]);
+    const c2 = await chat([{ type: "image_url", image_url: { url, detail: "high" } }, { type: "image_url", image_url: { url: url2 } },
+                           { type: "text", text: question }]);
+    check(c1.object === "chat.completion" && c1.choices[0].message.role === "assistant", "images: chat completion");
+    check(c1.usage.prompt_tokens - ctext.usage.prompt_tokens === perImage,
+          `images: chat prompt_tokens ${c1.usage.prompt_tokens} = ${ctext.usage.prompt_tokens} without the image + ${perImage}`);
+    check(c2.usage.prompt_tokens - ctext.usage.prompt_tokens === perImage + perImage2,
+          `images: chat with two images ${c2.usage.prompt_tokens} = ${ctext.usage.prompt_tokens} + ${perImage} + ${perImage2}`);
+    // streamed through the SDK's helper: the same text and usage as the whole answer (greedy)
+    const st = openai.chat.completions.stream({ model: "kimi", max_tokens: 4, temperature: 0, thinking: false,
+      messages: [{ role: "user", content: [{ type: "image_url", image_url: { url } }, { type: "text", text: question }] }],
+      stream_options: { include_usage: true } });
+    const sc = await st.finalChatCompletion();
+    check(sc.choices[0].message.content === c1.choices[0].message.content && sc.usage && sc.usage.prompt_tokens === c1.usage.prompt_tokens,
+          `images: streamed chat ${JSON.stringify(sc.choices[0].message.content)} / ${sc.usage && sc.usage.prompt_tokens} vs ` +
+          `${JSON.stringify(c1.choices[0].message.content)} / ${c1.usage.prompt_tokens}`);
   });
 
-  console.log(`images: ${W}x${H} = ${perImage} prompt tokens, ${W2}x${H2} = ${perImage2}, counted by chat completions`);
+  // Responses: input_image
+  await part("responses", async () => {
+    const resp = (content) => openai.responses.create({ model: "kimi", input: [{ role: "user", content }], max_output_tokens: 4,
+                                                        temperature: 0, reasoning: { effort: "none" }, store: false });
+    const rtext = await resp([{ type: "input_text", text: question }]);
+    const r1 = await resp([{ type: "input_image", image_url: url, detail: "auto" }, { type: "input_text", text: question }]);
+    check(r1.object === "response" && ["completed", "incomplete"].includes(r1.status), `images: responses status ${r1.status}`);
+    check(r1.usage.input_tokens - rtext.usage.input_tokens === perImage,
+          `images: responses input_tokens ${r1.usage.input_tokens} = ${rtext.usage.input_tokens} without the image + ${perImage}`);
+  });
+
+  // Messages: an image block; count_tokens counts it as the answer's usage does
+  const amsg = (content) => ({ model: "kimi", max_tokens: 4, temperature: 0, messages: [{ role: "user", content }] });
+  const ablock = { type: "image", source: { type: "base64", media_type: "image/png", data: b64 } };
+  const { max_tokens: _m, temperature: _t, ...countReq } = amsg([ablock, { type: "text", text: question }]);
+  await part("messages", async () => {
+    const atext = await anthropic.messages.create(amsg([{ type: "text", text: question }]));
+    const a1 = await anthropic.messages.create(amsg([ablock, { type: "text", text: question }]));
+    const used = (m) => m.usage.input_tokens + (m.usage.cache_read_input_tokens || 0);
+    check(a1.type === "message" && used(a1) - used(atext) === perImage,
+          `images: messages input ${used(a1)} = ${used(atext)} without the image + ${perImage}`);
+    const ct = await anthropic.messages.countTokens(countReq);
+    check(ct.input_tokens === used(a1), `images: count_tokens ${ct.input_tokens} vs the answer's usage ${used(a1)}`);
+  });
+  console.log(`images: ${W}x${H} = ${perImage} prompt tokens, ${W2}x${H2} = ${perImage2}, counted by chat, responses, ` +
+              `messages and count_tokens`);
 
   // the text-only file: each API's SDK gets a 400 that says how to get a vision-capable file
   const topenai = new OpenAI({ baseURL: textBase + "/v1", apiKey: key, maxRetries: 0, timeout: STEP_MS });
+  const tanth = new Anthropic({ baseURL: textBase, apiKey: key, maxRetries: 0, timeout: STEP_MS });
   const refusals = {
     chat: () => topenai.chat.completions.create({ model: "kimi", max_tokens: 4,
       messages: [{ role: "user", content: [{ type: "image_url", image_url: { url } }, { type: "text", text: question }] }] }),
+    responses: () => topenai.responses.create({ model: "kimi", max_output_tokens: 4,
+      input: [{ role: "user", content: [{ type: "input_image", image_url: url, detail: "auto" }] }] }),
+    messages: () => tanth.messages.create(amsg([ablock, { type: "text", text: question }])),
+    count_tokens: () => tanth.messages.countTokens(countReq),
   };
   for (const [api, call] of Object.entries(refusals)) {
     try {

@@ -446,7 +446,14 @@ struct ImageParts {
     }
     if (!url->is_string()) bad(uw, fmt::format("'{}' must be a string (a data: URL)", uw));
     images.push_back(decode_data_url(url->get_ref<const std::string&>(), uw, lim));
+    // the images' tokens alone over the prompt limit: refused before more images are decoded (the
+    // patches a request holds stay bounded by the context)
+    tokens += images.back().size.tokens;
+    if (tokens > static_cast<int64_t>(prompt_limit(lim)))
+      too_long(lim, true, fmt::format("more than {} tokens: the images up to '{}' alone are {} tokens", prompt_limit(lim),
+                                      pw, tokens));
   }
+  int64_t tokens = 0;
 
   static image::Patches decode_data_url(const std::string& u, const std::string& uw, const Limits& lim) {
     auto starts = [&](const char* pre) {

@@ -645,6 +645,14 @@ void Server::Impl::log_generation(const httpd::Request& req, const std::string& 
                prefill_s, prefill_s > 0 ? evaluated / prefill_s : 0.0, n_gen, gen_s,
                gen_s > 0 && n_gen > 1 ? (n_gen - 1) / gen_s : 0.0,
                total_s);
+  if (r0.n_images > 0) {  // the tower's part of the prompt time
+    if (r0.vision_s >= 0)
+      std::fprintf(stderr, "kimi serve: %s images: %d, %d tokens, vision tower %.3f s\n", id.c_str(), r0.n_images,
+                   r0.n_image_tokens, r0.vision_s);
+    else
+      std::fprintf(stderr, "kimi serve: %s images: %d, %d tokens, all from the prompt cache\n", id.c_str(),
+                   r0.n_images, r0.n_image_tokens);
+  }
   int drafted = 0, accepted = 0, steps = 0;
   for (const auto& r : rs) drafted += r.spec_drafted, accepted += r.spec_accepted, steps += r.spec_steps;
   if (drafted > 0)

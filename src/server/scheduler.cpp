@@ -441,6 +441,7 @@ void Scheduler::start(Active& a) {
   if (gp.sampler.repeat_penalty != 1.0f)
     for (int32_t tkn : P) a.sampler->accept(tkn < 0 && gp.images ? gp.images->placeholder : tkn);
   a.img_rows.clear();
+  a.vision_s = -1;
   if (gp.images) a.drafter.reset();  // image keys are no tokens to draft
   a.detok.emplace(tok_, false);
   if (gp.chat) a.parser.emplace(gp.start_in_think);
@@ -490,7 +491,9 @@ bool Scheduler::image_rows(Active& a, size_t from, size_t n) {
     check(so_.vision != nullptr, "the server has no vision tower");
     std::vector<const image::Patches*> ps;
     for (const auto& p : im.images) ps.push_back(&p);
+    const auto t0 = Clock::now();
     a.img_rows = so_.vision->encode(ps);
+    a.vision_s = std::chrono::duration<double>(Clock::now() - t0).count();
     check(static_cast<int64_t>(a.img_rows.size()) == im.n_rows * model_.hparams().n_embd,
           "the vision tower gave {} floats for {} rows of {}", a.img_rows.size(), im.n_rows, model_.hparams().n_embd);
   } catch (const std::exception& e) {
@@ -1195,6 +1198,11 @@ void Scheduler::finish(Active& a, FinishReason reason, int status, const std::st
   }
   r.n_generated = a.n_gen;
   r.n_thinking = a.think_n;
+  if (const PromptImages* im = a.job->params().images.get()) {
+    r.n_images = static_cast<int>(im->images.size());
+    r.n_image_tokens = static_cast<int>(im->n_rows);
+    r.vision_s = a.vision_s;
+  }
   r.spec_drafted = a.spec_drafted;
   r.spec_accepted = a.spec_accepted;
   r.spec_steps = a.spec_steps;

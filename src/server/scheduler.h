@@ -204,6 +204,7 @@ class Scheduler {
     int spec_drafted = 0, spec_accepted = 0, spec_steps = 0;  // this request's (Job::Result)
     std::vector<int32_t> spec_out;   // scratch: the tokens a verify step emits
     std::vector<float> img_rows;     // GenParams::images: the tower's rows (filled at the first image position fed)
+    double vision_s = -1;            // the tower's time (Job::Result::vision_s)
   };
 
   void loop();

@@ -349,6 +349,22 @@ TEST_F(VisionServerTest, RefusedImages) {
   big.height = 1000;
   big.px.assign(static_cast<size_t>(big.width * big.height * 3), 40);
   expect_refused(*srv_, with_url(data_url(png_bytes(big))), u, "1000000");
+  // the images' tokens beyond the prompt limit (ctx 1024): refused at the image that crosses it,
+  // before any more is decoded (600 x 600 -> 616 x 616 padded, 44 x 44 patches: 484 tokens each)
+  {
+    image::Rgb flat;
+    flat.width = flat.height = 600;
+    flat.px.assign(600 * 600 * 3, 90);
+    const std::string png = png_bytes(flat);
+    const ojson three = oa_chat({oa_image(png), oa_image(png), oa_image(png)});
+    int st = 0;
+    const ojson r = srv_->post("/v1/chat/completions", three, &st);
+    EXPECT_EQ(st, 400) << r.dump();
+    EXPECT_NE(r["error"]["message"].get<std::string>().find("up to 'messages[0].content[2]' alone are 1452 tokens"),
+              std::string::npos)
+        << r.dump();
+    EXPECT_EQ(r["error"]["code"], "context_length_exceeded") << r.dump();
+  }
   // images only in user and tool messages
   ojson sys = oa_chat("hi");
   sys["messages"].insert(sys["messages"].begin(), ojson{{"role", "system"}, {"content", {oa_image(kPngA)}}});

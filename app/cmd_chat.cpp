@@ -296,7 +296,7 @@ int cmd_chat(int argc, char** argv) {
   const int n_ctx = ea.ctx > 0 ? ea.ctx : static_cast<int>(train > 0 ? std::min<uint32_t>(train, 4096) : 4096);
   std::unique_ptr<kimi::Drafter> drafter = kimi::app::make_drafter(
       sa, *model, n_ctx + 64, ea.threads, ea.precision == "f32" ? kimi::Precision::F32 : kimi::Precision::Fast,
-      sa.type == "dspark" ? kimi::app::side_backend(ea) : nullptr);
+      !sa.draft_model.empty() ? kimi::app::side_backend(ea) : nullptr);
   kimi::ContextOptions cop = kimi::app::context_options(ea, n_ctx, std::min(ea.batch, n_ctx));
   if (drafter) {  // a verify step in one micro-batch; one snapshot slot for its rollback (docs/speculative.md)
     cop.n_batch_max = std::max(cop.n_batch_max, std::min(ea.batch, 3 * spec.n_max + 2));
@@ -486,6 +486,7 @@ int cmd_chat(int argc, char** argv) {
                  rs.tokens.size(), rs.tokens_per_second(), kimi::stop_reason_name(rs.stop));
     std::fflush(stderr);
   }
+  if (drafter) std::fprintf(stderr, "%s\n", kimi::app::spec_summary(sa, session.spec_stats()).c_str());
   return 0;
 }
 

@@ -122,7 +122,7 @@ int cmd_run(int argc, char** argv) {
   const int n_ctx = static_cast<int>(std::min<int64_t>(n_ctx_need, INT32_MAX));
   // the DSpark draft's block may reach block_size - 1 positions past the last one decoded
   // the DSpark draft on a Vulkan backend of its own when the target's layers are on Vulkan
-  const std::shared_ptr<kimi::Backend> draft_be = sa.type == "dspark" ? kimi::app::side_backend(ea) : nullptr;
+  const std::shared_ptr<kimi::Backend> draft_be = !sa.draft_model.empty() ? kimi::app::side_backend(ea) : nullptr;
   std::unique_ptr<kimi::Drafter> drafter =
       kimi::app::make_drafter(sa, *model, n_ctx + 64, ea.threads,
                               ea.precision == "f32" ? kimi::Precision::F32 : kimi::Precision::Fast, draft_be);
@@ -187,19 +187,9 @@ int cmd_run(int argc, char** argv) {
   std::fprintf(stderr, "prompt: %zu tokens in %.3f s (%.2f tok/s); generated %d tokens in %.3f s (%.2f tok/s)\n",
                in.size(), pp_s, in.size() / std::max(pp_s, 1e-9), n_gen, tg_s,
                n_gen > 1 ? (n_gen - 1) / std::max(tg_s, 1e-9) : 0.0);
-  if (drafter) {
-    const kimi::SpecStats& st = gen.stats();
-    std::fprintf(stderr,
-                 "speculative (%s%s%s): %llu steps, %llu with a draft: %llu drafted, %llu accepted (%.1f %%), %.2f accepted "
-                 "per verify step, %.2f tokens per step, verify step %.2fx a decode step%s\n",
-                 sa.type.c_str(), sa.type == "auto" ? ", ngram" : "",
-                 draft_be ? fmt::format(", draft on {}", draft_be->name()).c_str() : "",
-                 static_cast<unsigned long long>(st.steps),
-                 static_cast<unsigned long long>(st.verify_steps), static_cast<unsigned long long>(st.drafted),
-                 static_cast<unsigned long long>(st.accepted), 100.0 * st.accept_rate(), st.accept_len(),
-                 st.tokens_per_step(), st.verify_cost(),
-                 st.paused ? fmt::format(", {} steps without drafting (did not pay)", st.paused).c_str() : "");
-  }
+  if (drafter)
+    std::fprintf(stderr, "%s\n",
+                 kimi::app::spec_summary(sa, gen.stats(), draft_be ? draft_be->name() : std::string()).c_str());
   if (ea.verbose && xs_pp.offload_steps + xs_pp.offload_declined > 0)  // prefill offload (docs/gpu.md)
     std::fprintf(stderr, "prompt: %s\n", xs_pp.offload_summary().c_str());
   if (ea.verbose && xs_pp.enabled)

@@ -97,10 +97,13 @@ int cmd_serve(int argc, char** argv) {
   sigaddset(&set, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
   o.sched.prompt_cache = !no_cache;
-  o.sched.spec = kimi::app::spec_params(sa);
+  // -md loads the DSpark draft whatever --spec is: requests may then choose "dspark" themselves
+  o.sched.spec = kimi::app::spec_params(sa, /*draft_any_type=*/true);
   o.sched.spec_type = kimi::parse_spec_type(sa.type, "--spec");
-  kimi::check(o.sched.spec_type != kimi::SpecType::Dspark,
-              "--spec dspark: kimi serve does not load a DSpark draft yet (kimi run does); use ngram or auto");
+  kimi::check(o.sched.spec_type != kimi::SpecType::Dspark || !sa.draft_model.empty(),
+              "--spec dspark needs the draft model: -md/--model-draft FILE");
+  o.sched.draft_model = sa.draft_model;
+  o.sched.draft_threads = ea.threads;
   o.sched.cache_ram = cache_ram_mib < 0 ? kimi::server::default_prompt_cache_ram() : uint64_t(cache_ram_mib) << 20;
   o.sched.cache_disk = uint64_t(cache_disk_mib) << 20;
   if (!o.sched.cache_dir.empty() && (no_cache || o.sched.cache_ram == 0))

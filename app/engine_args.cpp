@@ -340,11 +340,11 @@ int parse_engine_cli(CLI::App& app, int argc, char** argv) {
 void add_spec_options(CLI::App& app, SpecArgs& a) {
   app.add_option("--spec", a.type,
                  "speculative decoding (docs/speculative.md): off, ngram (prompt lookup: propose what followed the "
-                 "last tokens earlier in the text), dspark (the DSpark draft model of -md), auto (ngram while it "
-                 "pays: off where verifying drafts is slower than plain decoding)")
+                 "last tokens earlier in the text), dspark (the DSpark draft model of -md), auto (the drafter of -md, "
+                 "else ngram, while the cost model of the placement and the measured acceptance say it pays)")
       ->check(CLI::IsMember({"off", "auto", "ngram", "dspark"}))
       ->capture_default_str();
-  app.add_option("--model-draft", a.draft_model, "draft model GGUF for --spec dspark (llama.cpp: -md)");
+  app.add_option("--model-draft", a.draft_model, "draft model GGUF for --spec dspark or auto (llama.cpp: -md)");
   app.add_option("--draft-max", a.draft_max, "tokens drafted per step at most")
       ->check(CLI::Range(0, 256))
       ->capture_default_str();
@@ -353,10 +353,21 @@ void add_spec_options(CLI::App& app, SpecArgs& a) {
       ->capture_default_str();
 }
 
-SpecParams spec_params(const SpecArgs& a) {
+std::string spec_summary(const SpecArgs& a, const SpecStats& st, const std::string& draft_backend) {
+  return fmt::format(
+      "speculative ({}{}{}): {} steps, {} with a draft: {} drafted, {} accepted ({:.1f} %), {:.2f} accepted per verify "
+      "step, {:.2f} tokens per step, verify step {:.2f}x a decode step{}",
+      a.type, a.type != "auto" ? "" : a.draft_model.empty() ? ", ngram" : ", dspark",
+      draft_backend.empty() ? std::string() : ", draft on " + draft_backend, st.steps, st.verify_steps, st.drafted, st.accepted,
+      100.0 * st.accept_rate(), st.accept_len(), st.tokens_per_step(), st.verify_cost(),
+      st.paused ? fmt::format(", {} steps without drafting (did not pay)", st.paused) : std::string());
+}
+
+SpecParams spec_params(const SpecArgs& a, bool draft_any_type) {
   check(a.draft_min <= a.draft_max, "--draft-min ({}) must not exceed --draft-max ({})", a.draft_min, a.draft_max);
   const SpecType t = parse_spec_type(a.type, "--spec");
-  check(t == SpecType::Dspark || a.draft_model.empty(), "-md/--model-draft is used only with --spec dspark");
+  check(t == SpecType::Dspark || t == SpecType::Auto || draft_any_type || a.draft_model.empty(),
+        "-md/--model-draft is used only with --spec dspark or auto");
   SpecParams p;
   p.n_max = a.draft_max;
   p.n_min = a.draft_min;
@@ -379,8 +390,10 @@ std::unique_ptr<Drafter> make_drafter(const SpecArgs& a, const Model& target, in
                                       Precision precision, std::shared_ptr<Backend> backend) {
   switch (parse_spec_type(a.type, "--spec")) {
     case SpecType::Off: return nullptr;
-    case SpecType::Auto:
     case SpecType::Ngram: return std::make_unique<NgramDrafter>();
+    case SpecType::Auto:  // the DSpark draft when -md gives one, else n-gram
+      if (a.draft_model.empty()) return std::make_unique<NgramDrafter>();
+      [[fallthrough]];
     case SpecType::Dspark: {
       check(!a.draft_model.empty(), "--spec dspark needs the draft model: -md/--model-draft FILE");
       std::shared_ptr<const DsparkModel> dm = DsparkModel::load(a.draft_model);

@@ -97,7 +97,12 @@ struct SpecArgs {
 };
 void add_spec_options(CLI::App& app, SpecArgs& a);
 // The parameters of the loop (auto: adaptive); kimi::Error naming the flag for a bad combination.
-SpecParams spec_params(const SpecArgs& a);
+// The summary line of a run with a drafter (stderr of kimi run / kimi chat): steps, drafted and
+// accepted tokens, acceptance length, tokens per step, the verify step's cost.
+// draft_backend: where the draft runs when not on its own CPU backend ("": nothing said).
+std::string spec_summary(const SpecArgs& a, const SpecStats& st, const std::string& draft_backend = "");
+// draft_any_type: -md is allowed with any --spec (kimi serve: requests choose dspark themselves)
+SpecParams spec_params(const SpecArgs& a, bool draft_any_type = false);
 // One drafter for one sequence (nullptr for --spec off): ngram and auto get the n-gram drafter;
 // dspark needs -md FILE.
 // n_ctx: positions the draft may see (the context's n_ctx_max plus the block); n_threads: the

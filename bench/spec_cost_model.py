@@ -7,6 +7,10 @@ bytes grow with (k + 1) x u_k, u_k the expert-union share (distinct experts / pi
 `kimi bench --verify-k` measures. Byte counts from docs/gpu.md (computed from k3-architecture.md section 2).
 
     python3 bench/spec_cost_model.py [--union 0.861,0.793,...]   # u_1..u_8 (default: measured, docs/speculative.md)
+    python3 bench/spec_cost_model.py --auto     # what --spec auto's rule (runtime/speculative.h spec_decide) decides
+
+--auto evaluates the engine's built-in model (VerifyCostModel: uniform expert union, an accelerator read 8x
+faster than RAM) and its rule: the k <= 8 with the best E(p, k) / rel(k), drafting when it beats 1.05.
 """
 import argparse
 
@@ -32,10 +36,43 @@ def configs(union):
     return out
 
 
+N_EXPERT, TOP_K, DEV_BW = 896, 16, 8.0  # VerifyCostModel's defaults: K3's experts, the accelerator 8x RAM
+
+
+def auto_table(k_max=8, margin=0.05):
+    x = EXPERTS_GB / TOP_K  # one expert of every MoE layer
+
+    def union(k):  # VerifyCostModel::union_experts
+        return N_EXPERT * (1 - (1 - TOP_K / N_EXPERT) ** (k + 1))
+
+    places = [(f"CPU-only (or all on GPUs), {n} always-read", gb, 0.0) for n, gb in ALWAYS_GB.items()]
+    places.append(("hybrid --cpu-moe, Q8_0 always-read on the GPU", 0.0, 60.0))
+    ps = [0.3, 0.5, 0.6, 0.7, 0.8, 0.9]
+    print("| placement | rel(1) | rel(4) | rel(7) | " + " | ".join(f"p={p}" for p in ps) + " |")
+    print("|---|---:|---:|---:|" + "---:|" * len(ps))
+    for name, host_fixed, dev_fixed in places:
+        def t(k):
+            return host_fixed + union(k) * x + dev_fixed / DEV_BW
+
+        rel = [t(k) / t(0) for k in range(k_max + 1)]
+        cells = []
+        for p in ps:
+            best_k, best = 0, 0.0
+            for k in range(1, k_max + 1):
+                e = sum(p ** i for i in range(k + 1))
+                if e / rel[k] > best:
+                    best_k, best = k, e / rel[k]
+            cells.append(f"k={best_k}: {best:.2f}" if best > 1 + margin else f"off ({best:.2f})")
+        print(f"| {name} | {rel[1]:.2f} | {rel[4]:.2f} | {rel[7]:.2f} | " + " | ".join(cells) + " |")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--union", default=",".join(str(x) for x in UNION), help="u_1..u_K, comma-separated")
+    ap.add_argument("--auto", action="store_true", help="the table --spec auto's rule works from")
     a = ap.parse_args()
+    if a.auto:
+        return auto_table()
     union = [float(x) for x in a.union.split(",")]
     K = len(union)
     print("verify step of k drafts, time relative to a decode step (bytes read / bandwidth):\n")

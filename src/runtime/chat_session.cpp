@@ -78,6 +78,7 @@ int ChatSession::n_turns() const {
 void ChatSession::reset() {
   turns_ = tok::ojson::array();
   ctx_.seq_clear(opts_.seq_id);
+  if (drafter_) drafter_->reset();
   cached_.clear();
   image_rows_.clear();
   committed_rows_ = 0;
@@ -143,6 +144,8 @@ bool ChatSession::eval(const std::vector<int32_t>& toks, size_t from, const Stop
         b.add(toks[j], opts_.seq_id, static_cast<int32_t>(j), last);
     }
     ctx_.decode(b);
+    // a drafter that reads the target's hidden states (dspark) gets every prompt row
+    if (drafter_) observe_taps(*drafter_, ctx_, 0, static_cast<int32_t>(i), static_cast<int64_t>(end - i));
     logits_entry_ = end - i - 1;
     cached_.insert(cached_.end(), toks.begin() + static_cast<std::ptrdiff_t>(i),
                    toks.begin() + static_cast<std::ptrdiff_t>(end));
@@ -201,6 +204,7 @@ TurnStats ChatSession::prefill_turn(const std::string& user_text, const StopFn& 
       st.note += keep == 0 ? fmt::format("re-prefilling all {} tokens", toks.size())
                            : fmt::format("keeping {} tokens and re-prefilling {}", keep, toks.size() - keep);
     }
+    if (drafter_) drafter_->keep(static_cast<int32_t>(keep));
     if (keep == 0) ctx_.seq_clear(opts_.seq_id);
     else ctx_.seq_truncate(opts_.seq_id, static_cast<int32_t>(keep));
     cached_.resize(keep);
@@ -272,7 +276,7 @@ ReplyStats ChatSession::generate(const DeltaFn& on_delta, const StopFn& stop) {
       const int32_t first = sampler_.sample(lg);
       sampler_.accept(first);
       Speculator spec(ctx_, opts_.seq_id, sampler_, drafter_, spec_);
-      spec.start(cached_, first);
+      spec.start(cached_, first, /*observe_prompt=*/false);  // eval() handed the prompt's rows over
       bool done = take(first);
       while (!done) {
         if (stop && stop()) {

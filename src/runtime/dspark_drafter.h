@@ -6,7 +6,11 @@
 //   auto dm = std::shared_ptr<const kimi::DsparkModel>(kimi::DsparkModel::load("draft.gguf"));
 //   kimi::DsparkDrafter d(dm, target, {.n_ctx = 4096, .n_threads = 4});
 //   ctx.set_tap_layers(d.tap_layers_vec());   // before the prompt is decoded
+//
+// Several sequences (kimi serve): one DsparkRunner (the draft's threads, backend and context rows
+// of n_seq sequences) and a DsparkDrafter per sequence on it, each with its own rows and coverage.
 #pragma once
+#include <algorithm>
 #include <memory>
 #include <span>
 #include <vector>
@@ -20,6 +24,7 @@ class CpuBackend;
 class ThreadPool;
 
 struct DsparkDrafterOptions {
+  int n_seq = 1;       // sequences (DsparkRunner: one drafter per sequence id 0..n_seq-1)
   int n_ctx = 4096;    // positions of the sequence (the context's n_ctx_max)
   int n_batch = 512;   // context rows projected per call (larger observe()s are split)
   int n_threads = 0;   // the draft's own CPU threads (0: all hardware threads)
@@ -32,31 +37,44 @@ struct DsparkDrafterOptions {
   std::shared_ptr<Backend> backend;
 };
 
+// The draft's forward for the drafters of n_seq sequences: its own threads, CPU backend and the
+// context rows of every sequence. Its drafters are used from one thread at a time.
+struct DsparkRunner {
+  DsparkRunner(std::shared_ptr<const DsparkModel> dm, const Model& target, const DsparkDrafterOptions& o);
+  ~DsparkRunner();
+  std::shared_ptr<const DsparkModel> dm;
+  std::unique_ptr<ThreadPool> pool;
+  std::unique_ptr<CpuBackend> cpu;
+  std::shared_ptr<Backend> be;  // cpu, or DsparkDrafterOptions::backend
+  std::unique_ptr<DsparkDraft> draft;
+  std::vector<int> taps;             // the target layers it reads
+  std::vector<BatchEntry> entries;   // scratch of observe() (n_batch)
+  std::vector<int32_t> out;          // scratch of propose() (block)
+  int n_batch = 1, n_ctx = 1, n_seq = 1;
+};
+
 class DsparkDrafter final : public Drafter {
  public:
+  // a drafter with a runner of its own (one sequence)
   DsparkDrafter(std::shared_ptr<const DsparkModel> dm, const Model& target, const DsparkDrafterOptions& o);
+  // the drafter of sequence `seq` (0..n_seq-1) of a shared runner
+  DsparkDrafter(std::shared_ptr<DsparkRunner> runner, int32_t seq);
   ~DsparkDrafter() override;
   std::string name() const override { return "dspark"; }
   // Greedy block drafting from the last token (the anchor at position tokens.size() - 1). Proposes
   // nothing until the context rows of every earlier position have been observed.
   int propose(std::span<const int32_t> tokens, int n_max, std::vector<int32_t>& draft) override;
   void reset() override { covered_ = 0; }
-  std::span<const int> tap_layers() const override { return taps_; }
+  void keep(int32_t n_keep) override { covered_ = std::min(covered_, std::max<int32_t>(n_keep, 0)); }
+  std::span<const int> tap_layers() const override { return r_->taps; }
   void observe(const TargetTaps& taps) override;
-  const std::vector<int>& tap_layers_vec() const { return taps_; }
+  const std::vector<int>& tap_layers_vec() const { return r_->taps; }
   // positions 0 .. covered() - 1 have context rows
   int32_t covered() const { return covered_; }
 
  private:
-  std::shared_ptr<const DsparkModel> dm_;
-  std::unique_ptr<ThreadPool> pool_;
-  std::unique_ptr<CpuBackend> cpu_;
-  std::shared_ptr<Backend> be_;  // cpu_ or DsparkDrafterOptions::backend
-  std::unique_ptr<DsparkDraft> draft_;
-  std::vector<int> taps_;
-  std::vector<BatchEntry> entries_;
-  std::vector<int32_t> out_;
-  int n_batch_ = 1, n_ctx_ = 1;
+  std::shared_ptr<DsparkRunner> r_;
+  int32_t seq_ = 0;
   int32_t covered_ = 0;
 };
 

@@ -33,6 +33,7 @@ class Sampler {
   // renormalised (q: q_probs, or 1 at draft only). Does not record the token: call accept().
   int32_t verify(const float* logits, int32_t draft, const float* q_probs, bool& accepted);
   void accept(int32_t token);  // record a token (prompt or generated) for the repetition penalty
+  void reserve(size_t n_tokens) { history_.reserve(n_tokens); }  // room for n accepted tokens: no allocation in accept()
   void reset();                // forget accepted tokens, re-seed
   const SamplerParams& params() const { return p_; }
 

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 
 #include "util/error.h"
 
@@ -67,12 +68,72 @@ void SpecStats::add(const SpecStats& o) {
   plain_s += o.plain_s;
 }
 
+// ---- --spec auto: the cost model ----
+
+double VerifyCostModel::union_experts(int k) const {
+  if (n_expert <= 0 || top_k <= 0) return 0;
+  const double q = 1.0 - double(std::min(top_k, n_expert)) / double(n_expert);
+  return double(n_expert) * (1.0 - std::pow(q, double(k + 1)));
+}
+
+double VerifyCostModel::step_time(int k) const {
+  const double u = union_experts(k);
+  return (host_fixed + u * host_expert) / host_bw + (dev_fixed + u * dev_expert) / dev_bw;
+}
+
+double VerifyCostModel::rel(int k) const {
+  if (k <= 0) return 1.0;
+  if (static_cast<size_t>(k) < measured.size() && measured[static_cast<size_t>(k)] > 0) return measured[static_cast<size_t>(k)];
+  const double t0 = step_time(0);
+  return t0 > 0 ? step_time(k) / t0 : 1.0;
+}
+
+VerifyCostModel VerifyCostModel::of(const Model& m, const Placement& p) {
+  const HParams& hp = m.hparams();
+  VerifyCostModel c;
+  c.n_expert = static_cast<int>(hp.n_expert);
+  c.top_k = static_cast<int>(hp.n_expert_used);
+  const double n_file = double(std::max<uint32_t>(hp.file_experts(), 1));
+  for (const auto& t : m.reader().tensors()) {
+    if (t.name == "token_embd.weight") continue;  // one row per token: nothing next to the rest
+    auto it = p.tensors.find(t.name);
+    const bool dev = it != p.tensors.end() && it->second != 0;
+    const bool expert = t.name.size() > 12 && t.name.compare(t.name.size() - 12, 12, "_exps.weight") == 0;
+    // an expert tensor holds every expert of its layer: bytes of one expert of that layer
+    (expert ? (dev ? c.dev_expert : c.host_expert) : (dev ? c.dev_fixed : c.host_fixed)) +=
+        expert ? double(t.nbytes) / n_file : double(t.nbytes);
+  }
+  return c;
+}
+
+double spec_expected_tokens(double p, int k) {
+  double e = 1, q = 1;
+  for (int i = 0; i < k; ++i) e += (q *= p);
+  return e;
+}
+
+SpecDecision spec_decide(const VerifyCostModel& c, double p, double draft_cost, int k_min, int k_max, bool on,
+                         double margin) {
+  SpecDecision best;
+  best.speedup = 0;
+  for (int k = std::max(1, k_min); k <= k_max; ++k) {
+    const double s = spec_expected_tokens(p, k) / (c.rel(k) + std::max(0.0, draft_cost));
+    if (s > best.speedup) best = {k, s};
+  }
+  if (best.k == 0) return {0, 1.0};
+  // on: off below break-even; off: on only above break-even + margin (hysteresis)
+  if (on ? best.speedup < 1.0 : best.speedup <= 1.0 + margin) best.k = 0;
+  return best;
+}
+
 // ---- the loop ----
 
 Speculator::Speculator(Context& ctx, int32_t seq, Sampler& sampler, Drafter* drafter, const SpecParams& p)
     : ctx_(ctx), seq_(seq), sampler_(sampler), drafter_(drafter), kda_(ctx.model().hparams().n_kda_layers() > 0) {
   set_params(p);
   hist_.reserve(static_cast<size_t>(ctx.options().n_ctx_max) + 1);
+  // the sampler records every token (repetition penalty): no allocation for them in the loop
+  sampler_.reserve(static_cast<size_t>(ctx.options().n_ctx_max) + kSpecMaxStepRows + 1);
 }
 
 void Speculator::set_params(const SpecParams& p) {
@@ -80,6 +141,10 @@ void Speculator::set_params(const SpecParams& p) {
   check(p.n_min >= 0 && p.n_min <= std::max(p.n_max, 0),
         "speculative: --draft-min ({}) must be in 0..--draft-max ({})", p.n_min, p.n_max);
   p_ = p;
+  if (p.adaptive) {
+    cost_ = p.cost ? p.cost : std::make_shared<const VerifyCostModel>(VerifyCostModel::of(ctx_.model(), ctx_.placement()));
+    auto_k_ = p.n_max;
+  }
   const size_t k = static_cast<size_t>(p.n_max);
   draft_.reserve(k);
   out_.reserve(k + 1);
@@ -87,7 +152,7 @@ void Speculator::set_params(const SpecParams& p) {
   batch_.entries.reserve(3 * k + 2);  // pending tokens (<= 2 n_max + 1) and a draft
 }
 
-void Speculator::start(std::span<const int32_t> history, int32_t next) {
+void Speculator::start(std::span<const int32_t> history, int32_t next, bool observe_prompt) {
   check(static_cast<size_t>(ctx_.seq_len(seq_)) == history.size(),
         "speculative: sequence {} holds {} positions but the history has {} tokens", seq_, ctx_.seq_len(seq_),
         history.size());
@@ -95,7 +160,7 @@ void Speculator::start(std::span<const int32_t> history, int32_t next) {
   hist_.push_back(next);
   // a drafter that reads hidden states gets the taps of this sequence's rows of the last batch
   // (the prompt; the caller set the context's tap layers before decoding it, dspark.md §3.5)
-  if (drafter_ && !drafter_->tap_layers().empty() && ctx_.tap_count() > 0) {
+  if (observe_prompt && drafter_ && !drafter_->tap_layers().empty() && ctx_.tap_count() > 0) {
     int64_t i0 = -1, n = 0;
     for (int64_t i = 0; i < ctx_.tap_count(); ++i)
       if (ctx_.tap_entry(size_t(i)).seq_id == seq_) {
@@ -118,21 +183,29 @@ const std::vector<int32_t>& Speculator::step(int max_new) {
   check(room >= 0, "speculative: sequence {} is full ({} positions)", seq_, ctx_.options().n_ctx_max);
   int k = 0;
   bool may_draft = drafter_ && p_.n_max > 0;
+  int k_cap = p_.n_max;
   if (may_draft && p_.adaptive) {
     if (n_plain_meas_ == 0) {
-      may_draft = false;  // a plain step first: the time to compare with
-    } else if (pause_ > 0) {
+      may_draft = false;  // a plain step first: the time a proposal is compared with
+    } else if (!on_ && pause_ > 0) {
       --pause_;
       may_draft = false;
       ++st_.paused;
+    } else if (on_) {
+      k_cap = std::max(1, auto_k_);  // the draft length spec_decide chose (off: a probe at n_max)
     }
   }
   // Drafting pauses while more than n_max tokens wait to be decoded again after rollbacks; the
   // plain step that follows commits them (a bound on the batch: 2 n_max + 1 + n_max rows).
   if (may_draft && p <= p_.n_max + 1) {
-    const int n = std::min({p_.n_max, max_new - 1, room, kSpecMaxStepRows - p});
+    const int n = std::min({k_cap, max_new - 1, room, kSpecMaxStepRows - p});
     if (n > 0) {
+      const auto td = std::chrono::steady_clock::now();
       k = std::min(drafter_->propose(hist_, n, draft_), n);
+      if (p_.adaptive) {  // the time of a proposal (a draft model's forward; n-gram: microseconds)
+        const double x = std::chrono::duration<double>(std::chrono::steady_clock::now() - td).count();
+        t_draft_ = n_draft_meas_++ == 0 ? x : t_draft_ + (x - t_draft_) / 8.0;
+      }
       if (k < std::max(p_.n_min, 1)) k = 0;
     }
   }
@@ -168,23 +241,24 @@ const std::vector<int32_t>& Speculator::step(int max_new) {
   st_.emitted += out_.size();
   (k > 0 ? st_.verify_s : st_.plain_s) += secs;
   if (p_.adaptive) {
-    auto mean = [](double& m, int& n, double x) {
-      m = n == 0 ? x : m + (x - m) / 8.0;
-      n = std::min(n + 1, 1 << 20);
-    };
-    if (k == 0 && p == 1) {
-      mean(t_plain_, n_plain_meas_, secs);
+    if (k == 0 && p == 1) {  // a plain step's time: what a proposal's time is measured against
+      t_plain_ = n_plain_meas_ == 0 ? secs : t_plain_ + (secs - t_plain_) / 8.0;
+      n_plain_meas_ = std::min(n_plain_meas_ + 1, 1 << 20);
     } else if (k > 0) {
-      int nv = n_verify_meas_;
-      mean(t_verify_, n_verify_meas_, secs);
-      mean(n_verify_, nv, double(out_.size()));
-      // verify steps emit n_verify_ tokens in t_verify_; plain steps one in t_plain_
-      if (n_verify_meas_ >= 4 && n_verify_ * t_plain_ < t_verify_) {
-        pause_ = backoff_;
-        backoff_ = std::min(backoff_ * 2, 256);
-        n_verify_meas_ = 0;  // judge the next try afresh
-      } else if (n_verify_meas_ >= 4) {
+      // drafts tried: the kept ones and the first rejected one (the geometric model of spec_decide)
+      acc_hit_ = acc_hit_ * 0.875 + m;
+      acc_try_ = acc_try_ * 0.875 + m + (m < k ? 1 : 0);
+      const double draft_cost = n_plain_meas_ > 0 && t_plain_ > 0 ? t_draft_ / t_plain_ : 0.0;
+      const SpecDecision d =
+          spec_decide(*cost_, accept_estimate(), draft_cost, std::max(1, p_.n_min), p_.n_max, on_);
+      if (d.k > 0) {
+        on_ = true;
+        auto_k_ = d.k;
         backoff_ = 8;
+      } else {  // off: plain steps, then a probe (8 steps, doubling up to 256 while probes lose)
+        pause_ = on_ ? 8 : backoff_;
+        backoff_ = on_ ? 16 : std::min(backoff_ * 2, 256);
+        on_ = false;
       }
     }
   }
@@ -229,18 +303,22 @@ void Speculator::settle() {
 }
 
 void Speculator::observe_rows(size_t row0, int32_t pos0, int64_t n) {
-  if (!drafter_ || drafter_->tap_layers().empty() || n <= 0) return;
-  const auto& tl = ctx_.tap_layers();
-  const auto want = drafter_->tap_layers();
+  if (drafter_) observe_taps(*drafter_, ctx_, row0, pos0, n);
+}
+
+void observe_taps(Drafter& d, const Context& ctx, size_t row0, int32_t pos0, int64_t n) {
+  if (d.tap_layers().empty() || n <= 0) return;
+  const auto& tl = ctx.tap_layers();
+  const auto want = d.tap_layers();
   check(tl.size() == want.size() && std::equal(tl.begin(), tl.end(), want.begin()),
         "speculative: the drafter reads target layers the context does not tap (Context::set_tap_layers)");
   TargetTaps t;
   t.layers = want;
-  t.n_embd = ctx_.model().hparams().n_embd;
+  t.n_embd = ctx.model().hparams().n_embd;
   t.pos0 = pos0;
   t.n_rows = n;
-  t.data = ctx_.tap_row(row0);
-  drafter_->observe(t);
+  t.data = ctx.tap_row(row0);
+  d.observe(t);
 }
 
 }  // namespace kimi

@@ -29,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/placement.h"
 #include "runtime/context.h"
 #include "runtime/sampling.h"
 
@@ -69,6 +70,11 @@ class Drafter {
   virtual void accepted(int n_accepted) { (void)n_accepted; }
   // The sequence was cleared or replaced (a new prompt): forget what belongs to it.
   virtual void reset() {}
+  // The sequence now holds only its first n_keep positions (a new request or chat turn reusing a
+  // cached prefix): what the drafter keeps about later positions is stale.
+  virtual void keep(int32_t n_keep) {
+    if (n_keep == 0) reset();
+  }
   // Target layers whose hidden states this drafter reads (empty: none). The engine hands them over
   // with observe() for every position the target keeps.
   virtual std::span<const int> tap_layers() const { return {}; }
@@ -92,6 +98,11 @@ class NgramDrafter final : public Drafter {
   NgramOptions o_;
 };
 
+// Hands rows row0 .. row0 + n - 1 of the context's last decoded batch (positions pos0 .. pos0 + n - 1
+// of one sequence, kept by the target) to a drafter that reads the target's hidden states; nothing
+// for a drafter without tap layers. The context must tap the drafter's layers (Context::set_tap_layers).
+void observe_taps(Drafter& d, const Context& ctx, size_t row0, int32_t pos0, int64_t n);
+
 enum class SpecType { Off, Auto, Ngram, Dspark };
 // "off" | "auto" | "ngram" | "dspark" (kimi::Error naming `what` otherwise)
 SpecType parse_spec_type(const std::string& s, const char* what);
@@ -104,14 +115,55 @@ const char* spec_type_name(SpecType t);
 // to fit (a step after a rollback, which decodes its kept tokens again, drafts fewer).
 inline constexpr int kSpecMaxStepRows = 15;
 
+// ---- --spec auto: the cost model (docs/speculative.md "When auto drafts") ----
+
+// What a verify step of k drafts (k + 1 rows of one sequence) costs relative to one decode step,
+// from the bytes each reads: the non-expert weights once per step whatever k, the routed experts
+// once per distinct expert the rows pick, each side (host RAM, accelerator memory) at its own
+// bandwidth, one after the other (decode is bound by reading weights, docs/gpu.md).
+struct VerifyCostModel {
+  double host_fixed = 0, dev_fixed = 0;    // non-expert weight bytes per step on the host / accelerators
+  double host_expert = 0, dev_expert = 0;  // bytes of one routed expert in every MoE layer on each side
+  int n_expert = 0, top_k = 0;             // experts per layer, picked per token
+  double host_bw = 1, dev_bw = 8;          // relative bandwidths (only the ratio matters)
+  // measured[k] (k = 0.. size-1): a verify step of k drafts / a decode step, measured (kimi bench
+  // --verify-k); when set it replaces the model for those k
+  std::vector<double> measured;
+  // distinct experts per MoE layer that k + 1 tokens pick (each token top_k of n_expert, uniformly:
+  // n (1 - (1 - top_k / n)^(k + 1)); a skewed router overlaps more, so this errs towards cost)
+  double union_experts(int k) const;
+  double step_time(int k) const;  // the model's time of a step of k + 1 rows (bytes / bandwidth)
+  double rel(int k) const;        // verify step of k drafts / decode step (rel(0) = 1)
+  // From the weights of `m` as the placement puts them (device 0: host; others: accelerators).
+  static VerifyCostModel of(const Model& m, const Placement& p);
+};
+
+// Tokens a verify step of k drafts emits on average when each drafted token is right with
+// probability p given that the ones before it were: 1 + p + p^2 + ... + p^k.
+double spec_expected_tokens(double p, int k);
+
+// --spec auto's rule. For k in [k_min, k_max] (k_min >= 1) the expected speedup over plain decoding
+// is spec_expected_tokens(p, k) / (c.rel(k) + draft_cost) (draft_cost: one proposal's time relative
+// to a decode step; n-gram ~0). The best k is taken when its speedup is above 1 + margin (drafting
+// off) or at least 1, break-even (drafting on: hysteresis, so a run near break-even does not flip
+// every step); else k = 0: decode without drafting.
+struct SpecDecision {
+  int k = 0;             // drafts per step (0: plain decoding)
+  double speedup = 1.0;  // expected at the best k (even when below the threshold)
+};
+SpecDecision spec_decide(const VerifyCostModel& c, double p, double draft_cost, int k_min, int k_max, bool on,
+                         double margin = 0.05);
+
 struct SpecParams {
   int n_max = 8;  // --draft-max: tokens drafted per step at most
   int n_min = 0;  // --draft-min: a proposal shorter than this is not verified (plain step)
-  // --spec auto: draft only while it pays. The loop times its own steps (wall clock, the placement
-  // in use): tokens per second of the verify steps (emitted / time) against plain decode steps;
-  // when verifying is slower it pauses drafting for a number of steps (8, doubling up to 256 while
-  // it keeps losing), then tries again. Never changes which tokens come out, only how fast.
+  // --spec auto: draft only while it pays, by spec_decide: the cost model (`cost`, or one made from
+  // the context's model and placement) and the drafter's running acceptance rate (an exponential
+  // mean over verify steps, weight 1/8) choose the draft length, or no draft; while off, one probe
+  // step drafts after 8 plain steps (doubling up to 256 while probes keep losing) to measure the
+  // acceptance again. Never changes which tokens come out, only how fast.
   bool adaptive = false;
+  std::shared_ptr<const VerifyCostModel> cost;
 };
 
 // Counters of a Speculator (or a sum of them).
@@ -147,8 +199,10 @@ class Speculator {
   // drafter == nullptr: plain decoding through the same interface
   Speculator(Context& ctx, int32_t seq, Sampler& sampler, Drafter* drafter, const SpecParams& p);
   // history: every token of seq so far (ctx.seq_len(seq) == history.size()); next: the token
-  // sampled from the logits of its last position, not yet decoded.
-  void start(std::span<const int32_t> history, int32_t next);
+  // sampled from the logits of its last position, not yet decoded. observe_prompt: hand the rows
+  // of this sequence in the context's last batch to a drafter that reads taps (false: the caller
+  // did, e.g. for a prompt decoded in several batches).
+  void start(std::span<const int32_t> history, int32_t next, bool observe_prompt = true);
   // One target forward pass. Returns the new tokens (at least 1, at most max_new, at most
   // n_max + 1), each already accepted into the sampler. max_new >= 1.
   const std::vector<int32_t>& step(int max_new);
@@ -164,6 +218,11 @@ class Speculator {
   // usual state between plain decode steps). Costs a forward pass only when something is pending.
   void settle();
   const SpecStats& stats() const { return st_; }
+  // --spec auto: the acceptance rate it estimates, whether drafting is on, the draft length chosen
+  double accept_estimate() const { return acc_try_ > 0 ? acc_hit_ / acc_try_ : 0.5; }
+  bool drafting_on() const { return on_; }
+  int auto_draft_len() const { return auto_k_; }
+  const VerifyCostModel* cost_model() const { return cost_.get(); }
   void set_drafter(Drafter* d) { drafter_ = d; }
   Drafter* drafter() const { return drafter_; }
   const SpecParams& params() const { return p_; }
@@ -184,10 +243,15 @@ class Speculator {
   std::vector<size_t> rows_;  // logits entry of out_[i] in the last batch
   Batch batch_;
   SpecStats st_;
-  // --spec auto: running means of the step times and tokens (exponential, weight 1/8)
-  double t_plain_ = 0, t_verify_ = 0, n_verify_ = 0;
-  int n_plain_meas_ = 0, n_verify_meas_ = 0;
-  int pause_ = 0, backoff_ = 8;
+  // --spec auto (spec_decide): the cost model, the acceptance rate's running counts (exponential,
+  // weight 1/8: kept drafts / drafts tried up to the first rejection), the mean times of a plain
+  // step and of a proposal, drafting on or off, the current draft length, the probe schedule
+  std::shared_ptr<const VerifyCostModel> cost_;
+  double acc_hit_ = 0, acc_try_ = 0, t_plain_ = 0, t_draft_ = 0;
+  int n_plain_meas_ = 0, n_draft_meas_ = 0;
+  bool on_ = true;
+  int auto_k_ = 0, pause_ = 0, backoff_ = 8;
+
 };
 
 }  // namespace kimi

@@ -365,7 +365,9 @@ void common_params(const ojson& b, ParsedRequest& r, const Limits& lim, bool cha
       if (ts == "off" || ts == "none") r.gen.spec_type = SpecType::Off;
       else if (ts == "ngram") r.gen.spec_type = SpecType::Ngram;
       else if (ts == "auto") r.gen.spec_type = SpecType::Auto;
-      else if (ts == "dspark") bad("speculative.type", "'speculative.type' dspark needs a draft model, which this server does not have");
+      else if (ts == "dspark" && lim.dspark) r.gen.spec_type = SpecType::Dspark;
+      else if (ts == "dspark")
+        bad("speculative.type", "'speculative.type' dspark needs a draft model, which this server does not have (kimi serve -md FILE)");
       else bad("speculative.type", "'speculative.type' must be \"ngram\", \"dspark\", \"auto\" or \"off\"");
     }
     r.gen.spec_n_max = spec_int(*sp, "n_max", "speculative.n_max");

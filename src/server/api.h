@@ -44,6 +44,8 @@ struct Limits {
   // The thinking budget of a chat request that gives none (kimi serve --reasoning-budget;
   // GenParams::thinking_budget): -1 no cap.
   int thinking_budget = -1;
+  // A DSpark draft is loaded (kimi serve -md): requests may choose "speculative": {"type": "dspark"}.
+  bool dspark = false;
   // The compile budget of grammars, schemas and tool parameter schemas (grammar.h); its
   // `cancelled` is set per request (the client has gone).
   grammar::Budget budget;

@@ -116,6 +116,7 @@ Server::Server(const ServerOptions& opts) : impl_(std::make_unique<Impl>()) {
   I.lim.image_max_count = opts.image_max_count;
   I.lim.image_max_bytes = opts.image_max_bytes;
   I.lim.image_max_pixels = opts.image_max_pixels;
+  I.lim.dspark = !opts.sched.draft_model.empty();
   Sampler check_sampling(opts.sampling, 1);  // a bad default (e.g. --top-p 2) fails at startup
 
   httpd::Options h;

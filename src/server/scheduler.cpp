@@ -35,9 +35,24 @@ Scheduler::Scheduler(const Model& model, const tok::Tokenizer& tok, const Contex
   // and the forced tokens known after it (the close sequence)
   o.n_batch_max = std::max(o.n_batch_max, so_.chunk * so_.max_chunks +
                                               so_.parallel * static_cast<int>(1 + think_close_.size()));
-  if (so_.spec_type != SpecType::Off) o.n_snapshots_max += 1;  // a verify step's snapshot (docs/speculative.md)
+  if (so_.spec_type != SpecType::Off || !so_.draft_model.empty())
+    o.n_snapshots_max += 1;  // a verify step's snapshot (docs/speculative.md)
   ctx_ = std::make_unique<Context>(model_, o);
   n_ctx_ = o.n_ctx_max;
+  if (!so_.draft_model.empty()) {  // the DSpark draft: one runner, a drafter per sequence (dspark_for)
+    check(ctx_->n_ranks() <= 1, "--model-draft: the DSpark draft runs in a single process, not across MPI ranks");
+    std::shared_ptr<const DsparkModel> dm = DsparkModel::load(so_.draft_model);
+    DsparkDrafterOptions d;
+    d.n_seq = o.n_seq_max;
+    d.n_ctx = n_ctx_ + static_cast<int>(dm->hparams().block);  // a block reaches past the last position
+    d.n_batch = std::max(16, so_.chunk);
+    d.n_threads = so_.draft_threads;
+    d.precision = copts.precision;
+    dspark_ = std::make_shared<DsparkRunner>(std::move(dm), model_, d);
+    ctx_->set_tap_layers(dspark_->taps);  // the target's hidden states at the draft's tap layers, every row
+    dspark_drafters_.resize(static_cast<size_t>(o.n_seq_max));
+    dspark_seen_.resize(static_cast<size_t>(o.n_seq_max));
+  }
   any_prefix_ = model_.hparams().n_kda_layers() == 0;
   if (so_.prompt_cache && so_.cache_ram > 0 && ctx_->n_ranks() <= 1)
     cache_ = std::make_unique<PromptCache>(*ctx_, PromptCacheOptions{so_.cache_ram, so_.cache_dir, so_.cache_disk});
@@ -362,6 +377,11 @@ void Scheduler::start(Active& a) {
   const std::vector<int32_t>& P = a.job->prompt();
   check(!P.empty(), "empty prompt");
   const size_t cap = P.size() - 1;  // the last prompt token is always decoded (its logits)
+  const GenParams& gp = a.job->params();
+  const SpecType spec_t = gp.spec_type.value_or(so_.spec_type);
+  const bool free_output = !gp.grammar && !gp.tool_grammar && gp.thinking_budget < 0 && !gp.tool_must_finish && !gp.images;
+  const bool dspark_req = dspark_ && spec_t == SpecType::Dspark && free_output &&
+                          (gp.spec_n_max >= 0 ? gp.spec_n_max : so_.spec.n_max) > 0;
   int src = -1;
   size_t best_r = 0, L = 0;
   for (int i = 0; i < static_cast<int>(seqs_.size()); ++i) {
@@ -374,6 +394,9 @@ void Scheduler::start(Active& a) {
     else  // the longest engine snapshot (chunk or turn boundary) inside the common prefix
       for (int32_t sp : ctx_->seq_snapshot_positions(i))
         if (sp > 0 && static_cast<size_t>(sp) <= l) r = std::max(r, static_cast<size_t>(sp));
+    // a DSpark request resumes a sequence only as far as that sequence's draft saw the same tokens
+    // (r must stay a point the engine can resume at: a shorter common prefix rules the sequence out)
+    if (dspark_req && common_prefix(dspark_seen_[static_cast<size_t>(i)], P) < r) r = 0;
     if (r == 0 || !so_.prompt_cache) continue;
     const bool better = r > best_r || (r == best_r && src >= 0 && seqs_[static_cast<size_t>(src)].busy && !s.busy);
     if (better) { best_r = r; src = i; }
@@ -407,6 +430,18 @@ void Scheduler::start(Active& a) {
       t.toks.resize(best_r);
     }
   }
+  if (dspark_req) {
+    // the draft reads the target's hidden states of every position: a cached prefix is reused only as
+    // far as this sequence's draft saw the same tokens (else the prompt is decoded again from the start)
+    std::vector<int32_t>& seen = dspark_seen_[static_cast<size_t>(target)];
+    if (common_prefix(seen, P) < best_r) {
+      best_r = 0;
+      ctx_->seq_clear(target);
+      t.toks.clear();
+    }
+    dspark_for(target)->keep(static_cast<int32_t>(best_r));
+    seen.resize(std::min(seen.size(), best_r));
+  }
   if (best_r > 0 && best_r + 1 == P.size() && ctx_->seq_snapshot_pos(target) != static_cast<int32_t>(best_r))
     ctx_->seq_snapshot(target);
   t.busy = true;
@@ -422,18 +457,21 @@ void Scheduler::start(Active& a) {
         a.save_at = static_cast<int>(b);
         break;
       }
-  const GenParams& gp = a.job->params();
   a.sampler.emplace(gp.sampler, ctx_->n_vocab());
   {  // speculative decoding: the request's choice, else the server's
-    const SpecType t = gp.spec_type.value_or(so_.spec_type);
+    const SpecType t = spec_t;
     a.spec = so_.spec;
     if (gp.spec_n_max >= 0) a.spec.n_max = gp.spec_n_max;
     if (gp.spec_n_min >= 0) a.spec.n_min = gp.spec_n_min;
     a.spec.n_min = std::min(a.spec.n_min, a.spec.n_max);
-    const bool free_output = !gp.grammar && !gp.tool_grammar && gp.thinking_budget < 0;
-    a.drafter.reset();
-    if ((t == SpecType::Ngram || t == SpecType::Auto) && free_output && a.spec.n_max > 0)
-      a.drafter = so_.make_drafter ? so_.make_drafter() : std::make_unique<NgramDrafter>();
+    a.drafter = nullptr;
+    a.own_drafter.reset();
+    if ((t == SpecType::Ngram || t == SpecType::Auto) && free_output && a.spec.n_max > 0) {
+      a.own_drafter = so_.make_drafter ? so_.make_drafter() : std::make_unique<NgramDrafter>();
+      a.drafter = a.own_drafter.get();
+    } else if (dspark_req) {
+      a.drafter = dspark_for(target);
+    }
     a.draft.clear();
     a.redo.clear();
     a.draft.reserve(static_cast<size_t>(a.spec.n_max));
@@ -442,7 +480,7 @@ void Scheduler::start(Active& a) {
     for (int32_t tkn : P) a.sampler->accept(tkn < 0 && gp.images ? gp.images->placeholder : tkn);
   a.img_rows.clear();
   a.vision_s = -1;
-  if (gp.images) a.drafter.reset();  // image keys are no tokens to draft
+  if (gp.images) a.drafter = nullptr;  // image keys are no tokens to draft
   a.detok.emplace(tok_, false);
   if (gp.chat) a.parser.emplace(gp.start_in_think);
   a.in_think = gp.chat && gp.start_in_think;
@@ -468,7 +506,7 @@ void Scheduler::start(Active& a) {
       a.think_budget = a.think_budget < 0 ? cap : std::min(a.think_budget, cap);
     }
   }
-  if (a.think_budget >= 0 || gp.tool_must_finish) a.drafter.reset();  // forced tokens may come: no drafts
+  if (a.think_budget >= 0 || gp.tool_must_finish) a.drafter = nullptr;  // forced tokens may come: no drafts
   {
     Job::Result r;  // record prompt/cached counts early (visible in the final result)
     std::lock_guard<std::mutex> lk(a.job->mu_);
@@ -557,7 +595,7 @@ void Scheduler::make_prefix_entry(Active& a) {
 void Scheduler::step() {
   batch_.clear();
   int prefill_tokens = 0;
-  struct Part { Active* a; size_t n; };  // prefill part of this step
+  struct Part { Active* a; size_t n; size_t row0; };  // prefill part of this step (its first batch row)
   std::vector<Part> parts;
   for (auto& up : active_) {
     Active& a = *up;
@@ -570,6 +608,7 @@ void Scheduler::step() {
     // speculative decoding: kept tokens to decode again (after a rollback), then the sampled token
     // and this step's draft, logits at each drafted position
     const int32_t r = static_cast<int32_t>(a.redo.size());
+    a.obs_row0 = batch_.size();
     for (int32_t i = 0; i < r; ++i) batch_.add(a.redo[static_cast<size_t>(i)], a.seq, base + i, false);
     a.spec_base = base;
     if (a.drafter && a.ahead.empty()) spec_draft(a, base);
@@ -604,6 +643,7 @@ void Scheduler::step() {
     const bool lp = a.job->params().logprobs >= 0;
     const PromptImages* im = a.job->params().images.get();
     if (im && !image_rows(a, a.pos, n)) continue;
+    const size_t row0 = batch_.size();
     for (size_t i = 0; i < n; ++i) {
       const bool want = last && i + 1 == n && (lp || a.ahead.empty());
       const int32_t t = P[a.pos + i];
@@ -616,7 +656,7 @@ void Scheduler::step() {
     for (size_t i = 0; i < a.ahead.size(); ++i)
       batch_.add(a.ahead[i], a.seq, base + static_cast<int32_t>(n + i), lp || i + 1 == a.ahead.size());
     a.logit_idx = last ? static_cast<int>(batch_.size()) - 1 : -1;
-    parts.push_back({&a, n});
+    parts.push_back({&a, n, row0});
     prefill_tokens += static_cast<int>(n);
     ++chunks;
   }
@@ -650,16 +690,20 @@ void Scheduler::step() {
     Active& a = *up;
     if (!a.generating) continue;
     std::vector<int32_t>& toks = seqs_[static_cast<size_t>(a.seq)].toks;
+    const size_t base = toks.size();
     toks.insert(toks.end(), a.redo.begin(), a.redo.end());
     a.redo.clear();
     toks.push_back(a.pending);
     toks.insert(toks.end(), a.ahead.begin(), a.ahead.end());
+    // the rows kept (a verify step hands its rows over once it knows which drafts were kept)
+    if (a.draft.empty()) spec_observe(a, a.obs_row0, static_cast<int32_t>(base), static_cast<int64_t>(toks.size() - base));
     gen_now.push_back(&a);
   }
   for (const Part& p : parts) {
     Active& a = *p.a;
     SeqRec& s = seqs_[static_cast<size_t>(a.seq)];
     const auto& P = a.job->prompt();
+    const size_t base = s.toks.size();
     s.toks.insert(s.toks.end(), P.begin() + static_cast<std::ptrdiff_t>(a.pos),
                   P.begin() + static_cast<std::ptrdiff_t>(a.pos + p.n));
     a.pos += p.n;
@@ -687,6 +731,7 @@ void Scheduler::step() {
       a.generating = true;
       gen_now.push_back(&a);
     }
+    spec_observe(a, p.row0, static_cast<int32_t>(base), static_cast<int64_t>(s.toks.size() - base));
   }
   for (Active* a : gen_now) {
     if (!a->draft.empty()) {  // a verify step (speculative decoding)
@@ -781,6 +826,8 @@ int Scheduler::spec_verify(Active& a) {
     toks.push_back(a.draft[i]);
     ++m;
   }
+  // the rows kept: the tokens decoded again, the pending one and the drafts accepted
+  spec_observe(a, a.obs_row0, base, static_cast<int64_t>(toks.size()) - base);
   a.drafter->accepted(static_cast<int>(m));
   a.spec_drafted += static_cast<int>(k);
   a.spec_accepted += static_cast<int>(m);
@@ -817,6 +864,25 @@ int Scheduler::spec_verify(Active& a) {
   }
   a.draft.clear();
   return emitted;
+}
+
+Drafter* Scheduler::dspark_for(int seq) {
+  check(dspark_ != nullptr, "internal: no DSpark draft");
+  auto& d = dspark_drafters_[static_cast<size_t>(seq)];
+  if (!d) {
+    d = std::make_unique<DsparkDrafter>(dspark_, seq);
+    dspark_seen_[static_cast<size_t>(seq)].reserve(static_cast<size_t>(n_ctx_) + 1);
+  }
+  return d.get();
+}
+
+void Scheduler::spec_observe(Active& a, size_t row0, int32_t pos0, int64_t n) {
+  if (!a.drafter || a.drafter->tap_layers().empty() || n <= 0) return;
+  observe_taps(*a.drafter, *ctx_, row0, pos0, n);
+  std::vector<int32_t>& seen = dspark_seen_[static_cast<size_t>(a.seq)];
+  if (static_cast<size_t>(pos0) > seen.size()) return;  // a gap: the drafter does not cover these rows
+  seen.resize(static_cast<size_t>(pos0));
+  for (int64_t i = 0; i < n; ++i) seen.push_back(ctx_->tap_entry(row0 + static_cast<size_t>(i)).token);
 }
 
 void Scheduler::emit(Active& a, const std::string& text) {

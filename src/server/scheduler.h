@@ -39,6 +39,7 @@
 
 #include "model/model.h"
 #include "runtime/context.h"
+#include "runtime/dspark_drafter.h"
 #include "runtime/sampling.h"
 #include "runtime/speculative.h"
 #include "server/grammar.h"
@@ -80,6 +81,10 @@ struct SchedulerOptions {
   // job's images in one call, when its prefill first reaches a <|media_pad|> position that the
   // prompt cache did not restore; its rows then take those positions (Batch::embd).
   VisionRunner* vision = nullptr;
+  // The DSpark draft of requests that choose "dspark" (-md/--model-draft; empty: none): loaded with
+  // the model, one drafter per sequence on the draft's own draft_threads threads (0: all cores)
+  std::string draft_model;
+  int draft_threads = 0;
 };
 
 // One sequence of the context, for /slots: a slot running a request, or one that keeps a prompt.
@@ -196,7 +201,9 @@ class Scheduler {
     // speculative decoding (runtime/speculative.h): the drafter (nullptr: none), this step's draft
     // (decoded after `pending`, logits at each), and the kept tokens to decode again before
     // `pending` after a KDA rollback (the sequence went back to where that step started)
-    std::unique_ptr<Drafter> drafter;
+    Drafter* drafter = nullptr;            // own_drafter, or the sequence's DSpark drafter (dspark_)
+    std::unique_ptr<Drafter> own_drafter;
+    size_t obs_row0 = 0;                   // this step's first batch row of the sequence (taps)
     SpecParams spec;
     std::vector<int32_t> draft, redo;
     bool spec_snap_new = false;      // this step's snapshot was taken for the draft (dropped after)
@@ -213,6 +220,9 @@ class Scheduler {
   void on_token(Active& a, int32_t t, const float* logits);
   void spec_draft(Active& a, int32_t base);    // a.draft for this step (may stay empty)
   int spec_verify(Active& a);                  // after the decode: accept, roll back, emit; tokens emitted
+  // DSpark: the drafter of sequence seq (made at its first use); hands rows of the last batch to a's drafter
+  Drafter* dspark_for(int seq);
+  void spec_observe(Active& a, size_t row0, int32_t pos0, int64_t n);
   int32_t sample_constrained(Active& a, const float* logits);
   bool forced_token(Active& a, int32_t& t);  // the thinking budget / a due completion: the next token is forced
   bool finish_due(Active& a, int32_t sampled);  // GenParams::tool_must_finish: builds a.finish_q when due
@@ -260,6 +270,12 @@ class Scheduler {
   std::vector<int32_t> trie_others_;
   std::vector<uint8_t> allowed_;       // scratch: per token id, may it come next
   bool grammar_full_scan_ = false;     // KIMI_GRAMMAR_FULL_SCAN=1: check every id one by one (the reference)  // no KDA layer: any prefix of a sequence can be resumed
+
+  // the DSpark draft (SchedulerOptions::draft_model): its runner, a drafter per sequence and the
+  // tokens whose context rows each holds (a request reuses a cached prefix only where they match)
+  std::shared_ptr<DsparkRunner> dspark_;
+  std::vector<std::unique_ptr<Drafter>> dspark_drafters_;
+  std::vector<std::vector<int32_t>> dspark_seen_;
 
   std::vector<SeqRec> seqs_;
   std::vector<std::unique_ptr<Active>> active_;

@@ -361,6 +361,40 @@ TEST_F(ChatFixture, RunChatWrapsThePromptInTheChatFormat) {
   EXPECT_NE(bad.out.find("--chat needs -p/--prompt"), std::string::npos) << bad.out;
 }
 
+// kimi chat --spec dspark -md DRAFT (and --spec ngram): a three-turn greedy conversation equals the
+// one without speculation (the saved messages, thinking included), with prompts prefilled in several
+// batches (-b 16: the draft gets the target's hidden states of every chunk, or it could not draft
+// after the first turn), and the summary line says how many tokens were drafted.
+TEST_F(ChatFixture, SpeculativeRepliesEqualPlainReplies) {
+  test::TempDir d;
+  auto r = test::run_kimi("synth --preset dspark-tiny --seed 2 -q -o " + d.file("draft-hf"));
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  r = test::run_kimi("convert " + d.file("draft-hf") + " -o " + d.file("draft.gguf") + " --quiet");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  auto conversation = [&](const std::string& spec, const std::string& name) {
+    const std::string conv = d.file(name + ".json");
+    test::write_file(d.file(name + ".txt"), "What is a river?\nname two rivers\n/reset\nand a lake\nwhy\n/save " + conv + "\n");
+    auto out = test::run_kimi("chat -m " + gguf + " -n 24 -t 1 -b 16 --temp 0 " + spec + " < " + d.file(name + ".txt"));
+    EXPECT_EQ(out.exit_code, 0) << out.out;
+    EXPECT_EQ(turn_lines(out.out).size(), 4u) << out.out;
+    return std::make_pair(out.out, ojson::parse(test::read_file(conv)));
+  };
+  const auto [off_out, off] = conversation("--spec off", "off");
+  ASSERT_EQ(off["messages"].size(), 4u) << off.dump();
+  EXPECT_EQ(off_out.find("speculative ("), std::string::npos);
+  for (const std::string spec : {"--spec dspark -md " + d.file("draft.gguf") + " --draft-max 7", std::string("--spec ngram")}) {
+    const auto [out, got] = conversation(spec, spec.substr(7, 5));
+    EXPECT_EQ(got["messages"], off["messages"]) << spec;
+    // "speculative (dspark): S steps, V with a draft: D drafted, ..."
+    std::smatch m;
+    ASSERT_TRUE(std::regex_search(out, m, std::regex(R"(speculative \((\w+)[^)]*\): \d+ steps, (\d+) with a draft: (\d+) drafted)"))) << out;
+    if (m[1] == "dspark") {
+      EXPECT_GE(std::stoi(m[2]), 10) << out;  // it drafts (the prompts were prefilled in 16-token batches)
+      EXPECT_GT(std::stoi(m[3]), std::stoi(m[2])) << out;
+    }
+  }
+}
+
 TEST_F(ChatFixture, BadFlagsAreErrors) {
   auto r = test::run_kimi("chat -m " + gguf + " --thinking maybe < /dev/null");
   EXPECT_NE(r.exit_code, 0);

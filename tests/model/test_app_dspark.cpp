@@ -398,6 +398,23 @@ TEST(Dspark, SpeculativeGreedyRunEqualsPlainRun) {
   }
 }
 
+// `kimi run --spec auto -md draft.gguf`: the random-weight synthetic draft is never right, so auto
+// stops drafting after its first verify step (and only probes now and then); same ids as --spec off.
+TEST(Dspark, AutoStopsDraftingWithARandomDraft) {
+  const std::string base = fmt::format("run -m {} --tokens 300,301,302,303,304,305,306,307 -n 80 --temp 0 --ids --ignore-eos",
+                                       files().target_gguf);
+  auto off = run_kimi(base + " --spec off");
+  ASSERT_EQ(off.exit_code, 0) << off.out;
+  auto au = run_kimi(base + " --spec auto -md " + files().draft_gguf);
+  ASSERT_EQ(au.exit_code, 0) << au.out;
+  EXPECT_EQ(au.out.substr(0, au.out.find('\n')), off.out.substr(0, off.out.find('\n')));
+  ASSERT_NE(au.out.find("speculative (auto, dspark): "), std::string::npos) << au.out;
+  const auto at = au.out.find(" steps without drafting (did not pay)");
+  ASSERT_NE(at, std::string::npos) << au.out;
+  const auto sp = au.out.rfind(' ', at - 1);
+  EXPECT_GE(std::stoi(au.out.substr(sp + 1, at - sp - 1)), 50) << au.out;
+}
+
 TEST(Dspark, BadDraftsGetClearErrors) {
   // the target GGUF is not a draft
   try {

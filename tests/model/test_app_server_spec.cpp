@@ -1,6 +1,8 @@
 // kimi serve with speculative decoding per request ("speculative": {"type": "ngram", ...}): greedy
 // answers with drafts equal those without, token for token and logprob for logprob, while another
-// request without speculation runs in the same batches; the counters in /metrics; bad values 400.
+// request without speculation runs in the same batches (n-gram drafts, and the DSpark draft of -md);
+// the counters in /metrics; bad values 400.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -28,6 +30,20 @@ ojson completion(const std::vector<int32_t>& prompt, int n, const ojson& spec = 
   ojson b = {{"prompt", prompt}, {"max_tokens", n}, {"temperature", 0}, {"ignore_eos", true}, {"logprobs", 1}};
   if (!spec.is_null()) b["speculative"] = spec;
   return b;
+}
+
+// the DSpark draft of the tiny test model (kimi synth --preset dspark-tiny + kimi convert), made once
+const std::string& dspark_draft() {
+  static TempDir dir;
+  static const std::string path = [] {
+    const std::string hf = dir.file("draft-hf"), gguf = dir.file("draft.gguf");
+    auto r = run_kimi(fmt::format("synth --preset dspark-tiny --seed 3 -q -o {}", hf));
+    EXPECT_EQ(r.exit_code, 0) << r.out;
+    r = run_kimi(fmt::format("convert {} -o {} --quiet", hf, gguf));
+    EXPECT_EQ(r.exit_code, 0) << r.out;
+    return gguf;
+  }();
+  return path;
 }
 
 double metric(const std::string& text, const std::string& name) {
@@ -182,6 +198,73 @@ TEST(ServerSpec, RejectionAtEveryBlockPositionEqualsPlain) {
     if (j >= 0) EXPECT_GT(metric(res->body, "kimi_spec_recomputed_tokens_total"), 0) << res->body;
     last_acc = acc;
   }
+}
+
+// "speculative": {"type": "dspark"} with the server's DSpark draft (-md): greedy answers equal the
+// plain answers token for token and logprob for logprob, with a request without speculation and an
+// n-gram request decoding in the same steps; the random synthetic draft is almost never right, so
+// nearly every verify step rolls back (rows and KDA states). A second identical request reuses its
+// sequence's cached prompt (the draft saw it) and drafts again.
+TEST(ServerSpec, DsparkEqualsPlainWithBatchNeighbours) {
+  auto o = server_opts();
+  o.quiet = true;
+  o.sched.draft_model = dspark_draft();
+  o.sched.draft_threads = 1;
+  RunningServer s(o);
+  const std::vector<int32_t> P = ids(40, 11), Q = ids(30, 9), R = ids(26, 4);
+  int st = 0;
+  const ojson plain = s.post("/v1/completions", completion(P, 40), &st);
+  ASSERT_EQ(st, 200) << plain.dump();
+  const ojson plain_r = s.post("/v1/completions", completion(R, 30), &st);
+  ASSERT_EQ(st, 200) << plain_r.dump();
+  const ojson plain_q = s.post("/v1/completions", completion(Q, 24), &st);
+  ASSERT_EQ(st, 200) << plain_q.dump();
+  double last_drafted = 0;
+  for (int round = 0; round < 2; ++round) {
+    ojson neighbour, ngram;
+    std::thread tb([&] { neighbour = s.post("/v1/completions", completion(Q, 200)); });
+    std::thread tc([&] { ngram = s.post("/v1/completions", completion(R, 30, {{"type", "ngram"}, {"n_max", 3}})); });
+    for (int i = 0; i < 20000; ++i) {  // the neighbour decoding first (a condition, not a delay)
+      bool busy = false;
+      for (const auto& sl : s.get("/slots"))
+        if (sl.value("is_processing", false) && sl.contains("request") && sl["request"].value("n_decoded", 0) > 0)
+          busy = true;
+      if (busy) break;
+      std::this_thread::yield();
+    }
+    const ojson ds = s.post("/v1/completions", completion(P, 40, {{"type", "dspark"}, {"n_max", 7}}), &st);
+    tb.join();
+    tc.join();
+    ASSERT_EQ(st, 200) << ds.dump();
+    EXPECT_EQ(ds["choices"][0]["text"], plain["choices"][0]["text"]) << round;
+    EXPECT_EQ(ds["choices"][0]["logprobs"]["tokens"], plain["choices"][0]["logprobs"]["tokens"]) << round;
+    EXPECT_EQ(ds["choices"][0]["logprobs"]["token_logprobs"], plain["choices"][0]["logprobs"]["token_logprobs"]) << round;
+    EXPECT_EQ(ngram["choices"][0]["logprobs"]["token_logprobs"], plain_r["choices"][0]["logprobs"]["token_logprobs"]);
+    // the second time the prompt is resumed from the sequence whose draft saw it
+    if (round == 1) EXPECT_GT(ds["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>(), 30) << ds.dump();
+    ASSERT_EQ(neighbour["choices"][0]["logprobs"]["token_logprobs"].size(), 200u);
+    for (size_t i = 0; i < 24; ++i)
+      EXPECT_EQ(neighbour["choices"][0]["logprobs"]["token_logprobs"][i], plain_q["choices"][0]["logprobs"]["token_logprobs"][i]) << i;
+    auto c = s.client();
+    auto res = c.Get("/metrics");
+    ASSERT_TRUE(res);
+    const double drafted = metric(res->body, "kimi_spec_drafted_tokens_total");
+    EXPECT_GT(drafted, last_drafted + 40) << round << res->body;  // it drafted at (nearly) every step
+    EXPECT_GT(metric(res->body, "kimi_spec_recomputed_tokens_total"), 0) << res->body;  // KDA rollbacks
+    last_drafted = drafted;
+  }
+  // the server's default: --spec dspark; a request may turn it off
+  auto o2 = o;
+  o2.sched.spec_type = SpecType::Dspark;
+  o2.sched.spec.n_max = 5;
+  RunningServer s2(o2);
+  const ojson d = s2.post("/v1/completions", completion(P, 40), &st);
+  ASSERT_EQ(st, 200) << d.dump();
+  EXPECT_EQ(d["choices"][0]["logprobs"]["token_logprobs"], plain["choices"][0]["logprobs"]["token_logprobs"]);
+  auto c2 = s2.client();
+  auto res2 = c2.Get("/metrics");
+  ASSERT_TRUE(res2);
+  EXPECT_GT(metric(res2->body, "kimi_spec_drafted_tokens_total"), 40) << res2->body;
 }
 
 TEST(ServerSpec, BadSpeculativeFieldsAre400) {

@@ -207,6 +207,65 @@ TEST_F(Spec, GreedyWithNgramEqualsPlainDecoding) {
   }
 }
 
+// --spec auto (SpecParams::adaptive, spec_decide): a drafter that is right (always, or 3 times in 4)
+// keeps drafting, with the plain output; one that is always wrong is turned off after its first
+// verify step and only probed again after 8, 16, 32, ... plain steps.
+TEST_F(Spec, AutoDraftsWhileItPaysAndStopsWhenDraftsAreWrong) {
+  auto m = Model::load(path);
+  const std::vector<int32_t> prompt = random_tokens(16, 31);
+  const Gen ref = plain(*m, prompt, 80);
+  {  // the tiny model's cost model: a verify step of 4 drafts costs less than 5 decode steps
+    Context c(*m, opts());
+    const VerifyCostModel cm = VerifyCostModel::of(*m, c.placement());
+    EXPECT_GT(cm.rel(4), 1.0);
+    EXPECT_LT(cm.rel(4), 2.5);
+    EXPECT_GT(spec_decide(cm, 1.0, 0.0, 1, 4, false).k, 0);
+    EXPECT_EQ(spec_decide(cm, 0.0, 0.0, 1, 4, true).k, 0);
+  }
+  for (const std::vector<int>& wrong : {std::vector<int>{}, std::vector<int>{3}, std::vector<int>{0}}) {
+    ScriptDrafter d;
+    d.truth = prompt;
+    d.truth.insert(d.truth.end(), ref.tokens.begin(), ref.tokens.end());
+    d.wrong_at = wrong;
+    SpecStats st;
+    const Gen got = speculative(*m, prompt, 80, &d, {.n_max = 4, .adaptive = true}, &st);
+    expect_same(ref, got, kTolF32, "auto");
+    if (wrong.empty()) {  // right: drafting all along (after the first, plain step)
+      EXPECT_EQ(st.paused, 0u);
+      EXPECT_LE(st.steps, st.verify_steps + 2);
+      EXPECT_GT(st.tokens_per_step(), 4.0);
+    } else if (wrong[0] == 3) {  // right 3 times in 4: never paused (the plain steps commit the kept
+      // tokens of two rollbacks in a row, docs/speculative.md "Rollback")
+      EXPECT_EQ(st.paused, 0u);
+      EXPECT_GT(st.accept_len(), 2.5);
+      EXPECT_GT(st.tokens_per_step(), 2.5);
+    } else {  // wrong at 0: off after one verify step; probes after 8, then 16, 32 plain steps
+      EXPECT_LE(st.verify_steps, 4u);
+      EXPECT_GE(st.paused, 8u + 16u + 32u - 3u);
+      EXPECT_EQ(st.accepted, 0u);
+    }
+  }
+}
+
+// The built-in verify-cost model reads the model's own tensors: everything but the embedding table,
+// the routed experts split per expert, on the host with a single-device placement.
+TEST_F(Spec, CostModelCountsTheWeightsOfThePlacement) {
+  auto m = Model::load(path);
+  Context c(*m, opts());
+  const VerifyCostModel cm = VerifyCostModel::of(*m, c.placement());
+  double fixed = 0, experts = 0;
+  for (const auto& t : m->reader().tensors()) {
+    if (t.name == "token_embd.weight") continue;
+    (t.name.find("_exps.weight") != std::string::npos ? experts : fixed) += double(t.nbytes);
+  }
+  EXPECT_DOUBLE_EQ(cm.host_fixed, fixed);
+  EXPECT_NEAR(cm.host_expert * m->hparams().file_experts(), experts, 1e-6 * experts);
+  EXPECT_EQ(cm.dev_fixed, 0.0);
+  EXPECT_EQ(cm.dev_expert, 0.0);
+  EXPECT_EQ(cm.n_expert, static_cast<int>(m->hparams().n_expert));
+  EXPECT_EQ(cm.top_k, static_cast<int>(m->hparams().n_expert_used));
+}
+
 // Speculation in Fast precision (the default): the verify pass's rows against single-row decode
 // steps differ by the batched kernels' rounding; the tokens must still match and the logits stay close.
 TEST_F(Spec, GreedyWithNgramEqualsPlainDecodingFastPrecision) {

@@ -11,7 +11,7 @@ SECONDS_PER_TARGET=${1:-30}
 BUILD=${FUZZ_BUILD_DIR:-build-fuzz}
 JOBS=${FUZZ_JOBS:-2}
 WORK=${FUZZ_WORK:-fuzz/corpus-work}
-TARGETS=(${FUZZ_TARGETS:-gguf safetensors hf_config model tiktoken tokenizer_config chat api grammar json_schema image http})
+TARGETS=(${FUZZ_TARGETS:-gguf safetensors hf_config model tiktoken tokenizer_config chat api grammar json_schema image http slot_files})
 t0=$(date +%s)
 
 command -v clang++ >/dev/null || { echo "fuzz: clang++ not found (bash scripts/setup.sh --test installs it)" >&2; exit 1; }
@@ -41,6 +41,17 @@ printf '\0POST /x HTTP/1.1\r\nContent-Length: 5\r\n\r\nhelloGET /health HTTP/1.0
 printf '\0POST /stream HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n5;x\r\nhello\r\n0\r\nT: 1\r\n\r\n' >"$SEEDS/http/chunked"
 printf '\1POST /x HTTP/1.1\r\nContent-Length: 4000\r\n\r\nabc' >"$SEEDS/http/keyless"
 printf '\1HEAD /x HTTP/1.1\r\nx-api-key: k\r\nExpect: 100-continue\r\nContent-Length: 2\r\n\r\n{}' >"$SEEDS/http/keyed"
+# the slot / prompt-cache file readers (fuzz/fuzz_slot_files.cpp): the first byte picks slot file (even)
+# or cache file (odd) and how the rest edits the harness's valid file (2: (u32 offset, byte) edits,
+# 4: checksum made valid again, 8: first cut to a u32 length); 0: the rest is the whole file
+mkdir -p "$SEEDS/slot_files"
+printf '\2' >"$SEEDS/slot_files/valid-slot"
+printf '\3' >"$SEEDS/slot_files/valid-cache"
+printf '\6\30\0\0\0\377' >"$SEEDS/slot_files/slot-n-tokens"
+printf '\7\34\0\0\0\0' >"$SEEDS/slot_files/cache-no-segments"
+printf '\6\130\0\0\0\377\131\0\0\0\177' >"$SEEDS/slot_files/slot-row-nan"
+printf '\16\100\0\0\0' >"$SEEDS/slot_files/slot-cut"
+printf '\0KIMIPC1\n0123456789abcdef' >"$SEEDS/slot_files/raw-header"
 
 max_len() {
   case $1 in

@@ -312,6 +312,8 @@ BENCHMARK_CAPTURE(gemv, mxfp4_3072x7168, GgmlType::MXFP4, 3072, 7168, 8, Precisi
 BENCHMARK_CAPTURE(gemm_packed, q4_K_2048x2048_t512, GgmlType::Q4_K, 2048, 2048, 512)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(gemm_packed, q5_K_2048x2048_t512, GgmlType::Q5_K, 2048, 2048, 512)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(gemm_packed, q6_K_2048x2048_t512, GgmlType::Q6_K, 2048, 2048, 512)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(gemm_packed, q5_K_2048x8192_t8, GgmlType::Q5_K, 2048, 8192, 8)->UseRealTime();
+BENCHMARK_CAPTURE(gemm_packed, q6_K_2048x8192_t8, GgmlType::Q6_K, 2048, 8192, 8)->UseRealTime();
 BENCHMARK_CAPTURE(gemm_packed, q4_K_3072x7168_t512, GgmlType::Q4_K, 3072, 7168, 512)->UseRealTime()->Unit(benchmark::kMillisecond);
 
 // dense FFN of the small preset: gate/up {2048 -> 8192}, down {8192 -> 2048}

@@ -1076,33 +1076,53 @@ TEST(Matmul, IsaOverrideOnlyGoesDown) {
 // 32-column steps / groups of 4 blocks and a tail (the old AVX-512 GEMVs summed alternate steps into
 // separate accumulators, which only showed from 128 columns on), 1 and 3 threads. Batches of 16 and
 // more tokens may take the token-lane and AMX kernels, whose sums run in another order (not checked).
+// Every weight type matmul multiplies, plain and (K-quants, BF16) in the packed layout load-time repacking
+// makes, at every ISA level: a token's row of a batch of 2..15 tokens is the same bits as that token alone
+// (speculative verification relies on it, docs/speculative.md "Exact"). 37 rows = 2 packed groups + 5 tail
+// rows. All differing (level, type, layout) cases are listed in one failure.
 TEST(Matmul, BatchRowEqualsAlone) {
   IsaRestore restore;
   ThreadPool one(1), three(3);
   std::mt19937 rng(1207);
   std::normal_distribution<float> nd(0.0f, 1.0f);
+  const GgmlType types[] = {GgmlType::F32,  GgmlType::F16,  GgmlType::BF16, GgmlType::Q8_0,  GgmlType::Q4_0,
+                            GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::MXFP4, GgmlType::Q4_K, GgmlType::Q5_K,
+                            GgmlType::Q6_K, GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::IQ4_XS, GgmlType::IQ2_XS};
+  std::string differing;
   for (Isa isa : isa_levels()) {
-    set_isa(isa);
-    for (GgmlType type : {GgmlType::BF16, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::MXFP4}) {
-      for (int64_t cols : {2048, 2080, 1184}) {
-        const int64_t rows = 37;
-        const auto w = random_weights(type, rows, cols, rng);
-        const MatView W{type, w.data(), rows, cols, row_bytes(type, cols)};
-        for (int64_t nt : {2, 3, 5, 8, 9, 15}) {
-          std::vector<float> x(nt * cols);
-          for (auto& v : x) v = nd(rng);
-          for (ThreadPool* pool : {&one, &three}) {
-            std::vector<float> yb(nt * rows, NAN), y1(rows, NAN);
-            matmul(W, x.data(), nt, yb.data(), *pool, Precision::Fast);
-            for (int64_t t = 0; t < nt; ++t) {
-              matmul(W, x.data() + t * cols, 1, y1.data(), *pool, Precision::Fast);
-              ASSERT_EQ(std::memcmp(y1.data(), yb.data() + t * rows, rows * 4), 0)
-                  << isa_name(isa) << " " << type_name(type) << " cols=" << cols << " nt=" << nt << " t=" << t
-                  << " threads=" << pool->size();
+    for (GgmlType type : types) {
+      const bool k256 = traits(type).block == 256;
+      for (bool packed : {false, true}) {
+        bool bad = false;
+        for (int64_t cols : k256 ? std::vector<int64_t>{2048, 2304, 1280} : std::vector<int64_t>{2048, 2080, 1184}) {
+          if (bad) break;
+          const int64_t rows = 37;
+          const auto w = random_weights(type, rows, cols, rng);
+          MatView W{type, w.data(), rows, cols, row_bytes(type, cols)};
+          set_isa(best_isa());
+          const auto P = packed ? pack_weight(W, &one) : nullptr;
+          if (packed && !P) break;  // no packed layout for this type / CPU
+          W.packed = P.get();
+          set_isa(isa);
+          for (int64_t nt = 2; nt <= 15 && !bad; ++nt) {
+            std::vector<float> x(nt * cols);
+            for (auto& v : x) v = nd(rng);
+            for (ThreadPool* pool : {&one, &three}) {
+              std::vector<float> yb(nt * rows, NAN), y1(rows, NAN);
+              matmul(W, x.data(), nt, yb.data(), *pool, Precision::Fast);
+              for (int64_t t = 0; t < nt && !bad; ++t) {
+                matmul(W, x.data() + t * cols, 1, y1.data(), *pool, Precision::Fast);
+                if (std::memcmp(y1.data(), yb.data() + t * rows, rows * 4) != 0) {
+                  bad = true;
+                  differing += std::string(" ") + isa_name(isa) + "/" + type_name(type) + (packed ? "/packed" : "") +
+                               "(cols=" + std::to_string(cols) + " nt=" + std::to_string(nt) + ")";
+                }
+              }
             }
           }
         }
       }
     }
   }
+  EXPECT_TRUE(differing.empty()) << "a row of the batch differs from the token alone:" << differing;
 }

@@ -18,6 +18,10 @@ using kimi::Precision;
 // y[t*rows + r] = sum_c W[r][c] * x[t*cols + c]  for t < n_tokens (x, y row-major f32).
 // n_tokens == 1 takes the GEMV path; larger n_tokens the blocked GEMM path. Threads over rows
 // (and token tiles). No allocation after the first call with a given size (thread-local scratch).
+// Batch invariance: for every weight type and layout (plain or packed, repack.h), token t's row of a
+// product with fewer than kBatchInvariantTokens tokens is the same bits as matmul of token t alone
+// (Matmul.BatchRowEqualsAlone); larger batches may take other kernels (AMX tiles, packed Q5_K / Q6_K).
+constexpr int64_t kBatchInvariantTokens = 16;
 void matmul(const MatView& W, const float* x, int64_t n_tokens, float* y, ThreadPool& pool,
             Precision prec = Precision::Fast);
 

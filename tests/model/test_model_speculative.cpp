@@ -279,6 +279,53 @@ TEST_F(Spec, GreedyWithNgramEqualsPlainDecodingFastPrecision) {
   expect_same(ref, got, 0, "ngram fast");
 }
 
+// A Q4_K_M file (`kimi quantize`; d = 256 so the 256-column matrices become Q4_K / Q6_K and, >= 16 rows,
+// get their packed load-time copies): `kimi eval` writes the same logits bits with micro-batches of 1 and
+// of 8 tokens, and greedy speculative decoding (fast precision; the drafter always right, and right
+// except at position 1) equals plain decoding bit for bit.
+TEST_F(Spec, KQuantFileBatchRowsEqualAloneAndSpeculationIsExact) {
+  TinySpec sp;
+  sp.d = 256;
+  sp.n_ff = 512;
+  sp.n_layer = 4;
+  sp.mla_layers = {3};
+  const std::string f32 = dir->file("tiny-d256.gguf"), q4 = dir->file("tiny-d256-q4km.gguf");
+  test::write_tiny_gguf(f32, sp);
+  auto qr = test::run_kimi("quantize " + f32 + " " + q4 + " Q4_K_M");
+  ASSERT_EQ(qr.exit_code, 0) << qr.out;
+  const std::string types = qr.out.substr(qr.out.find("output types"));
+  ASSERT_NE(types.find("Q4_K"), std::string::npos) << qr.out;
+  ASSERT_NE(types.find("Q6_K"), std::string::npos) << qr.out;
+
+  const std::vector<int32_t> toks = random_tokens(16, 77);
+  std::string list;
+  for (size_t i = 0; i < toks.size(); ++i) list += (i ? "," : "") + std::to_string(toks[i]);
+  std::string logits[2];
+  for (int i = 0; i < 2; ++i) {
+    const std::string out = dir->file("q4km-b" + std::to_string(i) + ".bin");
+    auto r = test::run_kimi("eval -m " + q4 + " -t 1 --all-logits --tokens " + list + " -b " + (i ? "8" : "1") +
+                            " --logits-out " + out);
+    ASSERT_EQ(r.exit_code, 0) << r.out;
+    logits[i] = test::read_file(out);
+  }
+  ASSERT_EQ(logits[0].size(), toks.size() * 1024 * 4);
+  EXPECT_TRUE(logits[0] == logits[1]) << "kimi eval -b 1 and -b 8 logits differ on the Q4_K_M file";
+
+  auto m = Model::load(q4);
+  std::vector<int32_t> prompt = random_tokens(12, 78);
+  const Gen ref = plain(*m, prompt, 24, Precision::Fast);
+  for (std::vector<int> wrong : {std::vector<int>{}, std::vector<int>{1}}) {
+    ScriptDrafter d;
+    d.truth = prompt;
+    d.truth.insert(d.truth.end(), ref.tokens.begin(), ref.tokens.end());
+    d.wrong_at = wrong;
+    d.block = 5;
+    const Gen got = speculative(*m, prompt, 24, &d, {.n_max = 5}, nullptr, Precision::Fast);
+    expect_same(ref, got, 0, wrong.empty() ? "q4_k_m always right" : "q4_k_m wrong at 1");
+    EXPECT_GT(d.accepted_total, 0);
+  }
+}
+
 // A drafter that is right except at block position j, for every j, and one that is always right:
 // every rejection position (and the all-accepted bonus path) gives the plain output.
 TEST_F(Spec, RejectionAtEveryBlockPositionEqualsPlainDecoding) {

@@ -410,14 +410,6 @@ void common_params(const ojson& b, ParsedRequest& r, const Limits& lim, bool cha
     r.gen.deadline = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(lim.timeout_s * 1000));
 }
 
-bool truthy(const ojson& v) {
-  if (v.is_null()) return false;
-  if (v.is_boolean()) return v.get<bool>();
-  if (v.is_number()) return v.get<double>() != 0;
-  if (v.is_string() || v.is_array() || v.is_object()) return !v.empty();
-  return true;
-}
-
 // The images of a chat request, decoded and preprocessed in the order of their parts.
 struct ImageParts {
   const Limits& lim;

@@ -604,11 +604,11 @@ TEST(Matmul, AmxBf16TilesMatchReference) {
 }
 
 // BF16 in the bf16 x16 order (repack.h; AVX-512 BF16 without AMX): the packed kernel (4 groups x 6 tokens
-// per register tile, one pass over the columns; the rows % 16 tail through the plain kernel) against the
+// per register tile, one pass over the columns; the last group zero-padded) against the
 // float64 reference, and every token's row of a batch the same bits as the token alone (prefill == decode,
 // a sequence in a batch == alone) at every token count around the tile (6) and token-tile (96) edges,
 // through matmul on 1 and 3 threads and matmul_rows over ranges that cut the 16-row groups. Rows: 16 = one
-// group, 37 = 2 groups + 5 tail rows, 83 = 5 groups (a 4-group panel and one more) + 3, 130 = 8 groups + 2;
+// group, 37 = 2 groups + a padded one of 5 rows, 83 = 5 groups (a 4-group panel and one more) + 3, 130 = 8 + 2;
 // columns: one 32-column step, 2080, 4160.
 TEST(Matmul, PackedBf16MatchesReferenceAndBatchEqualsAlone) {
   IsaRestore restore;
@@ -624,7 +624,7 @@ TEST(Matmul, PackedBf16MatchesReferenceAndBatchEqualsAlone) {
       MatView W{GgmlType::BF16, w.data(), rows, cols, row_bytes(GgmlType::BF16, cols)};
       const auto P = pack_weight(W, &three);
       ASSERT_NE(P, nullptr) << rows << "x" << cols;
-      ASSERT_EQ(P->groups, rows / 16);
+      ASSERT_EQ(P->groups, (rows + 15) / 16);  // the last group zero-padded
       ASSERT_EQ(P->group_rows, 16);
       W.packed = P.get();
       std::vector<double> wd(rows * cols);
@@ -668,7 +668,7 @@ TEST(Matmul, PackedBf16MatchesReferenceAndBatchEqualsAlone) {
       }
     }
   }
-  // a packed copy made from other data (a view that moved) is not used; fewer than 16 rows are not packed
+  // a packed copy made from other data (a view that moved) is not used; columns not a multiple of 32 are not packed
   const auto w = random_weights(GgmlType::BF16, 32, 64, rng), w2 = random_weights(GgmlType::BF16, 32, 64, rng);
   MatView a{GgmlType::BF16, w.data(), 32, 64, row_bytes(GgmlType::BF16, 64)}, b = a;
   b.data = w2.data();
@@ -680,8 +680,33 @@ TEST(Matmul, PackedBf16MatchesReferenceAndBatchEqualsAlone) {
   b.packed = nullptr;
   matmul(b, x.data(), 3, yr.data(), one, Precision::Fast);
   EXPECT_EQ(std::memcmp(yb.data(), yr.data(), yb.size() * 4), 0);
-  EXPECT_EQ(pack_weight(MatView{GgmlType::BF16, w.data(), 15, 64, row_bytes(GgmlType::BF16, 64)}), nullptr);
   EXPECT_EQ(pack_weight(MatView{GgmlType::BF16, w.data(), 16, 48, row_bytes(GgmlType::BF16, 48)}), nullptr);
+  // a slice of rows packed on its own (a rank's rows in a tensor split, model/forward_dist.cpp) gives the
+  // whole matrix's bits for those rows, whatever the slice's length and start (the zero-padded last group:
+  // every row sums in its own lane; Dist.LogitsMatchOneProcess relies on it)
+  const int64_t R = 83, C = 2080;
+  const auto wf = random_weights(GgmlType::BF16, R, C, rng);
+  MatView F{GgmlType::BF16, wf.data(), R, C, row_bytes(GgmlType::BF16, C)};
+  const auto PF = pack_weight(F);
+  ASSERT_NE(PF, nullptr);
+  F.packed = PF.get();
+  for (int64_t nt : {1, 7}) {
+    std::vector<float> xs(nt * C);
+    for (auto& v : xs) v = u(rng);
+    std::vector<float> yf(nt * R, NAN);
+    matmul(F, xs.data(), nt, yf.data(), three, Precision::Fast);
+    for (auto [lo, hi] : {std::pair<int64_t, int64_t>{0, 28}, {28, 55}, {55, 83}, {3, 4}, {17, 33}}) {
+      MatView S{GgmlType::BF16, wf.data() + static_cast<size_t>(lo) * F.row_bytes, hi - lo, C, F.row_bytes};
+      const auto PS = pack_weight(S);
+      ASSERT_NE(PS, nullptr) << lo << ".." << hi;
+      S.packed = PS.get();
+      std::vector<float> ys(nt * (hi - lo), NAN);
+      matmul(S, xs.data(), nt, ys.data(), one, Precision::Fast);
+      for (int64_t t = 0; t < nt; ++t)
+        ASSERT_EQ(std::memcmp(ys.data() + t * (hi - lo), yf.data() + t * R + lo, (hi - lo) * 4), 0)
+            << "rows " << lo << ".." << hi << " nt=" << nt << " t=" << t;
+    }
+  }
 }
 
 // AMX-INT8 for MXFP4 / Q4_0 / Q8_0 with >= 16 tokens (matmul_amx.h): bit-identical to the AVX-512 kernel's

@@ -102,8 +102,8 @@ void matmul_packed(const MatView& W, const PackedKernel& pk, const float* x, int
                    int64_t r0, int64_t r1) {
   const PackedWeight& P = *W.packed;
   const int64_t g0 = std::min(P.groups, (r0 + kPackRows - 1) / kPackRows);
-  const int64_t g1 = std::max(g0, std::min(P.groups, r1 / kPackRows));
-  const int64_t p0 = g0 * kPackRows, p1 = g1 * kPackRows;  // packed rows [p0, p1)
+  const int64_t g1 = std::max(g0, P.groups_below(r1));
+  const int64_t p0 = g0 * kPackRows, p1 = std::min(r1, g1 * kPackRows);  // packed rows [p0, p1)
   if (r0 < p0 || p1 < r1 || g0 == g1) {
     const MatKernel k = pick_matmul_kernel(W.type, Precision::Fast);
     const Prepared a = prepare(k, x, n, W.cols, nullptr);
@@ -471,7 +471,7 @@ void matmul_set(const MatView* const* W, float* const* y, int count, const float
     // a packed weight's rows past its groups: the plain kernel, on its own prepared activation (shared
     // with the other weights that prepare the same way: K-quants' packed and plain preps differ, BF16's not)
     tail_prep[i] = -2;
-    if (o.packed && std::min(W[i]->packed->groups, W[i]->rows / kPackRows) * kPackRows < W[i]->rows) {
+    if (o.packed && W[i]->packed->groups_below(W[i]->rows) * kPackRows < W[i]->rows) {
       o.k = pick_matmul_kernel(W[i]->type, Precision::Fast);
       tail_prep[i] = o.k.act_bytes ? act_for(o.k.act_bytes, o.k.prep, W[i]->cols) : -1;
       if (o.k.scratch_rows > 0) per = std::max<int64_t>(per, (o.k.scratch_rows * W[i]->cols + 15) / 16 * 16);
@@ -500,10 +500,10 @@ void matmul_set(const MatView* const* W, float* const* y, int count, const float
       for (int64_t r = 0; r < M.rows; r += 32) add(false, r, std::min(M.rows, r + 32), true);
     } else if (o.packed) {
       const PackedWeight& P = *M.packed;
-      o.g1 = std::min(P.groups, M.rows / kPackRows);
+      o.g1 = P.groups_below(M.rows);
       const int64_t gc = std::max<int64_t>(1, (o.g1 + nth * 8 - 1) / (nth * 8));
       for (int64_t g = 0; g < o.g1; g += gc) add(true, g, std::min(o.g1, g + gc));
-      if (o.g1 * kPackRows < M.rows) add(false, o.g1 * kPackRows, M.rows);  // past the last full group: o.k
+      if (o.g1 * kPackRows < M.rows) add(false, o.g1 * kPackRows, M.rows);  // past the last packed group: o.k
     } else {
       int64_t rc = (M.rows + nth * 8 - 1) / (nth * 8);
       rc = std::max<int64_t>(16, (rc + 15) / 16 * 16);

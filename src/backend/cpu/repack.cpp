@@ -123,6 +123,10 @@ void pack_group_bf16_amx(const MatView& W, int64_t g, uint8_t* out) {
 void pack_group_bf16_x16(const MatView& W, int64_t g, uint8_t* out) {
   const int64_t np = W.cols / 2;
   for (int i = 0; i < kPackRows; ++i) {
+    if (g * kPackRows + i >= W.rows) {  // the last group's padding
+      for (int64_t p = 0; p < np; ++p) std::memset(out + static_cast<uint64_t>(p) * 64 + 4 * i, 0, 4);
+      continue;
+    }
     const uint8_t* src = W.data + static_cast<uint64_t>(g * kPackRows + i) * W.row_bytes;
     for (int64_t p = 0; p < np; ++p) std::memcpy(out + static_cast<uint64_t>(p) * 64 + 4 * i, src + 4 * p, 4);
   }
@@ -137,6 +141,7 @@ std::unique_ptr<PackedWeight> make_packed(const MatView& W, int64_t groups, uint
   P->src = W.data;
   P->groups = groups;
   P->cols = W.cols;
+  P->rows = W.rows;
   P->group_bytes = gb;
   P->data = alloc_packed(gb * static_cast<uint64_t>(groups));
   auto one = [&](int64_t g, int) { fill(W, g, P->data + static_cast<uint64_t>(g) * gb); };
@@ -159,8 +164,9 @@ std::unique_ptr<PackedWeight> pack_weight(const MatView& W, ThreadPool* pool) {
       P->group_rows = kAmxPackRows;
       return P;
     }
-    if (W.rows < kPackRows || !packed_kernel_available(W.type)) return nullptr;
-    return make_packed(W, W.rows / kPackRows, static_cast<uint64_t>(W.cols) * 2 * kPackRows, pack_group_bf16_x16, pool);
+    if (!packed_kernel_available(W.type)) return nullptr;
+    return make_packed(W, (W.rows + kPackRows - 1) / kPackRows, static_cast<uint64_t>(W.cols) * 2 * kPackRows,
+                       pack_group_bf16_x16, pool);
   }
   if (W.data == nullptr || W.rows < kPackRows || !packed_kernel_available(W.type)) return nullptr;
   const uint64_t gb = packed_group_bytes(W.type, W.cols);

@@ -22,7 +22,7 @@
 // Every value is the original bits moved: the packed kernels compute what the reference does.
 //
 // BF16 weights on CPUs with AVX-512 BF16 but without usable AMX tiles get the "bf16 x16" order (groups of
-// 16 rows, the rows % 16 tail not packed; cols % 32 == 0): a group is cols / 2 vectors of 64 bytes, vector p
+// 16 rows, the last one zero-padded: every row goes through the packed kernel; cols % 32 == 0): a group is cols / 2 vectors of 64 bytes, vector p
 // holding columns 2p and 2p + 1 of each of the 16 rows (lane i = row i's bf16 pair), so one vdpbf16ps with
 // a token's column pair broadcast does 2 multiply-adds for 16 rows, each row summing in its own lane from
 // the first pair to the last. Every product of a packed group (one token or many, any K block) sums in that
@@ -35,6 +35,7 @@
 // weight is read front to back; reading the rows in place meant 32 streams 14 KiB apart for decode and, for
 // prefill, a copy of each K block's 512-byte row pieces to a panel (~30 % of the GEMM's time).
 #pragma once
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -49,6 +50,7 @@ struct PackedWeight {
   int64_t groups = 0;           // packed groups of 16 rows (rows 0 .. 16*groups-1); BF16 (AMX order): of 32
   int group_rows = 16;          // rows per group: 16 (x16 orders), 32 (the AMX tile order)
   int64_t cols = 0;
+  int64_t rows = 0;              // W's rows (bf16 x16: the last group zero-padded past them)
   uint64_t group_bytes = 0;     // bytes per group (a multiple of 64)
   uint8_t* data = nullptr;      // kPackedAlign aligned (alloc_packed), groups * group_bytes
   const uint8_t* src = nullptr; // the view's data it was made from: a view whose data moved since
@@ -58,6 +60,12 @@ struct PackedWeight {
   PackedWeight& operator=(const PackedWeight&) = delete;
   ~PackedWeight();
   const uint8_t* group(int64_t g) const { return data + static_cast<uint64_t>(g) * group_bytes; }
+  // The end of the groups a product of rows [.., r1) runs packed: the groups wholly below r1, and the
+  // zero-padded last group when r1 is W's last row (its kernel writes only the rows < rows).
+  int64_t groups_below(int64_t r1) const {
+    if (r1 >= rows && groups * group_rows > rows) return groups;
+    return std::min<int64_t>(groups, r1 / group_rows);
+  }
 };
 
 }  // namespace kimi
@@ -80,7 +88,7 @@ void pack_group(const MatView& W, int64_t g, uint8_t* out);
 constexpr int kAmxPackRows = 32;
 void pack_group_bf16_amx(const MatView& W, int64_t g, uint8_t* out);
 
-// Group g of a BF16 W in the bf16 x16 order (rows 16g .. 16g + 15, all present): cols * 32 bytes.
+// Group g of a BF16 W in the bf16 x16 order (rows 16g .. 16g + 15; rows past W.rows zero): cols * 32 bytes.
 void pack_group_bf16_x16(const MatView& W, int64_t g, uint8_t* out);
 
 // Whether the running ISA level has packed kernels for type t.
@@ -89,7 +97,8 @@ bool packed_kernel_available(GgmlType t);
 // The packed copy of W; nullptr when the running ISA has no packed kernel for W's type, W has
 // fewer than 16 rows (K-quants), or env KIMI_REPACK=0. BF16 (cols % 32 == 0): the AMX tile order where
 // amx_bf16_usable(), else the bf16 x16 order where the running level has its kernel (AVX-512 BF16) and W
-// has 16 rows or more. Groups are packed in parallel on `pool` (if given).
+// has 1 row or more (the last group zero-padded, so that a row's value does not depend on how many rows
+// W has: a rank's slice of a tensor split gives one process's bits). Groups are packed in parallel on `pool` (if given).
 std::unique_ptr<PackedWeight> pack_weight(const MatView& W, ThreadPool* pool = nullptr);
 
 }  // namespace kimi::kern

@@ -16,7 +16,9 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include "backend/cpu/repack_avx512_impl.h"
 
+#include <algorithm>
 #include <array>
+#include <cstring>
 
 namespace kimi::kern {
 
@@ -97,13 +99,26 @@ void run_packed_bf16(const PackedWeight& P, const uint8_t* act, size_t stride, i
   static constexpr auto tab = bf16_tiles(std::make_index_sequence<kBf16NV * kBf16T>{});
   const int64_t np = P.cols / 2;
   const uint8_t* xp[kBf16T];
-  for (int64_t g = g0; g < g1; g += kBf16NV) {
-    const int nv = static_cast<int>(g1 - g < kBf16NV ? g1 - g : kBf16NV);
+  const int64_t gf = g1 < P.rows / kPackRows ? g1 : std::max(g0, P.rows / kPackRows);  // groups [g0, gf) are full
+  for (int64_t g = g0; g < gf; g += kBf16NV) {
+    const int nv = static_cast<int>(gf - g < kBf16NV ? gf - g : kBf16NV);
     for (int64_t t0 = 0; t0 < nt; t0 += kBf16T) {
       const int tt = static_cast<int>(nt - t0 < kBf16T ? nt - t0 : kBf16T);
       for (int j = 0; j < tt; ++j) xp[j] = act + static_cast<size_t>(t0 + j) * stride;
       tab[(nv - 1) * kBf16T + tt - 1](P.group(g), P.group_bytes, xp, np, y + t0 * ldy + g * kPackRows, ldy);
     }
+  }
+  if (gf == g1) return;
+  // the zero-padded last group (rows 16 gf .. P.rows - 1): the same tile into a block on the stack, its
+  // rows below P.rows copied out (each row sums in its own lane: the padding does not touch them)
+  const int valid = static_cast<int>(P.rows - gf * kPackRows);
+  alignas(64) float blk[kBf16T * kPackRows];
+  for (int64_t t0 = 0; t0 < nt; t0 += kBf16T) {
+    const int tt = static_cast<int>(nt - t0 < kBf16T ? nt - t0 : kBf16T);
+    for (int j = 0; j < tt; ++j) xp[j] = act + static_cast<size_t>(t0 + j) * stride;
+    tab[tt - 1](P.group(gf), P.group_bytes, xp, np, blk, kPackRows);
+    for (int j = 0; j < tt; ++j)
+      std::memcpy(y + (t0 + j) * ldy + gf * kPackRows, blk + j * kPackRows, static_cast<size_t>(valid) * sizeof(float));
   }
 }
 

@@ -17,11 +17,11 @@
 
 #include <cmath>
 #include <cstring>
-#include <random>
 
 #include "server/api_anthropic.h"
 #include "server/api_responses.h"
 #include "server_fixture.h"
+#include "image_fixture.h"
 #include "runtime/vision_input.h"
 #include "tokenizer/chat.h"
 #include "tokenizer/tokenizer.h"
@@ -45,15 +45,7 @@ server::ServerOptions vision_opts() {
   return o;
 }
 
-image::Rgb pattern(int64_t w, int64_t h, uint32_t seed) {
-  std::mt19937 g(seed);
-  image::Rgb r;
-  r.width = w;
-  r.height = h;
-  r.px.resize(static_cast<size_t>(w * h * 3));
-  for (auto& v : r.px) v = static_cast<uint8_t>(g() & 255);
-  return r;
-}
+image::Rgb pattern(int64_t w, int64_t h, uint32_t seed) { return kimi::test::random_image(w, h, seed); }
 
 std::string png_bytes(const image::Rgb& im) {
   png_image p;

@@ -13,6 +13,7 @@
 #include "backend/placement.h"
 #include "engine_fixture.h"
 #include "image/image.h"
+#include "image_fixture.h"
 #include "model/dspark.h"
 #include "model/vision.h"
 #include "ref/dspark_ref.h"
@@ -92,15 +93,7 @@ double max_rel(const float* a, const std::vector<double>& ref) {
 
 size_t argmax(const float* v, size_t n) { return static_cast<size_t>(std::max_element(v, v + n) - v); }
 
-image::Rgb random_image(int64_t w, int64_t h, uint32_t seed) {
-  std::mt19937 g(seed);
-  image::Rgb r;
-  r.width = w;
-  r.height = h;
-  r.px.resize(static_cast<size_t>(w * h * 3));
-  for (auto& v : r.px) v = static_cast<uint8_t>(g() & 255);
-  return r;
-}
+using kimi::test::random_image;
 
 }  // namespace
 

@@ -70,6 +70,10 @@ int cmd_serve(int argc, char** argv) {
   app.add_option("--image-max-count", o.image_max_count, "images in one request at most")->check(CLI::NonNegativeNumber);
   app.add_option("--image-max-bytes", o.image_max_bytes, "bytes of one image file at most (after base64)");
   app.add_option("--image-max-pixels", o.image_max_pixels, "pixels (width x height) of one image at most");
+  int64_t vision_cache_mib = 256;
+  app.add_option("--vision-cache", vision_cache_mib,
+                 "memory of the tower-output cache in MiB (images that skip the vision tower; 0 = none)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
   app.add_option("--max-prompt-tokens", o.max_prompt_tokens, "prompt token limit (0 = ctx - 1)")->check(CLI::NonNegativeNumber);
   app.add_option("--max-tokens", o.max_tokens, "limit for a request's max_tokens (0 = ctx)")->check(CLI::NonNegativeNumber);
   app.add_option("--default-max-tokens", o.default_max_tokens, "chat max_tokens when the request has none (0 = up to ctx)")
@@ -106,6 +110,7 @@ int cmd_serve(int argc, char** argv) {
   o.sched.draft_threads = ea.threads;
   o.sched.cache_ram = cache_ram_mib < 0 ? kimi::server::default_prompt_cache_ram() : uint64_t(cache_ram_mib) << 20;
   o.sched.cache_disk = uint64_t(cache_disk_mib) << 20;
+  o.sched.vision_cache = uint64_t(vision_cache_mib) << 20;
   if (!o.sched.cache_dir.empty() && (no_cache || o.sched.cache_ram == 0))
     throw kimi::Error("--cache-dir needs the prompt-cache store (drop --no-prompt-cache / --cache-ram 0)");
   if (!o.sched.cache_dir.empty() && !o.slot_save_path.empty()) {

@@ -58,6 +58,7 @@ read -r -d '' SERVER_FLOORS <<'EOF' || true
 0  api_error     api_error
 1  job           job
 2  tool_grammar  tool_grammar
+2  vision_worker vision_worker
 3  scheduler     scheduler
 4  api           api
 5  job_driver    job_driver

@@ -647,9 +647,14 @@ void Server::Impl::log_generation(const httpd::Request& req, const std::string& 
                gen_s > 0 && n_gen > 1 ? (n_gen - 1) / gen_s : 0.0,
                total_s);
   if (r0.n_images > 0) {  // the tower's part of the prompt time
+    const std::string hits =
+        r0.n_images_cached > 0 ? fmt::format(", {} from the tower cache", r0.n_images_cached) : std::string();
     if (r0.vision_s >= 0)
-      std::fprintf(stderr, "kimi serve: %s images: %d, %d tokens, vision tower %.3f s\n", id.c_str(), r0.n_images,
-                   r0.n_image_tokens, r0.vision_s);
+      std::fprintf(stderr, "kimi serve: %s images: %d, %d tokens, vision tower %.3f s%s\n", id.c_str(), r0.n_images,
+                   r0.n_image_tokens, r0.vision_s, hits.c_str());
+    else if (r0.n_images_cached > 0)
+      std::fprintf(stderr, "kimi serve: %s images: %d, %d tokens, vision tower skipped%s\n", id.c_str(), r0.n_images,
+                   r0.n_image_tokens, hits.c_str());
     else
       std::fprintf(stderr, "kimi serve: %s images: %d, %d tokens, all from the prompt cache\n", id.c_str(),
                    r0.n_images, r0.n_image_tokens);
@@ -720,6 +725,21 @@ std::string Server::Impl::metrics() const {
                        s.hot_picks, s.host_picks));
     metric("kimi_hot_expert_reranks_total", "counter", "re-rankings of the GPU's hot experts by the picks counted",
            one("kimi_hot_expert_reranks_total", s.hot_reranks));
+  }
+  if (s.vision) {
+    metric("kimi_vision_images_total", "counter", "images of requests by where their tower output came from",
+           fmt::format("kimi_vision_images_total{{source=\"tower\"}} {}\nkimi_vision_images_total{{source=\"cache\"}} {}\n",
+                       s.vis.images_encoded, s.vis.images_cached));
+    metric("kimi_vision_tower_runs_total", "counter", "vision tower runs (one per request that needed it)",
+           one("kimi_vision_tower_runs_total", s.vis.runs));
+    metric("kimi_vision_tower_seconds_total", "counter", "time spent in the vision tower",
+           one("kimi_vision_tower_seconds_total", s.vis.tower_s));
+    metric("kimi_vision_cache_entries", "gauge", "images in the tower-output cache",
+           one("kimi_vision_cache_entries", s.vis.cache_entries));
+    metric("kimi_vision_cache_bytes", "gauge", "memory held by the tower-output cache",
+           one("kimi_vision_cache_bytes", s.vis.cache_bytes));
+    metric("kimi_vision_cache_evictions_total", "counter", "tower outputs evicted under --vision-cache",
+           one("kimi_vision_cache_evictions_total", s.vis.cache_evictions));
   }
   metric("kimi_queue_depth", "gauge", "requests waiting for a slot", one("kimi_queue_depth", s.queue_depth));
   metric("kimi_slots_busy", "gauge", "slots generating or prefilling", one("kimi_slots_busy", s.active));

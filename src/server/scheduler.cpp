@@ -77,6 +77,19 @@ Scheduler::Scheduler(const Model& model, const tok::Tokenizer& tok, const Contex
   st_.sequences = o.n_seq_max;
   slot_info_.resize(static_cast<size_t>(o.n_seq_max));
   for (int i = 0; i < o.n_seq_max; ++i) slot_info_[static_cast<size_t>(i)].id = i;
+  if (so_.vision) {
+    st_.vision = true;
+    vworker_ = std::make_unique<VisionWorker>(
+        *so_.vision, model_.hparams().n_embd, so_.vision_cache,
+        [this] {
+          {
+            std::lock_guard<std::mutex> lk(mu_);
+            tower_woke_ = true;
+          }
+          cv_.notify_all();
+        },
+        so_.vision_hook);
+  }
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -141,6 +154,7 @@ SchedulerStats Scheduler::stats() const {
   std::lock_guard<std::mutex> lk(mu_);
   SchedulerStats s = st_;
   if (cache_) s.cache = cache_->stats();
+  if (vworker_) s.vis = vworker_->stats();
   if (rate_.size() >= 2) {
     const double span = std::chrono::duration<double>(rate_.back().first - rate_.front().first).count();
     uint64_t n = 0;
@@ -233,6 +247,19 @@ void Scheduler::loop() {
     }
     active_.erase(std::remove_if(active_.begin(), active_.end(), [](auto& a) { return a->done; }), active_.end());
     update_slots();
+    if (batch_.empty() && tower_waiting_) {
+      // nothing to decode but sequences waiting for the tower: sleep until the worker wakes us, a
+      // job or slot action comes, or the earliest deadline; cancellation (a flag on the job) is
+      // checked every 50 ms meanwhile
+      auto until = Clock::now() + std::chrono::milliseconds(50);
+      for (const auto& a : active_) until = std::min(until, a->job->params().deadline);
+      std::unique_lock<std::mutex> lk(mu_);
+      cv_.wait_until(lk, until, [&] {
+        return tower_woke_ || stop_ || !ctl_.empty() ||
+               (!queue_.empty() && static_cast<int>(active_.size()) < so_.parallel);
+      });
+      tower_woke_ = false;
+    }
   }
   std::lock_guard<std::mutex> lk(mu_);
   st_.active = 0;
@@ -480,7 +507,24 @@ void Scheduler::start(Active& a) {
     for (int32_t tkn : P) a.sampler->accept(tkn < 0 && gp.images ? gp.images->placeholder : tkn);
   a.img_rows.clear();
   a.vision_s = -1;
-  if (gp.images) a.drafter = nullptr;  // image keys are no tokens to draft
+  a.vision_cached = 0;
+  a.tower.reset();
+  if (gp.images) {
+    a.drafter = nullptr;  // image keys are no tokens to draft
+    // the images with a position past what the prompt cache restored go to the tower worker now
+    const PromptImages& im = *gp.images;
+    std::vector<int64_t> first_row(im.images.size() + 1, 0);
+    for (size_t k = 0; k < im.images.size(); ++k) first_row[k + 1] = first_row[k] + im.images[k].size.tokens;
+    std::vector<uint8_t> need(im.images.size(), 0);
+    bool any = false;
+    for (size_t i = best_r; i < P.size(); ++i) {
+      if (im.row[i] < 0) continue;
+      const size_t k = static_cast<size_t>(std::upper_bound(first_row.begin(), first_row.end(), im.row[i]) - first_row.begin() - 1);
+      any = any || !need[k];
+      need[k] = 1;
+    }
+    if (any && vworker_) a.tower = vworker_->submit(gp.images, std::move(need));
+  }
   a.detok.emplace(tok_, false);
   if (gp.chat) a.parser.emplace(gp.start_in_think);
   a.in_think = gp.chat && gp.start_in_think;
@@ -519,27 +563,31 @@ void Scheduler::start(Active& a) {
   st_.cached_tokens += best_r;
 }
 
-bool Scheduler::image_rows(Active& a, size_t from, size_t n) {
+int64_t Scheduler::image_rows(Active& a, size_t from, size_t n) {
   const PromptImages& im = *a.job->params().images;
-  if (!a.img_rows.empty()) return true;
-  bool need = false;
-  for (size_t i = from; i < from + n && !need; ++i) need = im.row[i] >= 0;
-  if (!need) return true;
+  if (!a.img_rows.empty()) return static_cast<int64_t>(n);
+  size_t first = from;  // the first image position in the range
+  while (first < from + n && im.row[first] < 0) ++first;
+  if (first == from + n) return static_cast<int64_t>(n);
   try {
-    check(so_.vision != nullptr, "the server has no vision tower");
-    std::vector<const image::Patches*> ps;
-    for (const auto& p : im.images) ps.push_back(&p);
-    const auto t0 = Clock::now();
-    a.img_rows = so_.vision->encode(ps);
-    a.vision_s = std::chrono::duration<double>(Clock::now() - t0).count();
+    check(a.tower != nullptr, "the server has no vision tower");
+    if (!a.tower->done()) {  // still running (or queued): the text before the image goes on
+      tower_waiting_ = true;
+      return static_cast<int64_t>(first - from);
+    }
+    std::shared_ptr<VisionWorker::Task> t = std::move(a.tower);
+    if (!t->error.empty()) fail("{}", t->error);
+    a.vision_s = t->tower_s;
+    a.vision_cached = t->cached;
+    a.img_rows = std::move(t->rows);
     check(static_cast<int64_t>(a.img_rows.size()) == im.n_rows * model_.hparams().n_embd,
           "the vision tower gave {} floats for {} rows of {}", a.img_rows.size(), im.n_rows, model_.hparams().n_embd);
   } catch (const std::exception& e) {
     a.img_rows.clear();
     finish(a, FinishReason::Error, 500, std::string("the vision tower failed: ") + e.what());
-    return false;
+    return -1;
   }
-  return true;
+  return static_cast<int64_t>(n);
 }
 
 int Scheduler::restore_from_store(const std::vector<int32_t>& P, size_t cap, size_t& best_r, size_t& L, int& src) {
@@ -594,6 +642,7 @@ void Scheduler::make_prefix_entry(Active& a) {
 
 void Scheduler::step() {
   batch_.clear();
+  tower_waiting_ = false;
   int prefill_tokens = 0;
   struct Part { Active* a; size_t n; size_t row0; };  // prefill part of this step (its first batch row)
   std::vector<Part> parts;
@@ -636,13 +685,17 @@ void Scheduler::step() {
       const size_t E = static_cast<size_t>(so_.snapshot_every);
       n = std::min(n, (a.pos / E + 1) * E - a.pos);
     }
+    const PromptImages* im = a.job->params().images.get();
+    if (im) {  // the tower's rows, or the text up to the first image position while it runs
+      const int64_t k = image_rows(a, a.pos, n);
+      if (k <= 0) continue;
+      n = static_cast<size_t>(k);
+    }
     const bool last = a.pos + n == P.size();
     const int32_t base = static_cast<int32_t>(seqs_[static_cast<size_t>(a.seq)].toks.size());
     // budget 0: the close sequence follows the prompt's last token in its chunk
     if (last) feed_forced(a, static_cast<size_t>(base) + n - 1);
     const bool lp = a.job->params().logprobs >= 0;
-    const PromptImages* im = a.job->params().images.get();
-    if (im && !image_rows(a, a.pos, n)) continue;
     const size_t row0 = batch_.size();
     for (size_t i = 0; i < n; ++i) {
       const bool want = last && i + 1 == n && (lp || a.ahead.empty());
@@ -1268,6 +1321,11 @@ void Scheduler::finish(Active& a, FinishReason reason, int status, const std::st
     r.n_images = static_cast<int>(im->images.size());
     r.n_image_tokens = static_cast<int>(im->n_rows);
     r.vision_s = a.vision_s;
+    r.n_images_cached = a.vision_cached;
+  }
+  if (a.tower) {  // ended before the tower's rows were taken: not run if it has not started
+    a.tower->cancel();
+    a.tower.reset();
   }
   r.spec_drafted = a.spec_drafted;
   r.spec_accepted = a.spec_accepted;

@@ -45,6 +45,7 @@
 #include "server/grammar.h"
 #include "server/job.h"
 #include "server/prompt_cache.h"
+#include "server/vision_worker.h"
 #include "tokenizer/tokenizer.h"
 
 namespace kimi {
@@ -77,10 +78,18 @@ struct SchedulerOptions {
   // the answer, to force acceptances and rejections at chosen positions
   std::function<std::unique_ptr<Drafter>()> make_drafter;
   // The vision tower (runtime/vision_input.h; not owned, outlives the scheduler; nullptr: a text
-  // model). A job with images (GenParams::images) runs it on the scheduler thread, all of the
-  // job's images in one call, when its prefill first reaches a <|media_pad|> position that the
-  // prompt cache did not restore; its rows then take those positions (Batch::embd).
+  // model). A job with images (GenParams::images) hands the images whose positions the prompt
+  // cache did not restore to the tower worker (server/vision_worker.h) when it is admitted; the
+  // worker runs the tower on its own thread, one job at a time in admission order, while the
+  // scheduler keeps decoding the other sequences and prefills this one's text up to its first
+  // image position; the rows then take those positions (Batch::embd).
   VisionRunner* vision = nullptr;
+  // The tower-output cache (--vision-cache): bytes of tower rows kept per image (content hash and
+  // patch grid), least recently used first out; 0: none (every job runs the tower).
+  uint64_t vision_cache = uint64_t{256} << 20;
+  // Tests: called on the tower worker before each tower run with the number of images it encodes;
+  // it may block (holds the tower while the scheduler goes on).
+  std::function<void(int)> vision_hook;
   // The DSpark draft of requests that choose "dspark" (-md/--model-draft; empty: none): loaded with
   // the model, one drafter per sequence on the draft's own draft_threads threads (0: all cores)
   std::string draft_model;
@@ -114,6 +123,8 @@ struct SchedulerStats {
   // speculative decoding (docs/speculative.md): verify steps of the requests that draft, tokens
   // drafted and accepted, kept tokens decoded again after a KDA rollback
   uint64_t spec_verify_steps = 0, spec_drafted = 0, spec_accepted = 0, spec_recomputed = 0;
+  bool vision = false;          // the server has a vision tower (the fields below are counted)
+  VisionStats vis;              // the tower worker and its output cache (server/vision_worker.h)
 };
 
 class Scheduler {
@@ -210,8 +221,10 @@ class Scheduler {
     int32_t spec_base = 0;           // the sequence's length when this step started
     int spec_drafted = 0, spec_accepted = 0, spec_steps = 0;  // this request's (Job::Result)
     std::vector<int32_t> spec_out;   // scratch: the tokens a verify step emits
-    std::vector<float> img_rows;     // GenParams::images: the tower's rows (filled at the first image position fed)
+    std::vector<float> img_rows;     // GenParams::images: the tower's rows (taken from `tower` once it is done)
+    std::shared_ptr<VisionWorker::Task> tower;  // the images' tower task (nullptr: none, or taken)
     double vision_s = -1;            // the tower's time (Job::Result::vision_s)
+    int vision_cached = 0;           // images from the tower-output cache (Job::Result::n_images_cached)
   };
 
   void loop();
@@ -230,8 +243,11 @@ class Scheduler {
   void track_think(Active& a, int32_t t);       // the think channel's token count (thinking budget)
   bool close_due(const Active& a) const;     // the budget is spent: the close sequence comes next
   bool begin_close(Active& a);               // starts it (when due); true while it is on
-  void feed_forced(Active& a, size_t T);
-  bool image_rows(Active& a, size_t from, size_t n);  // a.img_rows ready for prompt [from, from + n) (false: the job failed)     // a.ahead: the forced tokens known after position T
+  void feed_forced(Active& a, size_t T);  // a.ahead: the forced tokens known after position T
+  // how many of prompt [from, from + n) can be fed now: n when a.img_rows are there or no image
+  // position is in the range, else up to the first image position (the tower is still running);
+  // -1: the tower failed (the job is finished)
+  int64_t image_rows(Active& a, size_t from, size_t n);
   bool grammar_allows(const Active& a, int32_t t) const;
   bool tool_allows(const Active& a, int32_t t) const;  // GenParams::tool_grammar
   bool tool_active(const Active& a) const { return a.tool_on && !a.constrained; }
@@ -295,6 +311,10 @@ class Scheduler {
   Clock::time_point grace_end_ = Clock::time_point::max();
   std::thread thread_;
   std::mutex join_mu_;
+  // the tower worker (so_.vision; destroyed before mu_ / cv_, which its wake-up uses)
+  bool tower_woke_ = false;      // a tower task finished since the scheduler last waited (under mu_)
+  bool tower_waiting_ = false;   // this step skipped a prefill that waits for the tower
+  std::unique_ptr<VisionWorker> vworker_;
 
   // stats (guarded by mu_)
   SchedulerStats st_;

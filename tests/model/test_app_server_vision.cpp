@@ -15,8 +15,13 @@
 #include <gtest/gtest.h>
 #include <png.h>
 
+#include <atomic>
 #include <cmath>
+#include <condition_variable>
 #include <cstring>
+#include <functional>
+#include <mutex>
+#include <thread>
 
 #include "server/api_anthropic.h"
 #include "server/api_responses.h"
@@ -540,6 +545,265 @@ TEST(ServerVisionTextOnly, ImageOnATextModelSaysHowToGetAVisionFile) {
   EXPECT_NE(msg.find("kimi convert"), std::string::npos) << msg;
   s.post("/v1/chat/completions", oa_chat("hello", 1), &st);
   EXPECT_EQ(st, 200);
+}
+
+// ---- the tower worker and the tower-output cache (docs/engine.md "Images in the server") ----
+
+// SchedulerOptions::vision_hook: counts the tower runs and holds the tower while closed
+struct TowerGate {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool open = true;
+  int calls = 0, images = 0;
+  void hook(int n) {
+    std::unique_lock<std::mutex> lk(mu);
+    ++calls;
+    images += n;
+    cv.notify_all();
+    cv.wait(lk, [&] { return open; });
+  }
+  void set(bool o) {
+    std::lock_guard<std::mutex> lk(mu);
+    open = o;
+    cv.notify_all();
+  }
+  int n_calls() {
+    std::lock_guard<std::mutex> lk(mu);
+    return calls;
+  }
+  // waits until the tower was entered n times (a bound only against a hang: the condition decides)
+  bool wait_calls(int n) {
+    std::unique_lock<std::mutex> lk(mu);
+    return cv.wait_for(lk, std::chrono::seconds(300), [&] { return calls >= n; });
+  }
+};
+// opens the gate when the test ends (before the server that waits for its tower run is destroyed)
+struct GateOpener {
+  TowerGate& g;
+  ~GateOpener() { g.set(true); }
+};
+
+server::ServerOptions gated_opts(const std::shared_ptr<TowerGate>& g) {
+  server::ServerOptions o = vision_opts();
+  o.sched.vision_hook = [g](int n) { g->hook(n); };
+  return o;
+}
+
+// polls a condition the server reaches by itself (the bound is only against a hang)
+bool eventually(const std::function<bool()>& cond) {
+  for (int i = 0; i < 60000; ++i) {
+    if (cond()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return cond();
+}
+
+uint64_t metric(const RunningServer& r, const std::string& key) {
+  const std::string m = r.s->metrics_text();
+  const size_t at = m.find("\n" + key + " ");
+  if (at == std::string::npos) return ~uint64_t{0};
+  return std::stoull(m.substr(at + key.size() + 2));
+}
+
+int busy_slots(const RunningServer& r) {
+  int n = 0;
+  for (const auto& si : r.s->scheduler().slots()) n += si.busy;
+  return n;
+}
+
+// While the tower runs for one request, a text request alongside it is answered (the tower is on
+// its own thread; the old code ran it on the scheduler thread and stalled every sequence), the
+// image request reads its text up to the image meanwhile; once the tower is let go the image
+// request's answer and log-probabilities equal a cold server's.
+TEST(ServerVisionTower, TextRequestFinishesWhileTheTowerIsHeld) {
+  Parsing& P = parsing();
+  auto gate = std::make_shared<TowerGate>();
+  gate->set(false);
+  RunningServer srv(gated_opts(gate));
+  GateOpener opener{*gate};
+  ojson img_body = oa_chat({oa_image(kPngA), {{"type", "text"}, {"text", "Describe it."}}}, 4);
+  img_body["logprobs"] = true;
+  img_body["top_logprobs"] = 3;
+  ojson img_res;
+  int img_st = 0;
+  std::atomic<bool> img_done{false};
+  std::thread t([&] {
+    img_res = srv.post("/v1/chat/completions", img_body, &img_st);
+    img_done = true;
+  });
+  ASSERT_TRUE(gate->wait_calls(1));
+  // the text before the image is prefilled while the tower is held
+  const size_t p0 = Parsing::first_pad(server::parse_chat_request(img_body.dump(), P.tok, P.lim));
+  EXPECT_TRUE(eventually([&] {
+    for (const auto& si : srv.s->scheduler().slots())
+      if (si.busy && si.n_prompt_done == static_cast<int>(p0)) return true;
+    return false;
+  })) << "the image request's text up to its first image position (" << p0 << ") was not prefilled";
+  const ojson text_body = oa_chat({{{"type", "text"}, {"text", "Hello there"}}}, 5);
+  int st = 0;
+  const ojson tr = srv.post("/v1/chat/completions", text_body, &st);
+  ASSERT_EQ(st, 200) << tr.dump();
+  EXPECT_GT(tr["usage"]["completion_tokens"].get<int>(), 0) << tr.dump();
+  EXPECT_FALSE(img_done.load());  // still waiting for the tower
+  EXPECT_EQ(gate->n_calls(), 1);
+  gate->set(true);
+  t.join();
+  ASSERT_EQ(img_st, 200) << img_res.dump();
+  // the reference: a cold server (one slot, no prompt cache, the tower not held)
+  server::ServerOptions co = vision_opts();
+  co.sched.parallel = 1;
+  co.sched.prompt_cache = false;
+  RunningServer cold(co);
+  const ojson ci = cold.post("/v1/chat/completions", img_body, &st);
+  ASSERT_EQ(st, 200) << ci.dump();
+  EXPECT_EQ(img_res["choices"][0]["message"], ci["choices"][0]["message"]);
+  EXPECT_EQ(img_res["choices"][0]["logprobs"], ci["choices"][0]["logprobs"]);
+  const ojson ct = cold.post("/v1/chat/completions", text_body, &st);
+  EXPECT_EQ(tr["choices"][0]["message"], ct["choices"][0]["message"]);
+}
+
+// The tower-output cache: with the prompt cache off (nothing resumes past an image), a second
+// request with the same image does not run the tower and answers the same; an image of the same
+// size with other pixels runs it; the n choices of a request run it once; --vision-cache 0 runs it
+// every time.
+TEST(ServerVisionTower, CachedTowerOutputSkipsTheTower) {
+  auto gate = std::make_shared<TowerGate>();
+  server::ServerOptions o = gated_opts(gate);
+  o.sched.prompt_cache = false;
+  RunningServer srv(o);
+  server::ServerOptions co = vision_opts();
+  co.sched.parallel = 1;
+  co.sched.prompt_cache = false;
+  co.sched.vision_cache = 0;
+  RunningServer cold(co);
+  ojson qa = oa_chat({oa_image(kPngA), {{"type", "text"}, {"text", "What is this?"}}}, 5);
+  qa["logprobs"] = true;
+  qa["top_logprobs"] = 2;
+  int st = 0;
+  const ojson r1 = srv.post("/v1/chat/completions", qa, &st);
+  ASSERT_EQ(st, 200) << r1.dump();
+  EXPECT_EQ(gate->n_calls(), 1);
+  EXPECT_EQ(metric(srv, "kimi_vision_images_total{source=\"tower\"}"), 1u);
+  EXPECT_EQ(metric(srv, "kimi_vision_images_total{source=\"cache\"}"), 0u);
+  EXPECT_EQ(metric(srv, "kimi_vision_cache_entries"), 1u);
+  // 12 rows of the tiny model's hidden size, f32
+  EXPECT_EQ(metric(srv, "kimi_vision_cache_bytes"), uint64_t(kTokens100x70) * parsing().model->hparams().n_embd * 4);
+  const ojson r2 = srv.post("/v1/chat/completions", qa, &st);
+  ASSERT_EQ(st, 200) << r2.dump();
+  EXPECT_EQ(gate->n_calls(), 1) << "the same image ran the tower again";
+  EXPECT_EQ(cached(r2), 0);  // not the prompt cache's doing
+  EXPECT_EQ(metric(srv, "kimi_vision_images_total{source=\"cache\"}"), 1u);
+  EXPECT_EQ(r2["choices"][0]["message"], r1["choices"][0]["message"]);
+  EXPECT_EQ(r2["choices"][0]["logprobs"], r1["choices"][0]["logprobs"]);
+  const ojson c1 = cold.post("/v1/chat/completions", qa, &st);
+  EXPECT_EQ(c1["choices"][0]["message"], r1["choices"][0]["message"]);
+  EXPECT_EQ(c1["choices"][0]["logprobs"], r1["choices"][0]["logprobs"]);
+  // a different text before the same image: still no tower run
+  ojson qa2 = oa_chat({{{"type", "text"}, {"text", "Look:"}}, oa_image(kPngA), {{"type", "text"}, {"text", "Colours?"}}}, 5);
+  const ojson r3 = srv.post("/v1/chat/completions", qa2, &st);
+  ASSERT_EQ(st, 200) << r3.dump();
+  EXPECT_EQ(gate->n_calls(), 1);
+  EXPECT_EQ(r3["choices"][0]["message"], cold.post("/v1/chat/completions", qa2, &st)["choices"][0]["message"]);
+  // another image of the same size: the tower runs
+  ojson qb = qa;
+  qb["messages"][0]["content"][0] = oa_image(kPngB);
+  const ojson r4 = srv.post("/v1/chat/completions", qb, &st);
+  ASSERT_EQ(st, 200) << r4.dump();
+  EXPECT_EQ(gate->n_calls(), 2);
+  EXPECT_EQ(r4["choices"][0]["logprobs"], cold.post("/v1/chat/completions", qb, &st)["choices"][0]["logprobs"]);
+  EXPECT_NE(r4["choices"][0]["logprobs"], r1["choices"][0]["logprobs"]);
+  // n = 3 choices of a new image: one tower run for the three
+  const std::string png_c = png_bytes(pattern(90, 120, 7));
+  ojson qc = oa_chat({oa_image(png_c), {{"type", "text"}, {"text", "And this?"}}}, 4);
+  qc["n"] = 3;
+  const ojson r5 = srv.post("/v1/chat/completions", qc, &st);
+  ASSERT_EQ(st, 200) << r5.dump();
+  ASSERT_EQ(r5["choices"].size(), 3u);
+  EXPECT_EQ(gate->n_calls(), 3);
+  EXPECT_EQ(gate->images, 3);
+  EXPECT_EQ(r5["choices"][1]["message"], r5["choices"][0]["message"]);
+  EXPECT_EQ(r5["choices"][2]["message"], r5["choices"][0]["message"]);
+  EXPECT_EQ(metric(srv, "kimi_vision_tower_runs_total"), 3u);
+  EXPECT_EQ(metric(srv, "kimi_vision_images_total{source=\"cache\"}"), 4u);  // r2, r3, two of r5's choices
+  // no cache: every request runs the tower
+  EXPECT_EQ(metric(cold, "kimi_vision_tower_runs_total"), 3u);
+  EXPECT_EQ(metric(cold, "kimi_vision_cache_entries"), 0u);
+}
+
+// The cache is bounded by bytes, least recently used out first.
+TEST(ServerVisionTower, CacheEvictsTheLeastRecentlyUsedImage) {
+  auto gate = std::make_shared<TowerGate>();
+  server::ServerOptions o = gated_opts(gate);
+  o.sched.prompt_cache = false;
+  const uint64_t one = uint64_t(kTokens100x70) * parsing().model->hparams().n_embd * 4;
+  o.sched.vision_cache = 2 * one;  // room for two 100 x 70 images
+  RunningServer srv(o);
+  auto ask = [&](const std::string& png) {
+    int st = 0;
+    const ojson r = srv.post("/v1/chat/completions", oa_chat({oa_image(png), {{"type", "text"}, {"text", "?"}}}, 1), &st);
+    EXPECT_EQ(st, 200) << r.dump();
+  };
+  const std::string png_c = png_bytes(pattern(100, 70, 3));
+  ask(kPngA);
+  ask(kPngB);
+  EXPECT_EQ(gate->n_calls(), 2);
+  ask(kPngA);  // a hit: A is now the most recently used
+  EXPECT_EQ(gate->n_calls(), 2);
+  ask(png_c);  // evicts B
+  EXPECT_EQ(gate->n_calls(), 3);
+  EXPECT_EQ(metric(srv, "kimi_vision_cache_evictions_total"), 1u);
+  EXPECT_EQ(metric(srv, "kimi_vision_cache_bytes"), 2 * one);
+  ask(kPngA);
+  EXPECT_EQ(gate->n_calls(), 3);
+  ask(kPngB);
+  EXPECT_EQ(gate->n_calls(), 4);
+}
+
+// A request cancelled while the tower runs for it ends at once (the slot is free, the server
+// answers); a request cancelled while its tower run is still queued never runs the tower.
+TEST(ServerVisionTower, CancelWhileTheTowerIsHeld) {
+  auto gate = std::make_shared<TowerGate>();
+  gate->set(false);
+  server::ServerOptions o = gated_opts(gate);
+  o.sched.prompt_cache = false;
+  RunningServer srv(o);
+  GateOpener opener{*gate};
+  auto send_raw = [&](const ojson& body) {
+    const int fd = test::raw_connect(srv.port);
+    EXPECT_GE(fd, 0);
+    const std::string b = body.dump();
+    const std::string http = "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: " +
+                             std::to_string(b.size()) + "\r\n\r\n" + b;
+    EXPECT_TRUE(test::raw_send(fd, http));
+    return fd;
+  };
+  const ojson qa = oa_chat({oa_image(kPngA), {{"type", "text"}, {"text", "What is this?"}}}, 5);
+  ojson qb = qa;
+  qb["messages"][0]["content"][0] = oa_image(kPngB);
+  const int fa = send_raw(qa);
+  ASSERT_TRUE(gate->wait_calls(1));  // the tower runs for A (held)
+  const int fb = send_raw(qb);       // B's tower run waits behind A's
+  ASSERT_TRUE(eventually([&] { return metric(srv, "kimi_requests_total{result=\"started\"}") == 2; }));
+  ASSERT_TRUE(eventually([&] { return busy_slots(srv) == 2; }));
+  ::close(fb);
+  ::close(fa);
+  EXPECT_TRUE(eventually([&] {
+    return metric(srv, "kimi_requests_total{result=\"cancelled\"}") == 2 && busy_slots(srv) == 0;
+  })) << srv.s->metrics_text();
+  // the server answers while the tower is still held
+  int st = 0;
+  const ojson tr = srv.post("/v1/chat/completions", oa_chat({{{"type", "text"}, {"text", "Hello"}}}, 3), &st);
+  EXPECT_EQ(st, 200) << tr.dump();
+  EXPECT_EQ(gate->n_calls(), 1);
+  gate->set(true);
+  // A's run went on to its end and was kept; B's never started: A again skips the tower, B runs it
+  const ojson ra = srv.post("/v1/chat/completions", qa, &st);
+  EXPECT_EQ(st, 200) << ra.dump();
+  EXPECT_EQ(gate->n_calls(), 1);
+  const ojson rb = srv.post("/v1/chat/completions", qb, &st);
+  EXPECT_EQ(st, 200) << rb.dump();
+  EXPECT_EQ(gate->n_calls(), 2);
+  EXPECT_EQ(metric(srv, "kimi_vision_tower_runs_total"), 2u);
 }
 
 }  // namespace

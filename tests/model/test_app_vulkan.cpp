@@ -620,13 +620,16 @@ TEST(AppVulkan, ServeSpeculativeEqualsPlain) {
 }
 
 // `kimi serve --device vulkan` with the projector beside the model runs the tower on Vulkan too: an
-// OpenAI request with an image gets the CPU server's greedy answer (f32).
+// OpenAI request with an image gets the CPU server's greedy answer (f32). The tower runs on its own
+// thread and its own Vulkan device handle (docs/engine.md "Images in the server"): an image request
+// and a text request sent together (no tower cache: the tower runs again) both get the CPU server's
+// answers.
 TEST(AppVulkan, ServeImageAsTheCpuServer) {
   if (!have_vulkan()) GTEST_SKIP() << "no Vulkan device on this machine: Vulkan CLI tests skipped";
   test::TempDir d;
   const std::string model = test::tiny_vision_dir(1) + "/model.gguf";
   Served cpu(model, "", d.file("cpu.log"));
-  Served gpu(model, "--device vulkan", d.file("gpu.log"));
+  Served gpu(model, "--device vulkan --vision-cache 0", d.file("gpu.log"));
   ASSERT_TRUE(cpu.wait_ready()) << test::read_file(d.file("cpu.log"));
   ASSERT_TRUE(gpu.wait_ready()) << test::read_file(d.file("gpu.log"));
   const std::string png = test::read_file(std::string(KIMI_SOURCE_DIR) + "/data/images/red-square.png");
@@ -662,4 +665,10 @@ TEST(AppVulkan, ServeImageAsTheCpuServer) {
   const std::string a = ask(cpu.port), b = ask(gpu.port);
   EXPECT_FALSE(a.empty());
   EXPECT_EQ(a, b);
+  std::string b2;
+  std::thread t([&] { b2 = ask(gpu.port); });
+  const std::string text = chat(gpu.port);
+  t.join();
+  EXPECT_EQ(b2, a);
+  EXPECT_EQ(text, chat(cpu.port));
 }

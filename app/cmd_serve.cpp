@@ -74,6 +74,9 @@ int cmd_serve(int argc, char** argv) {
   app.add_option("--vision-cache", vision_cache_mib,
                  "memory of the tower-output cache in MiB (images that skip the vision tower; 0 = none)")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
+  app.add_option("--vision-threads", o.vision_threads,
+                 "threads of the vision tower on the CPU (0 = as --threads); it runs beside the decode steps")
+      ->check(CLI::Range(0, 4096));
   app.add_option("--max-prompt-tokens", o.max_prompt_tokens, "prompt token limit (0 = ctx - 1)")->check(CLI::NonNegativeNumber);
   app.add_option("--max-tokens", o.max_tokens, "limit for a request's max_tokens (0 = ctx)")->check(CLI::NonNegativeNumber);
   app.add_option("--default-max-tokens", o.default_max_tokens, "chat max_tokens when the request has none (0 = up to ctx)")

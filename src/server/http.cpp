@@ -178,7 +178,8 @@ void Server::Impl::load() {
   SchedulerOptions so = o.sched;
   const std::string mmproj = o.mmproj.empty() ? find_mmproj(o.model_path) : o.mmproj;
   if (!mmproj.empty() && !o.no_mmproj) {
-    vision = std::make_unique<VisionRunner>(mmproj, model->hparams().n_embd, co.n_threads, co.precision,
+    vision = std::make_unique<VisionRunner>(mmproj, model->hparams().n_embd,
+                                            o.vision_threads > 0 ? o.vision_threads : co.n_threads, co.precision,
                                             o.vision_backend);
     check(tok->token_id("<|media_pad|>") == vision->model().hp().placeholder,
           "{}: the projector's placeholder id {} is not the tokenizer's <|media_pad|> ({})", mmproj,

@@ -53,6 +53,9 @@ struct ServerOptions {
   // the tower's own backend (kimi serve: a Vulkan one when the model's layers are on Vulkan,
   // app::side_backend; docs/gpu.md "Side models"); nullptr: a CPU backend of the server's threads
   std::shared_ptr<Backend> vision_backend;
+  // threads of the tower's CPU backend (0: the engine's); the tower runs beside the engine's
+  // decode steps (docs/engine.md "Images in the server"), so the two counts share the cores then
+  int vision_threads = 0;
   int image_max_count = 16;
   uint64_t image_max_bytes = uint64_t{20} << 20;
   uint64_t image_max_pixels = 40'000'000;

@@ -675,6 +675,7 @@ TEST(ServerVisionTower, CachedTowerOutputSkipsTheTower) {
   co.sched.parallel = 1;
   co.sched.prompt_cache = false;
   co.sched.vision_cache = 0;
+  co.vision_threads = 1;  // the tower's thread count does not change its rows
   RunningServer cold(co);
   ojson qa = oa_chat({oa_image(kPngA), {{"type", "text"}, {"text", "What is this?"}}}, 5);
   qa["logprobs"] = true;

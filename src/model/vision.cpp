@@ -158,7 +158,8 @@ VisionEncoder::VisionEncoder(const VisionModel& m, Backend& be) : m_(m), be_(be)
   mmn_ = place(m.mm_norm);
 }
 
-std::vector<float> VisionEncoder::encode(const std::vector<const image::Patches*>& images) {
+std::vector<float> VisionEncoder::encode(const std::vector<const image::Patches*>& images,
+                                         const std::atomic<bool>* cancel) {
   const VisionHParams& hp = m_.hp();
   const int64_t P = hp.patch, PP = 3 * P * P, W = hp.width, Q = hp.qkv, F = hp.ff, T = hp.text_hidden;
   const int64_t H = hp.heads, D = hp.head_dim;
@@ -215,6 +216,10 @@ std::vector<float> VisionEncoder::encode(const std::vector<const image::Patches*
   // §3.3 blocks
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   for (const B& b : blk_) {
+    if (cancel && cancel->load(std::memory_order_relaxed)) {
+      be_.sync();  // nothing recorded may still use the buffers freed on the way out
+      throw Error("vision: cancelled");
+    }
     be_.rms_norm_rows(f(x), W, b.ln1.f32, f(y), W, Np, W, hp.eps);
     be_.matmul(b.qkv.mat, f(y), Np, f(qkv));
     be_.rope_2d(f(qkv), 3 * Q, Np, H, D, prow.data(), pcol.data(), hp.rope_theta);

@@ -9,6 +9,7 @@
 // tower's gelu, rope_2d, segment_attention); images of one call are batched: every matmul runs over
 // all their patches at once and the attention stays inside each image.
 #pragma once
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -61,8 +62,10 @@ class VisionEncoder {
  public:
   VisionEncoder(const VisionModel& m, Backend& be);
   // The projector's rows for each image in order (image i gives patches.size.tokens rows of
-  // text_hidden floats), on the host.
-  std::vector<float> encode(const std::vector<const image::Patches*>& images);
+  // text_hidden floats), on the host. cancel (may be null): checked before each block; once set,
+  // the work already recorded is waited for and encode throws kimi::Error "vision: cancelled".
+  std::vector<float> encode(const std::vector<const image::Patches*>& images,
+                            const std::atomic<bool>* cancel = nullptr);
 
  private:
   struct W {

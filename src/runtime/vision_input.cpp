@@ -51,8 +51,9 @@ VisionRunner::VisionRunner(const std::string& mmproj, int64_t text_hidden, int n
 
 VisionRunner::~VisionRunner() = default;
 
-std::vector<float> VisionRunner::encode(const std::vector<const image::Patches*>& images) {
-  return enc_->encode(images);
+std::vector<float> VisionRunner::encode(const std::vector<const image::Patches*>& images,
+                                        const std::atomic<bool>* cancel) {
+  return enc_->encode(images, cancel);
 }
 
 void add_prompt_with_images(Batch& b, const std::vector<int32_t>& tokens, int32_t placeholder, const float* rows,

@@ -38,8 +38,8 @@ class VisionRunner {
   const VisionModel& model() const { return *m_; }
   const char* backend_name() const { return be_->name(); }  // "cpu", "vulkan:0", ...
   image::Patches preprocess(const image::Rgb& img) const { return m_->preprocess(img); }
-  // rows [sum of tokens][text hidden] for the images in order
-  std::vector<float> encode(const std::vector<const image::Patches*>& images);
+  // rows [sum of tokens][text hidden] for the images in order; cancel: VisionEncoder::encode
+  std::vector<float> encode(const std::vector<const image::Patches*>& images, const std::atomic<bool>* cancel = nullptr);
 
  private:
   std::unique_ptr<ThreadPool> pool_;

@@ -41,6 +41,7 @@ VisionWorker::~VisionWorker() {
   {
     std::lock_guard<std::mutex> lk(mu_);
     stop_ = true;
+    if (current_) current_->cancel();  // the tower stops before its next block
   }
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
@@ -107,6 +108,7 @@ void VisionWorker::loop() {
       }
       t = std::move(queue_.front());
       queue_.pop_front();
+      current_ = t;
     }
     if (!t->cancelled_.load(std::memory_order_relaxed)) {
       try {
@@ -117,6 +119,10 @@ void VisionWorker::loop() {
       }
     } else {
       t->error = "cancelled";
+    }
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      current_.reset();
     }
     t->done_.store(true, std::memory_order_release);
     if (wake_) wake_();
@@ -154,7 +160,7 @@ void VisionWorker::run(Task& t) {
   if (!todo.empty()) {
     if (hook_) hook_(static_cast<int>(todo.size()));
     const auto t0 = std::chrono::steady_clock::now();
-    std::vector<float> rows = runner_.encode(todo);
+    std::vector<float> rows = runner_.encode(todo, &t.cancelled_);  // a cancelled run keeps nothing
     t.tower_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     int64_t want = 0;
     for (const image::Patches* p : todo) want += p->size.tokens;

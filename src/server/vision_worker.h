@@ -48,7 +48,8 @@ class VisionWorker {
   class Task {
    public:
     bool done() const { return done_.load(std::memory_order_acquire); }
-    void cancel() { cancelled_.store(true, std::memory_order_relaxed); }  // not run if not started yet
+    // not run if not started yet; a run in progress stops before the tower's next block
+    void cancel() { cancelled_.store(true, std::memory_order_relaxed); }
     std::vector<float> rows;  // [n_rows][d]: the rows of the images asked for (the others stay 0)
     std::string error;        // the tower failed (rows empty)
     double tower_s = -1;      // this request's tower run (-1: it did not run: all from the cache)
@@ -68,7 +69,7 @@ class VisionWorker {
   // block (holds the tower).
   VisionWorker(VisionRunner& runner, int64_t d, uint64_t cache_bytes, std::function<void()> wake,
                std::function<void(int)> hook = {});
-  ~VisionWorker();  // the run in progress ends, queued tasks end with an error, the thread is joined
+  ~VisionWorker();  // the run in progress is cancelled, queued tasks end with an error, the thread is joined
   VisionWorker(const VisionWorker&) = delete;
   VisionWorker& operator=(const VisionWorker&) = delete;
 
@@ -103,6 +104,7 @@ class VisionWorker {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::shared_ptr<Task>> queue_;
+  std::shared_ptr<Task> current_;  // the task being run
   bool stop_ = false;
   std::list<Entry> lru_;  // most recently used first
   std::unordered_map<Key, std::list<Entry>::iterator, KeyHash> index_;

@@ -761,7 +761,8 @@ TEST(ServerVisionTower, CacheEvictsTheLeastRecentlyUsedImage) {
 }
 
 // A request cancelled while the tower runs for it ends at once (the slot is free, the server
-// answers); a request cancelled while its tower run is still queued never runs the tower.
+// answers) and its run stops before the tower's first block (nothing kept); a request cancelled
+// while its tower run is still queued never runs the tower.
 TEST(ServerVisionTower, CancelWhileTheTowerIsHeld) {
   auto gate = std::make_shared<TowerGate>();
   gate->set(false);
@@ -797,14 +798,17 @@ TEST(ServerVisionTower, CancelWhileTheTowerIsHeld) {
   EXPECT_EQ(st, 200) << tr.dump();
   EXPECT_EQ(gate->n_calls(), 1);
   gate->set(true);
-  // A's run went on to its end and was kept; B's never started: A again skips the tower, B runs it
+  // A's run stopped (no rows kept) and B's never started (the hook saw neither): A and B again run
+  // the tower, each once
   const ojson ra = srv.post("/v1/chat/completions", qa, &st);
   EXPECT_EQ(st, 200) << ra.dump();
-  EXPECT_EQ(gate->n_calls(), 1);
+  EXPECT_EQ(gate->n_calls(), 2);
   const ojson rb = srv.post("/v1/chat/completions", qb, &st);
   EXPECT_EQ(st, 200) << rb.dump();
-  EXPECT_EQ(gate->n_calls(), 2);
-  EXPECT_EQ(metric(srv, "kimi_vision_tower_runs_total"), 2u);
+  EXPECT_EQ(gate->n_calls(), 3);
+  EXPECT_EQ(metric(srv, "kimi_vision_tower_runs_total"), 2u);  // the stopped run is not counted
+  EXPECT_EQ(metric(srv, "kimi_vision_images_total{source=\"tower\"}"), 2u);
+  EXPECT_EQ(metric(srv, "kimi_vision_cache_entries"), 2u);
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cmath>
 #include <random>
 
@@ -25,6 +26,7 @@
 #include "runtime/vision_input.h"
 #include "test_util.h"
 #include "unit/vulkan_fixture.h"
+#include "util/error.h"
 #include "util/thread_pool.h"
 
 using namespace kimi;
@@ -205,6 +207,11 @@ TEST(VulkanSide, VisionTowerMatchesCpuAndReference) {
   ASSERT_EQ(all.size(), call.size());
   EXPECT_LT(test::rel_rms(all, call), 1e-4);
   EXPECT_LT(test::rel_rms(all, flat(ref.forward({&rs[0], &rs[1], &rs[2]}))), 1e-4);
+  // a cancelled call (the server's tower worker) waits for what it recorded and stops; the device
+  // then gives the same rows again
+  std::atomic<bool> stop{true};
+  EXPECT_THROW(vg.encode({&ps[0], &ps[1], &ps[2]}, &stop), Error);
+  EXPECT_EQ(vg.encode({&ps[0], &ps[1], &ps[2]}), all);
 }
 
 // ---- speculative decoding with the target on Vulkan (docs/speculative.md) ----

@@ -4,6 +4,7 @@
 // ratios, one and several per call (the batched call equals the images alone).
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cmath>
 
 #include "backend/cpu/cpu_backend.h"
@@ -82,6 +83,24 @@ TEST(VisionTower, MatchesTheFloat64Reference) {
   EXPECT_EQ(off, all.size());
   const auto rall = ref.forward({&rs[0], &rs[1], &rs[2], &rs[3]});
   EXPECT_LT(rel_rms(all, 0, rall), 1e-4);
+}
+
+// The cancel flag (the server's tower worker, docs/engine.md "Images in the server"): set, the
+// encoder stops with "vision: cancelled"; clear, the rows are those of a call without it; the
+// encoder is usable again after a stopped call.
+TEST(VisionTower, CancelFlagStopsTheEncoder) {
+  Tower t;
+  const auto p = t.vm->preprocess(random_image(60, 40, 3));
+  const std::vector<float> plain = t.enc->encode({&p});
+  std::atomic<bool> cancel{true};
+  try {
+    t.enc->encode({&p}, &cancel);
+    ADD_FAILURE() << "a cancelled encode returned";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("vision: cancelled"), std::string::npos) << e.what();
+  }
+  cancel = false;
+  EXPECT_EQ(t.enc->encode({&p}, &cancel), plain);
 }
 
 // The reference can see the mistakes a tower might make: the same image transposed (rows and

@@ -88,6 +88,13 @@ double VerifyCostModel::rel(int k) const {
   return t0 > 0 ? step_time(k) / t0 : 1.0;
 }
 
+double VerifyCostModel::batch_rel(int rows, int k) const {
+  rows = std::max(rows, 1);
+  if (k <= 0) return 1.0;
+  const double t = rows_rel(rows);
+  return t > 0 ? rows_rel(rows + k) / t : 1.0;
+}
+
 VerifyCostModel VerifyCostModel::of(const Model& m, const Placement& p) {
   const HParams& hp = m.hparams();
   VerifyCostModel c;
@@ -114,16 +121,56 @@ double spec_expected_tokens(double p, int k) {
 
 SpecDecision spec_decide(const VerifyCostModel& c, double p, double draft_cost, int k_min, int k_max, bool on,
                          double margin) {
+  return spec_decide_batch(c, p, draft_cost, k_min, k_max, on, 1, 1, margin);
+}
+
+SpecDecision spec_decide_batch(const VerifyCostModel& c, double p, double draft_cost, int k_min, int k_max, bool on,
+                               int rows, int seqs, double margin) {
+  rows = std::max(rows, 1);
+  const double n = double(std::max(seqs, 1));
   SpecDecision best;
   best.speedup = 0;
   for (int k = std::max(1, k_min); k <= k_max; ++k) {
-    const double s = spec_expected_tokens(p, k) / (c.rel(k) + std::max(0.0, draft_cost));
+    const double s = (n - 1.0 + spec_expected_tokens(p, k)) / (n * (c.batch_rel(rows, k) + std::max(0.0, draft_cost)));
     if (s > best.speedup) best = {k, s};
   }
   if (best.k == 0) return {0, 1.0};
   // on: off below break-even; off: on only above break-even + margin (hysteresis)
   if (on ? best.speedup < 1.0 : best.speedup <= 1.0 + margin) best.k = 0;
   return best;
+}
+
+// ---- kimi serve: --spec auto of one sequence ----
+
+int SpecAuto::draft_len(const VerifyCostModel& c, const SpecBatch& b, int k_min, int k_max) {
+  if (k_max < 1) return 0;
+  if (probing()) return k_max;  // no acceptance measured yet, or the probe after a pause
+  if (on_) {
+    const SpecDecision d = spec_decide_batch(c, accept_estimate(), b.draft_cost, k_min, k_max, true, b.rows, b.seqs);
+    if (d.k > 0) return d.k;
+    on_ = false;  // this batch makes it not pay: 8 plain steps (this one included), then a probe
+    pause_ = 8;
+    backoff_ = 16;
+  }
+  --pause_;
+  ++paused_;
+  return 0;
+}
+
+void SpecAuto::verified(const VerifyCostModel& c, const SpecBatch& b, int k_min, int k_max, int k, int m) {
+  if (k <= 0) return;
+  // drafts tried: the kept ones and the first rejected one (the geometric model of spec_decide)
+  hits_ = hits_ * 0.875 + m;
+  tries_ = tries_ * 0.875 + m + (m < k ? 1 : 0);
+  const SpecDecision d = spec_decide_batch(c, accept_estimate(), b.draft_cost, k_min, k_max, on_, b.rows, b.seqs);
+  if (d.k > 0) {
+    on_ = true;
+    backoff_ = 8;
+  } else {  // off: plain steps, then a probe (8 steps, doubling up to 256 while probes lose)
+    pause_ = on_ ? 8 : backoff_;
+    backoff_ = on_ ? 16 : std::min(backoff_ * 2, 256);
+    on_ = false;
+  }
 }
 
 // ---- the loop ----

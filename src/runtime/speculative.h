@@ -134,6 +134,12 @@ struct VerifyCostModel {
   double union_experts(int k) const;
   double step_time(int k) const;  // the model's time of a step of k + 1 rows (bytes / bandwidth)
   double rel(int k) const;        // verify step of k drafts / decode step (rel(0) = 1)
+  // A step of `rows` rows of any sequences (a server's batch) relative to a step of one row: rel(rows - 1)
+  // (the union of the picks of all rows; the measured table where it has the entry)
+  double rows_rel(int rows) const { return rel(rows - 1); }
+  // The same step with k more rows (one sequence's drafts) relative to the step without them:
+  // rows_rel(rows + k) / rows_rel(rows); the marginal cost of the drafts in a shared step
+  double batch_rel(int rows, int k) const;
   // From the weights of `m` as the placement puts them (device 0: host; others: accelerators).
   static VerifyCostModel of(const Model& m, const Placement& p);
 };
@@ -153,6 +159,50 @@ struct SpecDecision {
 };
 SpecDecision spec_decide(const VerifyCostModel& c, double p, double draft_cost, int k_min, int k_max, bool on,
                          double margin = 0.05);
+
+// The same rule for one sequence of a shared step (kimi serve, docs/speculative.md "auto in kimi
+// serve"). The step decodes `rows` rows without this sequence's drafts (its own pending and
+// re-decoded tokens, the other requests' rows, prompt chunks) and emits a token for each of `seqs`
+// sequences (this one included). Drafting k adds k rows: the step takes c.batch_rel(rows, k) +
+// draft_cost of its time without them (draft_cost relative to that time) and emits
+// seqs - 1 + E(p, k) tokens instead of seqs, so the throughput of the step changes by
+//   S = (seqs - 1 + E(p, k)) / (seqs (batch_rel(rows, k) + draft_cost))
+// — the expected accepted tokens, worth the step's time per token each, against the marginal time
+// of the rows. With rows = seqs = 1 it is spec_decide. The best k and the hysteresis as there.
+SpecDecision spec_decide_batch(const VerifyCostModel& c, double p, double draft_cost, int k_min, int k_max, bool on,
+                               int rows, int seqs, double margin = 0.05);
+
+// The step a sequence's draft would join (spec_decide_batch's inputs).
+struct SpecBatch {
+  int rows = 1;             // the step's rows without this sequence's drafts
+  int seqs = 1;             // sequences the step emits a token for (this one included)
+  double draft_cost = 0.0;  // one proposal's time relative to the step's time
+};
+
+// --spec auto for one sequence of a server (no server types; the scheduler asks it at each step):
+// the running acceptance rate (exponential, weight 1/8, as SpecParams::adaptive) and the on/off
+// state with its probe schedule. The first draft is a probe at k_max. While on, every step drafts
+// the best k of spec_decide_batch for that step's batch, or, where no k pays, goes off; after a
+// verify step the rule is applied to the new acceptance rate with that step's batch. Off: 8 plain
+// steps, then a probe drafting k_max; a probe that does not pay doubles the wait (16, 32, ... 256),
+// one that pays turns drafting on. Never changes which tokens come out.
+class SpecAuto {
+ public:
+  // This step's draft length: 0 = a plain step (paused, or no k pays with this batch), else 1..k_max
+  int draft_len(const VerifyCostModel& c, const SpecBatch& b, int k_min, int k_max);
+  // After a verify step of k drafts of which the first m were kept; b: the batch of that step
+  void verified(const VerifyCostModel& c, const SpecBatch& b, int k_min, int k_max, int k, int m);
+  double accept_estimate() const { return tries_ > 0 ? hits_ / tries_ : 0.5; }
+  bool on() const { return on_; }
+  bool probing() const { return tries_ == 0 || (!on_ && pause_ == 0); }  // the next draft is a probe
+  uint64_t paused() const { return paused_; }  // plain steps taken because drafting did not pay
+
+ private:
+  double hits_ = 0, tries_ = 0;
+  bool on_ = true;
+  int pause_ = 0, backoff_ = 8;
+  uint64_t paused_ = 0;
+};
 
 struct SpecParams {
   int n_max = 8;  // --draft-max: tokens drafted per step at most

@@ -3,6 +3,8 @@
 // values computed by hand.
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "runtime/speculative.h"
 
 using namespace kimi;
@@ -89,4 +91,128 @@ TEST(SpecCost, HysteresisAroundBreakEven) {
   EXPECT_EQ(spec_decide(m, 0.6, 0.0, 1, 1, false).k, 1);
   // a wider margin
   EXPECT_EQ(spec_decide(m, 0.6, 0.0, 1, 1, false, 0.1).k, 0);
+}
+
+// kimi serve: the marginal cost of one sequence's drafts in a shared step (VerifyCostModel::batch_rel)
+// and spec_decide_batch's throughput rule, S = (n - 1 + E(p, k)) / (n (batch_rel(rows, k) + c)).
+TEST(SpecCost, BatchMarginalCostAndDecision) {
+  VerifyCostModel c;  // 100 bytes read once per step, 10 per distinct expert, 2 of 8 experts per token
+  c.host_fixed = 100;
+  c.host_expert = 10;
+  c.n_expert = 8;
+  c.top_k = 2;
+  // a step of R rows reads 100 + 10 * 8 (1 - 0.75^R): R = 1: 120, 2: 135, 3: 146.25, 4: 154.6875
+  EXPECT_DOUBLE_EQ(c.rows_rel(1), 1.0);
+  EXPECT_DOUBLE_EQ(c.rows_rel(2), 135.0 / 120.0);
+  EXPECT_DOUBLE_EQ(c.rows_rel(4), 154.6875 / 120.0);
+  EXPECT_DOUBLE_EQ(c.batch_rel(1, 1), c.rel(1));
+  EXPECT_DOUBLE_EQ(c.batch_rel(2, 2), 154.6875 / 135.0);  // two drafts added to a step of two rows
+  EXPECT_DOUBLE_EQ(c.batch_rel(3, 0), 1.0);
+  // the more rows the step has already, the less k more cost (their picks overlap the step's)
+  EXPECT_LT(c.batch_rel(4, 2), c.batch_rel(2, 2));
+  EXPECT_LT(c.batch_rel(2, 2), c.batch_rel(1, 2));
+
+  // one row, one sequence: spec_decide's rule exactly
+  for (double p : {0.0, 0.3, 0.8, 1.0})
+    for (bool on : {false, true}) {
+      const SpecDecision a = spec_decide(c, p, 0.01, 1, 4, on), b = spec_decide_batch(c, p, 0.01, 1, 4, on, 1, 1);
+      EXPECT_EQ(a.k, b.k) << p;
+      EXPECT_DOUBLE_EQ(a.speedup, b.speedup) << p;
+    }
+
+  // two sequences in a step of two rows, p = 0.8, drafts free:
+  // k = 1: (1 + 1.8) / (2 * 146.25 / 135) = 1.29231; k = 2: (1 + 2.44) / (2 * 154.6875 / 135) = 1.50109
+  SpecDecision d = spec_decide_batch(c, 0.8, 0.0, 1, 2, false, 2, 2);
+  EXPECT_EQ(d.k, 2);
+  EXPECT_NEAR(d.speedup, 3.44 * 135.0 / (2 * 154.6875), 1e-12);
+  d = spec_decide_batch(c, 0.8, 0.0, 1, 1, false, 2, 2);
+  EXPECT_EQ(d.k, 1);
+  EXPECT_NEAR(d.speedup, 2.8 * 135.0 / (2 * 146.25), 1e-12);
+  // a draft that is never right never pays, whatever the batch (the step only gets slower)
+  for (int rows : {1, 2, 4, 64, 512})
+    for (int seqs : {1, 4}) {
+      EXPECT_EQ(spec_decide_batch(c, 0.0, 0.0, 1, 8, false, rows, seqs).k, 0) << rows;
+      EXPECT_LE(spec_decide_batch(c, 0.0, 0.0, 1, 8, false, rows, seqs).speedup, 1.0) << rows;
+    }
+
+  // hybrid (the 100 always-read bytes on an accelerator 8x faster, experts in RAM), p = 0.5, k = 1:
+  // alone the draft row costs (12.5 + 35) / (12.5 + 20) = 1.4615 of the step: 1.5 / 1.4615 = 1.026,
+  // not above 1.05; beside a prompt chunk of 64 rows (every expert read anyway) it costs nearly nothing
+  VerifyCostModel h = c;
+  h.host_fixed = 0;
+  h.dev_fixed = 100;
+  d = spec_decide_batch(h, 0.5, 0.0, 1, 1, false, 1, 1);
+  EXPECT_EQ(d.k, 0);
+  EXPECT_NEAR(d.speedup, 1.5 * 32.5 / 47.5, 1e-12);
+  d = spec_decide_batch(h, 0.5, 0.0, 1, 1, false, 65, 2);
+  const double t65 = 12.5 + 80 * (1 - std::pow(0.75, 65)), t66 = 12.5 + 80 * (1 - std::pow(0.75, 66));
+  EXPECT_EQ(d.k, 1);
+  EXPECT_NEAR(d.speedup, (1 + 1.5) / (2 * (t66 / t65)), 1e-12);
+  // the proposal's own time, relative to the step: 2.5 / (2 (1 + 0.3)) = 0.96: off
+  EXPECT_EQ(spec_decide_batch(h, 0.5, 0.3, 1, 1, true, 65, 2).k, 0);
+}
+
+// SpecAuto: the probe schedule of one server sequence (8 plain steps after going off, then a probe;
+// 16, 32, ... while probes lose), the draft length chosen per batch, and a batch that turns it off.
+TEST(SpecCost, AutoProbeScheduleAndPerBatchDecision) {
+  VerifyCostModel c;
+  c.host_fixed = 100;
+  c.host_expert = 10;
+  c.n_expert = 8;
+  c.top_k = 2;
+  const SpecBatch one{1, 1, 0.0};
+  {  // never right: a probe at k_max, then plain steps 8, 16, 32, 64, 128, 256, 256 between probes
+    SpecAuto a;
+    EXPECT_TRUE(a.probing());
+    ASSERT_EQ(a.draft_len(c, one, 1, 4), 4);
+    a.verified(c, one, 1, 4, 4, 0);
+    EXPECT_FALSE(a.on());
+    EXPECT_DOUBLE_EQ(a.accept_estimate(), 0.0);
+    uint64_t plain = 0;
+    for (int wait : {8, 16, 32, 64, 128, 256, 256}) {
+      for (int i = 0; i < wait; ++i) ASSERT_EQ(a.draft_len(c, one, 1, 4), 0) << wait << " " << i;
+      plain += static_cast<uint64_t>(wait);
+      EXPECT_EQ(a.paused(), plain);
+      ASSERT_TRUE(a.probing());
+      ASSERT_EQ(a.draft_len(c, one, 1, 4), 4) << wait;  // the probe
+      a.verified(c, one, 1, 4, 4, 0);
+      EXPECT_FALSE(a.on());
+    }
+  }
+  {  // always right: on from the first probe, drafting the best k (p = 1: k = 4, 5 / rel(4))
+    SpecAuto a;
+    ASSERT_EQ(a.draft_len(c, one, 1, 4), 4);
+    a.verified(c, one, 1, 4, 4, 4);
+    EXPECT_TRUE(a.on());
+    EXPECT_DOUBLE_EQ(a.accept_estimate(), 1.0);
+    for (int i = 0; i < 50; ++i) {
+      ASSERT_EQ(a.draft_len(c, one, 1, 4), 4);
+      a.verified(c, one, 1, 4, 4, 4);
+    }
+    EXPECT_EQ(a.paused(), 0u);
+  }
+  {  // hybrid, half right (p = 0.5 after a probe keeping 1 of 4: hits 1, tries 2): pays beside a
+     // prompt chunk of 64 rows, not alone — drafting stops when the chunk is gone
+    VerifyCostModel h = c;
+    h.host_fixed = 0;
+    h.dev_fixed = 100;
+    const SpecBatch chunk{65, 2, 0.0};
+    SpecAuto a;
+    ASSERT_EQ(a.draft_len(h, chunk, 1, 1), 1);
+    a.verified(h, chunk, 1, 1, 1, 1);  // kept: p = 1
+    a.verified(h, chunk, 1, 1, 1, 0);  // rejected: p = 0.875 / 1.875 = 0.467
+    EXPECT_NEAR(a.accept_estimate(), 0.875 / 1.875, 1e-12);
+    // beside the chunk: (1 + 1.467) / (2 * 1.0000...) = 1.23: on
+    EXPECT_TRUE(a.on());
+    EXPECT_EQ(a.draft_len(h, chunk, 1, 1), 1);
+    // alone: 1.467 / 1.4615 = 1.0035 >= 1: stays on (hysteresis); with a proposal costing 5 % of
+    // the step: 1.467 / 1.5115 = 0.97: off, 8 plain steps (this one included), then a probe
+    EXPECT_EQ(a.draft_len(h, one, 1, 1), 1);
+    const SpecBatch alone_slow{1, 1, 0.05};
+    EXPECT_EQ(a.draft_len(h, alone_slow, 1, 1), 0);
+    EXPECT_FALSE(a.on());
+    for (int i = 0; i < 7; ++i) EXPECT_EQ(a.draft_len(h, alone_slow, 1, 1), 0) << i;
+    EXPECT_EQ(a.paused(), 8u);
+    EXPECT_EQ(a.draft_len(h, alone_slow, 1, 1), 1);  // the probe
+  }
 }

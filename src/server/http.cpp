@@ -660,11 +660,12 @@ void Server::Impl::log_generation(const httpd::Request& req, const std::string& 
       std::fprintf(stderr, "kimi serve: %s images: %d, %d tokens, all from the prompt cache\n", id.c_str(),
                    r0.n_images, r0.n_image_tokens);
   }
-  int drafted = 0, accepted = 0, steps = 0;
-  for (const auto& r : rs) drafted += r.spec_drafted, accepted += r.spec_accepted, steps += r.spec_steps;
+  int drafted = 0, accepted = 0, steps = 0, paused = 0;
+  for (const auto& r : rs) drafted += r.spec_drafted, accepted += r.spec_accepted, steps += r.spec_steps, paused += r.spec_paused;
   if (drafted > 0)
-    std::fprintf(stderr, "kimi serve: %s speculative: %d drafted, %d accepted (%.1f %%) in %d verify steps, %.2f accepted per step\n",
-                 id.c_str(), drafted, accepted, 100.0 * accepted / drafted, steps, steps ? double(accepted) / steps : 0.0);
+    std::fprintf(stderr, "kimi serve: %s speculative: %d drafted, %d accepted (%.1f %%) in %d verify steps, %.2f accepted per step%s\n",
+                 id.c_str(), drafted, accepted, 100.0 * accepted / drafted, steps, steps ? double(accepted) / steps : 0.0,
+                 paused ? fmt::format(", {} steps without drafting (did not pay)", paused).c_str() : "");
 }
 
 std::string Server::Impl::metrics() const {
@@ -707,6 +708,8 @@ std::string Server::Impl::metrics() const {
   metric("kimi_spec_accepted_tokens_total", "counter", "drafted tokens accepted", one("kimi_spec_accepted_tokens_total", s.spec_accepted));
   metric("kimi_spec_recomputed_tokens_total", "counter", "accepted tokens decoded again after a KDA rollback",
          one("kimi_spec_recomputed_tokens_total", s.spec_recomputed));
+  metric("kimi_spec_paused_steps_total", "counter", "steps of \"auto\" requests decoded without a draft because drafting did not pay",
+         one("kimi_spec_paused_steps_total", s.spec_paused));
   metric("kimi_prefix_cache_entries_total", "counter", "prefix entries stored at divergence points",
          one("kimi_prefix_cache_entries_total", s.prefix_entries));
   // the prompt-cache store (server/prompt_cache.h; all 0 without --cache-ram)

@@ -164,6 +164,7 @@ class Job {
     double prefill_s = 0;       // admitted to a slot -> first generated token (prompt evaluation)
     double gen_s = 0;           // first generated token -> end
     int spec_drafted = 0, spec_accepted = 0, spec_steps = 0;  // speculative decoding: tokens drafted, kept; verify steps
+    int spec_paused = 0;  // "auto": plain steps where drafting did not pay
     int n_images = 0, n_image_tokens = 0;  // GenParams::images: images and their tokens in the prompt
     double vision_s = -1;  // the vision tower's time for them (part of prefill_s; -1: it did not run, e.g. all cached)
     int n_images_cached = 0;  // images whose tower output came from the tower-output cache (the tower skipped them)

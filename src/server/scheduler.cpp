@@ -407,7 +407,9 @@ void Scheduler::start(Active& a) {
   const GenParams& gp = a.job->params();
   const SpecType spec_t = gp.spec_type.value_or(so_.spec_type);
   const bool free_output = !gp.grammar && !gp.tool_grammar && gp.thinking_budget < 0 && !gp.tool_must_finish && !gp.images;
-  const bool dspark_req = dspark_ && spec_t == SpecType::Dspark && free_output &&
+  // "auto" drafts with the DSpark draft when -md loaded one (as kimi run/chat), else n-gram
+  const bool auto_dspark = spec_t == SpecType::Auto && !so_.make_drafter;
+  const bool dspark_req = dspark_ && (spec_t == SpecType::Dspark || auto_dspark) && free_output &&
                           (gp.spec_n_max >= 0 ? gp.spec_n_max : so_.spec.n_max) > 0;
   int src = -1;
   size_t best_r = 0, L = 0;
@@ -491,14 +493,22 @@ void Scheduler::start(Active& a) {
     if (gp.spec_n_max >= 0) a.spec.n_max = gp.spec_n_max;
     if (gp.spec_n_min >= 0) a.spec.n_min = gp.spec_n_min;
     a.spec.n_min = std::min(a.spec.n_min, a.spec.n_max);
+    a.spec.adaptive = t == SpecType::Auto;  // drafts only while it pays (SpecAuto, spec_draft)
     a.drafter = nullptr;
     a.own_drafter.reset();
-    if ((t == SpecType::Ngram || t == SpecType::Auto) && free_output && a.spec.n_max > 0) {
+    if (dspark_req) {
+      a.drafter = dspark_for(target);
+    } else if ((t == SpecType::Ngram || t == SpecType::Auto) && free_output && a.spec.n_max > 0) {
       a.own_drafter = so_.make_drafter ? so_.make_drafter() : std::make_unique<NgramDrafter>();
       a.drafter = a.own_drafter.get();
-    } else if (dspark_req) {
-      a.drafter = dspark_for(target);
     }
+    if (a.spec.adaptive && a.drafter && !spec_cost_)
+      spec_cost_ = so_.spec.cost ? so_.spec.cost
+                                 : std::make_shared<const VerifyCostModel>(VerifyCostModel::of(model_, ctx_->placement()));
+    a.spec_auto = SpecAuto{};
+    a.spec_paused = 0;
+    a.n_draft_meas = 0;
+    a.t_draft = 0;
     a.draft.clear();
     a.redo.clear();
     a.draft.reserve(static_cast<size_t>(a.spec.n_max));
@@ -646,6 +656,22 @@ void Scheduler::step() {
   int prefill_tokens = 0;
   struct Part { Active* a; size_t n; size_t row0; };  // prefill part of this step (its first batch row)
   std::vector<Part> parts;
+  // the step's rows and token-emitting sequences before any draft ("auto" weighs a draft against
+  // them; a prompt chunk counted at its most likely length, min(--chunk, what is left))
+  SpecBatch sb{0, 0, 0.0};
+  {
+    int chunks = 0;
+    for (const auto& up : active_) {
+      const Active& a = *up;
+      if (a.generating) {
+        sb.rows += static_cast<int>(a.redo.size() + 1 + a.ahead.size());
+        ++sb.seqs;
+      } else if (chunks < so_.max_chunks && a.seq >= 0) {
+        sb.rows += static_cast<int>(std::min(static_cast<size_t>(so_.chunk), a.job->prompt().size() - a.pos));
+        ++chunks;
+      }
+    }
+  }
   for (auto& up : active_) {
     Active& a = *up;
     if (!a.generating) continue;
@@ -660,7 +686,10 @@ void Scheduler::step() {
     a.obs_row0 = batch_.size();
     for (int32_t i = 0; i < r; ++i) batch_.add(a.redo[static_cast<size_t>(i)], a.seq, base + i, false);
     a.spec_base = base;
-    if (a.drafter && a.ahead.empty()) spec_draft(a, base);
+    if (a.drafter && a.ahead.empty()) {
+      spec_draft(a, base, sb);
+      sb.rows += static_cast<int>(a.draft.size());  // a later sequence's drafts join these rows too
+    }
     batch_.add(a.pending, a.seq, base + r, lp || a.ahead.empty());
     const int pending_row = static_cast<int>(batch_.size()) - 1;
     for (size_t i = 0; i < a.draft.size(); ++i)
@@ -735,6 +764,11 @@ void Scheduler::step() {
     ++st_.decode_steps;
     st_.prefill_tokens += static_cast<uint64_t>(prefill_tokens);
     st_.busy_s += std::chrono::duration<double>(t1 - t0).count();
+  }
+  {  // the mean step time ("auto": a proposal's time is weighed against it)
+    const double x = std::chrono::duration<double>(t1 - t0).count();
+    t_step_ = n_step_meas_++ == 0 ? x : t_step_ + (x - t_step_) / 8.0;
+    n_step_meas_ = std::min(n_step_meas_, 1 << 20);
   }
   int generated = 0;
   // generating requests: the pending token is now in the cache
@@ -835,20 +869,42 @@ void Scheduler::step() {
 
 // ---- speculative decoding (docs/speculative.md) ----
 
-void Scheduler::spec_draft(Active& a, int32_t base) {
+void Scheduler::spec_draft(Active& a, int32_t base, SpecBatch batch) {
   a.draft.clear();
   if (static_cast<int>(a.redo.size()) > a.spec.n_max) return;  // commit the tokens to decode again first
   const GenParams& gp = a.job->params();
   const int32_t r = static_cast<int32_t>(a.redo.size());
   // no token past max_tokens, no position past the context (on_token ends the request there)
-  const int n = std::min({a.spec.n_max, gp.max_tokens - a.n_gen - 1, n_ctx_ - base - r - 3,
-                          kSpecMaxStepRows - r - 1});  // with redo + pending: < 16 rows, bit-exact
-  if (n < std::max(1, a.spec.n_min)) return;
+  int n = std::min({a.spec.n_max, gp.max_tokens - a.n_gen - 1, n_ctx_ - base - r - 3,
+                    kSpecMaxStepRows - r - 1});  // with redo + pending: < 16 rows, bit-exact
+  const int k_min = std::max(1, a.spec.n_min);
+  if (n < k_min) return;
+  if (a.spec.adaptive) {  // "auto": draft only where it pays in this step's batch (SpecAuto)
+    batch.rows = std::max(batch.rows, 1);
+    batch.seqs = std::max(batch.seqs, 1);
+    batch.draft_cost = a.n_draft_meas > 0 && t_step_ > 0 ? a.t_draft / t_step_ : 0.0;
+    a.spec_batch = batch;
+    a.spec_kmax = n;
+    const int len = a.spec_auto.draft_len(*spec_cost_, batch, k_min, n);
+    if (len == 0) {  // a plain step: paused, or no draft length pays beside these rows
+      ++a.spec_paused;
+      std::lock_guard<std::mutex> lk(mu_);
+      ++st_.spec_paused;
+      return;
+    }
+    n = std::min(n, len);
+  }
   std::vector<int32_t>& toks = seqs_[static_cast<size_t>(a.seq)].toks;
   const size_t n0 = toks.size();  // the drafter reads the whole text: context + redo + pending
   toks.insert(toks.end(), a.redo.begin(), a.redo.end());
   toks.push_back(a.pending);
+  const auto td = Clock::now();
   const int k = std::min(a.drafter->propose(toks, n, a.draft), n);
+  if (a.spec.adaptive) {  // the time of a proposal (a draft model's forward; n-gram: microseconds)
+    const double x = std::chrono::duration<double>(Clock::now() - td).count();
+    a.t_draft = a.n_draft_meas++ == 0 ? x : a.t_draft + (x - a.t_draft) / 8.0;
+    a.n_draft_meas = std::min(a.n_draft_meas, 1 << 20);
+  }
   toks.resize(n0);
   if (k < std::max(1, a.spec.n_min)) {
     a.draft.clear();
@@ -882,6 +938,9 @@ int Scheduler::spec_verify(Active& a) {
   // the rows kept: the tokens decoded again, the pending one and the drafts accepted
   spec_observe(a, a.obs_row0, base, static_cast<int64_t>(toks.size()) - base);
   a.drafter->accepted(static_cast<int>(m));
+  if (a.spec.adaptive)  // the acceptance rate, and on or off by the batch this step had
+    a.spec_auto.verified(*spec_cost_, a.spec_batch, std::max(1, a.spec.n_min), a.spec_kmax, static_cast<int>(k),
+                         static_cast<int>(m));
   a.spec_drafted += static_cast<int>(k);
   a.spec_accepted += static_cast<int>(m);
   ++a.spec_steps;
@@ -1330,6 +1389,7 @@ void Scheduler::finish(Active& a, FinishReason reason, int status, const std::st
   r.spec_drafted = a.spec_drafted;
   r.spec_accepted = a.spec_accepted;
   r.spec_steps = a.spec_steps;
+  r.spec_paused = a.spec_paused;
   if (a.n_gen > 0) {
     r.prefill_s = std::chrono::duration<double>(a.t_first - a.t_admit).count();
     r.gen_s = std::chrono::duration<double>(Clock::now() - a.t_first).count();

@@ -125,6 +125,8 @@ struct SchedulerStats {
   uint64_t spec_verify_steps = 0, spec_drafted = 0, spec_accepted = 0, spec_recomputed = 0;
   bool vision = false;          // the server has a vision tower (the fields below are counted)
   VisionStats vis;              // the tower worker and its output cache (server/vision_worker.h)
+  // plain steps of "auto" requests where drafting did not pay (SpecAuto)
+  uint64_t spec_paused = 0;
 };
 
 class Scheduler {
@@ -220,6 +222,12 @@ class Scheduler {
     bool spec_snap_new = false;      // this step's snapshot was taken for the draft (dropped after)
     int32_t spec_base = 0;           // the sequence's length when this step started
     int spec_drafted = 0, spec_accepted = 0, spec_steps = 0;  // this request's (Job::Result)
+    // "auto" (spec.adaptive): the per-sequence rule, the batch and draft length of the step that
+    // drafted last, the mean time of a proposal, this request's plain steps where drafting did not pay
+    SpecAuto spec_auto;
+    SpecBatch spec_batch;
+    int spec_kmax = 0, spec_paused = 0, n_draft_meas = 0;
+    double t_draft = 0;
     std::vector<int32_t> spec_out;   // scratch: the tokens a verify step emits
     std::vector<float> img_rows;     // GenParams::images: the tower's rows (taken from `tower` once it is done)
     std::shared_ptr<VisionWorker::Task> tower;  // the images' tower task (nullptr: none, or taken)
@@ -231,7 +239,8 @@ class Scheduler {
   void start(Active& a);
   void step();
   void on_token(Active& a, int32_t t, const float* logits);
-  void spec_draft(Active& a, int32_t base);    // a.draft for this step (may stay empty)
+  // a.draft for this step (may stay empty); batch: the step's rows and sequences without a's drafts
+  void spec_draft(Active& a, int32_t base, SpecBatch batch);
   int spec_verify(Active& a);                  // after the decode: accept, roll back, emit; tokens emitted
   // DSpark: the drafter of sequence seq (made at its first use); hands rows of the last batch to a's drafter
   Drafter* dspark_for(int seq);
@@ -292,6 +301,11 @@ class Scheduler {
   std::shared_ptr<DsparkRunner> dspark_;
   std::vector<std::unique_ptr<Drafter>> dspark_drafters_;
   std::vector<std::vector<int32_t>> dspark_seen_;
+  // "auto" requests: the verify-cost model (SchedulerOptions::spec.cost, or made from the model and
+  // placement at the first such request), the mean time of a decode step (a proposal's cost relative to it)
+  std::shared_ptr<const VerifyCostModel> spec_cost_;
+  double t_step_ = 0;
+  int n_step_meas_ = 0;
 
   std::vector<SeqRec> seqs_;
   std::vector<std::unique_ptr<Active>> active_;

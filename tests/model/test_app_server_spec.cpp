@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <array>
 #include <chrono>
 #include <thread>
 
@@ -200,6 +201,104 @@ TEST(ServerSpec, RejectionAtEveryBlockPositionEqualsPlain) {
   }
 }
 
+// "speculative": {"type": "auto"} decides per request from the verify-cost model and the request's
+// running acceptance (SpecAuto, docs/speculative.md "auto in kimi serve"): a drafter that is always
+// wrong drafts in its first step (the probe) and then only in the probes after 8 and 16 plain steps
+// (60 tokens: 59 steps, the last with no room for a draft; 3 probes of 4 drafts, 8 + 16 + 31 plain
+// steps) where the same drafter as "ngram" drafts in nearly every step; one that is always right drafts in every step, beside a request without drafts
+// too. Greedy answers equal the plain answers token for token and logprob for logprob in both cases.
+TEST(ServerSpec, AutoStopsWrongDraftsAndKeepsRightOnes) {
+  auto o = server_opts();
+  o.quiet = true;
+  auto truth = std::make_shared<std::vector<int32_t>>();
+  auto wrong = std::make_shared<int>(-1);
+  o.sched.make_drafter = [truth, wrong] {
+    auto d = std::make_unique<OracleDrafter>();
+    d->truth = truth;
+    d->wrong_at = *wrong;
+    return d;
+  };
+  auto m = Model::load(o.model_path);
+  const std::vector<int32_t> P = ids(20, 7);
+  const int N = 60;
+  *truth = P;
+  const std::vector<int32_t> G = reference_greedy_ids(*m, P, N + 8);
+  truth->insert(truth->end(), G.begin(), G.end());
+  auto counters = [](RunningServer& s) {
+    auto c = s.client();
+    auto res = c.Get("/metrics");
+    EXPECT_TRUE(res);
+    return std::array<double, 4>{metric(res->body, "kimi_spec_drafted_tokens_total"),
+                                 metric(res->body, "kimi_spec_accepted_tokens_total"),
+                                 metric(res->body, "kimi_spec_verify_steps_total"),
+                                 metric(res->body, "kimi_spec_paused_steps_total")};
+  };
+  int st = 0;
+  ojson plain;
+  {
+    RunningServer s(o);
+    plain = s.post("/v1/completions", completion(P, N), &st);
+    ASSERT_EQ(st, 200) << plain.dump();
+    ASSERT_EQ(plain["choices"][0]["logprobs"]["token_logprobs"].size(), static_cast<size_t>(N));
+  }
+  {  // always wrong (at block position 0: nothing is ever kept)
+    *wrong = 0;
+    RunningServer s(o);
+    const ojson got = s.post("/v1/completions", completion(P, N, {{"type", "auto"}, {"n_max", 4}}), &st);
+    ASSERT_EQ(st, 200) << got.dump();
+    EXPECT_EQ(got["choices"][0]["text"], plain["choices"][0]["text"]);
+    EXPECT_EQ(got["choices"][0]["logprobs"]["token_logprobs"], plain["choices"][0]["logprobs"]["token_logprobs"]);
+    const auto c = counters(s);
+    EXPECT_EQ(c[0], 12) << "drafted";  // probes at steps 1, 10 and 27, 4 drafts each
+    EXPECT_EQ(c[1], 0) << "accepted";
+    EXPECT_EQ(c[2], 3) << "verify steps";
+    EXPECT_EQ(c[3], 55) << "plain steps";  // 8 + 16 + 31: the rest of the 58 steps with room for a draft
+    // the same drafter as "ngram" (no cost decision) drafts in every step but those that commit the
+    // kept tokens waiting after rollbacks (one in 6 here)
+    const ojson ng = s.post("/v1/completions", completion(P, N, {{"type", "ngram"}, {"n_max", 4}}), &st);
+    ASSERT_EQ(st, 200) << ng.dump();
+    EXPECT_EQ(ng["choices"][0]["logprobs"]["token_logprobs"], plain["choices"][0]["logprobs"]["token_logprobs"]);
+    const auto c2 = counters(s);
+    EXPECT_GT(c2[0] - c[0], 10 * c[0]) << "ngram drafted";
+    EXPECT_GT(c2[2] - c[2], 40) << "ngram verify steps";
+    EXPECT_EQ(c2[3], c[3]);  // "ngram" never pauses
+  }
+  {  // always right: drafts in every step, alone and beside a request without drafts
+    *wrong = -1;
+    RunningServer s(o);
+    const ojson got = s.post("/v1/completions", completion(P, N, {{"type", "auto"}, {"n_max", 4}}), &st);
+    ASSERT_EQ(st, 200) << got.dump();
+    EXPECT_EQ(got["choices"][0]["text"], plain["choices"][0]["text"]);
+    EXPECT_EQ(got["choices"][0]["logprobs"]["token_logprobs"], plain["choices"][0]["logprobs"]["token_logprobs"]);
+    auto c = counters(s);
+    EXPECT_EQ(c[3], 0) << "plain steps";
+    EXPECT_EQ(c[1], c[0]);
+    // 59 steps' worth of tokens in verify steps of up to 4 drafts + 1: at least 11 steps, each drafting
+    EXPECT_GE(c[0], 44);
+    EXPECT_LE(c[2], 15);
+
+    ojson neighbour;
+    std::thread tb([&] { neighbour = s.post("/v1/completions", completion(ids(30, 9), 200)); });
+    for (int i = 0; i < 20000; ++i) {  // the neighbour decoding first (a condition, not a delay)
+      bool busy = false;
+      for (const auto& sl : s.get("/slots"))
+        if (sl.value("is_processing", false) && sl.contains("request") && sl["request"].value("n_decoded", 0) > 0)
+          busy = true;
+      if (busy) break;
+      std::this_thread::yield();
+    }
+    const ojson got2 = s.post("/v1/completions", completion(P, N, {{"type", "auto"}, {"n_max", 4}}), &st);
+    tb.join();
+    ASSERT_EQ(st, 200) << got2.dump();
+    EXPECT_EQ(got2["choices"][0]["logprobs"]["token_logprobs"], plain["choices"][0]["logprobs"]["token_logprobs"]);
+    EXPECT_EQ(neighbour["usage"]["completion_tokens"], 200);
+    const auto c2 = counters(s);
+    EXPECT_EQ(c2[3], 0) << "plain steps";
+    EXPECT_GE(c2[0] - c[0], 44);
+    EXPECT_EQ(c2[1] - c[1], c2[0] - c[0]);
+  }
+}
+
 // "speculative": {"type": "dspark"} with the server's DSpark draft (-md): greedy answers equal the
 // plain answers token for token and logprob for logprob, with a request without speculation and an
 // n-gram request decoding in the same steps; the random synthetic draft is almost never right, so
@@ -252,6 +351,16 @@ TEST(ServerSpec, DsparkEqualsPlainWithBatchNeighbours) {
     EXPECT_GT(drafted, last_drafted + 40) << round << res->body;  // it drafted at (nearly) every step
     EXPECT_GT(metric(res->body, "kimi_spec_recomputed_tokens_total"), 0) << res->body;  // KDA rollbacks
     last_drafted = drafted;
+  }
+  {  // "auto" drafts with the -md draft, and stops: the random draft is (nearly) never right
+    const ojson au = s.post("/v1/completions", completion(P, 40, {{"type", "auto"}, {"n_max", 7}}), &st);
+    ASSERT_EQ(st, 200) << au.dump();
+    EXPECT_EQ(au["choices"][0]["logprobs"]["token_logprobs"], plain["choices"][0]["logprobs"]["token_logprobs"]);
+    auto c = s.client();
+    auto res = c.Get("/metrics");
+    ASSERT_TRUE(res);
+    EXPECT_GT(metric(res->body, "kimi_spec_drafted_tokens_total"), last_drafted) << res->body;  // the probe
+    EXPECT_GT(metric(res->body, "kimi_spec_paused_steps_total"), 20) << res->body;
   }
   // the server's default: --spec dspark; a request may turn it off
   auto o2 = o;

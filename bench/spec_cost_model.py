@@ -8,6 +8,7 @@ bytes grow with (k + 1) x u_k, u_k the expert-union share (distinct experts / pi
 
     python3 bench/spec_cost_model.py [--union 0.861,0.793,...]   # u_1..u_8 (default: measured, docs/speculative.md)
     python3 bench/spec_cost_model.py --auto     # what --spec auto's rule (runtime/speculative.h spec_decide) decides
+    python3 bench/spec_cost_model.py --auto-batch   # kimi serve's rule (spec_decide_batch) beside other rows
 
 --auto evaluates the engine's built-in model (VerifyCostModel: uniform expert union, an accelerator read 8x
 faster than RAM) and its rule: the k <= 8 with the best E(p, k) / rel(k), drafting when it beats 1.05.
@@ -66,13 +67,54 @@ def auto_table(k_max=8, margin=0.05):
         print(f"| {name} | {rel[1]:.2f} | {rel[4]:.2f} | {rel[7]:.2f} | " + " | ".join(cells) + " |")
 
 
+def auto_batch_table(k_max=8, margin=0.05):
+    """kimi serve's rule (spec_decide_batch): one sequence's k drafts added to a step of `rows` rows that
+    emits a token for `seqs` sequences. The sequence is charged its share of the step, t(rows) / seqs,
+    plus the whole time its rows add: S = E(p, k) / (1 + seqs (t(rows + k) / t(rows) - 1))."""
+    x = EXPERTS_GB / TOP_K
+
+    def union_rows(r):  # distinct experts r rows pick (VerifyCostModel::rows_rel)
+        return N_EXPERT * (1 - (1 - TOP_K / N_EXPERT) ** r)
+
+    places = [(f"CPU-only, {n} always-read", gb, 0.0) for n, gb in ALWAYS_GB.items()]
+    places.append(("hybrid --cpu-moe, Q8_0 on the GPU", 0.0, 60.0))
+    batches = [(1, 1), (4, 4), (16, 16), (64, 64), (257, 1)]  # (rows, seqs); 257: a 256-token prompt chunk beside
+
+    def decide(t, p, rows, seqs):
+        best_k, best = 0, 0.0
+        for k in range(1, k_max + 1):
+            e = sum(p ** i for i in range(k + 1))
+            s = e / (1 + seqs * (t(rows + k) / t(rows) - 1))
+            if s > best:
+                best_k, best = k, s
+        return best_k, best
+
+    print("| placement | " + " | ".join(f"{r} rows, {n} seq{'s' if n > 1 else ''}" for r, n in batches) + " |")
+    print("|---|" + "---:|" * len(batches))
+    for name, host_fixed, dev_fixed in places:
+        def t(r):
+            return host_fixed + union_rows(r) * x + dev_fixed / DEV_BW
+
+        cells = []
+        for rows, seqs in batches:
+            p_on = next((p / 100 for p in range(0, 101) if decide(t, p / 100, rows, seqs)[1] > 1 + margin), None)
+            k8, s8 = decide(t, 0.8, rows, seqs)
+            on8 = s8 > 1 + margin
+            cells.append(("off" if p_on is None else f"p >= {p_on:.2f}") +
+                         (f"; p=0.8: k={k8}, {s8:.2f}" if on8 else f"; p=0.8: off ({s8:.2f})"))
+        print(f"| {name} | " + " | ".join(cells) + " |")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--union", default=",".join(str(x) for x in UNION), help="u_1..u_K, comma-separated")
     ap.add_argument("--auto", action="store_true", help="the table --spec auto's rule works from")
+    ap.add_argument("--auto-batch", action="store_true", help="kimi serve's auto rule beside other rows")
     a = ap.parse_args()
     if a.auto:
         return auto_table()
+    if a.auto_batch:
+        return auto_batch_table()
     union = [float(x) for x in a.union.split(",")]
     K = len(union)
     print("verify step of k drafts, time relative to a decode step (bytes read / bandwidth):\n")

@@ -131,7 +131,9 @@ SpecDecision spec_decide_batch(const VerifyCostModel& c, double p, double draft_
   SpecDecision best;
   best.speedup = 0;
   for (int k = std::max(1, k_min); k <= k_max; ++k) {
-    const double s = (n - 1.0 + spec_expected_tokens(p, k)) / (n * (c.batch_rel(rows, k) + std::max(0.0, draft_cost)));
+    // (rel + c) + (n - 1)(rel - 1 + c) = 1 + n (rel - 1 + c); written so that n = 1 gives spec_decide's bits
+    const double x = c.batch_rel(rows, k) + std::max(0.0, draft_cost);
+    const double s = spec_expected_tokens(p, k) / (x + (n - 1.0) * (x - 1.0));
     if (s > best.speedup) best = {k, s};
   }
   if (best.k == 0) return {0, 1.0};

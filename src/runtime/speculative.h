@@ -163,12 +163,14 @@ SpecDecision spec_decide(const VerifyCostModel& c, double p, double draft_cost, 
 // The same rule for one sequence of a shared step (kimi serve, docs/speculative.md "auto in kimi
 // serve"). The step decodes `rows` rows without this sequence's drafts (its own pending and
 // re-decoded tokens, the other requests' rows, prompt chunks) and emits a token for each of `seqs`
-// sequences (this one included). Drafting k adds k rows: the step takes c.batch_rel(rows, k) +
-// draft_cost of its time without them (draft_cost relative to that time) and emits
-// seqs - 1 + E(p, k) tokens instead of seqs, so the throughput of the step changes by
-//   S = (seqs - 1 + E(p, k)) / (seqs (batch_rel(rows, k) + draft_cost))
-// — the expected accepted tokens, worth the step's time per token each, against the marginal time
-// of the rows. With rows = seqs = 1 it is spec_decide. The best k and the hysteresis as there.
+// sequences (this one included). Drafting k adds k rows and a proposal: the step takes
+// batch_rel(rows, k) + draft_cost of its time T without them (draft_cost relative to T). The
+// sequence is charged its share of the step, T / seqs, plus the whole time its drafts add, and
+// emits E(p, k) tokens for it instead of 1:
+//   S = E(p, k) / (1 + seqs (batch_rel(rows, k) - 1 + draft_cost))
+// S > 1 exactly where the step's throughput grows ((E - 1) T / seqs, the accepted tokens at the
+// step's time per token, above the added time); the margin applies to the sequence's own gain, so
+// it does not shrink with the batch. rows = seqs = 1: spec_decide. The best k and the hysteresis as there.
 SpecDecision spec_decide_batch(const VerifyCostModel& c, double p, double draft_cost, int k_min, int k_max, bool on,
                                int rows, int seqs, double margin = 0.05);
 

@@ -94,7 +94,8 @@ TEST(SpecCost, HysteresisAroundBreakEven) {
 }
 
 // kimi serve: the marginal cost of one sequence's drafts in a shared step (VerifyCostModel::batch_rel)
-// and spec_decide_batch's throughput rule, S = (n - 1 + E(p, k)) / (n (batch_rel(rows, k) + c)).
+// and spec_decide_batch's rule, S = E(p, k) / (1 + n (batch_rel(rows, k) - 1 + c)): the sequence charged
+// its share of the step plus the whole time its drafts add.
 TEST(SpecCost, BatchMarginalCostAndDecision) {
   VerifyCostModel c;  // 100 bytes read once per step, 10 per distinct expert, 2 of 8 experts per token
   c.host_fixed = 100;
@@ -121,13 +122,21 @@ TEST(SpecCost, BatchMarginalCostAndDecision) {
     }
 
   // two sequences in a step of two rows, p = 0.8, drafts free:
-  // k = 1: (1 + 1.8) / (2 * 146.25 / 135) = 1.29231; k = 2: (1 + 2.44) / (2 * 154.6875 / 135) = 1.50109
+  // k = 1: 1.8 / (1 + 2 (146.25 / 135 - 1)) = 1.54286; k = 2: 2.44 / (1 + 2 (154.6875 / 135 - 1)) = 1.88903
   SpecDecision d = spec_decide_batch(c, 0.8, 0.0, 1, 2, false, 2, 2);
   EXPECT_EQ(d.k, 2);
-  EXPECT_NEAR(d.speedup, 3.44 * 135.0 / (2 * 154.6875), 1e-12);
+  EXPECT_NEAR(d.speedup, 2.44 / (1 + 2 * (154.6875 / 135.0 - 1)), 1e-12);
   d = spec_decide_batch(c, 0.8, 0.0, 1, 1, false, 2, 2);
   EXPECT_EQ(d.k, 1);
-  EXPECT_NEAR(d.speedup, 2.8 * 135.0 / (2 * 146.25), 1e-12);
+  EXPECT_NEAR(d.speedup, 1.8 / (1 + 2 * (146.25 / 135.0 - 1)), 1e-12);
+  // break-even is where the step's throughput stops growing: k = 1 beside 3 other sequences (4 rows,
+  // rel = 1.0409): throughput (n - 1 + E) / (n rel) and S are both above 1 (p = 0.2, 0.3) or both not
+  for (double p : {0.05, 0.1, 0.2, 0.3}) {
+    const double rel = c.batch_rel(4, 1), e = 1 + p;
+    const SpecDecision b = spec_decide_batch(c, p, 0.0, 1, 1, true, 4, 4);
+    EXPECT_EQ(b.speedup >= 1.0, (3 + e) / (4 * rel) >= 1.0) << p;
+    EXPECT_NEAR(b.speedup, e / (1 + 4 * (rel - 1)), 1e-12) << p;
+  }
   // a draft that is never right never pays, whatever the batch (the step only gets slower)
   for (int rows : {1, 2, 4, 64, 512})
     for (int seqs : {1, 4}) {
@@ -147,8 +156,8 @@ TEST(SpecCost, BatchMarginalCostAndDecision) {
   d = spec_decide_batch(h, 0.5, 0.0, 1, 1, false, 65, 2);
   const double t65 = 12.5 + 80 * (1 - std::pow(0.75, 65)), t66 = 12.5 + 80 * (1 - std::pow(0.75, 66));
   EXPECT_EQ(d.k, 1);
-  EXPECT_NEAR(d.speedup, (1 + 1.5) / (2 * (t66 / t65)), 1e-12);
-  // the proposal's own time, relative to the step: 2.5 / (2 (1 + 0.3)) = 0.96: off
+  EXPECT_NEAR(d.speedup, 1.5 / (1 + 2 * (t66 / t65 - 1)), 1e-12);
+  // the proposal's own time, relative to the step: 1.5 / (1 + 2 (0.0... + 0.3)) = 0.94: off
   EXPECT_EQ(spec_decide_batch(h, 0.5, 0.3, 1, 1, true, 65, 2).k, 0);
 }
 
@@ -202,7 +211,7 @@ TEST(SpecCost, AutoProbeScheduleAndPerBatchDecision) {
     a.verified(h, chunk, 1, 1, 1, 1);  // kept: p = 1
     a.verified(h, chunk, 1, 1, 1, 0);  // rejected: p = 0.875 / 1.875 = 0.467
     EXPECT_NEAR(a.accept_estimate(), 0.875 / 1.875, 1e-12);
-    // beside the chunk: (1 + 1.467) / (2 * 1.0000...) = 1.23: on
+    // beside the chunk: 1.467 / (1 + 2 * 0.0000...) = 1.47: on
     EXPECT_TRUE(a.on());
     EXPECT_EQ(a.draft_len(h, chunk, 1, 1), 1);
     // alone: 1.467 / 1.4615 = 1.0035 >= 1: stays on (hysteresis); with a proposal costing 5 % of

@@ -21,6 +21,7 @@
 #include <cstring>
 #include <functional>
 #include <mutex>
+#include <stdexcept>
 #include <thread>
 
 #include "server/api_anthropic.h"
@@ -729,6 +730,29 @@ TEST(ServerVisionTower, CachedTowerOutputSkipsTheTower) {
   // no cache: every request runs the tower
   EXPECT_EQ(metric(cold, "kimi_vision_tower_runs_total"), 3u);
   EXPECT_EQ(metric(cold, "kimi_vision_cache_entries"), 0u);
+}
+
+// A tower that fails fails its request with a 500 naming the failure; the other requests and the
+// next image go on (the hook throws the first time, as a failing tower would).
+TEST(ServerVisionTower, TowerFailureIsA500AndTheServerGoesOn) {
+  server::ServerOptions o = vision_opts();
+  auto calls = std::make_shared<std::atomic<int>>(0);
+  o.sched.vision_hook = [calls](int) {
+    if (calls->fetch_add(1) == 0) throw std::runtime_error("planted tower failure");
+  };
+  RunningServer srv(o);
+  const ojson q = oa_chat({oa_image(kPngA), {{"type", "text"}, {"text", "What is this?"}}}, 3);
+  int st = 0;
+  const ojson r1 = srv.post("/v1/chat/completions", q, &st);
+  EXPECT_EQ(st, 500) << r1.dump();
+  const std::string msg = r1["error"]["message"].get<std::string>();
+  EXPECT_NE(msg.find("the vision tower failed: planted tower failure"), std::string::npos) << msg;
+  EXPECT_EQ(metric(srv, "kimi_requests_total{result=\"error\"}"), 1u);
+  EXPECT_EQ(metric(srv, "kimi_vision_cache_entries"), 0u);
+  const ojson r2 = srv.post("/v1/chat/completions", q, &st);  // the tower runs again, and works
+  EXPECT_EQ(st, 200) << r2.dump();
+  EXPECT_EQ(calls->load(), 2);
+  EXPECT_EQ(busy_slots(srv), 0);
 }
 
 // The cache is bounded by bytes, least recently used out first.

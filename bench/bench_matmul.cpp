@@ -157,8 +157,8 @@ void gemm_mx(benchmark::State& st, int64_t rows, int64_t cols, int64_t nt, GgmlT
 }
 
 // The same through packed copies (one per rotated copy), as CpuBackend::prepare_weight makes them.
-// For one token matmul uses a packed copy only where PackedKernel::gemv is set (Q4_K today): the
-// Q5_K / Q6_K GEMV cases below therefore time the plain kernels on the original rows.
+// matmul uses a packed copy for one token where PackedKernel::gemv is set (Q4_K / Q5_K / Q6_K since
+// 2026-12-06; before, the Q5_K / Q6_K cases below timed the plain kernels on the original rows).
 void gemv_packed(benchmark::State& st, GgmlType t, int64_t rows, int64_t cols, int copies) {
   const uint64_t rb = row_bytes(t, static_cast<uint64_t>(cols));
   const uint64_t mat_bytes = rb * static_cast<uint64_t>(rows);
@@ -315,6 +315,12 @@ BENCHMARK_CAPTURE(gemm_packed, q6_K_2048x2048_t512, GgmlType::Q6_K, 2048, 2048, 
 BENCHMARK_CAPTURE(gemm_packed, q5_K_2048x8192_t8, GgmlType::Q5_K, 2048, 8192, 8)->UseRealTime();
 BENCHMARK_CAPTURE(gemm_packed, q6_K_2048x8192_t8, GgmlType::Q6_K, 2048, 8192, 8)->UseRealTime();
 BENCHMARK_CAPTURE(gemm_packed, q4_K_3072x7168_t512, GgmlType::Q4_K, 3072, 7168, 512)->UseRealTime()->Unit(benchmark::kMillisecond);
+// Small batches (speculative verify steps, short prefill chunks) of the packed K-quants as the backend runs
+// them: args rows, cols, tokens (the always-read Q4_K_M shapes of the small preset and a K3 7168-wide one)
+void gemm_packed_n(benchmark::State& st, GgmlType t) { gemm_packed(st, t, st.range(0), st.range(1), st.range(2)); }
+BENCHMARK_CAPTURE(gemm_packed_n, q4_K, GgmlType::Q4_K)->ArgsProduct({{2048}, {8192}, {1, 2, 4, 8, 15, 16}})->Args({7168, 2048, 1})->Args({7168, 2048, 2})->Args({7168, 2048, 4})->Args({7168, 2048, 8})->Args({7168, 2048, 15})->Args({7168, 2048, 16})->UseRealTime();
+BENCHMARK_CAPTURE(gemm_packed_n, q5_K, GgmlType::Q5_K)->ArgsProduct({{2048}, {8192}, {1, 2, 4, 8, 15, 16}})->Args({7168, 2048, 1})->Args({7168, 2048, 2})->Args({7168, 2048, 4})->Args({7168, 2048, 8})->Args({7168, 2048, 15})->Args({7168, 2048, 16})->UseRealTime();
+BENCHMARK_CAPTURE(gemm_packed_n, q6_K, GgmlType::Q6_K)->ArgsProduct({{2048}, {8192}, {1, 2, 4, 8, 15, 16}})->Args({7168, 2048, 1})->Args({7168, 2048, 2})->Args({7168, 2048, 4})->Args({7168, 2048, 8})->Args({7168, 2048, 15})->Args({7168, 2048, 16})->UseRealTime();
 
 // dense FFN of the small preset: gate/up {2048 -> 8192}, down {8192 -> 2048}
 BENCHMARK_CAPTURE(gemv, bf16_8192x2048, GgmlType::BF16, 8192, 2048, 4, Precision::Fast)->UseRealTime();

@@ -1151,3 +1151,45 @@ TEST(Matmul, BatchRowEqualsAlone) {
   }
   EXPECT_TRUE(differing.empty()) << "a row of the batch differs from the token alone:" << differing;
 }
+
+// The packed K-quants (Q4_K, Q5_K, Q6_K) run one token and any batch through the same packed kernel (its
+// tiles sum each token's blocks in one order whatever the tile's token count; AMX tiles, where usable, are
+// the same bits): a token's row is the bits of the token alone at 16 tokens and beyond too, with tail
+// rows (37 rows: 2 groups + 5 plain rows) and on 1 and 3 threads. Before 2026-12-06 Q5_K / Q6_K read the
+// original rows for one token and differed from any packed batch (avx512 Q5_K cols=2048 nt=16).
+TEST(Matmul, PackedKQuantRowEqualsAloneAtAnyBatch) {
+  IsaRestore restore;
+  set_isa(best_isa());
+  ThreadPool one(1), three(3);
+  std::mt19937 rng(2207);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::string differing;
+  bool packed_any = false;
+  for (GgmlType type : {GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K}) {
+    const int64_t rows = 37, cols = 2048;
+    const auto w = random_weights(type, rows, cols, rng);
+    MatView W{type, w.data(), rows, cols, row_bytes(type, cols)};
+    const auto P = pack_weight(W, &one);
+    if (!P) continue;
+    packed_any = true;
+    W.packed = P.get();
+    for (int64_t nt : {16, 17, 24, 33}) {
+      std::vector<float> x(nt * cols);
+      for (auto& v : x) v = nd(rng);
+      for (ThreadPool* pool : {&one, &three}) {
+        std::vector<float> yb(nt * rows, NAN), y1(rows, NAN);
+        matmul(W, x.data(), nt, yb.data(), *pool, Precision::Fast);
+        for (int64_t t = 0; t < nt; ++t) {
+          matmul(W, x.data() + t * cols, 1, y1.data(), *pool, Precision::Fast);
+          if (std::memcmp(y1.data(), yb.data() + t * rows, rows * 4) != 0) {
+            differing += std::string(" ") + type_name(type) + "(nt=" + std::to_string(nt) + " t=" + std::to_string(t) +
+                         " threads=" + std::to_string(pool->size()) + ")";
+            break;
+          }
+        }
+      }
+    }
+  }
+  if (!packed_any) GTEST_SKIP() << "no packed K-quant kernels at this CPU's best ISA level (" << isa_name(best_isa()) << ")";
+  EXPECT_TRUE(differing.empty()) << "a row of the batch differs from the token alone:" << differing;
+}

@@ -126,12 +126,12 @@ void run_packed_bf16(const PackedWeight& P, const uint8_t* act, size_t stride, i
 
 bool avx512_packed_kernel(GgmlType type, PackedKernel* k) {
   switch (type) {
-    // GEMV: Q4_K packed; Q5_K / Q6_K through the original rows, measured 10-25 % faster end to end
-    // (small preset tg64, 2 threads; their packed one-token tiles decode 2-3 value vectors per
-    // vpdpbusd pair and stall on the block's three read regions)
+    // Every token count, one token too (gemv): a token's row of any batch is then the bits of the token
+    // alone, since a tile sums each token's blocks in the same order whatever T is (Matmul.BatchRowEqualsAlone;
+    // Q5_K / Q6_K GEMVs read the original rows until 2026-12-06, so 2-15 tokens had to as well, 3-4x slower)
     case GgmlType::Q4_K: *k = {q8_Kx_act_bytes, prep_q8_Kx_avx512, run_packed<KT::Q4>, true}; return true;
-    case GgmlType::Q5_K: *k = {q8_Kx_act_bytes, prep_q8_Kx_avx512, run_packed<KT::Q5>, false}; return true;
-    case GgmlType::Q6_K: *k = {q8_Kx_act_bytes, prep_q8_Kx_avx512, run_packed<KT::Q6>, false}; return true;
+    case GgmlType::Q5_K: *k = {q8_Kx_act_bytes, prep_q8_Kx_avx512, run_packed<KT::Q5>, true}; return true;
+    case GgmlType::Q6_K: *k = {q8_Kx_act_bytes, prep_q8_Kx_avx512, run_packed<KT::Q6>, true}; return true;
     case GgmlType::BF16: *k = {bf16_act_bytes, prep_bf16_avx512, run_packed_bf16, true}; return true;
     default: return false;
   }

@@ -11,10 +11,13 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <chrono>
 #include <csignal>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <thread>
@@ -126,11 +129,23 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::string got;
   size_t sent = 0;
   bool shut = false;
+  // libFuzzer's -timeout check is a SIGALRM every few seconds: it interrupts poll/send/recv on this
+  // thread (EINTR), which is neither an answer nor a silence; the 10 s count is of time with no event
+  // (CI once read an interrupted poll as a hung server, 2026-12-06)
+  auto quiet_since = std::chrono::steady_clock::now();
   for (;;) {
     pollfd p{fd, static_cast<short>(POLLIN | (shut ? 0 : POLLOUT)), 0};
-    if (::poll(&p, 1, 10000) <= 0) fuzz::die("the server neither reads nor answers for 10 s");
+    const int r = ::poll(&p, 1, 1000);
+    if (r < 0 && errno != EINTR) fuzz::die(std::string("poll failed: ") + std::strerror(errno));
+    if (r <= 0) {
+      if (std::chrono::steady_clock::now() - quiet_since > std::chrono::seconds(10))
+        fuzz::die("the server neither reads nor answers for 10 s");
+      continue;
+    }
+    quiet_since = std::chrono::steady_clock::now();
     if (p.revents & POLLOUT) {
       const ssize_t n = sent < in.size() ? ::send(fd, in.data() + sent, in.size() - sent, MSG_NOSIGNAL) : 0;
+      if (n < 0 && errno == EINTR) continue;
       if (n > 0) sent += static_cast<size_t>(n);
       if (n < 0 || sent == in.size()) {
         ::shutdown(fd, SHUT_WR);
@@ -140,6 +155,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (p.revents & (POLLIN | POLLHUP | POLLERR)) {
       char buf[8192];
       const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+      if (n < 0 && errno == EINTR) continue;
       if (n <= 0) break;
       got.append(buf, static_cast<size_t>(n));
     }

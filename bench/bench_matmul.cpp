@@ -157,8 +157,8 @@ void gemm_mx(benchmark::State& st, int64_t rows, int64_t cols, int64_t nt, GgmlT
 }
 
 // The same through packed copies (one per rotated copy), as CpuBackend::prepare_weight makes them.
-// matmul uses a packed copy for one token where PackedKernel::gemv is set (Q4_K / Q5_K / Q6_K since
-// 2026-12-06; before, the Q5_K / Q6_K cases below timed the plain kernels on the original rows).
+// matmul uses a packed copy for one token where PackedKernel::gemv is set (Q4_K, and Q5_K since
+// 2026-12-06): the Q6_K cases below time the plain kernel on the original rows.
 void gemv_packed(benchmark::State& st, GgmlType t, int64_t rows, int64_t cols, int copies) {
   const uint64_t rb = row_bytes(t, static_cast<uint64_t>(cols));
   const uint64_t mat_bytes = rb * static_cast<uint64_t>(rows);

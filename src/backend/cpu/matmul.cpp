@@ -85,7 +85,7 @@ Prepared prepare(const K& k, const float* x, int64_t n_tokens, int64_t cols, Thr
 // W's packed copy when the running level has a kernel for it (and the precision allows it). A
 // view made from the packed one by moving data (a 3-D slice, a rank's narrowed rows) reads the
 // original; one with fewer rows from the same start uses the groups inside them.
-// A type whose one-token product reads the original (PackedKernel::gemv false; none today) reads the
+// A type whose one-token product reads the original (PackedKernel::gemv false: Q6_K) reads the
 // original for fewer than kBatchInvariantTokens tokens too, so that a token's row of such a batch is
 // the same bits as the token alone (speculative verification relies on it, docs/speculative.md "Exact"):
 // the packed and the plain kernels sum the blocks in different orders.

@@ -126,12 +126,16 @@ void run_packed_bf16(const PackedWeight& P, const uint8_t* act, size_t stride, i
 
 bool avx512_packed_kernel(GgmlType type, PackedKernel* k) {
   switch (type) {
-    // Every token count, one token too (gemv): a token's row of any batch is then the bits of the token
-    // alone, since a tile sums each token's blocks in the same order whatever T is (Matmul.BatchRowEqualsAlone;
-    // Q5_K / Q6_K GEMVs read the original rows until 2026-12-06, so 2-15 tokens had to as well, 3-4x slower)
+    // Q4_K / Q5_K: every token count, one token too (gemv): a token's row of any batch is then the bits of
+    // the token alone, since a tile sums each token's blocks in the same order whatever T is
+    // (Matmul.PackedKQuantRowEqualsAloneAtAnyBatch). Q5_K's GEMV read the original rows until 2026-12-06
+    // (its products of 2-15 tokens had to as well, 2-4x slower). Q6_K: the GEMV reads the original rows,
+    // so 2-15 tokens do too (matmul.cpp packed_usable): its packed one-token tile measured 1.6x the plain
+    // GEMV's time from DRAM (bench_matmul gemv_packed/q6_K_2048x8192, 1 thread, AMD Zen 4: 1.40 vs 0.86 ms;
+    // spreading its prefetches or prefetching the group's scales did not help)
     case GgmlType::Q4_K: *k = {q8_Kx_act_bytes, prep_q8_Kx_avx512, run_packed<KT::Q4>, true}; return true;
     case GgmlType::Q5_K: *k = {q8_Kx_act_bytes, prep_q8_Kx_avx512, run_packed<KT::Q5>, true}; return true;
-    case GgmlType::Q6_K: *k = {q8_Kx_act_bytes, prep_q8_Kx_avx512, run_packed<KT::Q6>, true}; return true;
+    case GgmlType::Q6_K: *k = {q8_Kx_act_bytes, prep_q8_Kx_avx512, run_packed<KT::Q6>, false}; return true;
     case GgmlType::BF16: *k = {bf16_act_bytes, prep_bf16_avx512, run_packed_bf16, true}; return true;
     default: return false;
   }

@@ -382,7 +382,7 @@ TEST_F(ChatFixture, SpeculativeRepliesEqualPlainReplies) {
   const auto [off_out, off] = conversation("--spec off", "off");
   ASSERT_EQ(off["messages"].size(), 4u) << off.dump();
   EXPECT_EQ(off_out.find("speculative ("), std::string::npos);
-  for (const std::string spec : {"--spec dspark -md " + d.file("draft.gguf") + " --draft-max 7", std::string("--spec ngram")}) {
+  for (const std::string& spec : {"--spec dspark -md " + d.file("draft.gguf") + " --draft-max 7", std::string("--spec ngram")}) {
     const auto [out, got] = conversation(spec, spec.substr(7, 5));
     EXPECT_EQ(got["messages"], off["messages"]) << spec;
     // "speculative (dspark): S steps, V with a draft: D drafted, ..."

@@ -143,22 +143,29 @@ struct OracleDrafter final : Drafter {
   }
 };
 
-}  // namespace
-
-// Drafts right up to block position j and wrong there, for every j (and always right): the answer is
-// the plain greedy answer token for token and logprob for logprob, while a request without drafts
-// decodes in the same steps; the accepted and recomputed counters move as the positions say.
-TEST(ServerSpec, RejectionAtEveryBlockPositionEqualsPlain) {
+// Quiet server options whose n-gram drafter is an OracleDrafter reading `truth` and `wrong` (set
+// them before each request: every sequence's drafter is made when its request is admitted).
+auto oracle_server_opts(std::shared_ptr<std::vector<int32_t>> truth, std::shared_ptr<int> wrong) {
   auto o = server_opts();
   o.quiet = true;
-  auto truth = std::make_shared<std::vector<int32_t>>();
-  auto wrong = std::make_shared<int>(-1);
   o.sched.make_drafter = [truth, wrong] {
     auto d = std::make_unique<OracleDrafter>();
     d->truth = truth;
     d->wrong_at = *wrong;
     return d;
   };
+  return o;
+}
+
+}  // namespace
+
+// Drafts right up to block position j and wrong there, for every j (and always right): the answer is
+// the plain greedy answer token for token and logprob for logprob, while a request without drafts
+// decodes in the same steps; the accepted and recomputed counters move as the positions say.
+TEST(ServerSpec, RejectionAtEveryBlockPositionEqualsPlain) {
+  auto truth = std::make_shared<std::vector<int32_t>>();
+  auto wrong = std::make_shared<int>(-1);
+  auto o = oracle_server_opts(truth, wrong);
   RunningServer s(o);
   auto m = Model::load(o.model_path);
   const std::vector<int32_t> P = ids(20, 7);
@@ -208,16 +215,9 @@ TEST(ServerSpec, RejectionAtEveryBlockPositionEqualsPlain) {
 // steps) where the same drafter as "ngram" drafts in nearly every step; one that is always right drafts in every step, beside a request without drafts
 // too. Greedy answers equal the plain answers token for token and logprob for logprob in both cases.
 TEST(ServerSpec, AutoStopsWrongDraftsAndKeepsRightOnes) {
-  auto o = server_opts();
-  o.quiet = true;
   auto truth = std::make_shared<std::vector<int32_t>>();
   auto wrong = std::make_shared<int>(-1);
-  o.sched.make_drafter = [truth, wrong] {
-    auto d = std::make_unique<OracleDrafter>();
-    d->truth = truth;
-    d->wrong_at = *wrong;
-    return d;
-  };
+  auto o = oracle_server_opts(truth, wrong);
   auto m = Model::load(o.model_path);
   const std::vector<int32_t> P = ids(20, 7);
   const int N = 60;

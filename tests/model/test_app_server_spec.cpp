@@ -157,6 +157,15 @@ auto oracle_server_opts(std::shared_ptr<std::vector<int32_t>> truth, std::shared
   return o;
 }
 
+// Returns once some slot of `s` has decoded a token (checked up to 20 000 times).
+void wait_until_a_slot_decodes(RunningServer& s) {
+  for (int i = 0; i < 20000; ++i) {
+    for (const auto& sl : s.get("/slots"))
+      if (sl.value("is_processing", false) && sl.contains("request") && sl["request"].value("n_decoded", 0) > 0) return;
+    std::this_thread::yield();
+  }
+}
+
 }  // namespace
 
 // Drafts right up to block position j and wrong there, for every j (and always right): the answer is
@@ -180,14 +189,7 @@ TEST(ServerSpec, RejectionAtEveryBlockPositionEqualsPlain) {
     *wrong = j;
     ojson neighbour;
     std::thread tb([&] { neighbour = s.post("/v1/completions", completion(ids(30, 9), 60)); });
-    for (int i = 0; i < 20000; ++i) {  // the neighbour decoding first (a condition, not a delay)
-      bool busy = false;
-      for (const auto& sl : s.get("/slots"))
-        if (sl.value("is_processing", false) && sl.contains("request") && sl["request"].value("n_decoded", 0) > 0)
-          busy = true;
-      if (busy) break;
-      std::this_thread::yield();
-    }
+    wait_until_a_slot_decodes(s);  // the neighbour decoding first (a condition, not a delay)
     const ojson got = s.post("/v1/completions", completion(P, 40, {{"type", "ngram"}, {"n_max", 4}}), &st);
     tb.join();
     ASSERT_EQ(st, 200) << got.dump();
@@ -279,14 +281,7 @@ TEST(ServerSpec, AutoStopsWrongDraftsAndKeepsRightOnes) {
 
     ojson neighbour;
     std::thread tb([&] { neighbour = s.post("/v1/completions", completion(ids(30, 9), 200)); });
-    for (int i = 0; i < 20000; ++i) {  // the neighbour decoding first (a condition, not a delay)
-      bool busy = false;
-      for (const auto& sl : s.get("/slots"))
-        if (sl.value("is_processing", false) && sl.contains("request") && sl["request"].value("n_decoded", 0) > 0)
-          busy = true;
-      if (busy) break;
-      std::this_thread::yield();
-    }
+    wait_until_a_slot_decodes(s);  // the neighbour decoding first (a condition, not a delay)
     const ojson got2 = s.post("/v1/completions", completion(P, N, {{"type", "auto"}, {"n_max", 4}}), &st);
     tb.join();
     ASSERT_EQ(st, 200) << got2.dump();
@@ -323,14 +318,7 @@ TEST(ServerSpec, DsparkEqualsPlainWithBatchNeighbours) {
     ojson neighbour, ngram;
     std::thread tb([&] { neighbour = s.post("/v1/completions", completion(Q, 200)); });
     std::thread tc([&] { ngram = s.post("/v1/completions", completion(R, 30, {{"type", "ngram"}, {"n_max", 3}})); });
-    for (int i = 0; i < 20000; ++i) {  // the neighbour decoding first (a condition, not a delay)
-      bool busy = false;
-      for (const auto& sl : s.get("/slots"))
-        if (sl.value("is_processing", false) && sl.contains("request") && sl["request"].value("n_decoded", 0) > 0)
-          busy = true;
-      if (busy) break;
-      std::this_thread::yield();
-    }
+    wait_until_a_slot_decodes(s);  // the neighbour decoding first (a condition, not a delay)
     const ojson ds = s.post("/v1/completions", completion(P, 40, {{"type", "dspark"}, {"n_max", 7}}), &st);
     tb.join();
     tc.join();
